@@ -1,0 +1,62 @@
+//! Internet checksum helpers (RFC 1071 / RFC 1624).
+
+/// Incrementally updates a ones'-complement checksum when one 16-bit word of
+/// the covered data changes from `old` to `new` (RFC 1624, eqn. 3:
+/// HC' = ~(~HC + ~m + m')). All values are the big-endian words read as
+/// numbers, so the caller converts with `u16::from_be_bytes`.
+#[inline(always)]
+pub fn update_u16(check: u16, old: u16, new: u16) -> u16 {
+    let mut sum = u32::from(!check) + u32::from(!old) + u32::from(new);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Full checksum over `data` (even length expected; an odd final byte is
+/// padded with zero as RFC 1071 says). Used by userspace and tests to verify
+/// what the dataplane patched incrementally.
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for pair in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(u16::from_be_bytes([*last, 0]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(ttl: u8) -> [u8; 20] {
+        let mut h = [
+            0x45, 0x00, 0x00, 0x54, 0x12, 0x34, 0x40, 0x00, ttl, 0x11, 0, 0, 10, 0, 1, 2, 10, 1, 0,
+            9,
+        ];
+        let c = internet_checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn ttl_decrement_matches_full_recompute() {
+        for ttl in 2..=255u8 {
+            let h = header(ttl);
+            let old = u16::from_be_bytes([h[8], h[9]]);
+            let new = u16::from_be_bytes([ttl - 1, h[9]]);
+            let check = update_u16(u16::from_be_bytes([h[10], h[11]]), old, new);
+            assert_eq!(check, u16::from_be_bytes(header(ttl - 1)[10..12].try_into().unwrap()));
+        }
+    }
+
+    #[test]
+    fn valid_header_sums_to_zero() {
+        assert_eq!(internet_checksum(&header(64)), 0);
+    }
+}

@@ -1,0 +1,63 @@
+//! Per-port counters: one per-CPU array indexed by `port_slot * PortCounter::COUNT + counter`.
+//!
+//! Every packet the XDP program sees lands in `RxPackets` and in exactly one
+//! outcome counter: a `Forwarded*`, a `Pass*` (handed to the kernel stack) or
+//! a `Drop*` counter, each named by its reason.
+
+macro_rules! port_counters {
+    ($($variant:ident => $name:literal, $help:literal;)*) => {
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum PortCounter { $($variant,)* }
+
+        impl PortCounter {
+            pub const ALL: &'static [PortCounter] = &[$(PortCounter::$variant,)*];
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+
+            /// Stable snake_case name used in `rocev2 stats`, JSON and metrics.
+            pub const fn name(self) -> &'static str {
+                match self { $(PortCounter::$variant => $name,)* }
+            }
+
+            /// One-line explanation for operators.
+            pub const fn help(self) -> &'static str {
+                match self { $(PortCounter::$variant => $help,)* }
+            }
+        }
+    };
+}
+
+port_counters! {
+    RxPackets => "rx_packets", "frames seen by the XDP program";
+    RxBytes => "rx_bytes", "bytes of frames seen by the XDP program";
+    Forwarded => "forwarded", "frames redirected to a group member";
+    ForwardedBytes => "forwarded_bytes", "bytes redirected to a group member";
+    ForwardedRoce => "forwarded_roce", "forwarded frames that were RoCEv2 (UDP 4791)";
+    RoceShortBth => "roce_short_bth", "RoCEv2 frames too short for a BTH: forwarded on the five-tuple";
+    PassNotIp => "pass_not_ip", "not IPv4/IPv6 (ARP, LLDP, ...): to the kernel";
+    PassL2Multicast => "pass_l2_multicast", "multicast or broadcast destination MAC: to the kernel";
+    PassStackedVlan => "pass_stacked_vlan", "more than one VLAN tag: to the kernel";
+    PassNoRoute => "pass_no_route", "no route for the destination: to the kernel";
+    PassLocal => "pass_local", "destination is one of this box's addresses: to the kernel";
+    PassTtlExpired => "pass_ttl_expired", "TTL/hop limit 1 or 0: to the kernel, which sends ICMP";
+    PassFragment => "pass_fragment", "IPv4 fragment: to the kernel";
+    PassIpv6ExtHeader => "pass_ipv6_ext_header", "IPv6 extension header: to the kernel";
+    PassL4Truncated => "pass_l4_truncated", "TCP/UDP header cut short: to the kernel";
+    PassNoMember => "pass_no_member", "route's group has no usable member: to the kernel";
+    DropRunt => "drop_runt", "frame shorter than its Ethernet/VLAN header";
+    DropBadIpHeader => "drop_bad_ip_header", "IP header truncated, bad version or length";
+    DropRedirectFailed => "drop_redirect_failed", "egress device missing from the device map";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_indexes_dense() {
+        for (i, c) in PortCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+            assert!(PortCounter::ALL[i + 1..].iter().all(|o| o.name() != c.name()));
+        }
+    }
+}

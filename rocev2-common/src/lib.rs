@@ -1,0 +1,14 @@
+//! Types and pure decision logic shared by the rocev2 eBPF programs, the
+//! control program, the simulators and the tests.
+//!
+//! Everything here is `no_std` and free of kernel helpers, so the exact same
+//! code runs in the XDP program and in host unit tests. Map value types are
+//! `#[repr(C)]` with explicit padding and a compile-time size check; the
+//! `user` feature adds `aya::Pod` for userspace.
+#![no_std]
+
+pub mod bth;
+pub mod checksum;
+pub mod counters;
+pub mod hash;
+pub mod maps;

@@ -1,0 +1,38 @@
+//! Per-CPU counters: no atomics needed, userspace sums the CPUs.
+
+use rocev2_common::{
+    counters::PortCounter,
+    maps::{member_stat_index, port_counter_index},
+};
+
+use crate::maps::{MEMBER_STATS, PORTS, PORT_COUNTERS};
+
+/// Counter slot of the ingress port; 0 for ports the control program did
+/// not register.
+#[inline(always)]
+pub fn port_slot(ifindex: u32) -> u32 {
+    // SAFETY: the value is only read, and entries are plain data.
+    match unsafe { PORTS.get(&ifindex) } {
+        Some(port) => port.slot,
+        None => 0,
+    }
+}
+
+#[inline(always)]
+pub fn add(slot: u32, counter: PortCounter, value: u64) {
+    if let Some(ptr) = PORT_COUNTERS.get_ptr_mut(port_counter_index(slot, counter)) {
+        // SAFETY: per-CPU slot, only this CPU writes it while we run.
+        unsafe { *ptr += value };
+    }
+}
+
+#[inline(always)]
+pub fn member_sent(group: u32, position: u32, bytes: u64) {
+    if let Some(ptr) = MEMBER_STATS.get_ptr_mut(member_stat_index(group, position)) {
+        // SAFETY: as above.
+        unsafe {
+            (*ptr).packets += 1;
+            (*ptr).bytes += bytes;
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Header parsing with bounds checks the verifier can follow.
+//!
+//! Each parser returns the data the next stage needs, or an [`Outcome`]
+//! naming why the packet leaves the fast path (to the kernel or dropped).
+
+use core::mem::size_of;
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    udp::UdpHdr,
+    vlan::VlanHdr,
+};
+use rocev2_common::{
+    bth::{self, BTH_LEN, ROCEV2_UDP_PORT},
+    counters::PortCounter,
+};
+
+const ETH_P_IPV4: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+/// Smallest TCP header: the ports are all we read, but a shorter one is broken.
+const TCP_MIN_LEN: usize = 20;
+
+/// Why a packet leaves the fast path: the XDP action and the counter that
+/// records the reason.
+#[derive(Clone, Copy)]
+pub struct Outcome {
+    pub action: u32,
+    pub counter: PortCounter,
+}
+
+#[inline(always)]
+pub const fn pass(counter: PortCounter) -> Outcome {
+    Outcome { action: xdp_action::XDP_PASS, counter }
+}
+
+#[inline(always)]
+pub const fn drop(counter: PortCounter) -> Outcome {
+    Outcome { action: xdp_action::XDP_DROP, counter }
+}
+
+/// Pointer to a `T` at `offset` if the whole `T` lies inside the packet.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+#[inline(always)]
+pub fn frame_len(ctx: &XdpContext) -> usize {
+    ctx.data_end() - ctx.data()
+}
+
+pub enum L3Kind {
+    V4,
+    V6,
+}
+
+pub struct L2 {
+    pub eth: *mut EthHdr,
+    pub l3_off: usize,
+    pub kind: L3Kind,
+}
+
+/// Ethernet with at most one 802.1Q/802.1ad tag. The tag is carried
+/// through unchanged.
+#[inline(always)]
+pub fn parse_l2(ctx: &XdpContext) -> Result<L2, Outcome> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or(drop(PortCounter::DropRunt))?;
+    // SAFETY: bounds checked by ptr_at.
+    let (dst0, mut ether_type) = unsafe { ((*eth).dst_addr[0], u16::from_be((*eth).ether_type)) };
+    // Group bit set: multicast or broadcast, never routed here.
+    if dst0 & 1 != 0 {
+        return Err(pass(PortCounter::PassL2Multicast));
+    }
+    let mut l3_off = EthHdr::LEN;
+    if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
+        let vlan: *const VlanHdr = ptr_at(ctx, l3_off).ok_or(drop(PortCounter::DropRunt))?;
+        // SAFETY: bounds checked.
+        ether_type = u16::from_be(unsafe { (*vlan).ether_type });
+        l3_off += VlanHdr::LEN;
+        if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
+            return Err(pass(PortCounter::PassStackedVlan));
+        }
+    }
+    let kind = match ether_type {
+        ETH_P_IPV4 => L3Kind::V4,
+        ETH_P_IPV6 => L3Kind::V6,
+        _ => return Err(pass(PortCounter::PassNotIp)),
+    };
+    Ok(L2 { eth, l3_off, kind })
+}
+
+/// A checked IPv4 header and where its payload lies.
+pub struct Ipv4 {
+    pub hdr: *mut Ipv4Hdr,
+    pub l4_off: usize,
+    pub l4_end: usize,
+}
+
+/// IPv4 header of any length (options allowed). Headers the kernel would
+/// reject are dropped here; lengths are checked against the frame so later
+/// reads cannot run past the IP packet.
+#[inline(always)]
+pub fn parse_ipv4(ctx: &XdpContext, l3_off: usize) -> Result<Ipv4, Outcome> {
+    let bad = drop(PortCounter::DropBadIpHeader);
+    let hdr: *mut Ipv4Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
+    // SAFETY: bounds checked.
+    let (vihl, total_len) = unsafe { ((*hdr).vihl, u16::from_be_bytes((*hdr).tot_len) as usize) };
+    let header_len = ((vihl & 0x0F) as usize) * 4;
+    if vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN {
+        return Err(bad);
+    }
+    if total_len < header_len || l3_off + total_len > frame_len(ctx) {
+        return Err(bad);
+    }
+    Ok(Ipv4 { hdr, l4_off: l3_off + header_len, l4_end: l3_off + total_len })
+}
+
+/// True for IPv4 fragments: more-fragments set or a non-zero offset.
+#[inline(always)]
+pub fn is_fragment(hdr: *const Ipv4Hdr) -> bool {
+    // SAFETY: caller passes a checked header.
+    let frags = u16::from_be_bytes(unsafe { (*hdr).frags });
+    frags & 0x3FFF != 0
+}
+
+pub struct Ipv6 {
+    pub hdr: *mut Ipv6Hdr,
+    pub l4_off: usize,
+    pub l4_end: usize,
+}
+
+#[inline(always)]
+pub fn parse_ipv6(ctx: &XdpContext, l3_off: usize) -> Result<Ipv6, Outcome> {
+    let bad = drop(PortCounter::DropBadIpHeader);
+    let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
+    // SAFETY: bounds checked.
+    let (version, payload_len) =
+        unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
+    let l4_off = l3_off + Ipv6Hdr::LEN;
+    if version != 6 || l4_off + payload_len > frame_len(ctx) {
+        return Err(bad);
+    }
+    Ok(Ipv6 { hdr, l4_off, l4_end: l4_off + payload_len })
+}
+
+/// Next-header values that are IPv6 extension headers. Packets carrying them
+/// go to the kernel, which walks the chain.
+#[inline(always)]
+pub fn is_ipv6_extension(next_header: u8) -> bool {
+    matches!(next_header, 0 | 43 | 44 | 51 | 60 | 135 | 139 | 140 | 253 | 254)
+}
+
+/// What the flow hash needs from the transport header.
+pub struct L4 {
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub roce: Roce,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Roce {
+    /// Not UDP 4791.
+    No,
+    /// RoCEv2 with a whole BTH.
+    Yes { dest_qp: u32 },
+    /// UDP 4791 whose payload is shorter than a BTH.
+    ShortBth,
+}
+
+/// Ports of TCP/UDP (0/0 for other protocols) and, for RoCEv2, the BTH.
+/// `l4_end` is where the IP packet ends (Ethernet padding excluded).
+#[inline(always)]
+pub fn parse_l4(ctx: &XdpContext, protocol: u8, l4_off: usize, l4_end: usize) -> Result<L4, Outcome> {
+    let truncated = pass(PortCounter::PassL4Truncated);
+    match protocol {
+        IPPROTO_UDP => {
+            if l4_off + UdpHdr::LEN > l4_end {
+                return Err(truncated);
+            }
+            let udp: *const UdpHdr = ptr_at(ctx, l4_off).ok_or(truncated)?;
+            // SAFETY: bounds checked.
+            let (src_port, dst_port) =
+                unsafe { (u16::from_be_bytes((*udp).src), u16::from_be_bytes((*udp).dst)) };
+            let mut roce = Roce::No;
+            if dst_port == ROCEV2_UDP_PORT {
+                let bth_off = l4_off + UdpHdr::LEN;
+                roce = Roce::ShortBth;
+                if bth_off + BTH_LEN <= l4_end {
+                    if let Some(b) = ptr_at::<[u8; BTH_LEN]>(ctx, bth_off) {
+                        // SAFETY: bounds checked.
+                        roce = Roce::Yes { dest_qp: bth::dest_qp(unsafe { &*b }) };
+                    }
+                }
+            }
+            Ok(L4 { src_port, dst_port, roce })
+        }
+        IPPROTO_TCP => {
+            if l4_off + TCP_MIN_LEN > l4_end {
+                return Err(truncated);
+            }
+            // Source and destination port are the first four bytes, as in UDP.
+            let ports: *const [u8; 4] = ptr_at(ctx, l4_off).ok_or(truncated)?;
+            // SAFETY: bounds checked.
+            let p = unsafe { *ports };
+            Ok(L4 {
+                src_port: u16::from_be_bytes([p[0], p[1]]),
+                dst_port: u16::from_be_bytes([p[2], p[3]]),
+                roce: Roce::No,
+            })
+        }
+        _ => Ok(L4 { src_port: 0, dst_port: 0, roce: Roce::No }),
+    }
+}

@@ -1,0 +1,13 @@
+//! rocev2 control program as a library: the `rocev2` binary is a thin CLI
+//! over these modules, and the integration tests use them directly.
+
+pub mod config;
+pub mod dataplane;
+pub mod netlink;
+pub mod netns;
+pub mod packet;
+pub mod rawsock;
+pub mod stats;
+
+/// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
+pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));

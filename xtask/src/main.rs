@@ -1,0 +1,222 @@
+//! `cargo xtask <command>`: the project's entry points for people and CI.
+//!
+//! - `setup`: installs what a fresh Debian machine lacks (idempotent, fast
+//!   when everything is present).
+//! - `build`, `test`, `demo`: run `setup` first, then do their job.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "rocev2 developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy).
+    Setup,
+    /// Build everything, including the eBPF programs.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run every test: host unit tests, BPF_PROG_TEST_RUN fixtures and netns labs (needs root).
+    Test {
+        /// Extra arguments for the test binaries (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Build and run the built-in demo: QP hashing vs five-tuple hashing in a veth lab (needs root).
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup(),
+        Task::Build { release } => {
+            setup()?;
+            build(release)
+        }
+        Task::Test { args } => {
+            setup()?;
+            test(&args)
+        }
+        Task::Demo => {
+            setup()?;
+            build(true)?;
+            require_root("the demo creates network namespaces and attaches XDP programs")?;
+            run(Command::new(workspace().join("target/release/rocev2")).arg("demo"))
+        }
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace());
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn succeeds(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).output().is_ok_and(|o| o.status.success())
+}
+
+fn output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn require_root(why: &str) -> Result<()> {
+    if !is_root() {
+        bail!("run as root: {why}");
+    }
+    Ok(())
+}
+
+fn build(release: bool) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--workspace", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)
+}
+
+fn test(args: &[String]) -> Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    if !is_root() {
+        if ci {
+            bail!("CI=true but not running as root: the fixture and netns tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
+        }
+        eprintln!("xtask: warning: not root, the privileged tests will fail; run `sudo cargo xtask test`");
+    }
+    // The netns tests start the real binary; build it first.
+    build(false)?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--", "--test-threads=2"]).args(args);
+    cmd.env("ROCEV2_BIN", workspace().join("target/debug/rocev2"));
+    run(&mut cmd)
+}
+
+// ---------------------------------------------------------------- setup
+
+const BPF_LINKER_VERSION: &str = "0.13";
+const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
+/// Runtime tools: `ip` for namespaces, `ethtool` for veth GRO, scapy as an
+/// independent RoCEv2/ICRC decoder in the tests.
+const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy"];
+
+fn setup() -> Result<()> {
+    let mut apt = Apt::default();
+    let mut missing_tools: Vec<&str> =
+        TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
+    let need_linker = !bpf_linker_ok();
+    if need_linker {
+        missing_tools.extend(LLVM_PACKAGES.iter().copied().filter(|p| !apt.installed(p)));
+    }
+    if !missing_tools.is_empty() {
+        apt.install(&missing_tools)?;
+    }
+    ensure_nightly_rust_src()?;
+    if need_linker {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn installed(&self, package: &str) -> bool {
+        output("dpkg-query", &["-W", "-f=${Status}", package]).is_some_and(|s| s.contains("install ok installed"))
+    }
+
+    fn install(&mut self, packages: &[&str]) -> Result<()> {
+        if !Path::new("/usr/bin/apt-get").exists() {
+            bail!(
+                "missing prerequisites: {}. This setup installs them with apt-get on Debian/Ubuntu; on this system install the equivalent packages by hand (LLVM 22 development files, then `cargo install bpf-linker --no-default-features --features llvm-22`)",
+                packages.join(", ")
+            );
+        }
+        if !is_root() {
+            bail!("missing packages {}: run `sudo cargo xtask setup` (or apt-get install them)", packages.join(" "));
+        }
+        eprintln!("xtask: installing {}", packages.join(" "));
+        if !self.updated {
+            run(Command::new("apt-get").args(["update", "-q"]))?;
+            self.updated = true;
+        }
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    }
+}
+
+fn ensure_nightly_rust_src() -> Result<()> {
+    let sysroot = output("rustc", &["+nightly", "--print", "sysroot"]);
+    let has_src = sysroot
+        .as_deref()
+        .is_some_and(|s| Path::new(s.trim()).join("lib/rustlib/src/rust/library/core").exists());
+    if has_src {
+        return Ok(());
+    }
+    if !succeeds("rustup", &["--version"]) {
+        bail!("rustup is required to build the eBPF programs (nightly toolchain with rust-src); see https://rustup.rs");
+    }
+    eprintln!("xtask: installing the nightly toolchain's rust-src component");
+    if sysroot.is_none() {
+        run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]))
+    } else {
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    }
+}
+
+fn bpf_linker_ok() -> bool {
+    output("bpf-linker", &["--version"]).is_some_and(|v| v.contains(&format!(" {BPF_LINKER_VERSION}.")))
+}
+
+fn install_bpf_linker() -> Result<()> {
+    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about 80 s)");
+    let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
+    run(cargo()
+        .args(["install", "bpf-linker", "--version", &format!("~{BPF_LINKER_VERSION}"), "--no-default-features", "--features", "llvm-22"])
+        .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
+        .env("PATH", path))?;
+    if !bpf_linker_ok() {
+        bail!("bpf-linker was installed but `bpf-linker --version` does not report {BPF_LINKER_VERSION}.x; is ~/.cargo/bin on PATH?");
+    }
+    Ok(())
+}
