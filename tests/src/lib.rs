@@ -1,1 +1,70 @@
+//! Shared harness for rocev2's privileged integration tests.
+//!
+//! These tests load real eBPF programs and build network namespaces, so
+//! they need root. They never skip silently: without root they fail and
+//! say why.
 
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use aya::{TestRun as _, TestRunOptions};
+use rocev2_user::dataplane::{Dataplane, XDP_PROGRAM};
+
+/// Fails the test (with the reason) unless we can load BPF programs.
+pub fn require_root() {
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test loads XDP programs and creates network namespaces: run it as root (`sudo cargo xtask test`)"
+    );
+}
+
+/// The `rocev2` binary the netns tests start (`cargo xtask test` builds it
+/// and sets ROCEV2_BIN).
+pub fn rocev2_bin() -> PathBuf {
+    let path = std::env::var_os("ROCEV2_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/rocev2")
+    });
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first (`cargo xtask test` does) or set ROCEV2_BIN",
+        path.display()
+    );
+    path
+}
+
+/// The result of one BPF_PROG_TEST_RUN.
+#[derive(Debug)]
+pub struct Run {
+    pub action: u32,
+    pub output: Vec<u8>,
+}
+
+/// Runs the forwarding program once on `frame`. In a test run the ingress
+/// interface is the loopback device (ifindex 1).
+pub fn test_run(dataplane: &mut Dataplane, frame: &[u8]) -> Result<Run> {
+    let program = dataplane.xdp_program(XDP_PROGRAM)?;
+    let mut output = vec![0u8; frame.len() + 4096];
+    let result = program
+        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut output), ..Default::default() })
+        .context("BPF_PROG_TEST_RUN failed")?;
+    output.truncate(result.data_size_out as usize);
+    Ok(Run { action: result.return_value, output })
+}
+
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_REDIRECT: u32 = 4;
+
+pub fn action_name(action: u32) -> &'static str {
+    match action {
+        XDP_ABORTED => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        3 => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "unknown",
+    }
+}
