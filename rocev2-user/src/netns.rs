@@ -1,1 +1,335 @@
-//! TODO: being written
+//! Network namespaces for tests and the lab.
+//!
+//! Every privileged test builds its own little network (hosts as namespaces,
+//! veth links between them) so tests run in parallel without touching the
+//! machine's real interfaces or each other. Namespaces are made with the
+//! `ip` command, the same tool a person would use to inspect them, and are
+//! removed by a guard even when a test panics.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+    thread::JoinHandle,
+};
+
+use anyhow::{bail, Context};
+
+/// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
+const IFNAME_MAX: usize = 15;
+
+/// Runs `ip args...` and returns its stdout; the error names the command
+/// line and carries ip's stderr.
+pub fn ip(args: &[&str]) -> anyhow::Result<String> {
+    run("ip", args)
+}
+
+fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let cmdline = format!("{program} {}", args.join(" "));
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run `{cmdline}`"))?;
+    if !out.status.success() {
+        bail!(
+            "`{cmdline}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("`{cmdline}` printed non-UTF-8"))
+}
+
+fn open_netns(name: &str) -> anyhow::Result<File> {
+    let path = format!("/run/netns/{name}");
+    File::open(&path).with_context(|| format!("network namespace {name:?} not found ({path})"))
+}
+
+/// Moves the calling thread into network namespace `name` for good; call it
+/// before any other thread starts (threads created later inherit it). The
+/// mount namespace is left alone, unlike `ip netns exec`, so /sys/fs/bpf
+/// and its pins stay shared with the host.
+pub fn enter_process(name: &str) -> anyhow::Result<()> {
+    let ns = open_netns(name)?;
+    // SAFETY: `ns` is an open namespace file.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("cannot enter network namespace {name:?}: {e}");
+    }
+    Ok(())
+}
+
+/// Like [`in_netns`] but returns at once with the thread's handle, for work
+/// that runs concurrently (e.g. a receiver). A failure to enter the
+/// namespace is the thread's result.
+pub fn spawn_in_netns<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<JoinHandle<anyhow::Result<T>>> {
+    let ns = open_netns(name)?;
+    let name = name.to_owned();
+    std::thread::Builder::new()
+        .name(format!("netns-{name}"))
+        .spawn(move || {
+            // setns changes only the calling thread's network namespace,
+            // which is why each call gets a fresh thread.
+            // SAFETY: `ns` is an open namespace file.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                let e = std::io::Error::last_os_error();
+                bail!("setns into network namespace {name:?}: {e}");
+            }
+            drop(ns);
+            f()
+        })
+        .context("spawning a thread for the namespace")
+}
+
+/// Runs `f` on a new OS thread that has entered network namespace `name`
+/// (/run/netns/NAME) and returns its result; the calling thread stays where
+/// it is. A panic in `f` (a failed assert) is passed on to the caller.
+pub fn in_netns<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    match spawn_in_netns(name, f)?.join() {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// A network namespace made with `ip netns add`; dropping it kills what
+/// still runs inside and deletes it, which also destroys its interfaces.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates namespace `name` with its loopback up.
+    pub fn create(name: &str) -> anyhow::Result<Self> {
+        ip(&["netns", "add", name])
+            .with_context(|| format!("creating network namespace {name:?}"))?;
+        // Guard first, so a failure below still removes the namespace.
+        let ns = Self {
+            name: name.to_owned(),
+        };
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip netns exec NAME args...` and returns its stdout.
+    pub fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut full = vec!["netns", "exec", self.name.as_str()];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Processes left inside (a lab's daemons) would keep the namespace
+        // and its interfaces alive after the delete.
+        if let Ok(pids) = ip(&["netns", "pids", &self.name]) {
+            for pid in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<libc::pid_t>().ok())
+            {
+                // SAFETY: plain syscall on a pid listed as inside our namespace.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!(
+                "warning: cannot delete network namespace {}: {e:#}",
+                self.name
+            );
+        }
+    }
+}
+
+/// A name unique across parallel tests and test processes: `prefix`
+/// (shortened if needed), then the pid and a counter, at most 15 bytes so it
+/// is also a valid interface name.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // The dash keeps pid and counter apart: "1-23" and "12-3" differ.
+    let suffix = format!("{:x}-{n:x}", std::process::id());
+    let keep = IFNAME_MAX.saturating_sub(suffix.len());
+    let prefix: String = prefix.chars().take(keep).collect();
+    format!("{prefix}{suffix}")
+}
+
+fn mac_string(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn add_addrs(ns: &Netns, ifname: &str, addrs: &[&str]) -> anyhow::Result<()> {
+    for addr in addrs {
+        let mut args = vec!["-n", ns.name(), "addr", "add", addr, "dev", ifname];
+        // Without nodad an IPv6 address stays tentative (unusable) for a
+        // second or two after the link comes up.
+        if addr.contains(':') {
+            args.push("nodad");
+        }
+        ip(&args)?;
+    }
+    Ok(())
+}
+
+/// Creates a veth pair `a_if` (in `a`) <-> `b_if` (in `b`) with the given
+/// MACs and CIDR addresses, and sets both ends up.
+#[allow(clippy::too_many_arguments)]
+pub fn veth_between(
+    a: &Netns,
+    a_if: &str,
+    a_mac: [u8; 6],
+    a_addrs: &[&str],
+    b: &Netns,
+    b_if: &str,
+    b_mac: [u8; 6],
+    b_addrs: &[&str],
+) -> anyhow::Result<()> {
+    let (a_mac, b_mac) = (mac_string(a_mac), mac_string(b_mac));
+    #[rustfmt::skip]
+    ip(&[
+        "-n", a.name(), "link", "add", a_if, "address", &a_mac, "type", "veth",
+        "peer", "name", b_if, "address", &b_mac, "netns", b.name(),
+    ])
+    .with_context(|| format!("creating veth {}/{a_if} <-> {}/{b_if}", a.name(), b.name()))?;
+    add_addrs(a, a_if, a_addrs)?;
+    add_addrs(b, b_if, b_addrs)?;
+    ip(&["-n", a.name(), "link", "set", a_if, "up"])?;
+    ip(&["-n", b.name(), "link", "set", b_if, "up"])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn netns_list() -> String {
+        ip(&["netns", "list"]).unwrap()
+    }
+
+    fn ifindex(name: &str) -> u32 {
+        let c = std::ffi::CString::new(name).unwrap();
+        unsafe { libc::if_nametoindex(c.as_ptr()) }
+    }
+
+    #[test]
+    fn unique_names_are_short_and_distinct() {
+        let names: Vec<String> = (0..1000)
+            .map(|_| unique_name("a-rather-long-prefix"))
+            .collect();
+        assert!(names.iter().all(|n| n.len() <= IFNAME_MAX), "{names:?}");
+        let set: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(set.len(), names.len());
+        assert!(unique_name("ns").starts_with("ns"));
+    }
+
+    #[test]
+    fn veth_links_two_namespaces_and_drop_removes_them() {
+        let a = Netns::create(&unique_name("nta")).unwrap();
+        let b = Netns::create(&unique_name("ntb")).unwrap();
+        let names = (a.name().to_owned(), b.name().to_owned());
+        let (a_if, b_if) = (unique_name("ea"), unique_name("eb"));
+        veth_between(
+            &a,
+            &a_if,
+            [2, 0, 0, 0, 0xA, 1],
+            &["198.51.100.1/24", "fd00:51::1/64"],
+            &b,
+            &b_if,
+            [2, 0, 0, 0, 0xB, 2],
+            &["198.51.100.2/24"],
+        )
+        .unwrap();
+
+        let link = a.exec(&["ip", "-o", "link", "show", &a_if]).unwrap();
+        assert!(link.contains("02:00:00:00:0a:01"), "{link}");
+        assert!(link.contains("state UP") || link.contains(",UP"), "{link}");
+        let addrs = ip(&["-n", a.name(), "-o", "addr", "show", "dev", &a_if]).unwrap();
+        assert!(
+            addrs.contains("198.51.100.1/24") && addrs.contains("fd00:51::1/64"),
+            "{addrs}"
+        );
+        let peer = ip(&["-n", b.name(), "-o", "link", "show", &b_if]).unwrap();
+        assert!(peer.contains("02:00:00:00:0b:02"), "{peer}");
+
+        // Each thread sees only its own namespace's interfaces.
+        let b_if2 = b_if.clone();
+        let seen = in_netns(b.name(), move || Ok(ifindex(&b_if2))).unwrap();
+        assert_ne!(seen, 0);
+        assert_eq!(
+            ifindex(&b_if),
+            0,
+            "calling thread must stay in its namespace"
+        );
+
+        let list = netns_list();
+        assert!(list.contains(&names.0) && list.contains(&names.1), "{list}");
+        drop(a);
+        drop(b);
+        let list = netns_list();
+        assert!(
+            !list.contains(&names.0) && !list.contains(&names.1),
+            "{list}"
+        );
+    }
+
+    #[test]
+    fn namespace_is_removed_when_a_test_panics() {
+        let name = unique_name("ntp");
+        let n2 = name.clone();
+        let result = std::panic::catch_unwind(move || {
+            let _ns = Netns::create(&n2).unwrap();
+            panic!("test failure inside the namespace's scope");
+        });
+        assert!(result.is_err());
+        assert!(!netns_list().contains(&name));
+    }
+
+    #[test]
+    fn errors_say_what_failed() {
+        let err = in_netns("no-such-netns-xyz", || Ok(())).unwrap_err();
+        assert!(format!("{err:#}").contains("no-such-netns-xyz"), "{err:#}");
+
+        let ns = Netns::create(&unique_name("nte")).unwrap();
+        let err = ns.exec(&["ip", "link", "show", "nosuchdev0"]).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("nosuchdev0") && msg.contains("does not exist"),
+            "{msg}"
+        );
+
+        let err = Netns::create(ns.name()).unwrap_err();
+        assert!(format!("{err:#}").contains(ns.name()), "{err:#}");
+        // The failed duplicate create must not have deleted the original.
+        assert!(netns_list().contains(ns.name()));
+    }
+
+    #[test]
+    fn in_netns_passes_on_panics_and_results() {
+        let ns = Netns::create(&unique_name("ntr")).unwrap();
+        assert_eq!(in_netns(ns.name(), || Ok(41 + 1)).unwrap(), 42);
+        let err = in_netns(ns.name(), || -> anyhow::Result<()> {
+            bail!("inner failure")
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "inner failure");
+        let name = ns.name().to_owned();
+        let panicked = std::panic::catch_unwind(move || {
+            in_netns(&name, || -> anyhow::Result<()> { panic!("boom") })
+        });
+        assert!(panicked.is_err());
+    }
+}
