@@ -1,12 +1,17 @@
 //! rocev2 control program as a library: the `rocev2` binary is a thin CLI
 //! over these modules, and the integration tests use them directly.
 
+pub mod bpffs;
 pub mod config;
 pub mod dataplane;
+pub mod lab;
 pub mod netlink;
 pub mod netns;
 pub mod packet;
+pub mod privileges;
 pub mod rawsock;
+pub mod run;
+pub mod state;
 pub mod stats;
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).

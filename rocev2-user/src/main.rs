@@ -1,1 +1,138 @@
-fn main(){}
+//! `rocev2`: the command-line front end. Each subcommand is a thin wrapper
+//! over the library.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use rocev2_user::{
+    config::{Config, XdpMode},
+    dataplane::Maps,
+    netns,
+    run::{self, RunOptions},
+    state::RunState,
+    stats::Snapshot,
+};
+
+#[derive(Parser)]
+#[command(name = "rocev2", version, about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing")]
+struct Cli {
+    /// Run inside this network namespace (a name from `ip netns list`).
+    /// Unlike `ip netns exec`, this keeps the host's /sys/fs/bpf, so pinned
+    /// maps stay visible to `rocev2 stats`.
+    #[arg(long, global = true, value_name = "NAME")]
+    netns: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
+    Run {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Override [dataplane] xdp_mode.
+        #[arg(long, value_enum)]
+        xdp_mode: Option<CliXdpMode>,
+    },
+    /// Validate a config file without loading anything.
+    Check {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Print the counters of a running `rocev2 run`.
+    Stats {
+        /// Config of the running instance (to find its pin_dir).
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the running instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build a small veth lab, run the dataplane with five-tuple and then QP
+    /// hashing, send RoCEv2 traffic through it and print the per-uplink result.
+    Demo {
+        /// Queue pairs between the two hosts (all share one UDP source port).
+        #[arg(long, default_value_t = 64)]
+        qps: u32,
+        /// Packets sent per QP and per address family.
+        #[arg(long, default_value_t = 20)]
+        packets_per_qp: u32,
+        /// Uplinks in the ECMP group.
+        #[arg(long, default_value_t = 4)]
+        uplinks: u32,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum CliXdpMode {
+    Native,
+    Skb,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rocev2: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    // Enter the namespace before the runtime starts threads, so every
+    // thread (and every netlink socket) lives in it.
+    if let Some(name) = &cli.netns {
+        netns::enter_process(name)?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match cli.command {
+        Command::Run { config, xdp_mode } => {
+            let config = Config::load(&config)?;
+            let options = RunOptions {
+                xdp_mode: xdp_mode.map(|m| match m {
+                    CliXdpMode::Native => XdpMode::Native,
+                    CliXdpMode::Skb => XdpMode::Skb,
+                }),
+            };
+            let snapshot = runtime.block_on(run::run(config, options, cli.netns.clone()))?;
+            println!("rocev2: stopped; final counters:\n{}", snapshot.render());
+        }
+        Command::Check { config } => {
+            let config = Config::load(&config)?;
+            println!(
+                "{}: OK ({} ports, {} groups, {} members, {} routes)",
+                config.path.display(),
+                config.ports.len(),
+                config.groups.len(),
+                config.groups.iter().map(|g| g.members.len()).sum::<usize>(),
+                config.routes.len()
+            );
+        }
+        Command::Stats { config, pin_dir, json } => {
+            let pin_dir = match (config, pin_dir) {
+                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
+                (None, Some(dir)) => dir,
+                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
+            };
+            let state = RunState::read(&pin_dir)?;
+            let maps = Maps::open_pinned(&pin_dir)?;
+            let snapshot = Snapshot::collect(&maps, &state)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
+            } else {
+                print!("{}", snapshot.render());
+            }
+        }
+        Command::Demo { qps, packets_per_qp, uplinks } => {
+            rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
+        }
+    }
+    Ok(())
+}

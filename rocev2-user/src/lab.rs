@@ -1,0 +1,474 @@
+//! A small leaf-and-uplinks lab in network namespaces, used by `rocev2
+//! demo` and by the netns tests: one sender host, the switch running the
+//! dataplane, and N uplink namespaces that capture what reaches them.
+//!
+//! ```text
+//!  [sender] snd0 --- p0 [switch: rocev2 run] u1 --- up0 [uplink 1]
+//!   10.0.0.1          10.0.0.254              u2 --- up0 [uplink 2] ...
+//! ```
+//! Traffic goes to 10.1.0.1 / fd01::1, routed by the dataplane to the
+//! `spines` group whose members are the uplinks.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead as _, BufReader},
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use rocev2_common::bth::{opcode, Bth};
+
+use crate::{
+    netns::{self, spawn_in_netns, unique_name, veth_between, Netns},
+    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
+    rawsock::PacketSocket,
+    run::READY_LINE,
+};
+
+pub const SENDER_MAC: [u8; 6] = [0x02, 0x52, 0x32, 0x00, 0x00, 0x01];
+pub const SWITCH_PORT_MAC: [u8; 6] = [0x02, 0x52, 0x32, 0x00, 0x00, 0xFE];
+/// The single UDP source port every QP uses: the low-entropy case.
+pub const SHARED_SOURCE_PORT: u16 = 0xC000;
+pub const DEST_V4: &str = "10.1.0.1";
+pub const DEST_V6: &str = "fd01::1";
+/// Hop limit the sender uses; forwarded packets must arrive one lower.
+pub const SENT_TTL: u8 = 64;
+
+fn switch_uplink_mac(i: usize) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x01, 0x00, i as u8]
+}
+
+fn uplink_mac(i: usize) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x02, 0x00, i as u8]
+}
+
+/// The namespaces and links of one lab; removed on drop.
+pub struct EcmpLab {
+    pub tag: String,
+    pub sender: Netns,
+    pub switch: Netns,
+    pub uplinks: Vec<Netns>,
+}
+
+impl EcmpLab {
+    pub fn create(uplinks: usize) -> Result<Self> {
+        if uplinks == 0 || uplinks > 32 {
+            bail!("uplinks must be 1..=32, not {uplinks}");
+        }
+        let tag = unique_name("r2");
+        let sender = Netns::create(&format!("{tag}-snd"))?;
+        let switch = Netns::create(&format!("{tag}-sw"))?;
+        let mut lab = Self { tag: tag.clone(), sender, switch, uplinks: Vec::new() };
+        for ns in [&lab.sender, &lab.switch] {
+            disable_dad(ns)?;
+        }
+        veth_between(
+            &lab.sender,
+            "snd0",
+            SENDER_MAC,
+            &["10.0.0.1/24", "fd00::1/64"],
+            &lab.switch,
+            "p0",
+            SWITCH_PORT_MAC,
+            &["10.0.0.254/24", "fd00::fe/64"],
+        )?;
+        for i in 1..=uplinks {
+            let ns = Netns::create(&format!("{tag}-up{i}"))?;
+            disable_dad(&ns)?;
+            veth_between(
+                &lab.switch,
+                &format!("u{i}"),
+                switch_uplink_mac(i),
+                &[&format!("10.0.{i}.1/24"), &format!("fd00:{i}::1/64")],
+                &ns,
+                "up0",
+                uplink_mac(i),
+                &[&format!("10.0.{i}.2/24"), &format!("fd00:{i}::2/64")],
+            )?;
+            lab.uplinks.push(ns);
+        }
+        Ok(lab)
+    }
+
+    /// Pin directory unique to this lab, so parallel labs never collide.
+    pub fn pin_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/sys/fs/bpf/rocev2-{}", self.tag))
+    }
+
+    /// A dataplane config for the switch. Members use all three next-hop
+    /// forms: IPv4 `via`, IPv6 `via` and a static MAC.
+    pub fn config(&self, hash: &str) -> String {
+        let mut members = String::new();
+        for i in 1..=self.uplinks.len() {
+            let next_hop = match i % 3 {
+                1 => format!("via = \"10.0.{i}.2\""),
+                2 => format!("via = \"fd00:{i}::2\""),
+                _ => format!("mac = \"{}\"", crate::run::format_mac(&uplink_mac(i))),
+            };
+            members.push_str(&format!("  {{ dev = \"u{i}\", {next_hop} }},\n"));
+        }
+        format!(
+            "# Written by the rocev2 lab ({tag}).\n[dataplane]\nhash = \"{hash}\"\nhash_seed = 1234\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n\n[[port]]\nname = \"p0\"\n\n[[group]]\nname = \"spines\"\nmembers = [\n{members}]\n\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spines\"\n\n[[route]]\nprefix = \"fd01::/64\"\ngroup = \"spines\"\n",
+            tag = self.tag,
+            pin = self.pin_dir().display(),
+        )
+    }
+
+    /// Writes the config for `hash` to a file under /tmp and returns its path.
+    pub fn write_config(&self, hash: &str) -> Result<PathBuf> {
+        let dir = PathBuf::from(format!("/tmp/rocev2-lab-{}", self.tag));
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(format!("{hash}.toml"));
+        std::fs::write(&path, self.config(hash)).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Starts `rocev2 --netns <switch> run --config FILE` and waits until
+    /// it reports ready.
+    pub fn start_dataplane(&self, rocev2: &Path, config: &Path) -> Result<DataplaneProcess> {
+        DataplaneProcess::start(rocev2, self.switch.name(), config)
+    }
+
+    /// Sends `packets_per_qp` packets on each of `qps` QPs (one WRITE
+    /// message per QP, all on one UDP source port) for each address family,
+    /// and reports what every uplink received.
+    pub fn send_and_capture(&self, qps: u32, packets_per_qp: u32, families: &[Family]) -> Result<LabReport> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut receivers = Vec::new();
+        for (i, ns) in self.uplinks.iter().enumerate() {
+            let stop = stop.clone();
+            let ready = ready_tx.clone();
+            receivers.push(spawn_in_netns(ns.name(), move || capture("up0", i + 1, &stop, ready))?);
+        }
+        drop(ready_tx);
+        for _ in 0..self.uplinks.len() {
+            ready_rx.recv_timeout(Duration::from_secs(10)).context("an uplink receiver did not start")?;
+        }
+
+        let frames = lab_frames(qps, packets_per_qp, families);
+        let sent = frames.len() as u64;
+        netns::in_netns(self.sender.name(), move || {
+            let socket = PacketSocket::open("snd0")?;
+            for (n, frame) in frames.iter().enumerate() {
+                socket.send(frame)?;
+                // Small pauses keep the veth queues and receive buffers
+                // from overflowing: this measures distribution, not speed.
+                if n % 64 == 63 {
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            Ok(())
+        })?;
+        thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        let mut uplinks = Vec::new();
+        for handle in receivers {
+            uplinks.push(handle.join().map_err(|_| anyhow::anyhow!("uplink receiver panicked"))??);
+        }
+        Ok(LabReport { sent, uplinks })
+    }
+}
+
+fn disable_dad(ns: &Netns) -> Result<()> {
+    // Duplicate address detection would hold IPv6 addresses back ~2 s.
+    ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"])?;
+    ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"])?;
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// The lab's traffic: per family, per QP, one RDMA WRITE message of
+/// `packets_per_qp` packets (FIRST, MIDDLE..., LAST) with consecutive PSNs.
+pub fn lab_frames(qps: u32, packets_per_qp: u32, families: &[Family]) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    for family in families {
+        let (src, dst): (IpAddr, IpAddr) = match family {
+            Family::V4 => ("10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap()),
+            Family::V6 => ("fd00::1".parse().unwrap(), DEST_V6.parse().unwrap()),
+        };
+        for p in 0..packets_per_qp {
+            for q in 0..qps {
+                let op = match (p, packets_per_qp) {
+                    (_, 1) => opcode::WRITE_ONLY,
+                    (0, _) => opcode::WRITE_FIRST,
+                    (p, n) if p == n - 1 => opcode::WRITE_LAST,
+                    _ => opcode::WRITE_MIDDLE,
+                };
+                let spec = RoceFrameSpec {
+                    src_mac: SENDER_MAC,
+                    dst_mac: SWITCH_PORT_MAC,
+                    vlan: None,
+                    src_ip: src,
+                    dst_ip: dst,
+                    ttl: SENT_TTL,
+                    dscp: 26,
+                    ecn: 2,
+                    src_port: SHARED_SOURCE_PORT,
+                    bth: Bth {
+                        opcode: op,
+                        solicited: false,
+                        pad_count: 0,
+                        pkey: 0xFFFF,
+                        fecn: false,
+                        becn: false,
+                        dest_qp: 0x100 + q,
+                        ack_req: p + 1 == packets_per_qp,
+                        psn: p,
+                    },
+                    payload_len: 256,
+                };
+                frames.push(build_roce_frame(&spec));
+            }
+        }
+    }
+    frames
+}
+
+/// What one uplink received.
+#[derive(Clone, Debug, Default)]
+pub struct UplinkReport {
+    pub uplink: usize,
+    pub packets: u64,
+    pub ipv4: u64,
+    pub ipv6: u64,
+    /// Distinct destination QPs seen.
+    pub qps: BTreeSet<u32>,
+    /// Packets whose TTL/hop limit was not exactly one below what was sent.
+    pub bad_ttl: u64,
+    pub bad_ipv4_checksum: u64,
+    pub bad_icrc: u64,
+    /// Packets that arrived with a lower PSN than an earlier one of their QP.
+    pub reordered: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LabReport {
+    pub sent: u64,
+    pub uplinks: Vec<UplinkReport>,
+}
+
+impl LabReport {
+    pub fn received(&self) -> u64 {
+        self.uplinks.iter().map(|u| u.packets).sum()
+    }
+
+    pub fn active_uplinks(&self) -> usize {
+        self.uplinks.iter().filter(|u| u.packets > 0).count()
+    }
+
+    /// Busiest uplink's load divided by a fair share (1.0 is perfect).
+    pub fn max_over_fair(&self) -> f64 {
+        let total = self.received();
+        if total == 0 {
+            return 0.0;
+        }
+        let max = self.uplinks.iter().map(|u| u.packets).max().unwrap_or(0);
+        max as f64 * self.uplinks.len() as f64 / total as f64
+    }
+
+    pub fn render(&self) -> String {
+        let total = self.received().max(1);
+        let mut out = String::from("  UPLINK   PACKETS  SHARE                           QPs  TTL-1  CHECKSUM  ICRC\n");
+        for u in &self.uplinks {
+            let share = 100.0 * u.packets as f64 / total as f64;
+            let ok = |bad: u64| if bad == 0 { "ok".to_string() } else { format!("{bad} bad") };
+            out.push_str(&format!(
+                "  up{:<5} {:>8}  {share:>5.1}% {:<25} {:>4}  {:<5}  {:<8}  {}\n",
+                u.uplink,
+                u.packets,
+                "#".repeat((share / 4.0).round() as usize),
+                u.qps.len(),
+                ok(u.bad_ttl),
+                ok(u.bad_ipv4_checksum),
+                ok(u.bad_icrc)
+            ));
+        }
+        out.push_str(&format!(
+            "  sent {} received {}; {} of {} uplinks used; busiest uplink carries {:.2}x its fair share\n",
+            self.sent,
+            self.received(),
+            self.active_uplinks(),
+            self.uplinks.len(),
+            self.max_over_fair()
+        ));
+        out
+    }
+}
+
+/// Captures RoCEv2 frames for the lab destinations on `ifname` until `stop`.
+fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<()>) -> Result<UplinkReport> {
+    let socket = PacketSocket::open(ifname)?;
+    ready.send(()).ok();
+    let dest_v4: IpAddr = DEST_V4.parse().unwrap();
+    let dest_v6: IpAddr = DEST_V6.parse().unwrap();
+    let mut report = UplinkReport { uplink, ..Default::default() };
+    let mut last_psn: BTreeMap<(bool, u32), u32> = BTreeMap::new();
+    let mut buf = vec![0u8; 65536];
+    while !stop.load(Ordering::Relaxed) {
+        let Some(len) = socket.recv(&mut buf, Duration::from_millis(100))? else { continue };
+        let Ok(p) = parse_roce(&buf[..len]) else { continue };
+        if p.dst_ip != dest_v4 && p.dst_ip != dest_v6 {
+            continue;
+        }
+        report.packets += 1;
+        let v4 = p.dst_ip.is_ipv4();
+        if v4 {
+            report.ipv4 += 1;
+        } else {
+            report.ipv6 += 1;
+        }
+        report.qps.insert(p.bth.dest_qp);
+        if p.ttl_or_hop_limit != SENT_TTL - 1 {
+            report.bad_ttl += 1;
+        }
+        if p.ipv4_checksum_ok == Some(false) {
+            report.bad_ipv4_checksum += 1;
+        }
+        if !p.icrc_ok {
+            report.bad_icrc += 1;
+        }
+        if let Some(prev) = last_psn.insert((v4, p.bth.dest_qp), p.bth.psn) {
+            if p.bth.psn < prev {
+                report.reordered += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// A running `rocev2 run` child process; stopped with SIGTERM on drop.
+pub struct DataplaneProcess {
+    child: Option<Child>,
+    output: Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<thread::JoinHandle<()>>,
+}
+
+impl DataplaneProcess {
+    pub fn start(rocev2: &Path, netns: &str, config: &Path) -> Result<Self> {
+        let mut child = Command::new(rocev2)
+            .args(["--netns", netns, "run", "--config"])
+            .arg(config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", rocev2.display()))?;
+        let output = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let lines = output.clone();
+        let reader = thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line == READY_LINE {
+                    ready_tx.send(()).ok();
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let err_lines = output.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                err_lines.lock().unwrap().push(line);
+            }
+        });
+        let mut process = Self { child: Some(child), output, reader: Some(reader) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if ready_rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+                return Ok(process);
+            }
+            let exited = process.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() || Instant::now() > deadline {
+                thread::sleep(Duration::from_millis(100));
+                let log = process.output();
+                bail!("rocev2 run did not become ready ({exited:?}); its output:\n{log}");
+            }
+        }
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    /// Sends SIGTERM, waits for a clean exit and returns the full output.
+    pub fn stop(mut self) -> Result<String> {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> Result<String> {
+        let Some(mut child) = self.child.take() else { return Ok(self.output()) };
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                bail!("rocev2 run did not exit within 10 s of SIGTERM:\n{}", self.output());
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        if let Some(reader) = self.reader.take() {
+            reader.join().ok();
+        }
+        if !status.success() {
+            bail!("rocev2 run exited with {status}:\n{}", self.output());
+        }
+        Ok(self.output())
+    }
+}
+
+impl Drop for DataplaneProcess {
+    fn drop(&mut self) {
+        let _ = self.terminate();
+    }
+}
+
+/// `rocev2 demo`: the same 64 QPs on one UDP source port, first with
+/// five-tuple hashing, then with QP hashing.
+pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
+    let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
+    println!("Building a lab: sender -> switch (rocev2 XDP) -> {uplinks} uplinks, in network namespaces...");
+    let lab = EcmpLab::create(uplinks as usize)?;
+    println!(
+        "Traffic: {qps} QPs from 10.0.0.1 to {DEST_V4} and fd00::1 to {DEST_V6}, all on UDP source port {SHARED_SOURCE_PORT:#x}, {packets_per_qp} packets per QP and family.\n"
+    );
+    let mut results = Vec::new();
+    for hash in ["five-tuple", "qp"] {
+        let config = lab.write_config(hash)?;
+        let dataplane = lab.start_dataplane(&rocev2, &config)?;
+        let report = lab.send_and_capture(qps, packets_per_qp, &[Family::V4, Family::V6])?;
+        dataplane.stop()?;
+        println!("hash = \"{hash}\"  (config {})", config.display());
+        print!("{}", report.render());
+        println!();
+        results.push((hash, report));
+    }
+    for (hash, report) in &results {
+        println!(
+            "{hash:>10}: {} of {} uplinks carried traffic, busiest at {:.2}x fair share",
+            report.active_uplinks(),
+            report.uplinks.len(),
+            report.max_over_fair()
+        );
+    }
+    println!("\nQP hashing (Meta's E-ECMP) spreads the QPs that five-tuple hashing piles onto one uplink.");
+    Ok(())
+}
