@@ -12,7 +12,7 @@ use crate::maps::{MEMBER_STATS, PORTS, PORT_COUNTERS};
 #[inline(always)]
 pub fn port_slot(ifindex: u32) -> u32 {
     // SAFETY: the value is only read, and entries are plain data.
-    match unsafe { PORTS.get(&ifindex) } {
+    match unsafe { PORTS.get(ifindex) } {
         Some(port) => port.slot,
         None => 0,
     }

@@ -95,7 +95,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             egress.insert(link.ifindex, link.clone());
             members.push(MemberLive {
                 dev: member.dev.clone(),
-                next_hop: member.next_hop.clone(),
+                next_hop: member.next_hop,
                 ifindex: link.ifindex,
                 src_mac: link.mac,
                 link_up: link.up,

@@ -104,7 +104,8 @@ fn require_root(why: &str) -> Result<()> {
 
 fn build(release: bool) -> Result<()> {
     let mut cmd = cargo();
-    cmd.args(["build", "--workspace", "--bins"]);
+    // Default members: everything but the eBPF crate, which build.rs builds.
+    cmd.args(["build", "--bins"]);
     if release {
         cmd.arg("--release");
     }
@@ -122,7 +123,7 @@ fn test(args: &[String]) -> Result<()> {
     // The netns tests start the real binary; build it first.
     build(false)?;
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--", "--test-threads=2"]).args(args);
+    cmd.args(["test", "--", "--test-threads=2"]).args(args);
     cmd.env("ROCEV2_BIN", workspace().join("target/debug/rocev2"));
     run(&mut cmd)
 }
