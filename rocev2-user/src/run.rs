@@ -23,7 +23,7 @@ use crate::{
 
 /// How long `run` waits for a `via` neighbour at start before leaving the
 /// member out (it keeps retrying afterwards).
-const FIRST_RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+const FIRST_RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The line `run` prints once the programs are attached and the maps are
 /// filled; scripts and tests wait for it.

@@ -125,7 +125,55 @@ fn test(args: &[String]) -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["test", "--", "--test-threads=2"]).args(args);
     cmd.env("ROCEV2_BIN", workspace().join("target/debug/rocev2"));
-    run(&mut cmd)
+    let totals = run_counting_tests(&mut cmd)?;
+    // One closing line for the whole run: cargo's own last line is the
+    // (empty) doc-test run of the last crate.
+    println!("tests: {} passed, {} failed, {} ignored", totals.passed, totals.failed, totals.ignored);
+    if totals.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Runs `cargo test`, echoing its output, and adds up libtest's
+/// `test result: ok. N passed; M failed; K ignored; ...` lines.
+fn run_counting_tests(cmd: &mut Command) -> Result<Totals> {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(kind), Some(n)) = (words.next(), words.next()) else { continue };
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match kind {
+                    "passed" => totals.passed += n,
+                    "failed" => totals.failed += n,
+                    "ignored" => totals.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        println!("tests: {} passed, {} failed, {} ignored", totals.passed, totals.failed, totals.ignored);
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(totals)
 }
 
 // ---------------------------------------------------------------- setup
