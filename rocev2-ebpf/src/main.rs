@@ -29,6 +29,14 @@ pub fn rocev2_xdp_pass(_ctx: XdpContext) -> u32 {
     aya_ebpf::bindings::xdp_action::XDP_PASS
 }
 
+/// Transmits every frame back out of the device it runs on. The traffic
+/// generator runs it through BPF_PROG_TEST_RUN with live frames, which
+/// sends each XDP_TX frame out of the test run's ingress device.
+#[xdp]
+pub fn rocev2_xdp_tx(_ctx: XdpContext) -> u32 {
+    aya_ebpf::bindings::xdp_action::XDP_TX
+}
+
 #[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

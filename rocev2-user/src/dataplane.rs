@@ -37,6 +37,8 @@ use crate::config::Prefix;
 pub const XDP_PROGRAM: &str = "rocev2_xdp";
 /// A program that passes everything (veth NAPI helper, benchmark floor).
 pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
+/// Sends every frame back out (XDP_TX): the live-frames traffic generator.
+pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -242,7 +244,7 @@ impl Dataplane {
         }
         crate::privileges::check()?;
         let mut ebpf = EbpfLoader::new().load(crate::EBPF_OBJECT).context("cannot load the eBPF object")?;
-        for name in [XDP_PROGRAM, XDP_PASS_PROGRAM] {
+        for name in [XDP_PROGRAM, XDP_PASS_PROGRAM, XDP_TX_PROGRAM] {
             let program: &mut Xdp = ebpf
                 .program_mut(name)
                 .with_context(|| format!("eBPF object has no program {name}"))?
