@@ -10,5 +10,6 @@
 pub mod bth;
 pub mod checksum;
 pub mod counters;
+pub mod flowlet;
 pub mod hash;
 pub mod maps;
