@@ -1,1 +1,686 @@
-//! Being written.
+//! `rocev2 explain`: which uplink would this packet take, and why?
+//!
+//! Userspace repeats the XDP program's decision for one packet: longest
+//! prefix match over the configured routes, the group's hash mode, the
+//! dataplane seed, the flow key built exactly as `rocev2-ebpf`'s
+//! `forward.rs` builds it, and `rocev2_common::hash::member_hash` /
+//! `pick_member` (the code the kernel runs). When a `rocev2 run` for the
+//! config is live, the member list, group hash mode and seed come from its
+//! pinned maps and state file, because members that are down have left the
+//! group and every position after them has shifted.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use rocev2_common::{
+    bth::ROCEV2_UDP_PORT,
+    hash::{member_hash, pick_member, FlowKey, HashMode},
+    maps::{names, DataplaneConfig},
+};
+
+use crate::config::{Config, NextHop, Prefix, Route};
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExplainArgs {
+    /// The configuration file `rocev2 run` uses.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Source address of the packet.
+    #[arg(long)]
+    pub src: IpAddr,
+    /// Destination address of the packet.
+    #[arg(long)]
+    pub dst: IpAddr,
+    /// IP protocol: udp, tcp or a number (other protocols hash with ports 0).
+    #[arg(long, default_value = "udp")]
+    pub proto: String,
+    /// UDP/TCP source port.
+    #[arg(long, default_value_t = 0xC000)]
+    pub sport: u16,
+    /// UDP/TCP destination port (4791 is RoCEv2).
+    #[arg(long, default_value_t = 4791)]
+    pub dport: u16,
+    /// BTH destination QP (RoCEv2 only: UDP to port 4791), 24 bits,
+    /// decimal or 0x-hex.
+    #[arg(long, value_parser = parse_qp)]
+    pub qp: Option<u32>,
+}
+
+/// The header fields the dataplane looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketFields {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: u8,
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// BTH DestQP, if the packet carries one.
+    pub dest_qp: Option<u32>,
+}
+
+impl PacketFields {
+    /// True for what the XDP program treats as RoCEv2: UDP to port 4791.
+    pub fn is_roce(&self) -> bool {
+        self.protocol == IPPROTO_UDP && self.dst_port == ROCEV2_UDP_PORT
+    }
+
+    /// The flow key exactly as `forward.rs` builds it: ports only for TCP and
+    /// UDP, the DestQP only for RoCEv2 (and 0 when the packet has none).
+    pub fn flow_key(&self) -> Option<FlowKey> {
+        let (sport, dport) = match self.protocol {
+            IPPROTO_TCP | IPPROTO_UDP => (self.src_port, self.dst_port),
+            _ => (0, 0),
+        };
+        let key = match (self.src, self.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => FlowKey::v4(s.octets(), d.octets(), self.protocol, sport, dport),
+            (IpAddr::V6(s), IpAddr::V6(d)) => FlowKey::v6(s.octets(), d.octets(), self.protocol, sport, dport),
+            _ => return None,
+        };
+        Some(match (self.is_roce(), self.dest_qp) {
+            (true, Some(qp)) => key.with_dest_qp(qp),
+            _ => key,
+        })
+    }
+}
+
+/// What a running `rocev2 run` has live for one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveGroup {
+    pub name: String,
+    /// Index in the GROUPS map.
+    pub index: u32,
+    /// The hash mode the kernel uses for the group.
+    pub hash: HashMode,
+    /// How many members the kernel picks from.
+    pub member_count: u32,
+    /// Descriptions of the live members, in position order.
+    pub members: Vec<String>,
+}
+
+/// The live state of a running dataplane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    pub pin_dir: PathBuf,
+    pub pid: u32,
+    /// The seed in the dataplane's CONFIG map.
+    pub seed: u32,
+    pub groups: Vec<LiveGroup>,
+}
+
+/// Where the member list came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberSource {
+    /// A running `rocev2 run`'s maps.
+    Live,
+    /// The config file, assuming every member is up.
+    Configured,
+}
+
+/// A forwarding decision, step by step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forwarding {
+    pub route: Prefix,
+    /// Shorter prefixes that also match (longest prefix wins over them).
+    pub also_matched: Vec<Prefix>,
+    pub group: String,
+    pub group_index: u32,
+    pub mode: HashMode,
+    pub seed: u32,
+    pub key: FlowKey,
+    /// The DestQP that went into the hash (qp mode, RoCEv2 only).
+    pub dest_qp_hashed: Option<u32>,
+    pub hash: u32,
+    /// 0-based position in the group.
+    pub position: u32,
+    pub member_count: u32,
+    /// e.g. "dev u3 via fd00:3::2".
+    pub member: String,
+    pub source: MemberSource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Source and destination are of different families.
+    Invalid(String),
+    /// No route for the destination: XDP_PASS, the kernel stack handles it.
+    NoRoute,
+    /// Routed to a group with no usable member: the kernel handles it.
+    NoMember { route: Prefix, group: String },
+    Forward(Box<Forwarding>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    pub packet: PacketFields,
+    pub verdict: Verdict,
+    /// Caveats, e.g. where the member list came from or an ignored --qp.
+    pub notes: Vec<String>,
+}
+
+/// Routes matching `dst`, longest prefix first.
+fn matching_routes(routes: &[Route], dst: IpAddr) -> Vec<&Route> {
+    let mut hits: Vec<&Route> = routes.iter().filter(|r| prefix_contains(&r.prefix, dst)).collect();
+    hits.sort_by_key(|r| std::cmp::Reverse(r.prefix.prefix_len()));
+    hits
+}
+
+/// Whether `addr` lies in `prefix` (same family, leading bits equal).
+pub fn prefix_contains(prefix: &Prefix, addr: IpAddr) -> bool {
+    match (*prefix, addr) {
+        (Prefix::V4 { addr: net, len }, IpAddr::V4(a)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(net) & mask
+        }
+        (Prefix::V6 { addr: net, len }, IpAddr::V6(a)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
+}
+
+fn member_text(m: &crate::config::Member) -> String {
+    match m.next_hop {
+        NextHop::Via(ip) => format!("dev {} via {ip}", m.dev),
+        NextHop::Mac(mac) => format!(
+            "dev {} mac {}",
+            m.dev,
+            mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+        ),
+    }
+}
+
+/// Repeats the dataplane's decision for `packet`. Pure: `live` carries
+/// whatever a running dataplane has (see [`read_live`]).
+pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> Explanation {
+    let mut notes = Vec::new();
+    let done = |verdict, notes| Explanation { packet: *packet, verdict, notes };
+    let Some(key) = packet.flow_key() else {
+        return done(Verdict::Invalid(format!("source {} and destination {} are of different IP families", packet.src, packet.dst)), notes);
+    };
+    if packet.dest_qp.is_some() && !packet.is_roce() {
+        notes.push("--qp ignored: only UDP to port 4791 (RoCEv2) carries a BTH".to_string());
+    }
+    let hits = matching_routes(&config.routes, packet.dst);
+    let Some(route) = hits.first() else {
+        return done(Verdict::NoRoute, notes);
+    };
+    let also_matched = hits[1..].iter().map(|r| r.prefix).collect();
+    let Some(group) = config.groups.get(route.group_index as usize) else {
+        // Config validation ties every route to a group; be explicit anyway.
+        return done(Verdict::NoMember { route: route.prefix, group: route.group.clone() }, notes);
+    };
+
+    // The kernel's view when one is running, else the file's, all members up.
+    let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
+    let (mode, seed, source, member_count, members): (HashMode, u32, MemberSource, u32, Vec<String>) =
+        match (live, live_group) {
+            (Some(l), Some(g)) => {
+                notes.push(format!(
+                    "members: live list of the running `rocev2 run` (pid {}, pin_dir {}): {} of {} configured member(s) up",
+                    l.pid,
+                    l.pin_dir.display(),
+                    g.member_count,
+                    group.members.len()
+                ));
+                if l.seed != config.dataplane.hash_seed {
+                    notes.push(format!(
+                        "the running dataplane uses seed {}, not the file's {} (restart `rocev2 run` to apply the file)",
+                        l.seed, config.dataplane.hash_seed
+                    ));
+                }
+                if g.hash != group.hash {
+                    notes.push(format!(
+                        "the running dataplane hashes group {} with {}, not the file's {}",
+                        group.name,
+                        mode_name(g.hash),
+                        mode_name(group.hash)
+                    ));
+                }
+                (g.hash, l.seed, MemberSource::Live, g.member_count, g.members.clone())
+            }
+            (Some(l), None) => {
+                notes.push(format!(
+                    "members: the running `rocev2 run` (pid {}) has no group {}; assuming all configured members are up",
+                    l.pid, group.name
+                ));
+                configured(config, group)
+            }
+            (None, _) => {
+                notes.push("members: no live `rocev2 run` for this config; assuming all configured members are up".to_string());
+                configured(config, group)
+            }
+        };
+    if member_count == 0 {
+        return done(Verdict::NoMember { route: route.prefix, group: group.name.clone() }, notes);
+    }
+    if packet.is_roce() && packet.dest_qp.is_none() && mode == HashMode::Qp {
+        notes.push("no --qp given: hashed with DestQP 0x000000; real RoCEv2 packets carry their QP's number".to_string());
+    }
+    let hash = member_hash(&key, mode, seed);
+    let position = pick_member(hash, member_count);
+    let member = members
+        .get(position as usize)
+        .cloned()
+        .unwrap_or_else(|| format!("position {position} (not named in the run state file)"));
+    let dest_qp_hashed = (mode == HashMode::Qp && packet.is_roce()).then_some(key.dest_qp);
+    done(
+        Verdict::Forward(Box::new(Forwarding {
+            route: route.prefix,
+            also_matched,
+            group: group.name.clone(),
+            group_index: route.group_index,
+            mode,
+            seed,
+            key,
+            dest_qp_hashed,
+            hash,
+            position,
+            member_count,
+            member,
+            source,
+        })),
+        notes,
+    )
+}
+
+fn configured(config: &Config, group: &crate::config::Group) -> (HashMode, u32, MemberSource, u32, Vec<String>) {
+    let members: Vec<String> = group.members.iter().map(member_text).collect();
+    (group.hash, config.dataplane.hash_seed, MemberSource::Configured, members.len() as u32, members)
+}
+
+pub fn mode_name(mode: HashMode) -> &'static str {
+    match mode {
+        HashMode::Qp => "qp",
+        HashMode::FiveTuple => "five-tuple",
+    }
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        IPPROTO_UDP => "udp".into(),
+        IPPROTO_TCP => "tcp".into(),
+        n => format!("protocol {n}"),
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.packet;
+        let roce = match (p.is_roce(), p.dest_qp) {
+            (true, Some(qp)) => format!(", RoCEv2 DestQP {:#08x}", qp & 0xFF_FFFF),
+            (true, None) => ", RoCEv2".to_string(),
+            _ => String::new(),
+        };
+        let ports = matches!(p.protocol, IPPROTO_TCP | IPPROTO_UDP);
+        if ports {
+            writeln!(f, "packet: {} {}:{} -> {}:{}{roce}", proto_name(p.protocol), p.src, p.src_port, p.dst, p.dst_port)?;
+        } else {
+            writeln!(f, "packet: {} {} -> {} (no ports: hashed with ports 0)", proto_name(p.protocol), p.src, p.dst)?;
+        }
+        match &self.verdict {
+            Verdict::Invalid(why) => writeln!(f, "invalid: {why}")?,
+            Verdict::NoRoute => writeln!(
+                f,
+                "route:  {} matches no [[route]] -> not forwarded: XDP_PASS to the kernel stack (counter pass_no_route)",
+                p.dst
+            )?,
+            Verdict::NoMember { route, group } => writeln!(
+                f,
+                "route:  {} matches route {route} -> group {group}, which has no usable member -> the kernel stack (counter pass_no_member)",
+                p.dst
+            )?,
+            Verdict::Forward(fw) => {
+                let also = if fw.also_matched.is_empty() {
+                    String::new()
+                } else {
+                    let list: Vec<String> = fw.also_matched.iter().map(|p| p.to_string()).collect();
+                    format!(" (longest prefix; also matches {})", list.join(", "))
+                };
+                writeln!(f, "route:  {} matches route {}{also} -> group {}", p.dst, fw.route, fw.group)?;
+                let inputs = match fw.dest_qp_hashed {
+                    Some(qp) => format!("five-tuple + DestQP {qp:#08x}"),
+                    None if fw.mode == HashMode::Qp => "five-tuple (not RoCEv2, so no DestQP)".to_string(),
+                    None if p.is_roce() => "five-tuple only (DestQP ignored in five-tuple mode)".to_string(),
+                    None => "five-tuple".to_string(),
+                };
+                writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", mode_name(fw.mode), fw.seed, fw.hash)?;
+                writeln!(
+                    f,
+                    "member: {:#010x} x {} >> 32 = position {} -> member {} of {} (0-based): {}",
+                    fw.hash, fw.member_count, fw.position, fw.position, fw.member_count, fw.member
+                )?;
+                writeln!(
+                    f,
+                    "        (MACs rewritten, TTL/hop limit -1; assumes TTL > 1, no IPv4 fragment or IPv6 extension header, and a destination that is not this box's own)"
+                )?;
+            }
+        }
+        for note in &self.notes {
+            writeln!(f, "note:   {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `--qp`: decimal or 0x-hex, at most 24 bits.
+pub fn parse_qp(text: &str) -> Result<u32, String> {
+    let t = text.trim();
+    let value = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{text:?} is not a QP number (decimal or 0x-hex)"))?;
+    if value > 0xFF_FFFF {
+        return Err(format!("{text} is wider than the BTH's 24-bit DestQP (max 0xffffff)"));
+    }
+    Ok(value)
+}
+
+/// Parses `--proto`: udp, tcp or 0..=255.
+pub fn parse_proto(text: &str) -> Result<u8> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "udp" => Ok(IPPROTO_UDP),
+        "tcp" => Ok(IPPROTO_TCP),
+        t => t.parse::<u8>().with_context(|| format!("--proto {text:?}: use udp, tcp or a protocol number 0..=255")),
+    }
+}
+
+/// Reads a running dataplane's state for `config`, or says why there is none.
+pub fn read_live(config: &Config) -> Result<Live> {
+    use crate::dataplane::Maps;
+    use crate::state::RunState;
+    let pin_dir = &config.dataplane.pin_dir;
+    let state = RunState::read(pin_dir)?;
+    if !Path::new(&format!("/proc/{}", state.pid)).exists() {
+        bail!("the state file names pid {}, which is not running", state.pid);
+    }
+    let maps = Maps::open_pinned(pin_dir)?;
+    let seed = read_live_seed(pin_dir)?;
+    let groups = state
+        .groups
+        .iter()
+        .map(|g| {
+            let entry = maps.group(g.index)?;
+            Ok(LiveGroup {
+                name: g.name.clone(),
+                index: g.index,
+                hash: HashMode::from_u32(entry.hash_mode).unwrap_or(HashMode::FiveTuple),
+                member_count: entry.member_count,
+                members: g
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let mac = if m.mac.is_empty() { String::new() } else { format!(" (neighbour {})", m.mac) };
+                        format!("dev {} {}{mac}", m.dev, m.next_hop)
+                    })
+                    .collect(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Live { pin_dir: pin_dir.clone(), pid: state.pid, seed, groups })
+}
+
+/// The seed in the pinned CONFIG map (it may differ from an edited file).
+fn read_live_seed(pin_dir: &Path) -> Result<u32> {
+    use aya::maps::{Array, Map, MapData};
+    let path = pin_dir.join(names::CONFIG);
+    let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
+    let map = Map::from_map_data(data).with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
+    let array: Array<MapData, DataplaneConfig> =
+        Array::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?;
+    Ok(array.get(&0, 0).context("cannot read CONFIG")?.hash_seed)
+}
+
+pub fn run(args: &ExplainArgs) -> Result<()> {
+    let config = Config::load(&args.config)?;
+    let protocol = parse_proto(&args.proto)?;
+    if args.src.is_ipv4() != args.dst.is_ipv4() {
+        bail!("--src {} and --dst {} must both be IPv4 or both IPv6", args.src, args.dst);
+    }
+    if let Some(qp) = args.qp {
+        if qp > 0xFF_FFFF {
+            bail!("--qp {qp:#x} is wider than the BTH's 24-bit DestQP (max 0xffffff)");
+        }
+    }
+    let packet = PacketFields {
+        src: args.src,
+        dst: args.dst,
+        protocol,
+        src_port: args.sport,
+        dst_port: args.dport,
+        dest_qp: args.qp,
+    };
+    let (live, why_not) = match read_live(&config) {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let mut explanation = explain(&config, live.as_ref(), &packet);
+    if let Some(why) = why_not {
+        explanation.notes.push(format!("why not live: {why}"));
+    }
+    print!("{explanation}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"[dataplane]
+hash = "qp"
+hash_seed = 1234
+
+[[port]]
+name = "eth1"
+
+[[group]]
+name = "spines"
+members = [
+  { dev = "u1", via = "10.0.1.2" },
+  { dev = "u2", via = "10.0.2.2" },
+  { dev = "u3", via = "fd00:3::2" },
+  { dev = "u4", mac = "02:00:00:00:00:04" },
+]
+
+[[group]]
+name = "legacy"
+hash = "five-tuple"
+members = [
+  { dev = "l1", via = "10.0.9.1" },
+  { dev = "l2", via = "10.0.9.2" },
+  { dev = "l3", via = "10.0.9.3" },
+]
+
+[[route]]
+prefix = "10.0.0.0/8"
+group = "legacy"
+
+[[route]]
+prefix = "10.1.0.0/16"
+group = "spines"
+
+[[route]]
+prefix = "fd01::/64"
+group = "spines"
+"#;
+
+    fn config() -> Config {
+        match Config::parse(CONFIG, Path::new("leaf.toml")) {
+            Ok(c) => c,
+            Err(e) => panic!("test config: {e}"),
+        }
+    }
+
+    fn roce(src: &str, dst: &str, qp: u32) -> PacketFields {
+        PacketFields {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            protocol: 17,
+            src_port: 0xC000,
+            dst_port: 4791,
+            dest_qp: Some(qp),
+        }
+    }
+
+    fn forwarding(e: &Explanation) -> &Forwarding {
+        match &e.verdict {
+            Verdict::Forward(f) => f,
+            other => panic!("expected forwarding, got {other:?}"),
+        }
+    }
+
+    /// The member the kernel would pick, computed independently of explain().
+    fn expected(p: &PacketFields, mode: HashMode, count: u32) -> (u32, u32) {
+        let key = p.flow_key().unwrap();
+        let hash = member_hash(&key, mode, 1234);
+        (hash, pick_member(hash, count))
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let c = config();
+        let p = roce("10.0.0.1", "10.1.0.1", 0x123);
+        let e = explain(&c, None, &p);
+        let f = forwarding(&e);
+        assert_eq!(f.route.to_string(), "10.1.0.0/16");
+        assert_eq!(f.also_matched.iter().map(|p| p.to_string()).collect::<Vec<_>>(), ["10.0.0.0/8"]);
+        assert_eq!((f.group.as_str(), f.group_index, f.mode, f.seed), ("spines", 0, HashMode::Qp, 1234));
+        assert_eq!(f.dest_qp_hashed, Some(0x123));
+        let (hash, position) = expected(&p, HashMode::Qp, 4);
+        assert_eq!((f.hash, f.position, f.member_count), (hash, position, 4));
+        assert_eq!(f.source, MemberSource::Configured);
+        let names = ["dev u1 via 10.0.1.2", "dev u2 via 10.0.2.2", "dev u3 via fd00:3::2", "dev u4 mac 02:00:00:00:00:04"];
+        assert_eq!(f.member, names[position as usize]);
+
+        // Outside 10.1/16 the /8 route to the five-tuple group applies.
+        let e = explain(&c, None, &roce("10.0.0.1", "10.2.0.1", 0x123));
+        let f = forwarding(&e);
+        assert_eq!((f.route.to_string().as_str(), f.group.as_str(), f.mode), ("10.0.0.0/8", "legacy", HashMode::FiveTuple));
+        assert!(f.also_matched.is_empty());
+        assert_eq!(f.dest_qp_hashed, None);
+    }
+
+    #[test]
+    fn pinned_example() {
+        // Concrete numbers, so a change of hash, key layout or seed handling shows.
+        let e = explain(&config(), None, &roce("10.0.0.1", "10.1.0.1", 0x123));
+        let f = forwarding(&e);
+        assert_eq!(f.hash, member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(0x123), HashMode::Qp, 1234));
+        assert_eq!(f.position, pick_member(f.hash, 4));
+        let text = e.to_string();
+        assert!(text.contains("10.1.0.1 matches route 10.1.0.0/16 (longest prefix; also matches 10.0.0.0/8) -> group spines"), "{text}");
+        assert!(text.contains("qp hashing: five-tuple + DestQP 0x000123, seed 1234"), "{text}");
+        assert!(text.contains(&format!("member {} of 4 (0-based)", f.position)), "{text}");
+        assert!(text.contains("assuming all configured members are up"), "{text}");
+    }
+
+    #[test]
+    fn ipv6_routes() {
+        let c = config();
+        let p = roce("fd00::1", "fd01::1", 7);
+        let f = forwarding(&explain(&c, None, &p)).clone();
+        assert_eq!((f.route.to_string().as_str(), f.group.as_str()), ("fd01::/64", "spines"));
+        assert_eq!((f.hash, f.position), expected(&p, HashMode::Qp, 4));
+        // Outside the /64: no route.
+        assert_eq!(explain(&c, None, &roce("fd00::1", "fd01:0:0:1::1", 7)).verdict, Verdict::NoRoute);
+    }
+
+    #[test]
+    fn qp_mode_uses_the_dest_qp_and_five_tuple_does_not() {
+        let c = config();
+        let qp_positions: std::collections::BTreeSet<u32> =
+            (0..64).map(|qp| forwarding(&explain(&c, None, &roce("10.0.0.1", "10.1.0.1", qp))).position).collect();
+        assert_eq!(qp_positions.len(), 4, "64 QPs should reach all 4 spines");
+        let legacy: std::collections::BTreeSet<u32> =
+            (0..64).map(|qp| forwarding(&explain(&c, None, &roce("10.0.0.1", "10.2.0.1", qp))).position).collect();
+        assert_eq!(legacy.len(), 1, "five-tuple ignores the DestQP");
+        let p = roce("10.0.0.1", "10.2.0.1", 5);
+        assert_eq!(forwarding(&explain(&c, None, &p)).position, expected(&p, HashMode::FiveTuple, 3).1);
+    }
+
+    #[test]
+    fn dest_qp_only_for_roce() {
+        let c = config();
+        // UDP to another port: the --qp is ignored, exactly like the XDP program.
+        let mut p = roce("10.0.0.1", "10.1.0.1", 0x55);
+        p.dst_port = 4792;
+        let e = explain(&c, None, &p);
+        let f = forwarding(&e);
+        assert_eq!(f.dest_qp_hashed, None);
+        assert_eq!(f.key.dest_qp, 0);
+        assert_eq!(f.hash, member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4792), HashMode::Qp, 1234));
+        assert!(e.notes.iter().any(|n| n.contains("--qp ignored")));
+        // Other protocols hash with ports 0.
+        let icmp = PacketFields { protocol: 1, ..p };
+        let f = forwarding(&explain(&c, None, &icmp)).clone();
+        assert_eq!((f.key.src_port, f.key.dst_port, f.key.dest_qp), (0, 0, 0));
+    }
+
+    #[test]
+    fn unrouted_goes_to_the_kernel() {
+        let e = explain(&config(), None, &roce("10.0.0.1", "192.168.1.1", 1));
+        assert_eq!(e.verdict, Verdict::NoRoute);
+        assert!(e.to_string().contains("XDP_PASS to the kernel stack"));
+        let mixed = roce("10.0.0.1", "fd01::1", 1);
+        assert!(matches!(explain(&config(), None, &mixed).verdict, Verdict::Invalid(_)));
+    }
+
+    #[test]
+    fn live_members_replace_the_configured_ones() {
+        // u2 is down: the kernel picks among three, and positions shift.
+        let live = Live {
+            pin_dir: "/sys/fs/bpf/rocev2".into(),
+            pid: 42,
+            seed: 1234,
+            groups: vec![LiveGroup {
+                name: "spines".into(),
+                index: 0,
+                hash: HashMode::Qp,
+                member_count: 3,
+                members: vec!["dev u1 via 10.0.1.2".into(), "dev u3 via fd00:3::2".into(), "dev u4 mac 02:00:00:00:00:04".into()],
+            }],
+        };
+        let p = roce("10.0.0.1", "10.1.0.1", 0x321);
+        let e = explain(&config(), Some(&live), &p);
+        let f = forwarding(&e);
+        let (hash, position) = expected(&p, HashMode::Qp, 3);
+        assert_eq!((f.hash, f.position, f.member_count, f.source), (hash, position, 3, MemberSource::Live));
+        assert_eq!(f.member, live.groups[0].members[position as usize]);
+        assert!(e.notes.iter().any(|n| n.contains("3 of 4 configured member(s) up")), "{:?}", e.notes);
+        // No usable member: the kernel.
+        let mut empty = live.clone();
+        empty.groups[0].member_count = 0;
+        empty.groups[0].members.clear();
+        assert!(matches!(explain(&config(), Some(&empty), &p).verdict, Verdict::NoMember { .. }));
+    }
+
+    #[test]
+    fn prefix_contains_edges() {
+        let any4 = Prefix::V4 { addr: "0.0.0.0".parse().unwrap(), len: 0 };
+        assert!(prefix_contains(&any4, "203.0.113.9".parse().unwrap()));
+        assert!(!prefix_contains(&any4, "::1".parse().unwrap()));
+        let host = Prefix::host("fd00::1".parse().unwrap());
+        assert!(prefix_contains(&host, "fd00::1".parse().unwrap()));
+        assert!(!prefix_contains(&host, "fd00::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn proto_parsing() {
+        assert_eq!(parse_proto("UDP").unwrap(), 17);
+        assert_eq!(parse_proto("tcp").unwrap(), 6);
+        assert_eq!(parse_proto("47").unwrap(), 47);
+        assert!(parse_proto("sctpx").is_err());
+        assert!(parse_proto("300").is_err());
+        assert_eq!(parse_qp("0x123"), Ok(0x123));
+        assert_eq!(parse_qp("291"), Ok(0x123));
+        assert_eq!(parse_qp("0xffffff"), Ok(0xFF_FFFF));
+        assert!(parse_qp("0x1000000").is_err());
+        assert!(parse_qp("q1").is_err());
+    }
+}

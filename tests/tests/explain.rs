@@ -1,0 +1,148 @@
+//! `rocev2 explain` against the kernel: for a few hundred QPs, the member
+//! explain() names is the one the XDP program redirects to
+//! (BPF_PROG_TEST_RUN), for a `qp` group, a `five-tuple` group, IPv4 and IPv6.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use rocev2_common::{
+    bth::{opcode, Bth},
+    hash::HashMode,
+};
+use rocev2_tests::{require_root, test_run, XDP_PASS, XDP_REDIRECT};
+use rocev2_user::{
+    config::Config,
+    dataplane::{Dataplane, MemberSpec},
+    explain::{explain, PacketFields, Verdict},
+    packet::{build_roce_frame, RoceFrameSpec},
+};
+
+const LOOPBACK: u32 = 1;
+const SEED: u32 = 4321;
+
+/// Group 0 ("spines", qp, 4 members) and group 1 ("legacy", five-tuple, 3
+/// members), in the order `Config::groups` indexes them; member i of a
+/// group has next-hop MAC 02:bb:00:00:0g:0i.
+const CONFIG: &str = r#"[dataplane]
+hash = "qp"
+hash_seed = 4321
+pin_dir = "/sys/fs/bpf/rocev2-explain-test-unused"
+
+[[port]]
+name = "lo"
+
+[[group]]
+name = "spines"
+members = [
+  { dev = "lo", mac = "02:bb:00:00:00:00" },
+  { dev = "lo", mac = "02:bb:00:00:00:01" },
+  { dev = "lo", mac = "02:bb:00:00:00:02" },
+  { dev = "lo", mac = "02:bb:00:00:00:03" },
+]
+
+[[group]]
+name = "legacy"
+hash = "five-tuple"
+members = [
+  { dev = "lo", mac = "02:bb:00:00:01:00" },
+  { dev = "lo", mac = "02:bb:00:00:01:01" },
+  { dev = "lo", mac = "02:bb:00:00:01:02" },
+]
+
+[[route]]
+prefix = "10.0.0.0/8"
+group = "legacy"
+
+[[route]]
+prefix = "10.1.0.0/16"
+group = "spines"
+
+[[route]]
+prefix = "fd01::/64"
+group = "spines"
+"#;
+
+fn member_macs(group: u8, count: u8) -> Vec<MemberSpec> {
+    (0..count)
+        .map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [0x02, 0xAA, 0, 0, group, i], dst_mac: [0x02, 0xBB, 0, 0, group, i] })
+        .collect()
+}
+
+/// The dataplane programmed from the same config explain() reads.
+fn dataplane(config: &Config) -> Dataplane {
+    require_root();
+    let mut dp = Dataplane::load(None).expect("load the eBPF object");
+    dp.maps.set_hash_seed(SEED).unwrap();
+    dp.maps.set_port(LOOPBACK, 1).unwrap();
+    dp.maps.add_egress_dev(LOOPBACK).unwrap();
+    for (index, group) in config.groups.iter().enumerate() {
+        let specs = member_macs(index as u8, group.members.len() as u8);
+        dp.maps.publish_group(index as u32, group.hash, &specs).unwrap();
+    }
+    let routes = config.routes.iter().map(|r| (r.prefix, r.group_index)).collect();
+    dp.sync_routes(&routes).unwrap();
+    dp
+}
+
+fn frame(src: IpAddr, dst: IpAddr, sport: u16, dest_qp: u32) -> Vec<u8> {
+    build_roce_frame(&RoceFrameSpec {
+        src_mac: [0x02, 0, 0, 0, 0, 1],
+        dst_mac: [0x02, 0, 0, 0, 0, 0xFE],
+        vlan: None,
+        src_ip: src,
+        dst_ip: dst,
+        ttl: 64,
+        dscp: 26,
+        ecn: 2,
+        src_port: sport,
+        bth: Bth {
+            opcode: opcode::SEND_ONLY,
+            solicited: false,
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: true,
+            psn: 1,
+        },
+        payload_len: 64,
+    })
+}
+
+#[test]
+fn explain_names_the_member_the_kernel_picks() {
+    let config = Config::parse(CONFIG, Path::new("explain-test.toml")).expect("test config");
+    assert_eq!(config.groups[0].hash, HashMode::Qp);
+    let mut dp = dataplane(&config);
+    let cases: [(&str, &str, u8); 3] =
+        [("10.0.0.1", "10.1.0.9", 0), ("10.0.0.1", "10.7.0.9", 1), ("fd00::1", "fd01::9", 0)];
+    for (src, dst, group) in cases {
+        let (src, dst): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..300u32 {
+            let (sport, qp) = (0xC000 | (i % 7) as u16, 0x00_0100 + i * 37);
+            let packet = PacketFields { src, dst, protocol: 17, src_port: sport, dst_port: 4791, dest_qp: Some(qp) };
+            let e = explain(&config, None, &packet);
+            let Verdict::Forward(f) = &e.verdict else { panic!("{dst} qp {qp}: {e}") };
+            let run = test_run(&mut dp, &frame(src, dst, sport, qp)).unwrap();
+            assert_eq!(run.action, XDP_REDIRECT, "{dst} qp {qp}");
+            let expected_mac = [0x02, 0xBB, 0, 0, group, f.position as u8];
+            assert_eq!(run.output[0..6], expected_mac, "{dst} qp {qp}: explain said {e}");
+            assert!(f.member.ends_with(&format!("02:bb:00:00:{group:02x}:{:02x}", f.position)), "{}", f.member);
+            seen.insert(f.position);
+        }
+        // qp groups spread over every member; the five-tuple group only by sport (7 ports).
+        assert_eq!(seen.len(), config.groups[group as usize].members.len(), "{dst}: {seen:?}");
+    }
+}
+
+#[test]
+fn explain_and_kernel_agree_on_unrouted() {
+    let config = Config::parse(CONFIG, Path::new("explain-test.toml")).expect("test config");
+    let mut dp = dataplane(&config);
+    let (src, dst): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "192.168.0.1".parse().unwrap());
+    let packet = PacketFields { src, dst, protocol: 17, src_port: 0xC000, dst_port: 4791, dest_qp: Some(1) };
+    assert_eq!(explain(&config, None, &packet).verdict, Verdict::NoRoute);
+    assert_eq!(test_run(&mut dp, &frame(src, dst, 0xC000, 1)).unwrap().action, XDP_PASS);
+}
