@@ -1,1 +1,399 @@
-//! Being written.
+//! Prometheus text exposition of the dataplane counters, and a minimal HTTP
+//! server for `rocev2 run --metrics-addr 127.0.0.1:9464`.
+//!
+//! Metrics (all counters, one sample per port or member):
+//! - `rocev2_port_rx_packets_total{port}`, `rocev2_port_rx_bytes_total{port}`
+//! - `rocev2_port_forwarded_packets_total{port}`, `rocev2_port_forwarded_bytes_total{port}`
+//! - `rocev2_port_forwarded_roce_packets_total{port}`, `rocev2_port_roce_short_bth_packets_total{port}`
+//! - `rocev2_port_pass_total{port,reason}`: reason is the counter name without `pass_`
+//! - `rocev2_port_drop_total{port,reason}`: reason is the counter name without `drop_`
+//! - `rocev2_member_packets_total{group,member,next_hop}`, `rocev2_member_bytes_total{...}`
+//!
+//! plus the gauge `rocev2_group_members{group,hash}`.
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use rocev2_common::counters::PortCounter;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
+
+use crate::{dataplane::Maps, state::RunState, stats::Snapshot};
+
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+const MAX_REQUEST: usize = 8192;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Escapes a label value: backslash, double quote and newline.
+pub fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Metric name and extra label (`reason`) for one port counter.
+fn port_metric(counter: PortCounter) -> (String, Option<&'static str>) {
+    let name = counter.name();
+    if let Some(reason) = name.strip_prefix("pass_") {
+        return ("rocev2_port_pass_total".into(), Some(reason));
+    }
+    if let Some(reason) = name.strip_prefix("drop_") {
+        return ("rocev2_port_drop_total".into(), Some(reason));
+    }
+    let metric = match counter {
+        PortCounter::Forwarded => "rocev2_port_forwarded_packets_total".into(),
+        PortCounter::ForwardedRoce => "rocev2_port_forwarded_roce_packets_total".into(),
+        PortCounter::RoceShortBth => "rocev2_port_roce_short_bth_packets_total".into(),
+        _ => format!("rocev2_port_{name}_total"),
+    };
+    (metric, None)
+}
+
+fn help_for(metric: &str, counter: PortCounter) -> String {
+    match metric {
+        "rocev2_port_pass_total" => "Frames handed to the kernel stack (XDP_PASS), by reason.".into(),
+        "rocev2_port_drop_total" => "Frames dropped by the dataplane, by reason.".into(),
+        _ => {
+            let mut h = counter.help().to_owned();
+            if let Some(first) = h.get(..1) {
+                h.replace_range(..1, &first.to_uppercase());
+            }
+            h.push('.');
+            h
+        }
+    }
+}
+
+/// The snapshot in the Prometheus text format (version 0.0.4).
+pub fn render_prometheus(snapshot: &Snapshot) -> String {
+    let mut out = String::new();
+    // Group the samples by metric so each family gets one HELP/TYPE block.
+    let mut families: Vec<(String, String, Vec<String>)> = Vec::new();
+    for &counter in PortCounter::ALL {
+        let (metric, reason) = port_metric(counter);
+        let idx = match families.iter().position(|(m, _, _)| *m == metric) {
+            Some(i) => i,
+            None => {
+                families.push((metric.clone(), help_for(&metric, counter), Vec::new()));
+                families.len() - 1
+            }
+        };
+        for port in &snapshot.ports {
+            let value = port.counters.get(counter.name()).copied().unwrap_or(0);
+            let labels = match reason {
+                Some(r) => format!("port=\"{}\",reason=\"{}\"", escape_label(&port.name), escape_label(r)),
+                None => format!("port=\"{}\"", escape_label(&port.name)),
+            };
+            families[idx].2.push(format!("{metric}{{{labels}}} {value}"));
+        }
+    }
+    for (metric, help, samples) in &families {
+        let _ = writeln!(out, "# HELP {metric} {help}");
+        let _ = writeln!(out, "# TYPE {metric} counter");
+        for s in samples {
+            let _ = writeln!(out, "{s}");
+        }
+    }
+
+    let member_labels = |group: &str, m: &crate::stats::MemberSnapshot| {
+        format!(
+            "group=\"{}\",member=\"{}\",next_hop=\"{}\"",
+            escape_label(group),
+            escape_label(&m.dev),
+            escape_label(&m.next_hop)
+        )
+    };
+    out.push_str("# HELP rocev2_member_packets_total Packets forwarded to a group member (the hash distribution).\n");
+    out.push_str("# TYPE rocev2_member_packets_total counter\n");
+    for g in &snapshot.groups {
+        for m in &g.members {
+            let _ = writeln!(out, "rocev2_member_packets_total{{{}}} {}", member_labels(&g.name, m), m.packets);
+        }
+    }
+    out.push_str("# HELP rocev2_member_bytes_total Bytes forwarded to a group member.\n");
+    out.push_str("# TYPE rocev2_member_bytes_total counter\n");
+    for g in &snapshot.groups {
+        for m in &g.members {
+            let _ = writeln!(out, "rocev2_member_bytes_total{{{}}} {}", member_labels(&g.name, m), m.bytes);
+        }
+    }
+    out.push_str("# HELP rocev2_group_members Usable members of a next-hop group.\n");
+    out.push_str("# TYPE rocev2_group_members gauge\n");
+    for g in &snapshot.groups {
+        let _ = writeln!(
+            out,
+            "rocev2_group_members{{group=\"{}\",hash=\"{}\"}} {}",
+            escape_label(&g.name),
+            escape_label(&g.hash),
+            g.members.len()
+        );
+    }
+    out
+}
+
+/// Reads the running instance's state and pinned maps (fresh each scrape,
+/// so the endpoint follows member changes and restarts).
+pub fn scrape(pin_dir: &Path) -> Result<String> {
+    let state = RunState::read(pin_dir)?;
+    let maps = Maps::open_pinned(pin_dir)?;
+    Ok(render_prometheus(&Snapshot::collect(&maps, &state)?))
+}
+
+/// Serves `GET /metrics` on `addr` until `shutdown` turns true (or its
+/// sender is dropped). Each scrape reads [`RunState`] and the maps pinned
+/// under `pin_dir`. Any other path or method gets 404. The address is bound
+/// as given: pass a non-loopback one only if the counters may be public.
+pub async fn serve(addr: SocketAddr, pin_dir: PathBuf, shutdown: watch::Receiver<bool>) -> Result<()> {
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    serve_listener(listener, pin_dir, shutdown).await
+}
+
+/// [`serve`] on a listener the caller bound (e.g. to port 0, to learn the port).
+pub async fn serve_listener(listener: TcpListener, pin_dir: PathBuf, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // E.g. EMFILE: keep serving rather than take `run` down.
+                        eprintln!("rocev2: metrics: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let pin_dir = pin_dir.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, &pin_dir)).await;
+                });
+            }
+        }
+    }
+}
+
+/// A metrics server on its own thread and tokio runtime, for callers that
+/// have no runtime of their own (tests, tools). Stopped on drop.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (port 0 picks a free port; see [`Self::local_addr`]) and
+    /// serves `GET /metrics` for the instance pinned at `pin_dir`.
+    pub fn start(addr: SocketAddr, pin_dir: PathBuf) -> Result<Self> {
+        let listener =
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (shutdown, rx) = watch::channel(false);
+        let thread = std::thread::Builder::new().name("rocev2-metrics".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async move { serve_listener(TcpListener::from_std(listener)?, pin_dir, rx).await })
+        })?;
+        Ok(Self { addr, shutdown, thread: Some(thread) })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and returns the server's result.
+    pub fn stop(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| anyhow::anyhow!("the metrics server thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// Method and path of a request head; None until the head is complete.
+fn request_line(head: &[u8]) -> Option<(String, String)> {
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| head.windows(2).position(|w| w == b"\n\n"))?;
+    let text = String::from_utf8_lossy(&head[..end]);
+    let mut parts = text.lines().next()?.split_whitespace();
+    Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
+}
+
+/// Status line, content type and body for one request.
+pub fn respond(method: &str, path: &str, scrape: impl FnOnce() -> Result<String>) -> (&'static str, &'static str, String) {
+    let path = path.split('?').next().unwrap_or("");
+    if method != "GET" || path != "/metrics" {
+        return ("404 Not Found", "text/plain; charset=utf-8", "not found: try GET /metrics\n".into());
+    }
+    match scrape() {
+        Ok(body) => ("200 OK", CONTENT_TYPE, body),
+        Err(e) => ("503 Service Unavailable", "text/plain; charset=utf-8", format!("cannot read the dataplane counters: {e:#}\n")),
+    }
+}
+
+// Plain readiness + try_read/try_write: tokio's `net` feature is enough,
+// no `io-util` needed.
+async fn read_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        match stream.try_read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
+    }
+}
+
+async fn write_all(stream: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn handle(stream: TcpStream, pin_dir: &Path) -> Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    let (method, path) = loop {
+        let n = read_some(&stream, &mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(line) = request_line(&head) {
+            break line;
+        }
+        if head.len() > MAX_REQUEST {
+            write_all(&stream, b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await?;
+            return Ok(());
+        }
+    };
+    let (status, content_type, body) = respond(&method, &path, || scrape(pin_dir));
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    write_all(&stream, response.as_bytes()).await?;
+    // Dropping the stream closes it; the client reads to EOF.
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::stats::{GroupSnapshot, MemberSnapshot, PortSnapshot};
+
+    fn snapshot() -> Snapshot {
+        let mut counters = BTreeMap::new();
+        for (i, c) in PortCounter::ALL.iter().enumerate() {
+            counters.insert(c.name(), 10 + i as u64);
+        }
+        Snapshot {
+            ports: vec![
+                PortSnapshot { name: "p0".into(), ifindex: 2, counters: counters.clone() },
+                PortSnapshot { name: "we\"ird\\name".into(), ifindex: 3, counters },
+            ],
+            groups: vec![GroupSnapshot {
+                name: "spines".into(),
+                hash: "qp".into(),
+                members: vec![
+                    MemberSnapshot { dev: "u1".into(), next_hop: "via 10.0.1.2".into(), packets: 7, bytes: 700 },
+                    MemberSnapshot { dev: "u2".into(), next_hop: "mac 02:00:00:00:00:02".into(), packets: 9, bytes: 900 },
+                ],
+            }],
+        }
+    }
+
+    #[test]
+    fn prometheus_text_has_help_type_and_escaped_samples() {
+        let text = render_prometheus(&snapshot());
+        let rx = 10 + PortCounter::RxPackets as u64;
+        assert!(text.contains(&format!("rocev2_port_rx_packets_total{{port=\"p0\"}} {rx}\n")), "{text}");
+        let fwd = 10 + PortCounter::Forwarded as u64;
+        assert!(text.contains(&format!("rocev2_port_forwarded_packets_total{{port=\"p0\"}} {fwd}\n")), "{text}");
+        let nr = 10 + PortCounter::PassNoRoute as u64;
+        assert!(text.contains(&format!("rocev2_port_pass_total{{port=\"p0\",reason=\"no_route\"}} {nr}\n")), "{text}");
+        let runt = 10 + PortCounter::DropRunt as u64;
+        assert!(text.contains(&format!("rocev2_port_drop_total{{port=\"p0\",reason=\"runt\"}} {runt}\n")), "{text}");
+        assert!(text.contains("rocev2_port_rx_packets_total{port=\"we\\\"ird\\\\name\"}"), "{text}");
+        assert!(text.contains("rocev2_member_packets_total{group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"} 7\n"), "{text}");
+        assert!(text.contains("rocev2_member_bytes_total{group=\"spines\",member=\"u2\",next_hop=\"mac 02:00:00:00:00:02\"} 900\n"), "{text}");
+        assert!(text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"), "{text}");
+
+        // Every family has exactly one HELP and one TYPE line, before its samples,
+        // and every sample line is `name{labels} integer`.
+        let mut seen_type = std::collections::BTreeSet::new();
+        let mut samples = 0;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(seen_type.insert(name.to_owned()), "two TYPE lines for {name}");
+                assert!(rest.ends_with(" counter") || rest.ends_with(" gauge"), "{line}");
+            } else if line.starts_with("# HELP ") {
+            } else {
+                let name = &line[..line.find('{').unwrap()];
+                assert!(seen_type.contains(name), "sample before its TYPE: {line}");
+                let value = line.rsplit(' ').next().unwrap();
+                value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+                samples += 1;
+            }
+        }
+        let help = text.lines().filter(|l| l.starts_with("# HELP")).count();
+        assert_eq!(help, seen_type.len());
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 1);
+    }
+
+    #[test]
+    fn escape_label_values() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn only_get_metrics_is_served() {
+        let ok = || Ok("x 1\n".to_string());
+        assert_eq!(respond("GET", "/metrics", ok).0, "200 OK");
+        assert_eq!(respond("GET", "/metrics?x=1", ok).1, CONTENT_TYPE);
+        assert_eq!(respond("GET", "/", ok).0, "404 Not Found");
+        assert_eq!(respond("POST", "/metrics", ok).0, "404 Not Found");
+        let failed = respond("GET", "/metrics", || anyhow::bail!("no state"));
+        assert!(failed.0.starts_with("503") && failed.2.contains("no state"));
+        assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(("GET".into(), "/metrics".into())));
+        assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), None);
+    }
+}
