@@ -8,10 +8,16 @@ use clap::{Parser, Subcommand, ValueEnum};
 use rocev2_user::{
     config::{Config, XdpMode},
     dataplane::Maps,
+    entropy::{self, EntropyArgs},
+    explain::{self, ExplainArgs},
+    gen::{self, GenArgs},
+    labcmd::{self, LabCommand},
     netns,
     run::{self, RunOptions},
+    sink::{self, SinkArgs},
     state::RunState,
     stats::Snapshot,
+    watch,
 };
 
 #[derive(Parser)]
@@ -35,6 +41,10 @@ enum Command {
         /// Override [dataplane] xdp_mode.
         #[arg(long, value_enum)]
         xdp_mode: Option<CliXdpMode>,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+        /// Binds exactly where told: keep it on loopback unless you mean otherwise.
+        #[arg(long, value_name = "ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Validate a config file without loading anything.
     Check {
@@ -50,9 +60,28 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         pin_dir: Option<PathBuf>,
         /// Machine-readable output.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Refresh every --interval seconds with per-port and per-member rates.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, default_value_t = 1.0, requires = "watch")]
+        interval: f64,
     },
+    /// Build, inspect or remove a leaf-spine lab of network namespaces.
+    Lab {
+        #[command(subcommand)]
+        command: LabCommand,
+    },
+    /// Send RoCEv2 traffic (WRITE messages, ACKs, CNPs, CTS) out of an interface.
+    Gen(GenArgs),
+    /// Count received RoCEv2 packets per QP: PSN order, ICRC, ECN marks.
+    Sink(SinkArgs),
+    /// Simulate how hash modes spread RDMA flows over uplinks (offline, teaching).
+    Entropy(EntropyArgs),
+    /// Show which route, group and member a packet takes, and why.
+    Explain(ExplainArgs),
     /// Build a small veth lab, run the dataplane with five-tuple and then QP
     /// hashing, send RoCEv2 traffic through it and print the per-uplink result.
     Demo {
@@ -93,13 +122,14 @@ fn real_main(cli: Cli) -> Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match cli.command {
-        Command::Run { config, xdp_mode } => {
+        Command::Run { config, xdp_mode, metrics_addr } => {
             let config = Config::load(&config)?;
             let options = RunOptions {
                 xdp_mode: xdp_mode.map(|m| match m {
                     CliXdpMode::Native => XdpMode::Native,
                     CliXdpMode::Skb => XdpMode::Skb,
                 }),
+                metrics_addr,
             };
             let snapshot = runtime.block_on(run::run(config, options, cli.netns.clone()))?;
             println!("rocev2: stopped; final counters:\n{}", snapshot.render());
@@ -115,12 +145,18 @@ fn real_main(cli: Cli) -> Result<()> {
                 config.routes.len()
             );
         }
-        Command::Stats { config, pin_dir, json } => {
+        Command::Stats { config, pin_dir, json, watch, interval } => {
             let pin_dir = match (config, pin_dir) {
                 (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
                 (None, Some(dir)) => dir,
                 (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
             };
+            if watch {
+                if !(interval > 0.0 && interval.is_finite()) {
+                    anyhow::bail!("--interval must be a positive number of seconds, not {interval}");
+                }
+                return watch::watch(&pin_dir, std::time::Duration::from_secs_f64(interval), None);
+            }
             let state = RunState::read(&pin_dir)?;
             let maps = Maps::open_pinned(&pin_dir)?;
             let snapshot = Snapshot::collect(&maps, &state)?;
@@ -133,6 +169,15 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Demo { qps, packets_per_qp, uplinks } => {
             rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
         }
+        Command::Lab { command } => labcmd::run(&command)?,
+        Command::Gen(args) => {
+            gen::run(&args)?;
+        }
+        Command::Sink(args) => {
+            sink::run(&args)?;
+        }
+        Command::Entropy(args) => entropy::run(&args)?,
+        Command::Explain(args) => explain::run(&args)?,
     }
     Ok(())
 }

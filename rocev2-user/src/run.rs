@@ -32,6 +32,8 @@ pub const READY_LINE: &str = "rocev2: ready";
 pub struct RunOptions {
     /// Overrides `[dataplane] xdp_mode`.
     pub xdp_mode: Option<XdpMode>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// One configured member and what is currently known about it.
@@ -175,6 +177,15 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         config.routes.len(),
         pin_dir.display()
     );
+    let metrics = match options.metrics_addr {
+        Some(addr) => {
+            let server = crate::metrics::MetricsServer::start(addr, pin_dir.clone())
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            println!("rocev2: metrics at http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
     println!("{READY_LINE}");
     std::io::stdout().flush().ok();
 
@@ -198,6 +209,9 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         }
     }
 
+    if let Some(server) = metrics {
+        server.stop().ok();
+    }
     let snapshot = Snapshot::collect(&dataplane.maps, &state)?;
     drop(dataplane); // detaches the programs and removes the pins
     RunState::remove(&pin_dir);
