@@ -448,7 +448,6 @@ impl LabPlan {
         let cfg = self.config_path.display();
         format!(
             "  rocev2 --netns {name}-rtsw run --config {cfg}\n\
-             \x20 ip netns exec {name}-h1 ping -c 3 {dst}\n\
              \x20 rocev2 --netns {name}-h1 gen --dev eth0 --dst-mac {mac} --src {src} --dst {dst} --qps 64\n\
              \x20 rocev2 stats --config {cfg}\n\
              \x20 rocev2 lab status --name {name}\n\

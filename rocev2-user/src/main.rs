@@ -104,6 +104,10 @@ enum CliXdpMode {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, stop quietly when the reader of our output goes
+    // away (`rocev2 stats --json | head`) instead of panicking on EPIPE.
+    // SAFETY: called before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -155,7 +155,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     let mut state = RunState {
         pid: std::process::id(),
         config: config.path.clone(),
-        netns,
+        netns: netns.clone(),
         ports: ports.clone(),
         groups: group_states(&config, &groups),
     };
@@ -181,7 +181,8 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         Some(addr) => {
             let server = crate::metrics::MetricsServer::start(addr, pin_dir.clone())
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            println!("rocev2: metrics at http://{}/metrics", server.local_addr());
+            let place = netns.as_deref().map(|n| format!(" inside network namespace {n} (e.g. `ip netns exec {n} curl ...`)")).unwrap_or_default();
+            println!("rocev2: metrics at http://{}/metrics{place}", server.local_addr());
             Some(server)
         }
         None => None,

@@ -38,7 +38,23 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
     let mut done = 0u64;
     while iterations.is_none_or(|n| done < n) {
         thread::sleep(interval);
-        let now = collect(pin_dir)?;
+        // A restarting `rocev2 run` (e.g. to change the hash mode) is gone
+        // for a moment: wait for it instead of exiting.
+        let now = match collect(pin_dir) {
+            Ok(now) => now,
+            Err(e) => {
+                let mut stdout = std::io::stdout().lock();
+                write!(stdout, "{CLEAR}rocev2 stats --watch  pin_dir {}\n\nwaiting for `rocev2 run`: {e:#}\n", pin_dir.display())?;
+                stdout.flush()?;
+                continue;
+            }
+        };
+        if now.ports.iter().zip(&prev.ports).any(|(n, p)| n.counters.get("rx_packets") < p.counters.get("rx_packets")) {
+            // Counters restarted with a new `rocev2 run`: start over.
+            prev = now;
+            at = Instant::now();
+            continue;
+        }
         let now_at = Instant::now();
         let mut stdout = std::io::stdout().lock();
         write!(
