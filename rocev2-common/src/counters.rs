@@ -4,30 +4,30 @@
 //! outcome counter: a `Forwarded*`, a `Pass*` (handed to the kernel stack) or
 //! a `Drop*` counter, each named by its reason.
 
-macro_rules! port_counters {
-    ($($variant:ident => $name:literal, $help:literal;)*) => {
+macro_rules! counters {
+    ($enum:ident { $($variant:ident => $name:literal, $help:literal;)* }) => {
         #[repr(u32)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum PortCounter { $($variant,)* }
+        pub enum $enum { $($variant,)* }
 
-        impl PortCounter {
-            pub const ALL: &'static [PortCounter] = &[$(PortCounter::$variant,)*];
+        impl $enum {
+            pub const ALL: &'static [$enum] = &[$($enum::$variant,)*];
             pub const COUNT: u32 = Self::ALL.len() as u32;
 
             /// Stable snake_case name used in `rocev2 stats`, JSON and metrics.
             pub const fn name(self) -> &'static str {
-                match self { $(PortCounter::$variant => $name,)* }
+                match self { $($enum::$variant => $name,)* }
             }
 
             /// One-line explanation for operators.
             pub const fn help(self) -> &'static str {
-                match self { $(PortCounter::$variant => $help,)* }
+                match self { $($enum::$variant => $help,)* }
             }
         }
     };
 }
 
-port_counters! {
+counters! { PortCounter {
     RxPackets => "rx_packets", "frames seen by the XDP program";
     RxBytes => "rx_bytes", "bytes of frames seen by the XDP program";
     Forwarded => "forwarded", "frames redirected to a group member";
@@ -47,7 +47,22 @@ port_counters! {
     DropRunt => "drop_runt", "frame shorter than its Ethernet/VLAN header";
     DropBadIpHeader => "drop_bad_ip_header", "IP header truncated, bad version or length";
     DropRedirectFailed => "drop_redirect_failed", "egress device missing from the device map";
-}
+    DropNotEct => "drop_not_ect", "Not-ECT packet above kmax with a drop_not_ect profile";
+    FlowletNew => "flowlet_new", "packets that started a new flowlet (first packet of a flow included)";
+    FlowletMoved => "flowlet_moved", "new flowlets that moved their flow to another member";
+    FlowletInserted => "flowlet_inserted", "flows added to the flowlet table (evictions = inserted - live entries)";
+    PinHit => "pin_hit", "packets of a pinned group that followed a pin";
+    PinFallback => "pin_fallback", "packets of a pinned group hashed instead (no pin, or the pinned member is down)";
+}}
+
+counters! { EgressCounter {
+    TxPackets => "tx_packets", "packets forwarded to this port";
+    TxBytes => "tx_bytes", "bytes forwarded to this port";
+    EctSeen => "ect_seen", "ECT(0)/ECT(1) packets seen by the marker";
+    Marked => "ecn_marked", "packets marked CE";
+    NotEctOverThreshold => "not_ect_over_threshold", "Not-ECT packets seen while the virtual queue was above kmin";
+    Exempt => "ecn_exempt", "packets of a class exempt from marking";
+}}
 
 #[cfg(test)]
 mod tests {

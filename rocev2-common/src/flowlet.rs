@@ -13,7 +13,8 @@ use crate::hash::{flow_hash, pick_member, FlowKey};
 pub enum FlowletChoice {
     /// Re-hash the flow with its flowlet number (LetFlow).
     Rehash = 0,
-    /// The member whose egress virtual queue is shortest (congestion-aware).
+    /// Congestion-aware: of two candidate members (power of two choices),
+    /// the one whose egress virtual queue is shorter.
     LeastLoaded = 1,
 }
 

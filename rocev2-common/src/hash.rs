@@ -59,9 +59,16 @@ impl FlowKey {
     }
 
     pub fn v6(src: [u8; 16], dst: [u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
+        Self::v6_ref(&src, &dst, protocol, src_port, dst_port)
+    }
+
+    /// Like [`FlowKey::v6`] without copying the addresses (the eBPF program
+    /// reads them straight from the packet; its stack is small).
+    #[inline(always)]
+    pub fn v6_ref(src: &[u8; 16], dst: &[u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
         Self {
-            src: [word(&src, 0), word(&src, 4), word(&src, 8), word(&src, 12)],
-            dst: [word(&dst, 0), word(&dst, 4), word(&dst, 8), word(&dst, 12)],
+            src: [word(src, 0), word(src, 4), word(src, 8), word(src, 12)],
+            dst: [word(dst, 0), word(dst, 4), word(dst, 8), word(dst, 12)],
             src_port,
             dst_port,
             protocol,
@@ -97,6 +104,13 @@ fn finalize(mut h: u32, len_bytes: u32) -> u32 {
 /// MurmurHash3 over the key's 11 words.
 #[inline(always)]
 pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
+    hash_with_qp(key, key.dest_qp, seed)
+}
+
+/// The hash of `key` with `dest_qp` in place of its own (no copy of the
+/// key: the eBPF stack is small).
+#[inline(always)]
+fn hash_with_qp(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
     let mut h = seed;
     h = mix(h, key.src[0]);
     h = mix(h, key.src[1]);
@@ -108,7 +122,7 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
     h = mix(h, key.dst[3]);
     h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
     h = mix(h, u32::from(key.protocol));
-    h = mix(h, key.dest_qp);
+    h = mix(h, dest_qp);
     finalize(h, 44)
 }
 
@@ -118,11 +132,7 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
 pub fn member_hash(key: &FlowKey, mode: HashMode, seed: u32) -> u32 {
     match mode {
         HashMode::Qp => flow_hash(key, seed),
-        HashMode::FiveTuple => {
-            let mut five_tuple = *key;
-            five_tuple.dest_qp = 0;
-            flow_hash(&five_tuple, seed)
-        }
+        HashMode::FiveTuple => hash_with_qp(key, 0, seed),
     }
 }
 

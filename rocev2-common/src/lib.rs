@@ -9,7 +9,9 @@
 
 pub mod bth;
 pub mod checksum;
+pub mod class;
 pub mod counters;
+pub mod ecn;
 pub mod flowlet;
 pub mod hash;
 pub mod maps;

@@ -13,8 +13,26 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
     pub const MEMBER_STATS: &str = "MEMBER_STATS";
+    pub const FLOWLETS: &str = "FLOWLETS";
+    pub const PINS_V4: &str = "PINS_V4";
+    pub const PINS_V6: &str = "PINS_V6";
+    pub const EGRESS: &str = "EGRESS";
+    pub const VQUEUES: &str = "VQUEUES";
+    pub const ECN_PROFILES: &str = "ECN_PROFILES";
+    pub const CLASSES: &str = "CLASSES";
+    pub const CLASS_STATS: &str = "CLASS_STATS";
+    pub const EGRESS_COUNTERS: &str = "EGRESS_COUNTERS";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
+        FLOWLETS,
+        PINS_V4,
+        PINS_V6,
+        EGRESS,
+        VQUEUES,
+        ECN_PROFILES,
+        CLASSES,
+        CLASS_STATS,
+        EGRESS_COUNTERS,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -44,6 +62,13 @@ pub const MAX_PORTS: u32 = 64;
 pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS * PortCounter::COUNT;
 pub const MEMBER_STAT_ENTRIES: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP;
 pub const MAX_EGRESS_DEVS: u32 = 1024;
+/// Egress ports with a virtual queue and egress counters.
+pub const MAX_EGRESS_PORTS: u32 = 64;
+pub const EGRESS_COUNTER_ENTRIES: u32 = MAX_EGRESS_PORTS * crate::counters::EgressCounter::COUNT;
+pub const MAX_ECN_PROFILES: u32 = 16;
+/// Default size of the flowlet LRU table (set at load time from the config).
+pub const DEFAULT_FLOWLET_TABLE_SIZE: u32 = 65_536;
+pub const MAX_PINS: u32 = 65_536;
 
 /// Route target that means "one of this box's own addresses": hand to the kernel.
 pub const ROUTE_LOCAL: u32 = u32::MAX;
@@ -77,6 +102,16 @@ pub struct RouteEntry {
     pub group: u32,
 }
 
+/// Group policies: how a member is chosen.
+pub const POLICY_HASH: u32 = 0;
+/// Flowlet switching: a flow moves only after an idle gap.
+pub const POLICY_FLOWLET: u32 = 1;
+/// Pinned paths per (destination, DestQP), hashing (`qp`) otherwise.
+pub const POLICY_PINNED: u32 = 2;
+
+/// Flowlet flag: move a flow only right after a packet that ended a message.
+pub const FLOWLET_AT_BOUNDARY: u32 = 1;
+
 /// Value of GROUPS, indexed by group number.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,8 +122,61 @@ pub struct GroupEntry {
     pub bank: u32,
     /// A [`crate::hash::HashMode`] as u32.
     pub hash_mode: u32,
+    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
+    pub policy: u32,
+    /// Changes with every publish; flowlet and pin state from an older
+    /// generation is not trusted (positions may name other members now).
+    pub generation: u32,
+    /// A [`crate::flowlet::FlowletChoice`] as u32.
+    pub flowlet_choice: u32,
+    pub flowlet_flags: u32,
+    pub _reserved: u32,
+    pub flowlet_gap_ns: u64,
+}
+
+/// Key of FLOWLETS: the flow (five-tuple + DestQP) within its group.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowletKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub ports: u32,
+    /// Protocol in the top byte, DestQP in the low 24 bits.
+    pub proto_qp: u32,
+    pub group: u32,
+}
+
+impl FlowletKey {
+    #[inline(always)]
+    pub fn new(k: &crate::hash::FlowKey, group: u32) -> Self {
+        Self {
+            src: k.src,
+            dst: k.dst,
+            ports: (u32::from(k.src_port) << 16) | u32::from(k.dst_port),
+            proto_qp: (u32::from(k.protocol) << 24) | (k.dest_qp & 0x00FF_FFFF),
+            group,
+        }
+    }
+}
+
+/// LPM key data of PINS_V4: DestQP (big endian, matched in full) then the
+/// destination address, so prefix length = 32 + address prefix length.
+pub type PinKeyV4 = [u8; 8];
+pub type PinKeyV6 = [u8; 20];
+
+/// Value of PINS_V4 / PINS_V6.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinEntry {
+    pub group: u32,
+    /// Live position of the pinned member; PIN_MEMBER_DOWN when it is not usable.
+    pub position: u32,
+    /// Group generation the position belongs to.
+    pub generation: u32,
     pub _reserved: u32,
 }
+
+pub const PIN_MEMBER_DOWN: u32 = u32::MAX;
 
 /// Member flag: the member may be chosen.
 pub const MEMBER_UP: u32 = 1;
@@ -120,7 +208,8 @@ pub struct PortEntry {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DataplaneConfig {
     pub hash_seed: u32,
-    pub _reserved: u32,
+    /// Live entries of CLASSES, in match order.
+    pub class_count: u32,
 }
 
 /// Value of MEMBER_STATS (per CPU).
@@ -133,7 +222,9 @@ pub struct MemberStats {
 
 const _: () = {
     assert!(core::mem::size_of::<RouteEntry>() == 4);
-    assert!(core::mem::size_of::<GroupEntry>() == 16);
+    assert!(core::mem::size_of::<GroupEntry>() == 40);
+    assert!(core::mem::size_of::<FlowletKey>() == 44);
+    assert!(core::mem::size_of::<PinEntry>() == 16);
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
     assert!(core::mem::size_of::<DataplaneConfig>() == 8);
@@ -149,4 +240,6 @@ mod pod {
     unsafe impl aya::Pod for PortEntry {}
     unsafe impl aya::Pod for DataplaneConfig {}
     unsafe impl aya::Pod for MemberStats {}
+    unsafe impl aya::Pod for FlowletKey {}
+    unsafe impl aya::Pod for PinEntry {}
 }

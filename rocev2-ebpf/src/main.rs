@@ -9,17 +9,38 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod counters;
+mod ctx;
 mod forward;
 mod maps;
 mod parse;
+mod qos;
+mod select;
+mod tc;
 
-use aya_ebpf::{macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 /// XDP ingress on every configured port: route, pick a group member, rewrite
 /// and redirect; anything it does not fully understand goes to the kernel.
 #[xdp]
 pub fn rocev2_xdp(ctx: XdpContext) -> u32 {
     forward::xdp_forward(&ctx)
+}
+
+/// tc ingress forwarding (`attach = "tc"`): the same pipeline for boxes
+/// where XDP is not an option; sets the skb priority of classified packets.
+#[classifier]
+pub fn rocev2_tc_ingress(ctx: TcContext) -> i32 {
+    tc::tc_forward(&ctx)
+}
+
+/// tc egress for locally originated traffic (host bridge mode): classes
+/// (DSCP, skb priority) and ECN marking on this port's virtual queue.
+#[classifier]
+pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
+    tc::tc_egress(&ctx)
 }
 
 /// Attached to veth peers that need NAPI for redirected frames to be

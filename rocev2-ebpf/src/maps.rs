@@ -3,9 +3,14 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LpmTrie, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
-use rocev2_common::maps::*;
+use rocev2_common::{
+    class::{ClassEntry, MAX_CLASSES},
+    ecn::{EcnProfile, EgressEntry, VirtualQueue},
+    flowlet::FlowletEntry,
+    maps::*,
+};
 
 #[map]
 pub static ROUTES_V4: LpmTrie<RouteKeyV4, RouteEntry> = LpmTrie::with_max_entries(MAX_ROUTES_V4, 0);
@@ -34,3 +39,46 @@ pub static PORT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PORT_
 #[map]
 pub static MEMBER_STATS: PerCpuArray<MemberStats> =
     PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
+
+/// Per-flow flowlet state; LRU so a full table evicts the stalest flows
+/// instead of refusing new ones. Its size is set at load time.
+#[map]
+pub static FLOWLETS: LruHashMap<FlowletKey, FlowletEntry> =
+    LruHashMap::with_max_entries(DEFAULT_FLOWLET_TABLE_SIZE, 0);
+
+#[map]
+pub static PINS_V4: LpmTrie<PinKeyV4, PinEntry> = LpmTrie::with_max_entries(MAX_PINS, 0);
+
+#[map]
+pub static PINS_V6: LpmTrie<PinKeyV6, PinEntry> = LpmTrie::with_max_entries(MAX_PINS, 0);
+
+#[map]
+pub static EGRESS: HashMap<u32, EgressEntry> = HashMap::with_max_entries(MAX_EGRESS_PORTS, 0);
+
+/// Shared across CPUs on purpose: one virtual queue per egress port.
+#[map]
+pub static VQUEUES: Array<VirtualQueue> = Array::with_max_entries(MAX_EGRESS_PORTS, 0);
+
+#[map]
+pub static ECN_PROFILES: Array<EcnProfile> = Array::with_max_entries(MAX_ECN_PROFILES, 0);
+
+#[map]
+pub static CLASSES: Array<ClassEntry> = Array::with_max_entries(MAX_CLASSES, 0);
+
+#[map]
+pub static CLASS_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+
+#[map]
+pub static EGRESS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EGRESS_COUNTER_ENTRIES, 0);
+
+/// Per-CPU scratch space for the flowlet table's key and new entry: they
+/// would not fit the 512-byte BPF stack next to the rest of the pipeline.
+#[repr(C)]
+pub struct FlowletScratch {
+    pub key: FlowletKey,
+    pub _pad: u32,
+    pub entry: FlowletEntry,
+}
+
+#[map]
+pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_entries(1, 0);

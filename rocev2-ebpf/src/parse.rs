@@ -5,7 +5,7 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use crate::ctx::PacketBuf;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -26,29 +26,62 @@ pub const IPPROTO_UDP: u8 = 17;
 /// Smallest TCP header: the ports are all we read, but a shorter one is broken.
 const TCP_MIN_LEN: usize = 20;
 
-/// Why a packet leaves the fast path: the XDP action and the counter that
-/// records the reason.
+/// What happens to a packet that leaves the fast path.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it to the kernel stack.
+    Pass,
+    Drop,
+}
+
+/// Why a packet leaves the fast path: the verdict and the counter that
+/// records the reason. Each program type maps the verdict to its action.
 #[derive(Clone, Copy)]
 pub struct Outcome {
-    pub action: u32,
+    pub verdict: Verdict,
     pub counter: PortCounter,
+}
+
+impl Outcome {
+    /// As a u32 for returning from a BPF subprogram: bit 31 set for a
+    /// drop, the counter index below.
+    #[inline(always)]
+    pub fn encode(self) -> u32 {
+        let drop = if self.verdict == Verdict::Drop { 1 << 31 } else { 0 };
+        drop | self.counter as u32
+    }
+
+    #[inline(always)]
+    pub fn decode(code: u32) -> Self {
+        let index = code & 0xFFFF;
+        // Fall back to a named counter should a code ever be out of range.
+        let counter = if index < PortCounter::COUNT {
+            PortCounter::ALL[index as usize]
+        } else {
+            PortCounter::DropBadIpHeader
+        };
+        let verdict = if code >> 31 == 1 { Verdict::Drop } else { Verdict::Pass };
+        Outcome { verdict, counter }
+    }
 }
 
 #[inline(always)]
 pub const fn pass(counter: PortCounter) -> Outcome {
-    Outcome { action: xdp_action::XDP_PASS, counter }
+    Outcome { verdict: Verdict::Pass, counter }
 }
 
 #[inline(always)]
 pub const fn drop(counter: PortCounter) -> Outcome {
-    Outcome { action: xdp_action::XDP_DROP, counter }
+    Outcome { verdict: Verdict::Drop, counter }
 }
 
 /// Pointer to a `T` at `offset` if the whole `T` lies inside the packet.
 #[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+pub fn ptr_at<T, C: PacketBuf>(ctx: &C, offset: usize) -> Option<*mut T> {
     let start = ctx.data();
-    let end = ctx.data_end();
+    // Opaque to LLVM so it cannot rewrite the check below into length
+    // arithmetic (end - start), which the verifier cannot follow.
+    let end = core::hint::black_box(ctx.data_end());
     if start + offset + size_of::<T>() > end {
         return None;
     }
@@ -56,7 +89,7 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
 }
 
 #[inline(always)]
-pub fn frame_len(ctx: &XdpContext) -> usize {
+pub fn frame_len<C: PacketBuf>(ctx: &C) -> usize {
     ctx.data_end() - ctx.data()
 }
 
@@ -74,7 +107,7 @@ pub struct L2 {
 /// Ethernet with at most one 802.1Q/802.1ad tag. The tag is carried
 /// through unchanged.
 #[inline(always)]
-pub fn parse_l2(ctx: &XdpContext) -> Result<L2, Outcome> {
+pub fn parse_l2<C: PacketBuf>(ctx: &C) -> Result<L2, Outcome> {
     let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or(drop(PortCounter::DropRunt))?;
     // SAFETY: bounds checked by ptr_at.
     let (dst0, mut ether_type) = unsafe { ((*eth).dst_addr[0], u16::from_be((*eth).ether_type)) };
@@ -111,7 +144,7 @@ pub struct Ipv4 {
 /// reject are dropped here; lengths are checked against the frame so later
 /// reads cannot run past the IP packet.
 #[inline(always)]
-pub fn parse_ipv4(ctx: &XdpContext, l3_off: usize) -> Result<Ipv4, Outcome> {
+pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv4Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
@@ -141,7 +174,7 @@ pub struct Ipv6 {
 }
 
 #[inline(always)]
-pub fn parse_ipv6(ctx: &XdpContext, l3_off: usize) -> Result<Ipv6, Outcome> {
+pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv6, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
@@ -172,8 +205,9 @@ pub struct L4 {
 pub enum Roce {
     /// Not UDP 4791.
     No,
-    /// RoCEv2 with a whole BTH.
-    Yes { dest_qp: u32 },
+    /// RoCEv2 with a whole BTH. `payload_len` counts the bytes after the
+    /// BTH (extension headers included) before pad and ICRC.
+    Yes { opcode: u8, dest_qp: u32, payload_len: u32 },
     /// UDP 4791 whose payload is shorter than a BTH.
     ShortBth,
 }
@@ -181,7 +215,7 @@ pub enum Roce {
 /// Ports of TCP/UDP (0/0 for other protocols) and, for RoCEv2, the BTH.
 /// `l4_end` is where the IP packet ends (Ethernet padding excluded).
 #[inline(always)]
-pub fn parse_l4(ctx: &XdpContext, protocol: u8, l4_off: usize, l4_end: usize) -> Result<L4, Outcome> {
+pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usize) -> Result<L4, Outcome> {
     let truncated = pass(PortCounter::PassL4Truncated);
     match protocol {
         IPPROTO_UDP => {
@@ -197,9 +231,13 @@ pub fn parse_l4(ctx: &XdpContext, protocol: u8, l4_off: usize, l4_end: usize) ->
                 let bth_off = l4_off + UdpHdr::LEN;
                 roce = Roce::ShortBth;
                 if bth_off + BTH_LEN <= l4_end {
-                    if let Some(b) = ptr_at::<[u8; BTH_LEN]>(ctx, bth_off) {
+                    if let Some(b) = ptr_at::<[u8; BTH_LEN], C>(ctx, bth_off) {
                         // SAFETY: bounds checked.
-                        roce = Roce::Yes { dest_qp: bth::dest_qp(unsafe { &*b }) };
+                        let b = unsafe { &*b };
+                        let pad = ((b[1] >> 4) & 3) as usize;
+                        let after_bth = l4_end - (bth_off + BTH_LEN);
+                        let payload_len = after_bth.saturating_sub(bth::ICRC_LEN + pad) as u32;
+                        roce = Roce::Yes { opcode: b[0], dest_qp: bth::dest_qp(b), payload_len };
                     }
                 }
             }

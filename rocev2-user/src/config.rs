@@ -63,6 +63,100 @@ pub struct Config {
     pub ports: Vec<Port>,
     pub groups: Vec<Group>,
     pub routes: Vec<Route>,
+    /// `[[pin]]`: pinned paths for groups with policy = "pinned".
+    pub pins: Vec<Pin>,
+    /// `[[ecn_profile]]`: named marking profiles.
+    pub ecn_profiles: Vec<EcnProfileConfig>,
+    /// `[[egress]]`: egress ports with a virtual queue (ECN) and counters.
+    pub egress: Vec<Egress>,
+    /// `[[class]]`: priority classes in match order (a default `control`
+    /// class for ACK and CNP when the file defines none).
+    pub classes: Vec<Class>,
+}
+
+/// Where the forwarding program runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attach {
+    /// XDP on every port (fastest).
+    #[default]
+    Xdp,
+    /// tc (clsact) ingress, for boxes where XDP is not an option; sets skb
+    /// priority so an egress HTB can serve control classes first.
+    Tc,
+}
+
+/// How a group picks a member.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// `hash` (five-tuple or qp) only.
+    Hash,
+    /// Flowlet switching.
+    Flowlet(FlowletConfig),
+    /// Pins from `[[pin]]`, `qp` hashing otherwise.
+    Pinned,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlowletConfig {
+    /// Idle time after which a flow may move.
+    pub gap: Duration,
+    pub choice: rocev2_common::flowlet::FlowletChoice,
+    /// Move only right after a packet that ended an RDMA message.
+    pub at_message_boundary: bool,
+    /// Flows this group may keep state for (its share of the LRU table).
+    pub table_size: u32,
+}
+
+/// One `[[pin]]`.
+#[derive(Clone, Debug)]
+pub struct Pin {
+    pub prefix: Prefix,
+    pub qp: u32,
+    pub group_index: u32,
+    /// Index into the group's `members`.
+    pub member_index: usize,
+    pub loc: Location,
+}
+
+/// One `[[ecn_profile]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EcnProfileConfig {
+    pub name: String,
+    pub kmin_bytes: u64,
+    pub kmax_bytes: u64,
+    /// Marking probability at kmax, 0..=1.
+    pub pmax: f64,
+    pub drop_not_ect: bool,
+    pub loc: Location,
+}
+
+/// One `[[egress]]`.
+#[derive(Clone, Debug)]
+pub struct Egress {
+    pub dev: String,
+    pub rate_bytes_per_sec: u64,
+    /// Index into `ecn_profiles`.
+    pub ecn_profile: Option<usize>,
+    /// Also classify and mark traffic this box sends itself (tc egress).
+    pub local: bool,
+    pub loc: Location,
+}
+
+/// One `[[class]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Class {
+    pub name: String,
+    pub opcodes: Vec<u8>,
+    pub max_payload: Option<u32>,
+    pub qps: Option<(u32, u32)>,
+    pub dscp: Vec<u8>,
+    pub set_dscp: Option<u8>,
+    /// skb priority (tc), e.g. an HTB class id 1:10 = 0x10010.
+    pub priority: Option<u32>,
+    pub ecn_exempt: bool,
+    /// Index into `ecn_profiles`.
+    pub ecn_profile: Option<usize>,
+    pub loc: Location,
 }
 
 /// The `[dataplane]` table, with defaults filled in.
@@ -73,6 +167,7 @@ pub struct Dataplane {
     pub xdp_mode: XdpMode,
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
+    pub attach: Attach,
 }
 
 impl Default for Dataplane {
@@ -83,6 +178,7 @@ impl Default for Dataplane {
             xdp_mode: XdpMode::Native,
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
+            attach: Attach::Xdp,
         }
     }
 }
@@ -112,6 +208,7 @@ pub struct Group {
     pub name: String,
     /// The group's `hash` override, or else `dataplane.hash`.
     pub hash: HashMode,
+    pub policy: Policy,
     pub members: Vec<Member>,
     /// Points at the `[[group]]` header.
     pub loc: Location,
@@ -340,6 +437,56 @@ struct RawFile {
     group: Vec<Spanned<RawGroup>>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
+    #[serde(default)]
+    pin: Vec<Spanned<RawPin>>,
+    #[serde(default)]
+    ecn_profile: Vec<Spanned<RawEcnProfile>>,
+    #[serde(default)]
+    egress: Vec<Spanned<RawEgress>>,
+    #[serde(default)]
+    class: Option<Vec<Spanned<RawClass>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPin {
+    prefix: Spanned<String>,
+    qp: Spanned<i64>,
+    group: Spanned<String>,
+    member: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEcnProfile {
+    name: Spanned<String>,
+    kmin: Spanned<toml::Value>,
+    kmax: Spanned<toml::Value>,
+    pmax: Spanned<toml::Value>,
+    drop_not_ect: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgress {
+    dev: Spanned<String>,
+    rate: Spanned<toml::Value>,
+    ecn_profile: Option<Spanned<String>>,
+    local: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    name: Spanned<String>,
+    opcodes: Option<Spanned<Vec<i64>>>,
+    max_payload: Option<Spanned<i64>>,
+    qps: Option<Spanned<toml::Value>>,
+    dscp: Option<Spanned<Vec<i64>>>,
+    set_dscp: Option<Spanned<i64>>,
+    priority: Option<Spanned<toml::Value>>,
+    ecn_exempt: Option<Spanned<bool>>,
+    ecn_profile: Option<Spanned<String>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -350,6 +497,7 @@ struct RawDataplane {
     xdp_mode: Option<Spanned<String>>,
     pin_dir: Option<Spanned<String>>,
     neighbour_refresh_ms: Option<Spanned<i64>>,
+    attach: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +511,11 @@ struct RawPort {
 struct RawGroup {
     name: Spanned<String>,
     hash: Option<Spanned<String>>,
+    policy: Option<Spanned<String>>,
+    flowlet_gap_us: Option<Spanned<i64>>,
+    flowlet_choice: Option<Spanned<String>>,
+    flowlet_boundary: Option<Spanned<bool>>,
+    flowlet_table_size: Option<Spanned<i64>>,
     members: Spanned<Vec<Spanned<RawMember>>>,
 }
 
@@ -434,12 +587,23 @@ impl Source<'_> {
         let ports = self.ports(&raw.port)?;
         let groups = self.groups(&raw.group, dataplane.hash)?;
         let routes = self.routes(&raw.route, &groups)?;
+        let pins = self.pins(&raw.pin, &groups)?;
+        let ecn_profiles = self.ecn_profiles(&raw.ecn_profile)?;
+        let egress = self.egress(&raw.egress, &ecn_profiles)?;
+        let classes = match &raw.class {
+            Some(raw) => self.classes(raw, &ecn_profiles)?,
+            None => vec![default_control_class()],
+        };
         Ok(Config {
             path: self.path.to_path_buf(),
             dataplane,
             ports,
             groups,
             routes,
+            pins,
+            ecn_profiles,
+            egress,
+            classes,
         })
     }
 
@@ -473,6 +637,13 @@ impl Source<'_> {
                         "{s:?} is not an absolute path; use a directory on the BPF filesystem, e.g. {PIN_DIR:?}"
                     ))
                 }
+            })?;
+        }
+        if let Some(v) = &raw.attach {
+            dp.attach = self.check("dataplane.attach", v, |s| match s.as_str() {
+                "xdp" => Ok(Attach::Xdp),
+                "tc" => Ok(Attach::Tc),
+                other => Err(format!("{other:?} is not an attach point; use \"xdp\" (fastest) or \"tc\" (tc ingress, sets skb priority)")),
             })?;
         }
         if let Some(v) = &raw.neighbour_refresh_ms {
@@ -575,10 +746,12 @@ impl Source<'_> {
                 Some(v) => self.check(format!("{key}.hash"), v, |s| parse_hash(s))?,
                 None => default_hash,
             };
+            let policy = self.policy(&key, g_ref)?;
             let members = self.members(&key, &g_ref.members)?;
             groups.push(Group {
                 name,
                 hash,
+                policy,
                 members,
                 loc: self.loc(key, g.span()),
             });
@@ -686,6 +859,465 @@ impl Source<'_> {
         }
         Ok(routes)
     }
+}
+
+/// Default and allowed range of a flowlet group's gap and table size.
+const DEFAULT_FLOWLET_GAP_US: i64 = 50;
+const FLOWLET_GAP_US: std::ops::RangeInclusive<i64> = 1..=10_000_000;
+const FLOWLET_TABLE_SIZE: std::ops::RangeInclusive<i64> = 1..=16_777_216;
+
+/// The class used when a file defines none: RoCEv2 ACK and CNP, exempt
+/// from ECN marking (they are the congestion signal's return path).
+fn default_control_class() -> Class {
+    Class {
+        name: "control".into(),
+        opcodes: vec![rocev2_common::bth::opcode::ACK, rocev2_common::bth::opcode::CNP],
+        max_payload: None,
+        qps: None,
+        dscp: Vec::new(),
+        set_dscp: None,
+        priority: None,
+        ecn_exempt: true,
+        ecn_profile: None,
+        loc: Location { key: "class (built-in default)".into(), line: 0, column: 0 },
+    }
+}
+
+impl Config {
+    /// Size of the flowlet LRU table: the sum of the flowlet groups' shares
+    /// (at least one entry, so the map can be created).
+    pub fn flowlet_table_size(&self) -> u32 {
+        let total: u64 = self
+            .groups
+            .iter()
+            .map(|g| match g.policy {
+                Policy::Flowlet(f) => u64::from(f.table_size),
+                _ => 0,
+            })
+            .sum();
+        total.clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    /// The classes as the dataplane's CLASSES map entries, in match order.
+    pub fn class_entries(&self) -> Vec<rocev2_common::class::ClassEntry> {
+        use rocev2_common::class::*;
+        self.classes
+            .iter()
+            .map(|c| {
+                let mut e = ClassEntry::default();
+                if !c.opcodes.is_empty() {
+                    e.flags |= CLASS_MATCH_OPCODE;
+                    for op in &c.opcodes {
+                        add_opcode(&mut e.opcodes, *op);
+                    }
+                }
+                if !c.dscp.is_empty() {
+                    e.flags |= CLASS_MATCH_DSCP;
+                    for d in &c.dscp {
+                        e.dscps |= 1 << d;
+                    }
+                }
+                if let Some((lo, hi)) = c.qps {
+                    e.flags |= CLASS_MATCH_QP;
+                    e.qp_min = lo;
+                    e.qp_max = hi;
+                }
+                if let Some(max) = c.max_payload {
+                    e.flags |= CLASS_MATCH_PAYLOAD;
+                    e.max_payload = max;
+                }
+                if let Some(d) = c.set_dscp {
+                    e.flags |= CLASS_SET_DSCP;
+                    e.set_dscp = u32::from(d);
+                }
+                if let Some(p) = c.priority {
+                    e.flags |= CLASS_SET_PRIORITY;
+                    e.priority = p;
+                }
+                if c.ecn_exempt {
+                    e.flags |= CLASS_ECN_EXEMPT;
+                }
+                if let Some(p) = c.ecn_profile {
+                    e.flags |= CLASS_ECN_PROFILE;
+                    e.profile = p as u32;
+                }
+                e
+            })
+            .collect()
+    }
+}
+
+impl EcnProfileConfig {
+    pub fn to_map_entry(&self) -> rocev2_common::ecn::EcnProfile {
+        rocev2_common::ecn::EcnProfile {
+            kmin_bytes: self.kmin_bytes,
+            kmax_bytes: self.kmax_bytes,
+            pmax_scaled: (self.pmax * f64::from(u32::MAX)).round() as u32,
+            flags: if self.drop_not_ect { rocev2_common::ecn::PROFILE_DROP_NOT_ECT } else { 0 },
+        }
+    }
+}
+
+impl Source<'_> {
+    fn policy(&self, key: &str, g: &RawGroup) -> Result<Policy, ConfigError> {
+        let kind = match &g.policy {
+            Some(v) => self.check(format!("{key}.policy"), v, |s| match s.as_str() {
+                "hash" | "flowlet" | "pinned" => Ok(s.clone()),
+                other => Err(format!(
+                    "{other:?} is not a policy; use \"hash\" (member by hash only), \"flowlet\" (move a flow only after an idle gap) or \"pinned\" (per-destination/QP pins from [[pin]])"
+                )),
+            })?,
+            None => "hash".to_string(),
+        };
+        let flowlet_keys = [
+            ("flowlet_gap_us", g.flowlet_gap_us.as_ref().map(|v| v.span())),
+            ("flowlet_choice", g.flowlet_choice.as_ref().map(|v| v.span())),
+            ("flowlet_boundary", g.flowlet_boundary.as_ref().map(|v| v.span())),
+            ("flowlet_table_size", g.flowlet_table_size.as_ref().map(|v| v.span())),
+        ];
+        if kind != "flowlet" {
+            if let Some((name, Some(span))) = flowlet_keys.iter().find(|(_, s)| s.is_some()) {
+                return Err(self.err(
+                    format!("{key}.{name}"),
+                    span.clone(),
+                    format!("only applies to policy = \"flowlet\"; add that to the group or remove `{name}`"),
+                ));
+            }
+        }
+        Ok(match kind.as_str() {
+            "flowlet" => {
+                let gap_us = match &g.flowlet_gap_us {
+                    Some(v) => self.check(format!("{key}.flowlet_gap_us"), v, |&n| {
+                        if FLOWLET_GAP_US.contains(&n) {
+                            Ok(n)
+                        } else {
+                            Err(format!("{n} is out of range; use {} to {} microseconds (FBOSS tests use 16, lossless fabrics tens to hundreds)", FLOWLET_GAP_US.start(), FLOWLET_GAP_US.end()))
+                        }
+                    })?,
+                    None => DEFAULT_FLOWLET_GAP_US,
+                };
+                let choice = match &g.flowlet_choice {
+                    Some(v) => self.check(format!("{key}.flowlet_choice"), v, |s| match s.as_str() {
+                        "rehash" => Ok(rocev2_common::flowlet::FlowletChoice::Rehash),
+                        "least-loaded" => Ok(rocev2_common::flowlet::FlowletChoice::LeastLoaded),
+                        other => Err(format!("{other:?} is not a flowlet choice; use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)")),
+                    })?,
+                    None => rocev2_common::flowlet::FlowletChoice::Rehash,
+                };
+                let table_size = match &g.flowlet_table_size {
+                    Some(v) => self.check(format!("{key}.flowlet_table_size"), v, |&n| {
+                        if FLOWLET_TABLE_SIZE.contains(&n) {
+                            Ok(n as u32)
+                        } else {
+                            Err(format!("{n} is out of range; use {} to {} flows", FLOWLET_TABLE_SIZE.start(), FLOWLET_TABLE_SIZE.end()))
+                        }
+                    })?,
+                    None => rocev2_common::maps::DEFAULT_FLOWLET_TABLE_SIZE,
+                };
+                Policy::Flowlet(FlowletConfig {
+                    gap: Duration::from_micros(gap_us as u64),
+                    choice,
+                    at_message_boundary: g.flowlet_boundary.as_ref().is_some_and(|b| *b.get_ref()),
+                    table_size,
+                })
+            }
+            "pinned" => Policy::Pinned,
+            _ => Policy::Hash,
+        })
+    }
+
+    fn pins(&self, raw: &[Spanned<RawPin>], groups: &[Group]) -> Result<Vec<Pin>, ConfigError> {
+        let mut pins: Vec<Pin> = Vec::with_capacity(raw.len());
+        for (i, p) in raw.iter().enumerate() {
+            let key = format!("pin[{i}]");
+            let r = p.get_ref();
+            let prefix = self.check(format!("{key}.prefix"), &r.prefix, |s| parse_prefix(s))?;
+            let qp = self.check(format!("{key}.qp"), &r.qp, |&n| {
+                u32::try_from(n).ok().filter(|q| *q <= 0xFF_FFFF).ok_or_else(|| {
+                    format!("{n} is not a destination QP; QPs are 24-bit numbers, 0 to 16777215 (0xFFFFFF)")
+                })
+            })?;
+            let group_index = self.check(format!("{key}.group"), &r.group, |name| {
+                let i = groups.iter().position(|g| g.name == *name).ok_or_else(|| no_such_group(name, groups))?;
+                if groups[i].policy != Policy::Pinned {
+                    return Err(format!("group {name:?} does not use pins; set policy = \"pinned\" in that [[group]]"));
+                }
+                Ok(i)
+            })?;
+            let group = &groups[group_index];
+            let member_index = self.check(format!("{key}.member"), &r.member, |dev| {
+                group.members.iter().position(|m| m.dev == *dev).ok_or_else(|| {
+                    let devs: Vec<String> = group.members.iter().map(|m| format!("{:?}", m.dev)).collect();
+                    format!("group {:?} has no member on {dev:?}; its members' devs: {}", group.name, devs.join(", "))
+                })
+            })?;
+            if let Some(first) = pins.iter().find(|q| q.prefix == prefix && q.qp == qp) {
+                return Err(self.err(
+                    format!("{key}.prefix"),
+                    r.prefix.span(),
+                    format!("{prefix} qp {qp:#x} is already pinned by {} (line {}); remove one", first.loc.key, first.loc.line),
+                ));
+            }
+            if pins.len() >= rocev2_common::maps::MAX_PINS as usize {
+                return Err(self.err(key, p.span(), format!("too many pins; at most {}", rocev2_common::maps::MAX_PINS)));
+            }
+            pins.push(Pin { prefix, qp, group_index: group_index as u32, member_index, loc: self.loc(key, p.span()) });
+        }
+        Ok(pins)
+    }
+
+    fn ecn_profiles(&self, raw: &[Spanned<RawEcnProfile>]) -> Result<Vec<EcnProfileConfig>, ConfigError> {
+        let mut profiles: Vec<EcnProfileConfig> = Vec::with_capacity(raw.len());
+        for (i, p) in raw.iter().enumerate() {
+            let key = format!("ecn_profile[{i}]");
+            if i >= rocev2_common::maps::MAX_ECN_PROFILES as usize {
+                return Err(self.err(key, p.span(), format!("too many ECN profiles; at most {}", rocev2_common::maps::MAX_ECN_PROFILES)));
+            }
+            let r = p.get_ref();
+            let name = r.name.get_ref().clone();
+            if let Some(first) = profiles.iter().find(|q| q.name == name) {
+                return Err(self.err(format!("{key}.name"), r.name.span(), format!("a profile named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line)));
+            }
+            let kmin = self.check(format!("{key}.kmin"), &r.kmin, parse_bytes)?;
+            let kmax = self.check(format!("{key}.kmax"), &r.kmax, parse_bytes)?;
+            if kmax <= kmin {
+                return Err(self.err(format!("{key}.kmax"), r.kmax.span(), format!("kmax ({kmax} bytes) must be above kmin ({kmin} bytes): marking rises from kmin to kmax")));
+            }
+            let pmax = self.check(format!("{key}.pmax"), &r.pmax, parse_probability)?;
+            profiles.push(EcnProfileConfig {
+                name,
+                kmin_bytes: kmin,
+                kmax_bytes: kmax,
+                pmax,
+                drop_not_ect: r.drop_not_ect.as_ref().is_some_and(|b| *b.get_ref()),
+                loc: self.loc(key, p.span()),
+            });
+        }
+        Ok(profiles)
+    }
+
+    fn egress(&self, raw: &[Spanned<RawEgress>], profiles: &[EcnProfileConfig]) -> Result<Vec<Egress>, ConfigError> {
+        let mut egress: Vec<Egress> = Vec::with_capacity(raw.len());
+        for (i, e) in raw.iter().enumerate() {
+            let key = format!("egress[{i}]");
+            if i >= rocev2_common::maps::MAX_EGRESS_PORTS as usize {
+                return Err(self.err(key, e.span(), format!("too many [[egress]] ports; at most {}", rocev2_common::maps::MAX_EGRESS_PORTS)));
+            }
+            let r = e.get_ref();
+            self.check(format!("{key}.dev"), &r.dev, |s| check_ifname(s))?;
+            if let Some(first) = egress.iter().find(|x| x.dev == *r.dev.get_ref()) {
+                return Err(self.err(format!("{key}.dev"), r.dev.span(), format!("{:?} is already configured by {} (line {})", first.dev, first.loc.key, first.loc.line)));
+            }
+            let rate = self.check(format!("{key}.rate"), &r.rate, parse_rate)?;
+            let ecn_profile = match &r.ecn_profile {
+                Some(v) => Some(self.check(format!("{key}.ecn_profile"), v, |n| profile_index(n, profiles))?),
+                None => None,
+            };
+            egress.push(Egress {
+                dev: r.dev.get_ref().clone(),
+                rate_bytes_per_sec: rate,
+                ecn_profile,
+                local: r.local.as_ref().is_some_and(|b| *b.get_ref()),
+                loc: self.loc(key, e.span()),
+            });
+        }
+        Ok(egress)
+    }
+
+    fn classes(&self, raw: &[Spanned<RawClass>], profiles: &[EcnProfileConfig]) -> Result<Vec<Class>, ConfigError> {
+        let max = rocev2_common::class::MAX_CLASSES as usize;
+        let mut classes: Vec<Class> = Vec::with_capacity(raw.len());
+        for (i, c) in raw.iter().enumerate() {
+            let key = format!("class[{i}]");
+            if i >= max {
+                return Err(self.err(key, c.span(), format!("too many classes; at most {max}")));
+            }
+            let r = c.get_ref();
+            let name = r.name.get_ref().clone();
+            if let Some(first) = classes.iter().find(|x| x.name == name) {
+                return Err(self.err(format!("{key}.name"), r.name.span(), format!("a class named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line)));
+            }
+            let opcodes = match &r.opcodes {
+                Some(v) => self.check(format!("{key}.opcodes"), v, |list| {
+                    list.iter().map(|&n| u8::try_from(n).map_err(|_| format!("{n} is not a BTH opcode; opcodes are 0 to 255, e.g. 0x11 (ACK), 0x81 (CNP), 0x0B (WRITE only with immediate)"))).collect::<Result<Vec<u8>, String>>()
+                })?,
+                None => Vec::new(),
+            };
+            let dscp = match &r.dscp {
+                Some(v) => self.check(format!("{key}.dscp"), v, |list| {
+                    list.iter().map(|&n| u8::try_from(n).ok().filter(|d| *d < 64).ok_or_else(|| format!("{n} is not a DSCP; DSCP values are 0 to 63"))).collect::<Result<Vec<u8>, String>>()
+                })?,
+                None => Vec::new(),
+            };
+            let max_payload = match &r.max_payload {
+                Some(v) => Some(self.check(format!("{key}.max_payload"), v, |&n| u32::try_from(n).map_err(|_| format!("{n} is not a byte count; use 0 to {}", u32::MAX)))?),
+                None => None,
+            };
+            let qps = match &r.qps {
+                Some(v) => Some(self.check(format!("{key}.qps"), v, parse_qp_range)?),
+                None => None,
+            };
+            let set_dscp = match &r.set_dscp {
+                Some(v) => Some(self.check(format!("{key}.set_dscp"), v, |&n| u8::try_from(n).ok().filter(|d| *d < 64).ok_or_else(|| format!("{n} is not a DSCP; DSCP values are 0 to 63 (CNP is usually 48, RoCE data 26)")))?),
+                None => None,
+            };
+            let priority = match &r.priority {
+                Some(v) => Some(self.check(format!("{key}.priority"), v, parse_priority)?),
+                None => None,
+            };
+            let ecn_profile = match &r.ecn_profile {
+                Some(v) => Some(self.check(format!("{key}.ecn_profile"), v, |n| profile_index(n, profiles))?),
+                None => None,
+            };
+            let ecn_exempt = r.ecn_exempt.as_ref().is_some_and(|b| *b.get_ref());
+            if ecn_exempt && ecn_profile.is_some() {
+                return Err(self.err(key, c.span(), "has both ecn_exempt = true and an ecn_profile; an exempt class is never marked, so drop one of them"));
+            }
+            classes.push(Class { name, opcodes, max_payload, qps, dscp, set_dscp, priority, ecn_exempt, ecn_profile, loc: self.loc(key, c.span()) });
+        }
+        Ok(classes)
+    }
+}
+
+fn profile_index(name: &str, profiles: &[EcnProfileConfig]) -> Result<usize, String> {
+    profiles.iter().position(|p| p.name == name).ok_or_else(|| {
+        if profiles.is_empty() {
+            format!("no ECN profile named {name:?}: no [[ecn_profile]] is defined")
+        } else {
+            let names: Vec<String> = profiles.iter().map(|p| format!("{:?}", p.name)).collect();
+            format!("no ECN profile named {name:?}; defined profiles: {}", names.join(", "))
+        }
+    })
+}
+
+/// A byte count: an integer, or a string with a unit (B, KB, MB, GB in
+/// powers of 1000; KiB, MiB, GiB in powers of 1024), e.g. "150KB", "1MiB".
+fn parse_bytes(v: &toml::Value) -> Result<u64, String> {
+    match v {
+        toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
+        toml::Value::String(s) => {
+            let t = s.trim();
+            let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+            let (num, unit) = t.split_at(split);
+            let num: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size; write e.g. \"150KB\", \"1MiB\" or a number of bytes"))?;
+            let scale: f64 = match unit.trim() {
+                "" | "B" => 1.0,
+                "KB" | "kB" => 1e3,
+                "MB" => 1e6,
+                "GB" => 1e9,
+                "KiB" => 1024.0,
+                "MiB" => 1024.0 * 1024.0,
+                "GiB" => 1024.0 * 1024.0 * 1024.0,
+                other => return Err(format!("{other:?} is not a size unit; use B, KB, MB, GB, KiB, MiB or GiB")),
+            };
+            if num < 0.0 || !num.is_finite() {
+                return Err(format!("{s:?} is not a size"));
+            }
+            Ok((num * scale).round() as u64)
+        }
+        other => Err(format!("{other} is not a size; write a number of bytes or a string such as \"1MiB\"")),
+    }
+}
+
+/// A port rate in bits per second with a unit ("10Gbit", "25G", "400Gbps",
+/// "100Mbit"), or an integer in bytes per second. Returns bytes per second.
+fn parse_rate(v: &toml::Value) -> Result<u64, String> {
+    let max = rocev2_common::ecn::MAX_RATE_BYTES_PER_SEC;
+    let bytes = match v {
+        toml::Value::Integer(n) if *n > 0 => *n as u64,
+        toml::Value::String(s) => {
+            let t = s.trim();
+            let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+            let (num, unit) = t.split_at(split);
+            let num: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
+            let unit = unit.trim().trim_end_matches("ps").trim_end_matches("bit").trim_end_matches("/s");
+            let bits_per: f64 = match unit {
+                "" => 1.0,
+                "K" | "k" => 1e3,
+                "M" => 1e6,
+                "G" => 1e9,
+                "T" => 1e12,
+                other => return Err(format!("{other:?} is not a rate unit; use Kbit, Mbit, Gbit or Tbit (bits per second)")),
+            };
+            if num <= 0.0 || !num.is_finite() {
+                return Err(format!("{s:?} must be a positive rate"));
+            }
+            (num * bits_per / 8.0).round() as u64
+        }
+        other => Err(format!("{other} is not a rate; write e.g. \"10Gbit\""))?,
+    };
+    if bytes == 0 || bytes > max {
+        return Err(format!("rate must be between 1 byte/s and {} Gbit/s", max * 8 / 1_000_000_000));
+    }
+    Ok(bytes)
+}
+
+/// A probability: 0.0 to 1.0, or a percentage string such as "5%".
+fn parse_probability(v: &toml::Value) -> Result<f64, String> {
+    let p = match v {
+        toml::Value::Float(f) => *f,
+        toml::Value::Integer(n) => *n as f64,
+        toml::Value::String(s) => match s.trim().strip_suffix('%') {
+            Some(pct) => pct.trim().parse::<f64>().map_err(|_| format!("{s:?} is not a percentage"))? / 100.0,
+            None => return Err(format!("{s:?} is not a probability; write 0.05 or \"5%\"")),
+        },
+        other => return Err(format!("{other} is not a probability; write 0.05 or \"5%\"")),
+    };
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is out of range; a marking probability is 0 to 1 (or \"0%\" to \"100%\")"))
+    }
+}
+
+/// An skb priority: a number, or a tc class id "MAJOR:MINOR" in hex as tc
+/// writes it ("1:10" = 0x10010), which HTB uses to pick the class.
+fn parse_priority(v: &toml::Value) -> Result<u32, String> {
+    match v {
+        toml::Value::Integer(n) => u32::try_from(*n).map_err(|_| format!("{n} is not a priority; use 0 to {}", u32::MAX)),
+        toml::Value::String(s) => {
+            let (major, minor) = s.split_once(':').ok_or_else(|| format!("{s:?} is not a tc class id; write \"1:10\" (hex, as tc does) or a number"))?;
+            let major = u16::from_str_radix(major.trim(), 16).map_err(|_| format!("{s:?}: {major:?} is not a hex major number"))?;
+            let minor = u16::from_str_radix(minor.trim(), 16).map_err(|_| format!("{s:?}: {minor:?} is not a hex minor number"))?;
+            Ok((u32::from(major) << 16) | u32::from(minor))
+        }
+        other => Err(format!("{other} is not a priority; write a number or a tc class id such as \"1:10\"")),
+    }
+}
+
+/// A DestQP range: "0x100-0x1ff", "256-511", a single QP, or [min, max].
+fn parse_qp_range(v: &toml::Value) -> Result<(u32, u32), String> {
+    fn qp(text: &str) -> Result<u32, String> {
+        let t = text.trim();
+        let n = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+            Some(hex) => u32::from_str_radix(hex, 16),
+            None => t.parse(),
+        }
+        .map_err(|_| format!("{t:?} is not a QP number"))?;
+        if n > 0xFF_FFFF {
+            return Err(format!("{t} is above 0xFFFFFF; QPs are 24-bit"));
+        }
+        Ok(n)
+    }
+    let (lo, hi) = match v {
+        toml::Value::String(s) => match s.split_once('-') {
+            Some((a, b)) => (qp(a)?, qp(b)?),
+            None => (qp(s)?, qp(s)?),
+        },
+        toml::Value::Integer(n) => {
+            let q = qp(&n.to_string())?;
+            (q, q)
+        }
+        toml::Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
+            (toml::Value::Integer(x), toml::Value::Integer(y)) => (qp(&x.to_string())?, qp(&y.to_string())?),
+            _ => return Err("write the range as [min, max] with two numbers".into()),
+        },
+        _ => return Err("write a QP range as \"0x100-0x1ff\" or [256, 511]".into()),
+    };
+    if lo > hi {
+        return Err(format!("range starts at {lo:#x} after it ends at {hi:#x}"));
+    }
+    Ok((lo, hi))
 }
 
 fn no_such_group(name: &str, groups: &[Group]) -> String {

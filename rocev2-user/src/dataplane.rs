@@ -18,16 +18,20 @@ use aya::{
         lpm_trie::{Key, LpmTrie},
         Array, DevMapHash, HashMap, MapData, PerCpuArray,
     },
-    programs::{Xdp, XdpMode},
+    programs::{tc, SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
 use rocev2_common::{
-    counters::PortCounter,
+    class::{ClassEntry, MAX_CLASSES},
+    counters::{EgressCounter, PortCounter},
+    ecn::{EcnProfile, EgressEntry, VirtualQueue},
+    flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
         self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
-        GroupEntry, MemberEntry, MemberStats, PortEntry, RouteEntry, RouteKeyV4, RouteKeyV6,
-        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, ROUTE_LOCAL,
+        FlowletKey, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
+        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
+        MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
 
@@ -39,6 +43,10 @@ pub const XDP_PROGRAM: &str = "rocev2_xdp";
 pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
 /// Sends every frame back out (XDP_TX): the live-frames traffic generator.
 pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
+/// tc ingress forwarding (`attach = "tc"`).
+pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
+/// tc egress classes + ECN for locally originated traffic.
+pub const TC_EGRESS_PROGRAM: &str = "rocev2_tc_egress";
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -52,6 +60,34 @@ pub struct Maps {
     config: Array<MapData, DataplaneConfig>,
     port_counters: PerCpuArray<MapData, u64>,
     member_stats: PerCpuArray<MapData, MemberStats>,
+    flowlets: HashMap<MapData, FlowletKey, FlowletEntry>,
+    pins_v4: LpmTrie<MapData, PinKeyV4, PinEntry>,
+    pins_v6: LpmTrie<MapData, PinKeyV6, PinEntry>,
+    egress: HashMap<MapData, u32, EgressEntry>,
+    vqueues: Array<MapData, VirtualQueue>,
+    ecn_profiles: Array<MapData, EcnProfile>,
+    classes: Array<MapData, ClassEntry>,
+    class_stats: PerCpuArray<MapData, MemberStats>,
+    egress_counters: PerCpuArray<MapData, u64>,
+}
+
+/// How a group chooses members (everything in GroupEntry but the members).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupPolicy {
+    pub hash: HashMode,
+    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
+    pub policy: u32,
+    pub flowlet_gap_ns: u64,
+    /// A FlowletChoice as u32.
+    pub flowlet_choice: u32,
+    pub flowlet_flags: u32,
+}
+
+impl GroupPolicy {
+    /// Plain hashing in `mode`.
+    pub fn hash(mode: HashMode) -> Self {
+        Self { hash: mode, policy: POLICY_HASH, flowlet_gap_ns: 0, flowlet_choice: 0, flowlet_flags: 0 }
+    }
 }
 
 /// A group member with everything the kernel program needs.
@@ -87,6 +123,15 @@ impl Maps {
             config: typed(take(names::CONFIG)?, names::CONFIG)?,
             port_counters: typed(take(names::PORT_COUNTERS)?, names::PORT_COUNTERS)?,
             member_stats: typed(take(names::MEMBER_STATS)?, names::MEMBER_STATS)?,
+            flowlets: typed(take(names::FLOWLETS)?, names::FLOWLETS)?,
+            pins_v4: typed(take(names::PINS_V4)?, names::PINS_V4)?,
+            pins_v6: typed(take(names::PINS_V6)?, names::PINS_V6)?,
+            egress: typed(take(names::EGRESS)?, names::EGRESS)?,
+            vqueues: typed(take(names::VQUEUES)?, names::VQUEUES)?,
+            ecn_profiles: typed(take(names::ECN_PROFILES)?, names::ECN_PROFILES)?,
+            classes: typed(take(names::CLASSES)?, names::CLASSES)?,
+            class_stats: typed(take(names::CLASS_STATS)?, names::CLASS_STATS)?,
+            egress_counters: typed(take(names::EGRESS_COUNTERS)?, names::EGRESS_COUNTERS)?,
         })
     }
 
@@ -114,13 +159,132 @@ impl Maps {
             config: open(dir, names::CONFIG)?,
             port_counters: open(dir, names::PORT_COUNTERS)?,
             member_stats: open(dir, names::MEMBER_STATS)?,
+            flowlets: open(dir, names::FLOWLETS)?,
+            pins_v4: open(dir, names::PINS_V4)?,
+            pins_v6: open(dir, names::PINS_V6)?,
+            egress: open(dir, names::EGRESS)?,
+            vqueues: open(dir, names::VQUEUES)?,
+            ecn_profiles: open(dir, names::ECN_PROFILES)?,
+            classes: open(dir, names::CLASSES)?,
+            class_stats: open(dir, names::CLASS_STATS)?,
+            egress_counters: open(dir, names::EGRESS_COUNTERS)?,
         })
     }
 
+    fn dataplane_config(&self) -> Result<DataplaneConfig> {
+        self.config.get(&0, 0).context("cannot read CONFIG")
+    }
+
     pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
-        self.config
-            .set(0, DataplaneConfig { hash_seed: seed, _reserved: 0 }, 0)
-            .context("cannot write CONFIG")
+        let config = DataplaneConfig { hash_seed: seed, ..self.dataplane_config()? };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
+    /// Installs the priority classes, in match order.
+    pub fn set_classes(&mut self, classes: &[ClassEntry]) -> Result<()> {
+        if classes.len() > MAX_CLASSES as usize {
+            bail!("{} classes, more than the {MAX_CLASSES} supported", classes.len());
+        }
+        // Shrink the live count first so no packet sees a half-written list.
+        let config = self.dataplane_config()?;
+        self.config.set(0, DataplaneConfig { class_count: 0, ..config }, 0).context("cannot write CONFIG")?;
+        for (i, c) in classes.iter().enumerate() {
+            self.classes.set(i as u32, c, 0).context("cannot write CLASSES")?;
+        }
+        let config = DataplaneConfig { class_count: classes.len() as u32, ..config };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
+    pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {
+        if id >= MAX_ECN_PROFILES {
+            bail!("ECN profile index {id} out of range (max {MAX_ECN_PROFILES})");
+        }
+        self.ecn_profiles.set(id, profile, 0).context("cannot write ECN_PROFILES")
+    }
+
+    /// Gives an egress port a virtual queue (draining at `rate_bytes_per_sec`),
+    /// a default ECN profile (NO_PROFILE for none) and counters.
+    pub fn set_egress(&mut self, ifindex: u32, slot: u32, rate_bytes_per_sec: u64, profile: u32) -> Result<()> {
+        if slot >= MAX_EGRESS_PORTS {
+            bail!("egress slot {slot} out of range (max {MAX_EGRESS_PORTS})");
+        }
+        self.egress
+            .insert(ifindex, EgressEntry { slot, profile, rate_bytes_per_sec }, 0)
+            .with_context(|| format!("cannot configure egress ifindex {ifindex}"))
+    }
+
+    /// Seeds a virtual queue (tests use it to put a port at a known depth).
+    pub fn set_virtual_queue(&mut self, slot: u32, q: VirtualQueue) -> Result<()> {
+        self.vqueues.set(slot, q, 0).context("cannot write VQUEUES")
+    }
+
+    pub fn virtual_queue(&self, slot: u32) -> Result<VirtualQueue> {
+        self.vqueues.get(&slot, 0).context("cannot read VQUEUES")
+    }
+
+    pub fn egress_counter(&self, slot: u32, counter: EgressCounter) -> Result<u64> {
+        let values = self
+            .egress_counters
+            .get(&(slot * EgressCounter::COUNT + counter as u32), 0)
+            .context("cannot read EGRESS_COUNTERS")?;
+        Ok(values.iter().sum())
+    }
+
+    pub fn egress_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
+        EgressCounter::ALL.iter().map(|c| Ok((c.name(), self.egress_counter(slot, *c)?))).collect()
+    }
+
+    /// Packets and bytes matched by class `index`, summed over CPUs.
+    pub fn class_stats(&self, index: u32) -> Result<MemberStats> {
+        let values = self.class_stats.get(&index, 0).context("cannot read CLASS_STATS")?;
+        Ok(values.iter().fold(MemberStats::default(), |acc, v| MemberStats {
+            packets: acc.packets + v.packets,
+            bytes: acc.bytes + v.bytes,
+        }))
+    }
+
+    /// Flows currently in the flowlet table.
+    pub fn flowlet_entries(&self) -> usize {
+        self.flowlets.keys().filter(|k| k.is_ok()).count()
+    }
+
+    /// Pins (destination prefix, DestQP) to `entry`.
+    pub fn set_pin(&mut self, prefix: &Prefix, dest_qp: u32, entry: PinEntry) -> Result<()> {
+        let q = dest_qp.to_be_bytes();
+        match *prefix {
+            Prefix::V4 { addr, len } => {
+                let mut key = [0u8; 8];
+                key[..4].copy_from_slice(&q);
+                key[4..].copy_from_slice(&addr.octets());
+                self.pins_v4.insert(&Key::new(32 + u32::from(len), key), entry, 0)
+            }
+            Prefix::V6 { addr, len } => {
+                let mut key = [0u8; 20];
+                key[..4].copy_from_slice(&q);
+                key[4..].copy_from_slice(&addr.octets());
+                self.pins_v6.insert(&Key::new(32 + u32::from(len), key), entry, 0)
+            }
+        }
+        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))
+    }
+
+    pub fn remove_pin(&mut self, prefix: &Prefix, dest_qp: u32) -> Result<()> {
+        let q = dest_qp.to_be_bytes();
+        match *prefix {
+            Prefix::V4 { addr, len } => {
+                let mut key = [0u8; 8];
+                key[..4].copy_from_slice(&q);
+                key[4..].copy_from_slice(&addr.octets());
+                self.pins_v4.remove(&Key::new(32 + u32::from(len), key))
+            }
+            Prefix::V6 { addr, len } => {
+                let mut key = [0u8; 20];
+                key[..4].copy_from_slice(&q);
+                key[4..].copy_from_slice(&addr.octets());
+                self.pins_v6.remove(&Key::new(32 + u32::from(len), key))
+            }
+        }
+        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))
     }
 
     /// Registers an ingress port and gives it a counter slot.
@@ -157,9 +321,16 @@ impl Maps {
         .with_context(|| format!("cannot remove route {prefix}"))
     }
 
-    /// Publishes a group's member list: written to the idle bank, then made
-    /// live with one update of the group entry.
+    /// Publishes a hash group (see [`Maps::publish_group_with`]).
     pub fn publish_group(&mut self, group: u32, mode: HashMode, members: &[MemberSpec]) -> Result<()> {
+        self.publish_group_with(group, &GroupPolicy::hash(mode), members).map(|_| ())
+    }
+
+    /// Publishes a group's member list: written to the idle bank, then made
+    /// live with one update of the group entry, whose generation changes so
+    /// flowlet and pin state of the old list is not trusted. Returns the
+    /// new generation.
+    pub fn publish_group_with(&mut self, group: u32, policy: &GroupPolicy, members: &[MemberSpec]) -> Result<u32> {
         if group >= MAX_GROUPS {
             bail!("group index {group} out of range (max {MAX_GROUPS})");
         }
@@ -168,19 +339,27 @@ impl Maps {
         }
         let current = self.groups.get(&group, 0).context("cannot read GROUPS")?;
         // A never-written group has member_count 0 and may take either bank.
-        let bank = if current.member_count == 0 && current.hash_mode == 0 && current.bank == 0 {
-            0
-        } else {
-            (current.bank + 1) & 1
-        };
+        let bank = if current.generation == 0 { 0 } else { (current.bank + 1) & 1 };
         for (position, m) in members.iter().enumerate() {
             let entry = MemberEntry { ifindex: m.ifindex, flags: MEMBER_UP, src_mac: m.src_mac, dst_mac: m.dst_mac };
             self.members
                 .set(member_index(group, bank, position as u32), entry, 0)
                 .context("cannot write MEMBERS")?;
         }
-        let entry = GroupEntry { member_count: members.len() as u32, bank, hash_mode: mode as u32, _reserved: 0 };
-        self.groups.set(group, entry, 0).context("cannot write GROUPS")
+        let generation = current.generation.wrapping_add(1);
+        let entry = GroupEntry {
+            member_count: members.len() as u32,
+            bank,
+            hash_mode: policy.hash as u32,
+            policy: policy.policy,
+            generation,
+            flowlet_choice: policy.flowlet_choice,
+            flowlet_flags: policy.flowlet_flags,
+            _reserved: 0,
+            flowlet_gap_ns: policy.flowlet_gap_ns,
+        };
+        self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
+        Ok(generation)
     }
 
     pub fn group(&self, group: u32) -> Result<GroupEntry> {
@@ -239,11 +418,27 @@ impl Dataplane {
     /// stale pins of a crashed run are replaced) so `rocev2 stats` can read
     /// them.
     pub fn load(pin_dir: Option<&Path>) -> Result<Self> {
+        Self::load_with(pin_dir, maps::DEFAULT_FLOWLET_TABLE_SIZE)
+    }
+
+    /// Like [`Dataplane::load`] with the flowlet table sized to `flowlet_table_size` flows.
+    pub fn load_with(pin_dir: Option<&Path>, flowlet_table_size: u32) -> Result<Self> {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
-        let mut ebpf = EbpfLoader::new().load(crate::EBPF_OBJECT).context("cannot load the eBPF object")?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .load(crate::EBPF_OBJECT)
+            .context("cannot load the eBPF object")?;
+        for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
+            let program: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .with_context(|| format!("eBPF object has no program {name}"))?
+                .try_into()
+                .with_context(|| format!("{name} is not a tc classifier"))?;
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
         for name in [XDP_PROGRAM, XDP_PASS_PROGRAM, XDP_TX_PROGRAM] {
             let program: &mut Xdp = ebpf
                 .program_mut(name)
@@ -291,6 +486,29 @@ impl Dataplane {
             self.maps.remove_route(&prefix)?;
         }
         self.installed_routes = wanted.keys().copied().collect();
+        Ok(())
+    }
+
+    /// Attaches a tc program (clsact) to `ifname`: the forwarding program on
+    /// ingress (`attach = "tc"`), or the local-traffic marker on egress.
+    pub fn attach_tc(&mut self, ifname: &str, attach_type: TcAttachType) -> Result<()> {
+        // aya attaches with TCX links where the kernel has them (6.6+) and
+        // needs a clsact qdisc only on older kernels; it may exist already,
+        // and a real problem shows up in attach() below.
+        let _ = tc::qdisc_add_clsact(ifname);
+        let name = match attach_type {
+            TcAttachType::Ingress => TC_INGRESS_PROGRAM,
+            _ => TC_EGRESS_PROGRAM,
+        };
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a tc classifier"))?;
+        program
+            .attach(ifname, attach_type)
+            .with_context(|| format!("cannot attach {name} to {ifname} (tc {attach_type:?})"))?;
         Ok(())
     }
 

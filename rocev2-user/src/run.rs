@@ -14,8 +14,8 @@ use aya::programs::XdpMode as AyaXdpMode;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Config, NextHop, Prefix, XdpMode},
-    dataplane::{local_routes, Dataplane, MemberSpec},
+    config::{Attach, Config, NextHop, Policy, Prefix, XdpMode},
+    dataplane::{local_routes, Dataplane, GroupPolicy, MemberSpec},
     netlink::{ensure_veth_peer_napi, Netlink, PeerNapi},
     state::{GroupState, MemberState, PortState, RunLock, RunState},
     stats::Snapshot,
@@ -130,8 +130,22 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         }
     }
 
-    let mut dataplane = Dataplane::load(Some(&pin_dir))?;
+    let mut egress_links = Vec::new();
+    for e in &config.egress {
+        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}")))?;
+        egress_links.push(link);
+    }
+
+    let mut dataplane = Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?;
     dataplane.maps.set_hash_seed(config.dataplane.hash_seed)?;
+    for (i, profile) in config.ecn_profiles.iter().enumerate() {
+        dataplane.maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
+    }
+    for (slot, (e, link)) in config.egress.iter().zip(&egress_links).enumerate() {
+        let profile = e.ecn_profile.map_or(rocev2_common::ecn::NO_PROFILE, |p| p as u32);
+        dataplane.maps.set_egress(link.ifindex, slot as u32, e.rate_bytes_per_sec, profile)?;
+    }
+    dataplane.maps.set_classes(&config.class_entries())?;
     for port in &ports {
         dataplane.maps.set_port(port.ifindex, port.slot)?;
     }
@@ -166,13 +180,27 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         XdpMode::Native => AyaXdpMode::Driver,
         XdpMode::Skb => AyaXdpMode::Skb,
     };
-    for port in &ports {
-        dataplane.attach(&port.name, port.ifindex, mode)?;
+    let attach_text = match config.dataplane.attach {
+        Attach::Xdp => {
+            for port in &ports {
+                dataplane.attach(&port.name, port.ifindex, mode)?;
+            }
+            format!("{} XDP", crate::dataplane::mode_name(mode))
+        }
+        Attach::Tc => {
+            for port in &ports {
+                dataplane.attach_tc(&port.name, aya::programs::TcAttachType::Ingress)?;
+            }
+            "tc ingress".to_string()
+        }
+    };
+    for e in config.egress.iter().filter(|e| e.local) {
+        dataplane.attach_tc(&e.dev, aya::programs::TcAttachType::Egress)?;
+        println!("rocev2: classes and ECN marking for traffic this box sends on {}", e.dev);
     }
     println!(
-        "rocev2: forwarding on {} ({} XDP), {} groups, {} routes, maps pinned in {}",
+        "rocev2: forwarding on {} ({attach_text}), {} groups, {} routes, maps pinned in {}",
         ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-        crate::dataplane::mode_name(mode),
         config.groups.len(),
         config.routes.len(),
         pin_dir.display()
@@ -249,13 +277,48 @@ async fn refresh(netlink: &Netlink, groups: &mut [Vec<MemberLive>]) -> bool {
     changed
 }
 
+/// The dataplane's view of a configured group policy.
+pub fn group_policy(group: &crate::config::Group) -> GroupPolicy {
+    use rocev2_common::maps::{FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED};
+    match group.policy {
+        Policy::Hash => GroupPolicy::hash(group.hash),
+        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(group.hash) },
+        Policy::Flowlet(f) => GroupPolicy {
+            policy: POLICY_FLOWLET,
+            flowlet_gap_ns: f.gap.as_nanos() as u64,
+            flowlet_choice: f.choice as u32,
+            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 },
+            ..GroupPolicy::hash(group.hash)
+        },
+    }
+}
+
+/// Publishes every group's usable members, then rewrites its pins for the
+/// new positions (a pin to an unusable member falls back to hashing).
 fn publish_groups(dataplane: &mut Dataplane, config: &Config, groups: &[Vec<MemberLive>]) -> Result<()> {
+    use rocev2_common::maps::{PinEntry, PIN_MEMBER_DOWN};
     for (index, (group, members)) in config.groups.iter().zip(groups).enumerate() {
         let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
-        dataplane
+        let generation = dataplane
             .maps
-            .publish_group(index as u32, group.hash, &usable)
+            .publish_group_with(index as u32, &group_policy(group), &usable)
             .with_context(|| format!("cannot publish group {}", group.name))?;
+        // Position of each configured member among the usable ones.
+        let mut live_position = Vec::with_capacity(members.len());
+        let mut next = 0u32;
+        for m in members {
+            if m.usable().is_some() {
+                live_position.push(Some(next));
+                next += 1;
+            } else {
+                live_position.push(None);
+            }
+        }
+        for pin in config.pins.iter().filter(|p| p.group_index == index as u32) {
+            let position = live_position.get(pin.member_index).copied().flatten().unwrap_or(PIN_MEMBER_DOWN);
+            let entry = PinEntry { group: index as u32, position, generation, _reserved: 0 };
+            dataplane.maps.set_pin(&pin.prefix, pin.qp, entry)?;
+        }
     }
     Ok(())
 }

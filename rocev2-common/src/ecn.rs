@@ -1,0 +1,211 @@
+//! ECN marking against a virtual (phantom) queue per egress port.
+//!
+//! Each forwarded packet adds its bytes to its egress port's virtual queue,
+//! which drains at the configured port rate. Between `kmin` and `kmax` bytes
+//! an ECT packet is marked CE with a probability rising linearly to `pmax`;
+//! above `kmax` every ECT packet is marked (the WRED/ECN shape of SONiC and
+//! Cumulus profiles). The queue only exists in these numbers: it sees the
+//! load the port will get, before a real queue builds.
+
+/// ECN codepoints (the low two bits of the IPv4 TOS / IPv6 traffic class).
+pub const NOT_ECT: u8 = 0b00;
+pub const ECT1: u8 = 0b01;
+pub const ECT0: u8 = 0b10;
+pub const CE: u8 = 0b11;
+
+/// Profile flag: drop Not-ECT packets above `kmax` instead of only counting.
+pub const PROFILE_DROP_NOT_ECT: u32 = 1;
+
+/// A marking profile. `pmax` is a probability scaled to `u32::MAX` = 1.0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EcnProfile {
+    pub kmin_bytes: u64,
+    pub kmax_bytes: u64,
+    pub pmax_scaled: u32,
+    pub flags: u32,
+}
+
+/// State of one egress port's virtual queue (shared by all CPUs; updates
+/// are plain read-modify-write, so concurrent CPUs can lose a packet's bytes
+/// now and then: the depth is a slight underestimate under contention).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VirtualQueue {
+    pub depth_bytes: u64,
+    pub last_update_ns: u64,
+    /// Highest depth seen since start.
+    pub high_water_bytes: u64,
+}
+
+/// Value of the EGRESS map, keyed by egress ifindex.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressEntry {
+    /// Index into VQUEUES and EGRESS_COUNTERS.
+    pub slot: u32,
+    /// ECN profile for packets whose class names none; u32::MAX = no marking.
+    pub profile: u32,
+    /// Port rate the virtual queue drains at.
+    pub rate_bytes_per_sec: u64,
+}
+
+pub const NO_PROFILE: u32 = u32::MAX;
+
+const _: () = {
+    assert!(core::mem::size_of::<EcnProfile>() == 24);
+    assert!(core::mem::size_of::<VirtualQueue>() == 24);
+    assert!(core::mem::size_of::<EgressEntry>() == 16);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    unsafe impl aya::Pod for super::EcnProfile {}
+    unsafe impl aya::Pod for super::VirtualQueue {}
+    unsafe impl aya::Pod for super::EgressEntry {}
+}
+
+/// Highest port rate the arithmetic below handles exactly (1 TiB/s).
+pub const MAX_RATE_BYTES_PER_SEC: u64 = (1 << 40) - 1;
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// Bytes a port at `rate_bytes_per_sec` sends in `elapsed_ns` (to within
+/// two bytes). Only 64-bit multiplies: the BPF target has no 128-bit ones.
+#[inline(always)]
+pub fn drained_bytes(elapsed_ns: u64, rate_bytes_per_sec: u64) -> u64 {
+    let rate = if rate_bytes_per_sec > MAX_RATE_BYTES_PER_SEC { MAX_RATE_BYTES_PER_SEC } else { rate_bytes_per_sec };
+    // Whole seconds: after a million idle seconds every queue is empty anyway.
+    let secs = elapsed_ns / NS_PER_SEC;
+    if secs >= 1 << 20 {
+        return u64::MAX;
+    }
+    let rem = elapsed_ns % NS_PER_SEC; // < 2^30
+    // rate = hi * 2^20 + lo, so rem * hi and rem * lo each stay below 2^50.
+    let (hi, lo) = (rate >> 20, rate & ((1 << 20) - 1));
+    let a = rem * hi;
+    let from_hi = ((a / NS_PER_SEC) << 20) + (((a % NS_PER_SEC) << 20) / NS_PER_SEC);
+    let from_lo = rem * lo / NS_PER_SEC;
+    secs * rate + from_hi + from_lo
+}
+
+/// The queue after draining up to `now_ns` and adding a packet of `len`.
+#[inline(always)]
+pub fn enqueue(q: &VirtualQueue, now_ns: u64, len: u64, rate_bytes_per_sec: u64) -> VirtualQueue {
+    let elapsed = now_ns.saturating_sub(q.last_update_ns);
+    let depth = q.depth_bytes.saturating_sub(drained_bytes(elapsed, rate_bytes_per_sec)) + len;
+    VirtualQueue {
+        depth_bytes: depth,
+        last_update_ns: if now_ns > q.last_update_ns { now_ns } else { q.last_update_ns },
+        high_water_bytes: if depth > q.high_water_bytes { depth } else { q.high_water_bytes },
+    }
+}
+
+/// Where a depth falls against a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Congestion {
+    /// Below kmin: never mark.
+    None,
+    /// Between kmin and kmax: mark with this probability (scaled to u32::MAX).
+    Probabilistic(u32),
+    /// Above kmax: mark every ECT packet.
+    Full,
+}
+
+#[inline(always)]
+pub fn congestion(depth: u64, p: &EcnProfile) -> Congestion {
+    if depth <= p.kmin_bytes {
+        Congestion::None
+    } else if depth >= p.kmax_bytes {
+        Congestion::Full
+    } else {
+        // span > 0 here because kmin < depth < kmax. The position within the
+        // span is taken to 1/65536 so the products fit in 64 bits.
+        let (mut above, mut span) = (depth - p.kmin_bytes, p.kmax_bytes - p.kmin_bytes);
+        if span >= 1 << 32 {
+            above >>= 16;
+            span >>= 16;
+        }
+        let fraction = (above << 16) / span.max(1); // 0..65536
+        Congestion::Probabilistic(((fraction * u64::from(p.pmax_scaled)) >> 16) as u32)
+    }
+}
+
+/// Whether to mark, given a uniformly random `random` (bpf_get_prandom_u32).
+#[inline(always)]
+pub fn should_mark(c: Congestion, random: u32) -> bool {
+    match c {
+        Congestion::None => false,
+        Congestion::Probabilistic(p) => random < p,
+        Congestion::Full => true,
+    }
+}
+
+/// New IPv4 TOS byte / IPv6 traffic class with ECN set to CE.
+#[inline(always)]
+pub fn with_ce(tos: u8) -> u8 {
+    tos | CE
+}
+
+#[inline(always)]
+pub fn is_ect(tos: u8) -> bool {
+    let ecn = tos & 0b11;
+    ecn == ECT0 || ecn == ECT1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> EcnProfile {
+        // SONiC lossless defaults: 1 MiB, 2 MiB, 5%.
+        EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: (u32::MAX / 100) * 5, flags: 0 }
+    }
+
+    #[test]
+    fn queue_drains_at_the_port_rate() {
+        let q = VirtualQueue { depth_bytes: 10_000, last_update_ns: 1_000, high_water_bytes: 10_000 };
+        // 1 GB/s drains 1 byte per ns: 4_000 ns later 4_000 bytes are gone.
+        let q2 = enqueue(&q, 5_000, 100, 1_000_000_000);
+        // drained_bytes is exact to within two bytes.
+        assert!((6_100..=6_102).contains(&q2.depth_bytes), "{}", q2.depth_bytes);
+        assert_eq!(q2.high_water_bytes, 10_000);
+        // Long idle empties it completely.
+        assert_eq!(enqueue(&q2, 10_000_000_000, 64, 1_000_000_000).depth_bytes, 64);
+    }
+
+    #[test]
+    fn drain_does_not_overflow_for_long_gaps() {
+        assert_eq!(drained_bytes(u64::MAX, 50_000_000_000), u64::MAX);
+        assert_eq!(drained_bytes(1_500_000_000, 1_000), 1_500);
+    }
+
+    #[test]
+    fn drain_is_exact_to_two_bytes() {
+        for rate in [1u64, 1_000, 125_000_000, 3_125_000_000, 50_000_000_000, MAX_RATE_BYTES_PER_SEC] {
+            for ns in [0u64, 1, 999, 123_456, 999_999_999, 1_000_000_001, 7_777_777_777] {
+                let exact = (u128::from(ns) * u128::from(rate) / 1_000_000_000) as u64;
+                let got = drained_bytes(ns, rate);
+                assert!(got <= exact && exact - got <= 2, "rate {rate} ns {ns}: {got} vs {exact}");
+            }
+        }
+    }
+
+    #[test]
+    fn marking_rises_linearly_between_kmin_and_kmax() {
+        let p = profile();
+        assert_eq!(congestion(1 << 20, &p), Congestion::None);
+        assert_eq!(congestion(2 << 20, &p), Congestion::Full);
+        let Congestion::Probabilistic(mid) = congestion(3 << 19, &p) else { panic!() };
+        let expected = p.pmax_scaled / 2;
+        assert!(mid.abs_diff(expected) <= expected / 1000, "{mid} vs {expected}");
+        assert!(!should_mark(Congestion::Probabilistic(mid), mid));
+        assert!(should_mark(Congestion::Probabilistic(mid), mid - 1));
+    }
+
+    #[test]
+    fn only_ect_codepoints_are_markable() {
+        assert!(is_ect(ECT0) && is_ect(ECT1 | 0x68));
+        assert!(!is_ect(NOT_ECT) && !is_ect(CE));
+        assert_eq!(with_ce(0x68 | ECT0), 0x6B);
+    }
+}

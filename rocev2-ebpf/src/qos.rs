@@ -1,0 +1,101 @@
+//! Priority classes and ECN marking against per-egress virtual queues.
+
+use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
+use rocev2_common::{
+    class::{self, ClassAction, ClassFields, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE, MAX_CLASSES},
+    counters::{EgressCounter, PortCounter},
+    ecn::{self, Congestion, NO_PROFILE, PROFILE_DROP_NOT_ECT},
+};
+
+use crate::{
+    counters,
+    maps::{CLASSES, CONFIG, ECN_PROFILES, EGRESS, VQUEUES},
+    parse::{drop, Outcome},
+};
+
+/// The first class that matches, with its index.
+#[inline(always)]
+pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
+    let count = CONFIG.get(0).map_or(0, |c| c.class_count);
+    for i in 0..MAX_CLASSES {
+        if i >= count {
+            break;
+        }
+        let Some(c) = CLASSES.get(i) else { break };
+        if class::matches(c, fields) {
+            return Some((i, c.action()));
+        }
+    }
+    None
+}
+
+/// Runs the egress port's virtual queue for a packet of `len` bytes and
+/// returns the TOS/traffic-class byte to send (CE set when marked), or a
+/// drop for Not-ECT traffic when the profile asks for it.
+#[inline(always)]
+pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>) -> Result<u8, Outcome> {
+    // SAFETY: plain-data copy.
+    let Some(egress) = (unsafe { EGRESS.get(&ifindex) }).copied() else { return Ok(tos) };
+    counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
+    counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
+    let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: valid map value; concurrent CPUs may race (see ecn.rs).
+    let depth = unsafe {
+        let next = ecn::enqueue(&*q, now, len, egress.rate_bytes_per_sec);
+        *q = next;
+        next.depth_bytes
+    };
+    let mut profile_id = egress.profile;
+    if let Some(c) = class {
+        if c.flags & CLASS_ECN_EXEMPT != 0 {
+            counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
+            return Ok(tos);
+        }
+        if c.flags & CLASS_ECN_PROFILE != 0 {
+            profile_id = c.profile;
+        }
+    }
+    if profile_id == NO_PROFILE {
+        return Ok(tos);
+    }
+    let Some(profile) = ECN_PROFILES.get(profile_id) else { return Ok(tos) };
+    let congestion = ecn::congestion(depth, profile);
+    if ecn::is_ect(tos) {
+        counters::egress_add(egress.slot, EgressCounter::EctSeen, 1);
+        if ecn::should_mark(congestion, unsafe { bpf_get_prandom_u32() }) {
+            counters::egress_add(egress.slot, EgressCounter::Marked, 1);
+            return Ok(ecn::with_ce(tos));
+        }
+    } else if tos & 3 == ecn::NOT_ECT && congestion != Congestion::None {
+        counters::egress_add(egress.slot, EgressCounter::NotEctOverThreshold, 1);
+        if congestion == Congestion::Full && profile.flags & PROFILE_DROP_NOT_ECT != 0 {
+            return Err(drop(PortCounter::DropNotEct));
+        }
+    }
+    Ok(tos)
+}
+
+/// Returned by [`classify_index`] when no class matches.
+pub const NO_CLASS: u32 = u32::MAX;
+/// Returned by [`ecn_mark_code`] for "drop this packet".
+pub const ECN_DROP: u32 = 0x100;
+
+/// [`classify`] as its own BPF function (keeps the class loop's state out
+/// of the caller's stack frame); returns the class index or NO_CLASS.
+#[inline(never)]
+pub fn classify_index(fields: &ClassFields) -> u32 {
+    classify(fields).map_or(NO_CLASS, |(i, _)| i)
+}
+
+/// [`ecn_mark`] as its own BPF function with scalar arguments (at most
+/// five): the class is passed as its flags and profile (0 and NO_PROFILE
+/// for none). Returns the new TOS byte, or ECN_DROP.
+#[inline(never)]
+pub fn ecn_mark_code(ifindex: u32, tos: u32, len: u64, class_flags: u32, class_profile: u32) -> u32 {
+    let action = ClassAction { flags: class_flags, set_dscp: 0, priority: 0, profile: class_profile };
+    match ecn_mark(ifindex, tos as u8, len, Some(&action)) {
+        Ok(t) => u32::from(t),
+        Err(_) => ECN_DROP,
+    }
+}

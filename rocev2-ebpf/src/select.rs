@@ -1,0 +1,141 @@
+//! Member choice by group policy: hash, flowlet, or pinned path.
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use rocev2_common::{
+    counters::PortCounter,
+    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
+    hash::{member_hash, pick_member, FlowKey, HashMode},
+    maps::{
+        member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED,
+    },
+};
+
+use crate::{
+    counters,
+    maps::{CONFIG, EGRESS, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
+};
+
+/// Returned in place of a pin when there is none.
+pub const NO_PIN: u32 = u32::MAX;
+
+/// The chosen member's position, plus the counters the choice moved. Its
+/// own BPF function; scalars packed to keep within five arguments:
+/// `slot_group` = slot << 32 | group, `pin_boundary` = ends_message << 32 | pin.
+#[inline(never)]
+pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_boundary: u64) -> u32 {
+    let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
+    let ends_message = pin_boundary >> 32 != 0;
+    let pin = match pin_boundary as u32 {
+        NO_PIN => None,
+        p => Some(p),
+    };
+    let count = group.member_count;
+    let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);
+    let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
+    match group.policy {
+        POLICY_FLOWLET => flowlet_position(
+            (u64::from(slot) << 32) | u64::from(group_id),
+            group,
+            key,
+            u64::from(seed) | (u64::from(ends_message) << 32),
+        ),
+        POLICY_PINNED => match pin {
+            Some(position) if position < count => {
+                counters::add(slot, PortCounter::PinHit, 1);
+                position
+            }
+            _ => {
+                counters::add(slot, PortCounter::PinFallback, 1);
+                pick_member(member_hash(key, HashMode::Qp, seed), count)
+            }
+        },
+        _ => pick_member(member_hash(key, mode, seed), count),
+    }
+}
+
+/// Flowlet state lookup, decision and update. The table key and the new
+/// entry live in a per-CPU scratch map; the old entry is read in place.
+#[inline(always)]
+fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_boundary: u64) -> u32 {
+    let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
+    let (seed, ends_message) = (seed_boundary as u32, seed_boundary >> 32 != 0);
+    let count = group.member_count;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(scratch) = FLOWLET_SCRATCH.get_ptr_mut(0) else {
+        return flowlet::rehash_position(key, seed, 0, count);
+    };
+    // SAFETY: per-CPU scratch value, ours for this program run.
+    let scratch = unsafe { &mut *scratch };
+    scratch.key = FlowletKey::new(key, group_id);
+    // SAFETY: read in place; a concurrent update of the same flow can only
+    // make this packet see a neighbouring flowlet decision.
+    let existing = unsafe { FLOWLETS.get(&scratch.key) };
+    let decision = flowlet::decide(
+        existing,
+        now,
+        group.flowlet_gap_ns,
+        group.generation,
+        count,
+        group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
+    );
+    let (position, flowlet_id) = match decision {
+        FlowletDecision::Keep { position } => (position, existing.map_or(0, |e| e.flowlet_id)),
+        FlowletDecision::NewFlowlet { flowlet_id } => {
+            counters::add(slot, PortCounter::FlowletNew, 1);
+            let position = match FlowletChoice::from_u32(group.flowlet_choice) {
+                FlowletChoice::LeastLoaded => less_loaded_of_two(group_id, group, key, seed, flowlet_id, now),
+                FlowletChoice::Rehash => flowlet::rehash_position(key, seed, flowlet_id, count),
+            };
+            match existing {
+                None => counters::add(slot, PortCounter::FlowletInserted, 1),
+                Some(e) if e.position != position || e.generation != group.generation => {
+                    counters::add(slot, PortCounter::FlowletMoved, 1)
+                }
+                Some(_) => {}
+            }
+            (position, flowlet_id)
+        }
+    };
+    scratch.entry = FlowletEntry {
+        last_seen_ns: now,
+        flowlet_id,
+        position,
+        generation: group.generation,
+        at_boundary: ends_message as u32,
+    };
+    let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
+    position
+}
+
+/// Congestion-aware choice by the power of two choices: two candidate
+/// members drawn from the flow's hash and flowlet number, the one whose
+/// egress virtual queue is shorter wins. Constant work per new flowlet
+/// (a scan of all members would be a loop the verifier cannot afford).
+#[inline(always)]
+fn less_loaded_of_two(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: u32, flowlet_id: u32, now: u64) -> u32 {
+    let count = group.member_count;
+    let a = flowlet::rehash_position(key, seed, flowlet_id, count);
+    let b = flowlet::rehash_position(key, seed ^ 0x5bd1_e995, flowlet_id, count);
+    if a == b {
+        return a;
+    }
+    let depth_a = queue_depth(group_id, group.bank & 1, a, now);
+    let depth_b = queue_depth(group_id, group.bank & 1, b, now);
+    if depth_b < depth_a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Current virtual-queue depth of a member's egress port (drained to
+/// `now`); u64::MAX when the port has no queue configured.
+#[inline(always)]
+fn queue_depth(group_id: u32, bank: u32, position: u32, now: u64) -> u64 {
+    let Some(member) = MEMBERS.get(member_index(group_id, bank, position)) else { return u64::MAX };
+    // SAFETY: read-only copy of plain data.
+    let Some(egress) = (unsafe { EGRESS.get(&member.ifindex) }) else { return u64::MAX };
+    let Some(q) = VQUEUES.get(egress.slot) else { return u64::MAX };
+    let elapsed = now.saturating_sub(q.last_update_ns);
+    q.depth_bytes.saturating_sub(rocev2_common::ecn::drained_bytes(elapsed, egress.rate_bytes_per_sec))
+}

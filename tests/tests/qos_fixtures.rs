@@ -1,0 +1,289 @@
+//! BPF_PROG_TEST_RUN tests for issue 3's decisions: priority classes, ECN
+//! marking against a seeded virtual queue, flowlets and pinned paths.
+//! Outputs are checked with an independent decoder (packet::parse_roce:
+//! IPv4 checksum, ICRC) and byte-for-byte outside the rewritten fields.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use rocev2_common::{
+    bth::{opcode, Bth},
+    class::{add_opcode, ClassEntry, CLASS_ECN_EXEMPT, CLASS_MATCH_OPCODE, CLASS_MATCH_PAYLOAD, CLASS_SET_DSCP},
+    counters::{EgressCounter, PortCounter},
+    ecn::{EcnProfile, VirtualQueue, CE, ECT0, NOT_ECT, NO_PROFILE, PROFILE_DROP_NOT_ECT},
+    flowlet::FlowletChoice,
+    hash::HashMode,
+    maps::{PinEntry, FLOWLET_AT_BOUNDARY, PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED},
+};
+use rocev2_tests::{require_root, test_run, XDP_DROP, XDP_REDIRECT};
+use rocev2_user::{
+    config::Prefix,
+    dataplane::{Dataplane, GroupPolicy, MemberSpec},
+    packet::{build_roce_frame, invariant_bytes_equal, parse_roce, RoceFrameSpec},
+};
+
+const LOOPBACK: u32 = 1;
+const SLOT: u32 = 1;
+const EGRESS_SLOT: u32 = 0;
+const GROUP: u32 = 0;
+const KMIN: u64 = 10_000;
+const KMAX: u64 = 20_000;
+
+fn members() -> Vec<MemberSpec> {
+    (0..4u8).map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [2, 0xAA, 0, 0, 0, i], dst_mac: [2, 0xBB, 0, 0, 0, i] }).collect()
+}
+
+/// One port, one group over lo, a route for 10.1.0.0/16 and fd01::/64.
+fn dataplane(policy: GroupPolicy) -> Dataplane {
+    require_root();
+    let mut dp = Dataplane::load(None).expect("load the eBPF object");
+    dp.maps.set_port(LOOPBACK, SLOT).unwrap();
+    dp.maps.add_egress_dev(LOOPBACK).unwrap();
+    dp.maps.publish_group_with(GROUP, &policy, &members()).unwrap();
+    let wanted = [
+        (Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP),
+        (Prefix::V6 { addr: "fd01::".parse().unwrap(), len: 64 }, GROUP),
+    ]
+    .into_iter()
+    .collect();
+    dp.sync_routes(&wanted).unwrap();
+    dp
+}
+
+/// A marking profile on lo's egress: 10 kB / 20 kB / 100 %.
+fn with_ecn(dp: &mut Dataplane, flags: u32) {
+    let profile = EcnProfile { kmin_bytes: KMIN, kmax_bytes: KMAX, pmax_scaled: u32::MAX, flags };
+    dp.maps.set_ecn_profile(0, profile).unwrap();
+    // 1 byte per second: the queue does not drain during a test.
+    dp.maps.set_egress(LOOPBACK, EGRESS_SLOT, 1, 0).unwrap();
+}
+
+fn seed_queue(dp: &mut Dataplane, depth: u64) {
+    let now = monotonic_ns();
+    dp.maps.set_virtual_queue(EGRESS_SLOT, VirtualQueue { depth_bytes: depth, last_update_ns: now, high_water_bytes: depth }).unwrap();
+}
+
+/// CLOCK_MONOTONIC, the clock bpf_ktime_get_ns reads.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn frame(op: u8, qp: u32, psn: u32, ecn: u8, payload_len: usize, v6: bool) -> Vec<u8> {
+    let (src, dst): (IpAddr, IpAddr) = if v6 {
+        ("fd00::1".parse::<Ipv6Addr>().unwrap().into(), "fd01::1".parse::<Ipv6Addr>().unwrap().into())
+    } else {
+        (Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::new(10, 1, 0, 1).into())
+    };
+    build_roce_frame(&RoceFrameSpec {
+        src_mac: [2, 0, 0, 0, 0, 1],
+        dst_mac: [2, 0, 0, 0, 0, 0xFE],
+        vlan: None,
+        src_ip: src,
+        dst_ip: dst,
+        ttl: 64,
+        dscp: 26,
+        ecn,
+        src_port: 0xC000,
+        bth: Bth { opcode: op, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: qp, ack_req: false, psn },
+        payload_len,
+    })
+}
+
+fn write(qp: u32, ecn: u8) -> Vec<u8> {
+    frame(opcode::WRITE_ONLY, qp, 1, ecn, 1024, false)
+}
+
+/// Forwards `input` and checks the output is a valid RoCEv2 frame whose
+/// ICRC-covered bytes are untouched; returns the decoded output.
+fn forward(dp: &mut Dataplane, input: &[u8]) -> rocev2_user::packet::ParsedRoce {
+    let run = test_run(dp, input).unwrap();
+    assert_eq!(run.action, XDP_REDIRECT, "forwarded ({}); pass counters: {:?}", rocev2_tests::action_name(run.action), dp.maps.port_counters(SLOT).unwrap().into_iter().filter(|(_, v)| *v > 0).collect::<Vec<_>>());
+    assert!(invariant_bytes_equal(input, &run.output), "ICRC-covered bytes unchanged");
+    let out = parse_roce(&run.output).unwrap();
+    assert!(out.icrc_ok, "ICRC still valid");
+    assert_ne!(out.ipv4_checksum_ok, Some(false), "IPv4 checksum valid");
+    out
+}
+
+fn egress(dp: &Dataplane, c: EgressCounter) -> u64 {
+    dp.maps.egress_counter(EGRESS_SLOT, c).unwrap()
+}
+
+fn port(dp: &Dataplane, c: PortCounter) -> u64 {
+    dp.maps.port_counter(SLOT, c).unwrap()
+}
+
+#[test]
+fn below_kmin_nothing_is_marked() {
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    with_ecn(&mut dp, 0);
+    seed_queue(&mut dp, 0);
+    let out = forward(&mut dp, &write(1, ECT0));
+    assert_eq!(out.ecn, ECT0);
+    assert_eq!(egress(&dp, EgressCounter::EctSeen), 1);
+    assert_eq!(egress(&dp, EgressCounter::Marked), 0);
+}
+
+#[test]
+fn above_kmax_ect_is_marked_ce_with_valid_checksum() {
+    for v6 in [false, true] {
+        let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+        with_ecn(&mut dp, 0);
+        seed_queue(&mut dp, KMAX + 1);
+        let out = forward(&mut dp, &frame(opcode::WRITE_ONLY, 1, 1, ECT0, 1024, v6));
+        assert_eq!(out.ecn, CE, "v6={v6}");
+        assert_eq!(out.dscp, 26, "DSCP kept");
+        assert_eq!(egress(&dp, EgressCounter::Marked), 1);
+        let q = dp.maps.virtual_queue(EGRESS_SLOT).unwrap();
+        assert!(q.depth_bytes > KMAX && q.high_water_bytes >= q.depth_bytes, "queue grew: {q:?}");
+    }
+}
+
+#[test]
+fn between_kmin_and_kmax_marking_follows_the_probability() {
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    // pmax 100 % halfway: about half of the packets are marked.
+    with_ecn(&mut dp, 0);
+    let mut marked = 0;
+    for _ in 0..400 {
+        seed_queue(&mut dp, (KMIN + KMAX) / 2);
+        if forward(&mut dp, &write(1, ECT0)).ecn == CE {
+            marked += 1;
+        }
+    }
+    // The packet's own ~1 kB pushes the depth to ~60 % of the span.
+    assert!((160..=320).contains(&marked), "{marked} of 400 marked");
+}
+
+#[test]
+fn not_ect_is_counted_not_marked_or_dropped_by_policy() {
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    with_ecn(&mut dp, 0);
+    seed_queue(&mut dp, KMAX + 1);
+    let out = forward(&mut dp, &write(1, NOT_ECT));
+    assert_eq!(out.ecn, NOT_ECT);
+    assert_eq!(egress(&dp, EgressCounter::NotEctOverThreshold), 1);
+
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    with_ecn(&mut dp, PROFILE_DROP_NOT_ECT);
+    seed_queue(&mut dp, KMAX + 1);
+    let run = test_run(&mut dp, &write(1, NOT_ECT)).unwrap();
+    assert_eq!(run.action, XDP_DROP);
+    assert_eq!(port(&dp, PortCounter::DropNotEct), 1);
+}
+
+fn control_class(set_dscp: u32) -> ClassEntry {
+    let mut c = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT, set_dscp, ..Default::default() };
+    add_opcode(&mut c.opcodes, opcode::ACK);
+    add_opcode(&mut c.opcodes, opcode::CNP);
+    c
+}
+
+fn cts_class(set_dscp: u32) -> ClassEntry {
+    let mut c = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP, set_dscp, max_payload: 64, ..Default::default() };
+    add_opcode(&mut c.opcodes, opcode::WRITE_ONLY_IMM);
+    c
+}
+
+#[test]
+fn classes_rewrite_dscp_and_exempt_control_from_marking() {
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    with_ecn(&mut dp, 0);
+    dp.maps.set_classes(&[control_class(48), cts_class(46)]).unwrap();
+    seed_queue(&mut dp, KMAX + 1);
+    // ACK and CNP: DSCP 48, never marked even above kmax.
+    for op in [opcode::ACK, opcode::CNP] {
+        let out = forward(&mut dp, &frame(op, 7, 1, ECT0, 16, false));
+        assert_eq!((out.dscp, out.ecn), (48, ECT0), "opcode {op:#x}");
+    }
+    assert_eq!(egress(&dp, EgressCounter::Exempt), 2);
+    assert_eq!(dp.maps.class_stats(0).unwrap().packets, 2);
+    // A CTS-like zero-length WRITE with immediate (RETH 16 + imm 4 bytes).
+    let out = forward(&mut dp, &frame(opcode::WRITE_ONLY_IMM, 7, 2, ECT0, 20, false));
+    assert_eq!(out.dscp, 46);
+    assert_eq!(out.ecn, CE, "the CTS class is not exempt");
+    // The same opcode with a big payload is data, not CTS.
+    let out = forward(&mut dp, &frame(opcode::WRITE_ONLY_IMM, 7, 3, ECT0, 2048, false));
+    assert_eq!(out.dscp, 26);
+    assert_eq!(dp.maps.class_stats(1).unwrap().packets, 1);
+    // IPv6 traffic class rewrite.
+    let out = forward(&mut dp, &frame(opcode::ACK, 7, 4, ECT0, 16, true));
+    assert_eq!((out.dscp, out.ecn), (48, ECT0));
+}
+
+#[test]
+fn no_egress_config_means_no_marking() {
+    let mut dp = dataplane(GroupPolicy::hash(HashMode::Qp));
+    dp.maps.set_egress(LOOPBACK, EGRESS_SLOT, 1, NO_PROFILE).unwrap();
+    seed_queue(&mut dp, KMAX * 10);
+    assert_eq!(forward(&mut dp, &write(1, ECT0)).ecn, ECT0);
+    assert_eq!(egress(&dp, EgressCounter::TxPackets), 1);
+}
+
+fn flowlet(gap_ns: u64, flags: u32) -> GroupPolicy {
+    GroupPolicy { policy: POLICY_FLOWLET, flowlet_gap_ns: gap_ns, flowlet_choice: FlowletChoice::Rehash as u32, flowlet_flags: flags, ..GroupPolicy::hash(HashMode::Qp) }
+}
+
+fn member_of(out: &rocev2_user::packet::ParsedRoce) -> u8 {
+    out.dst_mac[5]
+}
+
+#[test]
+fn flowlet_keeps_a_flow_within_the_gap() {
+    let mut dp = dataplane(flowlet(10_000_000_000, 0));
+    let first = member_of(&forward(&mut dp, &write(9, ECT0)));
+    for psn in 0..50 {
+        assert_eq!(member_of(&forward(&mut dp, &frame(opcode::WRITE_MIDDLE, 9, psn, ECT0, 512, false))), first);
+    }
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 1);
+    assert_eq!(port(&dp, PortCounter::FlowletInserted), 1);
+    assert_eq!(dp.maps.flowlet_entries(), 1);
+}
+
+#[test]
+fn flowlet_moves_after_an_idle_gap() {
+    // A 1 ns gap: every packet starts a new flowlet and re-hashes.
+    let mut dp = dataplane(flowlet(1, 0));
+    let mut seen = std::collections::BTreeSet::new();
+    for psn in 0..64 {
+        seen.insert(member_of(&forward(&mut dp, &frame(opcode::WRITE_ONLY, 9, psn, ECT0, 64, false))));
+    }
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 64);
+    assert!(seen.len() >= 3, "re-hashed flowlets use several members: {seen:?}");
+    assert!(port(&dp, PortCounter::FlowletMoved) >= 10);
+}
+
+#[test]
+fn flowlet_boundary_rule_never_splits_a_message() {
+    let mut dp = dataplane(flowlet(1, FLOWLET_AT_BOUNDARY));
+    for message in 0..16u32 {
+        let ops = [opcode::WRITE_FIRST, opcode::WRITE_MIDDLE, opcode::WRITE_MIDDLE, opcode::WRITE_LAST];
+        let members: Vec<u8> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| member_of(&forward(&mut dp, &frame(*op, 9, message * 4 + i as u32, ECT0, 256, false))))
+            .collect();
+        assert!(members.iter().all(|m| *m == members[0]), "message {message} split: {members:?}");
+    }
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 16, "one new flowlet per message");
+}
+
+#[test]
+fn pins_win_and_fall_back_when_the_member_is_down() {
+    let policy = GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(HashMode::Qp) };
+    let mut dp = dataplane(policy);
+    let generation = dp.maps.group(GROUP).unwrap().generation;
+    let prefix = Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 1), len: 32 };
+    dp.maps.set_pin(&prefix, 0x42, PinEntry { group: GROUP, position: 3, generation, _reserved: 0 }).unwrap();
+    for psn in 0..8 {
+        assert_eq!(member_of(&forward(&mut dp, &frame(opcode::WRITE_ONLY, 0x42, psn, ECT0, 64, false))), 3);
+    }
+    assert_eq!(port(&dp, PortCounter::PinHit), 8);
+    forward(&mut dp, &write(0x43, ECT0));
+    assert_eq!(port(&dp, PortCounter::PinFallback), 1, "unpinned QP hashes");
+    dp.maps.set_pin(&prefix, 0x42, PinEntry { group: GROUP, position: PIN_MEMBER_DOWN, generation, _reserved: 0 }).unwrap();
+    forward(&mut dp, &write(0x42, ECT0));
+    assert_eq!(port(&dp, PortCounter::PinFallback), 2, "pinned member down: hash instead");
+}
