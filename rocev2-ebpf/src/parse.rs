@@ -99,7 +99,6 @@ pub enum L3Kind {
 }
 
 pub struct L2 {
-    pub eth: *mut EthHdr,
     pub l3_off: usize,
     pub kind: L3Kind,
 }
@@ -130,7 +129,7 @@ pub fn parse_l2<C: PacketBuf>(ctx: &C) -> Result<L2, Outcome> {
         ETH_P_IPV6 => L3Kind::V6,
         _ => return Err(pass(PortCounter::PassNotIp)),
     };
-    Ok(L2 { eth, l3_off, kind })
+    Ok(L2 { l3_off, kind })
 }
 
 /// A checked IPv4 header and where its payload lies.

@@ -35,7 +35,7 @@ pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
 #[inline(always)]
 pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>) -> Result<u8, Outcome> {
     // SAFETY: plain-data copy.
-    let Some(egress) = (unsafe { EGRESS.get(&ifindex) }).copied() else { return Ok(tos) };
+    let Some(egress) = (unsafe { EGRESS.get(ifindex) }).copied() else { return Ok(tos) };
     counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
     counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
     let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };

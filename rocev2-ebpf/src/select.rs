@@ -69,6 +69,7 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
     scratch.key = FlowletKey::new(key, group_id);
     // SAFETY: read in place; a concurrent update of the same flow can only
     // make this packet see a neighbouring flowlet decision.
+    #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
     let existing = unsafe { FLOWLETS.get(&scratch.key) };
     let decision = flowlet::decide(
         existing,
@@ -103,6 +104,8 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
         generation: group.generation,
         at_boundary: ends_message as u32,
     };
+    // By reference: the key and entry stay in the scratch map, off the stack.
+    #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
     let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
     position
 }
@@ -134,7 +137,7 @@ fn less_loaded_of_two(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: u3
 fn queue_depth(group_id: u32, bank: u32, position: u32, now: u64) -> u64 {
     let Some(member) = MEMBERS.get(member_index(group_id, bank, position)) else { return u64::MAX };
     // SAFETY: read-only copy of plain data.
-    let Some(egress) = (unsafe { EGRESS.get(&member.ifindex) }) else { return u64::MAX };
+    let Some(egress) = (unsafe { EGRESS.get(member.ifindex) }) else { return u64::MAX };
     let Some(q) = VQUEUES.get(egress.slot) else { return u64::MAX };
     let elapsed = now.saturating_sub(q.last_update_ns);
     q.depth_bytes.saturating_sub(rocev2_common::ecn::drained_bytes(elapsed, egress.rate_bytes_per_sec))

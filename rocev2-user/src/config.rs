@@ -2556,4 +2556,144 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         assert_eq!(edit_distance("hashseed", "hash_seed"), 1);
         assert_eq!(edit_distance("ports", "route"), 3);
     }
+
+    // --- issue 3: policies, pins, ECN, egress, classes -----------------
+
+    const QOS: &str = r#"[[port]]
+name = "eth1"
+
+[[group]]
+name = "spines"
+policy = "flowlet"
+flowlet_gap_us = 16
+flowlet_choice = "least-loaded"
+flowlet_boundary = true
+flowlet_table_size = 2048
+members = [{ dev = "eth2", via = "10.0.2.2" }, { dev = "eth3", mac = "02:00:00:00:00:03" }]
+
+[[group]]
+name = "te"
+policy = "pinned"
+members = [{ dev = "eth2", via = "10.0.2.2" }, { dev = "eth3", mac = "02:00:00:00:00:03" }]
+
+[[pin]]
+prefix = "10.1.0.7"
+qp = 0x123
+group = "te"
+member = "eth3"
+
+[[ecn_profile]]
+name = "lossless"
+kmin = "1MiB"
+kmax = "2MiB"
+pmax = "5%"
+
+[[egress]]
+dev = "eth2"
+rate = "25Gbit"
+ecn_profile = "lossless"
+local = true
+
+[[class]]
+name = "control"
+opcodes = [0x11, 0x81]
+set_dscp = 48
+priority = "1:10"
+ecn_exempt = true
+
+[[class]]
+name = "cts"
+opcodes = [0x0B]
+max_payload = 64
+qps = "0x100-0x1ff"
+dscp = [26]
+ecn_profile = "lossless"
+"#;
+
+    #[test]
+    fn qos_keys_parse_with_units() {
+        let c = parse_ok(QOS);
+        let Policy::Flowlet(f) = c.groups[0].policy else { panic!("flowlet policy") };
+        assert_eq!(f.gap, Duration::from_micros(16));
+        assert_eq!(f.choice, rocev2_common::flowlet::FlowletChoice::LeastLoaded);
+        assert!(f.at_message_boundary);
+        assert_eq!(c.flowlet_table_size(), 2048);
+        assert_eq!(c.groups[1].policy, Policy::Pinned);
+        assert_eq!((c.pins[0].qp, c.pins[0].group_index, c.pins[0].member_index), (0x123, 1, 1));
+        assert_eq!(c.pins[0].prefix.to_string(), "10.1.0.7/32");
+        let p = &c.ecn_profiles[0];
+        assert_eq!((p.kmin_bytes, p.kmax_bytes), (1 << 20, 2 << 20));
+        assert!((p.pmax - 0.05).abs() < 1e-9);
+        assert_eq!(c.egress[0].rate_bytes_per_sec, 25_000_000_000 / 8);
+        assert!(c.egress[0].local);
+        let entries = c.class_entries();
+        assert_eq!(entries[0].priority, 0x10010);
+        assert_eq!(entries[0].set_dscp, 48);
+        assert_eq!((entries[1].qp_min, entries[1].qp_max, entries[1].max_payload), (0x100, 0x1FF, 64));
+    }
+
+    #[test]
+    fn no_classes_means_the_default_control_class() {
+        let c = parse_ok(BASE);
+        assert_eq!(c.classes.len(), 1);
+        assert_eq!(c.classes[0].name, "control");
+        assert_eq!(c.classes[0].opcodes, vec![0x11, 0x81]);
+        assert!(c.classes[0].ecn_exempt);
+        assert_eq!(c.flowlet_table_size(), 1);
+        // An explicit empty list turns classes off.
+        assert!(parse_ok(&format!("class = []\n{BASE}")).classes.is_empty());
+    }
+
+    #[test]
+    fn bad_policy_names_the_choices() {
+        let text = BASE.replace("name = \"spines\"\n", "name = \"spines\"\npolicy = \"random\"\n");
+        assert_error(&text, 6, "group[0].policy", &["\"hash\"", "\"flowlet\"", "\"pinned\""]);
+    }
+
+    #[test]
+    fn flowlet_keys_need_the_flowlet_policy() {
+        let text = BASE.replace("name = \"spines\"\n", "name = \"spines\"\nflowlet_gap_us = 10\n");
+        assert_error(&text, 6, "group[0].flowlet_gap_us", &["policy = \"flowlet\""]);
+    }
+
+    #[test]
+    fn pin_into_a_hash_group_is_refused() {
+        let text = format!("{BASE}\n[[pin]]\nprefix = \"10.1.0.0/16\"\nqp = 5\ngroup = \"spines\"\nmember = \"eth2\"\n");
+        assert_error(&text, 11, "pin[0].group", &["policy = \"pinned\""]);
+    }
+
+    #[test]
+    fn pin_qp_must_be_24_bits() {
+        let text = QOS.replace("qp = 0x123", "qp = 0x1000000");
+        assert_error(&text, 20, "pin[0].qp", &["24-bit"]);
+    }
+
+    #[test]
+    fn ecn_profile_kmax_above_kmin_and_units() {
+        let text = QOS.replace("kmax = \"2MiB\"", "kmax = \"1MiB\"");
+        assert_error(&text, 27, "ecn_profile[0].kmax", &["must be above kmin"]);
+        let text = QOS.replace("kmin = \"1MiB\"", "kmin = \"1 parsec\"");
+        assert_error(&text, 26, "ecn_profile[0].kmin", &["not a size unit"]);
+        let text = QOS.replace("pmax = \"5%\"", "pmax = 1.5");
+        assert_error(&text, 28, "ecn_profile[0].pmax", &["0 to 1"]);
+    }
+
+    #[test]
+    fn egress_rate_and_profile_are_checked() {
+        let text = QOS.replace("rate = \"25Gbit\"", "rate = \"fast\"");
+        assert_error(&text, 32, "egress[0].rate", &["not a rate"]);
+        let text = QOS.replace("ecn_profile = \"lossless\"\nlocal", "ecn_profile = \"lossy\"\nlocal");
+        assert_error(&text, 33, "egress[0].ecn_profile", &["no ECN profile named \"lossy\"", "\"lossless\""]);
+    }
+
+    #[test]
+    fn class_values_are_checked() {
+        let text = QOS.replace("set_dscp = 48", "set_dscp = 64");
+        assert_error(&text, 39, "class[0].set_dscp", &["0 to 63"]);
+        let text = QOS.replace("priority = \"1:10\"", "priority = \"high\"");
+        assert_error(&text, 40, "class[0].priority", &["tc class id"]);
+        let text = QOS.replace("qps = \"0x100-0x1ff\"", "qps = \"0x200-0x100\"");
+        assert_error(&text, 47, "class[1].qps", &["after it ends"]);
+    }
+
 }

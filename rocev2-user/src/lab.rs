@@ -124,11 +124,25 @@ impl EcmpLab {
 
     /// Writes the config for `hash` to a file under /tmp and returns its path.
     pub fn write_config(&self, hash: &str) -> Result<PathBuf> {
-        let dir = PathBuf::from(format!("/tmp/rocev2-lab-{}", self.tag));
+        self.write_config_text(hash, &self.config(hash))
+    }
+
+    /// Writes `text` as config `name` under /tmp (removed with the lab).
+    pub fn write_config_text(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let dir = self.config_dir();
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let path = dir.join(format!("{hash}.toml"));
-        std::fs::write(&path, self.config(hash)).with_context(|| format!("cannot write {}", path.display()))?;
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(path)
+    }
+
+    fn config_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/tmp/rocev2-lab-{}", self.tag))
+    }
+
+    /// Runs `ip` (or any command) inside the switch namespace.
+    pub fn in_switch(&self, args: &[&str]) -> Result<String> {
+        self.switch.exec(args)
     }
 
     /// Starts `rocev2 --netns <switch> run --config FILE` and waits until
@@ -141,6 +155,12 @@ impl EcmpLab {
     /// message per QP, all on one UDP source port) for each address family,
     /// and reports what every uplink received.
     pub fn send_and_capture(&self, qps: u32, packets_per_qp: u32, families: &[Family]) -> Result<LabReport> {
+        self.send_bursts_and_capture(vec![lab_frames(qps, packets_per_qp, families)], Duration::ZERO)
+    }
+
+    /// Sends each burst of frames back to back, pausing `pause` between
+    /// bursts, and reports what every uplink received.
+    pub fn send_bursts_and_capture(&self, bursts: Vec<Vec<Vec<u8>>>, pause: Duration) -> Result<LabReport> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut receivers = Vec::new();
@@ -154,16 +174,20 @@ impl EcmpLab {
             ready_rx.recv_timeout(Duration::from_secs(10)).context("an uplink receiver did not start")?;
         }
 
-        let frames = lab_frames(qps, packets_per_qp, families);
-        let sent = frames.len() as u64;
+        let sent = bursts.iter().map(|b| b.len() as u64).sum();
         netns::in_netns(self.sender.name(), move || {
             let socket = PacketSocket::open("snd0")?;
-            for (n, frame) in frames.iter().enumerate() {
-                socket.send(frame)?;
-                // Small pauses keep the veth queues and receive buffers
-                // from overflowing: this measures distribution, not speed.
-                if n % 64 == 63 {
-                    thread::sleep(Duration::from_millis(1));
+            for (i, burst) in bursts.iter().enumerate() {
+                if i > 0 {
+                    thread::sleep(pause);
+                }
+                for (n, frame) in burst.iter().enumerate() {
+                    socket.send(frame)?;
+                    // Small pauses in long bursts keep the veth queues and
+                    // receive buffers from overflowing.
+                    if n % 64 == 63 && pause.is_zero() {
+                        thread::sleep(Duration::from_millis(1));
+                    }
                 }
             }
             Ok(())
@@ -191,15 +215,32 @@ pub enum Family {
     V6,
 }
 
+/// One lab frame from the sender to the lab destination of `family`.
+pub fn lab_frame(family: Family, bth: Bth, ecn: u8, payload_len: usize) -> Vec<u8> {
+    let (src, dst): (IpAddr, IpAddr) = match family {
+        Family::V4 => ("10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap()),
+        Family::V6 => ("fd00::1".parse().unwrap(), DEST_V6.parse().unwrap()),
+    };
+    build_roce_frame(&RoceFrameSpec {
+        src_mac: SENDER_MAC,
+        dst_mac: SWITCH_PORT_MAC,
+        vlan: None,
+        src_ip: src,
+        dst_ip: dst,
+        ttl: SENT_TTL,
+        dscp: 26,
+        ecn,
+        src_port: SHARED_SOURCE_PORT,
+        bth,
+        payload_len,
+    })
+}
+
 /// The lab's traffic: per family, per QP, one RDMA WRITE message of
 /// `packets_per_qp` packets (FIRST, MIDDLE..., LAST) with consecutive PSNs.
 pub fn lab_frames(qps: u32, packets_per_qp: u32, families: &[Family]) -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
     for family in families {
-        let (src, dst): (IpAddr, IpAddr) = match family {
-            Family::V4 => ("10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap()),
-            Family::V6 => ("fd00::1".parse().unwrap(), DEST_V6.parse().unwrap()),
-        };
         for p in 0..packets_per_qp {
             for q in 0..qps {
                 let op = match (p, packets_per_qp) {
@@ -208,30 +249,18 @@ pub fn lab_frames(qps: u32, packets_per_qp: u32, families: &[Family]) -> Vec<Vec
                     (p, n) if p == n - 1 => opcode::WRITE_LAST,
                     _ => opcode::WRITE_MIDDLE,
                 };
-                let spec = RoceFrameSpec {
-                    src_mac: SENDER_MAC,
-                    dst_mac: SWITCH_PORT_MAC,
-                    vlan: None,
-                    src_ip: src,
-                    dst_ip: dst,
-                    ttl: SENT_TTL,
-                    dscp: 26,
-                    ecn: 2,
-                    src_port: SHARED_SOURCE_PORT,
-                    bth: Bth {
-                        opcode: op,
-                        solicited: false,
-                        pad_count: 0,
-                        pkey: 0xFFFF,
-                        fecn: false,
-                        becn: false,
-                        dest_qp: 0x100 + q,
-                        ack_req: p + 1 == packets_per_qp,
-                        psn: p,
-                    },
-                    payload_len: 256,
+                let bth = Bth {
+                    opcode: op,
+                    solicited: false,
+                    pad_count: 0,
+                    pkey: 0xFFFF,
+                    fecn: false,
+                    becn: false,
+                    dest_qp: 0x100 + q,
+                    ack_req: p + 1 == packets_per_qp,
+                    psn: p,
                 };
-                frames.push(build_roce_frame(&spec));
+                frames.push(lab_frame(*family, bth, 2, 256));
             }
         }
     }
@@ -253,6 +282,18 @@ pub struct UplinkReport {
     pub bad_icrc: u64,
     /// Packets that arrived with a lower PSN than an earlier one of their QP.
     pub reordered: u64,
+    /// Every captured packet, in arrival order.
+    pub seen: Vec<Seen>,
+}
+
+/// One captured packet's fields that the tests look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub opcode: u8,
+    pub dscp: u8,
+    pub ecn: u8,
 }
 
 #[derive(Clone, Debug)]
@@ -332,6 +373,7 @@ fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<(
             report.ipv6 += 1;
         }
         report.qps.insert(p.bth.dest_qp);
+        report.seen.push(Seen { dest_qp: p.bth.dest_qp, psn: p.bth.psn, opcode: p.bth.opcode, dscp: p.dscp, ecn: p.ecn });
         if p.ttl_or_hop_limit != SENT_TTL - 1 {
             report.bad_ttl += 1;
         }
@@ -348,6 +390,13 @@ fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<(
         }
     }
     Ok(report)
+}
+
+impl Drop for EcmpLab {
+    fn drop(&mut self) {
+        // The namespaces go with their Netns guards; the configs with this.
+        let _ = std::fs::remove_dir_all(self.config_dir());
+    }
 }
 
 /// A running `rocev2 run` child process; stopped with SIGTERM on drop.

@@ -142,6 +142,44 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             g.members.len()
         );
     }
+    if !snapshot.egress.is_empty() {
+        for &c in rocev2_common::counters::EgressCounter::ALL {
+            let metric = format!("rocev2_egress_{}_total", c.name());
+            let _ = writeln!(out, "# HELP {metric} {}.", c.help());
+            let _ = writeln!(out, "# TYPE {metric} counter");
+            for e in &snapshot.egress {
+                let _ = writeln!(out, "{metric}{{port=\"{}\"}} {}", escape_label(&e.name), e.counters.get(c.name()).copied().unwrap_or(0));
+            }
+        }
+        out.push_str("# HELP rocev2_egress_queue_bytes Virtual queue depth at the port's last packet.\n");
+        out.push_str("# TYPE rocev2_egress_queue_bytes gauge\n");
+        for e in &snapshot.egress {
+            let _ = writeln!(out, "rocev2_egress_queue_bytes{{port=\"{}\"}} {}", escape_label(&e.name), e.queue_bytes);
+        }
+        out.push_str("# HELP rocev2_egress_queue_high_water_bytes Deepest the virtual queue has been.\n");
+        out.push_str("# TYPE rocev2_egress_queue_high_water_bytes gauge\n");
+        for e in &snapshot.egress {
+            let _ = writeln!(out, "rocev2_egress_queue_high_water_bytes{{port=\"{}\"}} {}", escape_label(&e.name), e.queue_high_water_bytes);
+        }
+    }
+    if !snapshot.classes.is_empty() {
+        out.push_str("# HELP rocev2_class_packets_total Packets matched by a priority class.\n");
+        out.push_str("# TYPE rocev2_class_packets_total counter\n");
+        for c in &snapshot.classes {
+            let _ = writeln!(out, "rocev2_class_packets_total{{class=\"{}\"}} {}", escape_label(&c.name), c.packets);
+        }
+        out.push_str("# HELP rocev2_class_bytes_total Bytes matched by a priority class.\n");
+        out.push_str("# TYPE rocev2_class_bytes_total counter\n");
+        for c in &snapshot.classes {
+            let _ = writeln!(out, "rocev2_class_bytes_total{{class=\"{}\"}} {}", escape_label(&c.name), c.bytes);
+        }
+    }
+    out.push_str("# HELP rocev2_flowlet_entries Flows in the flowlet table.\n");
+    out.push_str("# TYPE rocev2_flowlet_entries gauge\n");
+    let _ = writeln!(out, "rocev2_flowlet_entries {}", snapshot.flowlet_entries);
+    out.push_str("# HELP rocev2_flowlet_evictions_total Flows evicted from the full flowlet table (LRU).\n");
+    out.push_str("# TYPE rocev2_flowlet_evictions_total counter\n");
+    let _ = writeln!(out, "rocev2_flowlet_evictions_total {}", snapshot.flowlet_evictions());
     out
 }
 
@@ -337,7 +375,28 @@ mod tests {
                     MemberSnapshot { dev: "u2".into(), next_hop: "mac 02:00:00:00:00:02".into(), packets: 9, bytes: 900 },
                 ],
             }],
+            egress: vec![crate::stats::EgressSnapshot {
+                name: "u1".into(),
+                rate_bytes_per_sec: 1_250_000_000,
+                counters: rocev2_common::counters::EgressCounter::ALL.iter().map(|c| (c.name(), 5)).collect(),
+                queue_bytes: 1500,
+                queue_high_water_bytes: 90_000,
+            }],
+            classes: vec![crate::stats::ClassSnapshot { name: "control".into(), packets: 3, bytes: 180 }],
+            flowlet_entries: 4,
         }
+    }
+
+    #[test]
+    fn egress_class_and_flowlet_metrics() {
+        let text = render_prometheus(&snapshot());
+        assert!(text.contains("rocev2_egress_ecn_marked_total{port=\"u1\"} 5"), "{text}");
+        assert!(text.contains("rocev2_egress_queue_high_water_bytes{port=\"u1\"} 90000"));
+        assert!(text.contains("rocev2_class_packets_total{class=\"control\"} 3"));
+        assert!(text.contains("rocev2_flowlet_entries 4"));
+        // flowlet_inserted is 10 + its index on both ports; 4 remain.
+        let inserted = 2 * (10 + rocev2_common::counters::PortCounter::FlowletInserted as u64);
+        assert!(text.contains(&format!("rocev2_flowlet_evictions_total {}", inserted - 4)));
     }
 
     #[test]
@@ -367,7 +426,7 @@ mod tests {
                 assert!(rest.ends_with(" counter") || rest.ends_with(" gauge"), "{line}");
             } else if line.starts_with("# HELP ") {
             } else {
-                let name = &line[..line.find('{').unwrap()];
+                let name = &line[..line.find(['{', ' ']).unwrap()];
                 assert!(seen_type.contains(name), "sample before its TYPE: {line}");
                 let value = line.rsplit(' ').next().unwrap();
                 value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
@@ -376,7 +435,11 @@ mod tests {
         }
         let help = text.lines().filter(|l| l.starts_with("# HELP")).count();
         assert_eq!(help, seen_type.len());
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 1);
+        // Ports, members (packets and bytes), group gauge, one egress port's
+        // counters and two queue gauges, a class (packets and bytes), and
+        // the two flowlet-table samples.
+        let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 1 + egress + 2 + 2);
     }
 
     #[test]

@@ -172,6 +172,13 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         netns: netns.clone(),
         ports: ports.clone(),
         groups: group_states(&config, &groups),
+        egress: config
+            .egress
+            .iter()
+            .enumerate()
+            .map(|(slot, e)| crate::state::EgressState { name: e.dev.clone(), slot: slot as u32, rate_bytes_per_sec: e.rate_bytes_per_sec })
+            .collect(),
+        classes: config.classes.iter().map(|c| c.name.clone()).collect(),
     };
     state.write(&pin_dir)?;
 

@@ -21,6 +21,19 @@ pub struct RunState {
     pub netns: Option<String>,
     pub ports: Vec<PortState>,
     pub groups: Vec<GroupState>,
+    /// `[[egress]]` ports with a virtual queue, by counter slot.
+    #[serde(default)]
+    pub egress: Vec<EgressState>,
+    /// Class names in CLASSES order.
+    #[serde(default)]
+    pub classes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EgressState {
+    pub name: String,
+    pub slot: u32,
+    pub rate_bytes_per_sec: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -12,6 +12,31 @@ use crate::{dataplane::Maps, state::RunState};
 pub struct Snapshot {
     pub ports: Vec<PortSnapshot>,
     pub groups: Vec<GroupSnapshot>,
+    #[serde(default)]
+    pub egress: Vec<EgressSnapshot>,
+    #[serde(default)]
+    pub classes: Vec<ClassSnapshot>,
+    /// Flows in the flowlet table now.
+    #[serde(default)]
+    pub flowlet_entries: u64,
+}
+
+/// An egress port's marking counters and virtual queue.
+#[derive(Clone, Debug, Serialize)]
+pub struct EgressSnapshot {
+    pub name: String,
+    pub rate_bytes_per_sec: u64,
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Depth at the last packet (not drained to now).
+    pub queue_bytes: u64,
+    pub queue_high_water_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassSnapshot {
+    pub name: String,
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -60,12 +85,70 @@ impl Snapshot {
             }
             groups.push(GroupSnapshot { name: group.name.clone(), hash: group.hash.clone(), members });
         }
-        Ok(Self { ports, groups })
+        let mut egress = Vec::new();
+        for e in &state.egress {
+            let q = maps.virtual_queue(e.slot)?;
+            egress.push(EgressSnapshot {
+                name: e.name.clone(),
+                rate_bytes_per_sec: e.rate_bytes_per_sec,
+                counters: maps.egress_counters(e.slot)?,
+                queue_bytes: q.depth_bytes,
+                queue_high_water_bytes: q.high_water_bytes,
+            });
+        }
+        let mut classes = Vec::new();
+        for (i, name) in state.classes.iter().enumerate() {
+            let s = maps.class_stats(i as u32)?;
+            classes.push(ClassSnapshot { name: name.clone(), packets: s.packets, bytes: s.bytes });
+        }
+        let flowlet_entries = maps.flowlet_entries() as u64;
+        Ok(Self { ports, groups, egress, classes, flowlet_entries })
+    }
+
+    /// Flows that left the flowlet table to make room (LRU evictions): flows
+    /// ever inserted minus flows present now.
+    pub fn flowlet_evictions(&self) -> u64 {
+        let inserted: u64 = self.ports.iter().map(|p| p.counters.get("flowlet_inserted").copied().unwrap_or(0)).sum();
+        inserted.saturating_sub(self.flowlet_entries)
     }
 
     /// Human-readable tables: per port the non-zero counters, per group
-    /// each member's packets and share (the hash distribution at a glance).
+    /// each member's packets and share (the hash distribution at a glance),
+    /// then egress queues, classes and the flowlet table.
     pub fn render(&self) -> String {
+        let mut out = self.render_ports_and_groups();
+        if !self.egress.is_empty() {
+            out.push_str("\nEGRESS            RATE            QUEUE  HIGH-WATER  COUNTERS\n");
+            for e in &self.egress {
+                let counters: Vec<String> = e.counters.iter().filter(|(_, v)| **v != 0).map(|(k, v)| format!("{k}={v}")).collect();
+                out.push_str(&format!(
+                    "{:<17} {:>8.2} Gbit/s {:>7} {:>11}  {}\n",
+                    e.name,
+                    e.rate_bytes_per_sec as f64 * 8.0 / 1e9,
+                    e.queue_bytes,
+                    e.queue_high_water_bytes,
+                    if counters.is_empty() { "(no traffic)".to_string() } else { counters.join(" ") }
+                ));
+            }
+        }
+        if !self.classes.is_empty() {
+            out.push_str("\nCLASS             PACKETS        BYTES\n");
+            for c in &self.classes {
+                out.push_str(&format!("{:<17} {:>8} {:>12}\n", c.name, c.packets, c.bytes));
+            }
+        }
+        let inserted: u64 = self.ports.iter().map(|p| p.counters.get("flowlet_inserted").copied().unwrap_or(0)).sum();
+        if inserted > 0 || self.flowlet_entries > 0 {
+            out.push_str(&format!(
+                "\nflowlet table: {} flows, {} evicted (LRU)\n",
+                self.flowlet_entries,
+                self.flowlet_evictions()
+            ));
+        }
+        out
+    }
+
+    fn render_ports_and_groups(&self) -> String {
         let mut out = String::new();
         out.push_str("PORT              COUNTER                      VALUE\n");
         for port in &self.ports {

@@ -169,6 +169,9 @@ mod tests {
                 hash: "qp".into(),
                 members: members.iter().map(|(d, p)| member(d, *p)).collect(),
             }],
+            egress: Vec::new(),
+            classes: Vec::new(),
+            flowlet_entries: 0,
         }
     }
 
