@@ -215,8 +215,14 @@ pub enum Family {
     V6,
 }
 
-/// One lab frame from the sender to the lab destination of `family`.
+/// One lab frame from the sender to the lab destination of `family`, on
+/// the shared UDP source port.
 pub fn lab_frame(family: Family, bth: Bth, ecn: u8, payload_len: usize) -> Vec<u8> {
+    lab_frame_from_port(family, bth, ecn, payload_len, SHARED_SOURCE_PORT)
+}
+
+/// Like [`lab_frame`] from UDP source port `src_port`.
+pub fn lab_frame_from_port(family: Family, bth: Bth, ecn: u8, payload_len: usize, src_port: u16) -> Vec<u8> {
     let (src, dst): (IpAddr, IpAddr) = match family {
         Family::V4 => ("10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap()),
         Family::V6 => ("fd00::1".parse().unwrap(), DEST_V6.parse().unwrap()),
@@ -230,7 +236,7 @@ pub fn lab_frame(family: Family, bth: Bth, ecn: u8, payload_len: usize) -> Vec<u
         ttl: SENT_TTL,
         dscp: 26,
         ecn,
-        src_port: SHARED_SOURCE_PORT,
+        src_port,
         bth,
         payload_len,
     })

@@ -85,3 +85,39 @@ fn five_tuple_hashing_piles_one_source_port_onto_one_uplink() {
         assert_eq!(member_packets(&stats).iter().sum::<u64>(), report.sent);
     }
 }
+
+/// `rocev2 entropy` predicts what the dataplane does: the lab's sender and
+/// destination are the simulator's host 0 and its peer, so sending the
+/// simulator's own QPs and source ports through the real `rocev2 run` must
+/// give exactly the per-uplink numbers the simulator prints.
+#[test]
+fn entropy_simulator_matches_the_dataplane_counters() {
+    use rocev2_common::bth::{opcode, Bth};
+    use rocev2_user::{
+        entropy::{qpns, simulate, source_port, Scenario, SimHash, SportModel},
+        lab::lab_frame_from_port,
+    };
+    require_root();
+    const PACKETS: u32 = 5;
+    for (hash, sim_hash) in [("qp", SimHash::Qp), ("five-tuple", SimHash::FiveTuple)] {
+        let scenario = Scenario { hosts: 1, qps: 48, sport: SportModel::Nic, uplinks: UPLINKS as u32, hash: sim_hash, seed: 1234, messages: 1 };
+        let predicted = simulate(&scenario);
+        let lab = EcmpLab::create(UPLINKS).unwrap();
+        let config = lab.write_config(hash).unwrap();
+        let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+        let mut frames = Vec::new();
+        for q in 0..scenario.qps {
+            let (_, dest_qp) = qpns(0, q);
+            let sport = source_port(scenario.sport, scenario.seed, 0, q);
+            for psn in 0..PACKETS {
+                let bth = Bth { opcode: opcode::WRITE_MIDDLE, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp, ack_req: false, psn };
+                frames.push(lab_frame_from_port(Family::V4, bth, 2, 256, sport));
+            }
+        }
+        let report = lab.send_bursts_and_capture(vec![frames], std::time::Duration::ZERO).unwrap();
+        dataplane.stop().unwrap();
+        let got: Vec<u64> = report.uplinks.iter().map(|u| u.packets).collect();
+        let want: Vec<u64> = predicted.flows_per_uplink.iter().map(|f| u64::from(*f) * u64::from(PACKETS)).collect();
+        assert_eq!(got, want, "{hash}: dataplane per-uplink packets vs `rocev2 entropy` prediction");
+    }
+}
