@@ -46,10 +46,14 @@ pub fn prepare_pin_dir(dir: &Path) -> Result<()> {
         }
     }
     if dir.exists() {
-        // Left over from a run that did not exit cleanly (the run lock
-        // guarantees no live instance uses it).
+        // Map pins left by a run that handed over or did not exit cleanly
+        // (the run lock guarantees no live instance uses them). XDP link
+        // pins stay: the new run swaps its program into them.
         for entry in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let path = entry?.path();
+            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-")) {
+                continue;
+            }
             fs::remove_file(&path).with_context(|| format!("cannot remove stale pin {}", path.display()))?;
         }
     } else {

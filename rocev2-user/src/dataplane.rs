@@ -18,7 +18,13 @@ use aya::{
         lpm_trie::{Key, LpmTrie},
         Array, DevMapHash, HashMap, MapData, PerCpuArray,
     },
-    programs::{tc, SchedClassifier, TcAttachType, Xdp, XdpMode},
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc,
+        tc::SchedClassifierLinkId,
+        xdp::XdpLink,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+    },
     Ebpf, EbpfLoader,
 };
 use rocev2_common::{
@@ -288,6 +294,14 @@ impl Maps {
     }
 
     /// Registers an ingress port and gives it a counter slot.
+    pub fn remove_port(&mut self, ifindex: u32) {
+        let _ = self.ports.remove(&ifindex);
+    }
+
+    pub fn remove_egress(&mut self, ifindex: u32) {
+        let _ = self.egress.remove(&ifindex);
+    }
+
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
             bail!("port slot {slot} out of range 1..{MAX_PORTS}");
@@ -404,12 +418,31 @@ impl Maps {
     }
 }
 
+/// An XDP attachment held as a bpf link pinned in the pin directory, so
+/// it outlives this process on a handover and the next `rocev2 run` can
+/// swap its program in atomically.
+struct PinnedXdp {
+    path: PathBuf,
+    link: FdLink,
+}
+
 /// The eBPF object loaded into the kernel, with its maps taken out.
 pub struct Dataplane {
     ebpf: Ebpf,
     pub maps: Maps,
     installed_routes: HashSet<Prefix>,
     pin_dir: Option<PathBuf>,
+    /// XDP attachments by interface name.
+    xdp_links: BTreeMap<String, PinnedXdp>,
+    /// tc attachments by (interface, ingress?) for detaching on reload.
+    tc_links: BTreeMap<(String, bool), SchedClassifierLinkId>,
+    /// Set by [`Dataplane::hand_over`]: leave programs and pins in place.
+    handed_over: bool,
+}
+
+/// File name of an XDP link pin for `ifname`.
+pub fn link_pin_name(ifname: &str) -> String {
+    format!("link-{ifname}")
 }
 
 impl Dataplane {
@@ -451,7 +484,15 @@ impl Dataplane {
             crate::bpffs::prepare_pin_dir(dir)?;
         }
         let maps = Maps::take(&mut ebpf, pin_dir)?;
-        Ok(Self { ebpf, maps, installed_routes: HashSet::new(), pin_dir: pin_dir.map(Path::to_path_buf) })
+        Ok(Self {
+            ebpf,
+            maps,
+            installed_routes: HashSet::new(),
+            pin_dir: pin_dir.map(Path::to_path_buf),
+            xdp_links: BTreeMap::new(),
+            tc_links: BTreeMap::new(),
+            handed_over: false,
+        })
     }
 
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
@@ -462,21 +503,93 @@ impl Dataplane {
             .with_context(|| format!("{name} is not an XDP program"))
     }
 
-    /// Attaches the forwarding program to an ingress port.
-    pub fn attach(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<()> {
+    /// Attaches the forwarding program to an ingress port. With a pin
+    /// directory the attachment is a pinned bpf link; if an earlier `rocev2
+    /// run` handed over (or crashed), its link is still there and this
+    /// program replaces the old one in it atomically: no packet is lost.
+    /// Returns true when it took over an existing attachment.
+    pub fn attach(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        let pin_path = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(ifname)));
+        if let Some(path) = pin_path.as_ref().filter(|p| p.exists()) {
+            let pinned = PinnedLink::from_pin(path)
+                .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
+            let old = XdpLink::try_from(FdLink::from(pinned))
+                .with_context(|| format!("{} is not an XDP link", path.display()))?;
+            let program = self.xdp_program(XDP_PROGRAM)?;
+            let id = program
+                .attach_to_link(old)
+                .with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
+            let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
+            self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
+            return Ok(true);
+        }
         let program = self.xdp_program(XDP_PROGRAM)?;
-        program.attach_to_if_index(ifindex, mode).map_err(|e| {
+        let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
                 XdpMode::Driver => "; the driver may lack native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP",
                 _ => "",
             };
             anyhow::anyhow!("cannot attach XDP ({}) to {ifname}: {e}{hint}", mode_name(mode))
         })?;
-        Ok(())
+        if let Some(path) = pin_path {
+            let link = FdLink::try_from(program.take_link(id)?)
+                .context("the kernel attached XDP without a bpf link (needs Linux 5.9+ for handover)")?;
+            let pinned = link.pin(&path).with_context(|| format!("cannot pin the XDP link at {}", path.display()))?;
+            self.xdp_links.insert(ifname.to_string(), PinnedXdp { path, link: FdLink::from(pinned) });
+        }
+        Ok(false)
+    }
+
+    /// Detaches the forwarding program from a port (a reload removed it).
+    pub fn detach(&mut self, ifname: &str) {
+        if let Some(att) = self.xdp_links.remove(ifname) {
+            let _ = std::fs::remove_file(&att.path);
+            drop(att.link);
+        }
+        for ingress in [true, false] {
+            if let Some(id) = self.tc_links.remove(&(ifname.to_string(), ingress)) {
+                let name = if ingress { TC_INGRESS_PROGRAM } else { TC_EGRESS_PROGRAM };
+                if let Ok(program) = self.tc_program(name) {
+                    let _ = program.detach(id);
+                }
+            }
+        }
+    }
+
+    /// Removes XDP link pins of interfaces not in `keep` (a takeover found
+    /// a port the new config no longer has): detaches those programs.
+    pub fn drop_stale_links(&mut self, keep: &[String]) -> Result<Vec<String>> {
+        let Some(dir) = self.pin_dir.clone() else { return Ok(Vec::new()) };
+        let mut dropped = Vec::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if let Some(ifname) = name.strip_prefix("link-") {
+                if !keep.iter().any(|k| k == ifname) && !self.xdp_links.contains_key(ifname) {
+                    std::fs::remove_file(dir.join(&name)).ok();
+                    dropped.push(ifname.to_string());
+                }
+            }
+        }
+        Ok(dropped)
+    }
+
+    fn tc_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
+        self.ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a tc classifier"))
+    }
+
+    /// Leaves the programs attached and the maps pinned when this value is
+    /// dropped, for the next `rocev2 run` to take over.
+    pub fn hand_over(&mut self) {
+        self.handed_over = true;
     }
 
     /// Installs the route set `wanted` (prefix -> group index or ROUTE_LOCAL),
-    /// then removes routes that are no longer wanted.
+    /// then removes routes that are no longer wanted: adding first means a
+    /// prefix that moves to another group is never briefly unrouted.
     pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<()> {
         for (prefix, target) in wanted {
             self.maps.set_route(prefix, *target)?;
@@ -496,24 +609,22 @@ impl Dataplane {
         // needs a clsact qdisc only on older kernels; it may exist already,
         // and a real problem shows up in attach() below.
         let _ = tc::qdisc_add_clsact(ifname);
-        let name = match attach_type {
-            TcAttachType::Ingress => TC_INGRESS_PROGRAM,
-            _ => TC_EGRESS_PROGRAM,
-        };
-        let program: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(name)
-            .with_context(|| format!("no program {name}"))?
-            .try_into()
-            .with_context(|| format!("{name} is not a tc classifier"))?;
-        program
+        let ingress = matches!(attach_type, TcAttachType::Ingress);
+        let name = if ingress { TC_INGRESS_PROGRAM } else { TC_EGRESS_PROGRAM };
+        let program = self.tc_program(name)?;
+        let id = program
             .attach(ifname, attach_type)
             .with_context(|| format!("cannot attach {name} to {ifname} (tc {attach_type:?})"))?;
+        self.tc_links.insert((ifname.to_string(), ingress), id);
         Ok(())
     }
 
-    /// Removes the pins (the maps go away with the last reference).
+    /// Detaches the XDP links and removes every pin (the maps go away
+    /// with the last reference).
     pub fn unpin(&mut self) {
+        for (_, att) in std::mem::take(&mut self.xdp_links) {
+            let _ = std::fs::remove_file(&att.path);
+        }
         if let Some(dir) = self.pin_dir.take() {
             for name in maps::names::ALL {
                 let _ = std::fs::remove_file(dir.join(name));
@@ -525,7 +636,11 @@ impl Dataplane {
 
 impl Drop for Dataplane {
     fn drop(&mut self) {
-        self.unpin();
+        if !self.handed_over {
+            self.unpin();
+        }
+        // On a handover the link pins keep the programs attached and the
+        // programs keep their maps; dropping our fds changes nothing.
     }
 }
 

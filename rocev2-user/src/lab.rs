@@ -161,19 +161,7 @@ impl EcmpLab {
     /// Sends each burst of frames back to back, pausing `pause` between
     /// bursts, and reports what every uplink received.
     pub fn send_bursts_and_capture(&self, bursts: Vec<Vec<Vec<u8>>>, pause: Duration) -> Result<LabReport> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let mut receivers = Vec::new();
-        for (i, ns) in self.uplinks.iter().enumerate() {
-            let stop = stop.clone();
-            let ready = ready_tx.clone();
-            receivers.push(spawn_in_netns(ns.name(), move || capture("up0", i + 1, &stop, ready))?);
-        }
-        drop(ready_tx);
-        for _ in 0..self.uplinks.len() {
-            ready_rx.recv_timeout(Duration::from_secs(10)).context("an uplink receiver did not start")?;
-        }
-
+        let capture = self.start_capture()?;
         let sent = bursts.iter().map(|b| b.len() as u64).sum();
         netns::in_netns(self.sender.name(), move || {
             let socket = PacketSocket::open("snd0")?;
@@ -193,19 +181,94 @@ impl EcmpLab {
             Ok(())
         })?;
         thread::sleep(Duration::from_millis(500));
-        stop.store(true, Ordering::Relaxed);
+        capture.finish(sent)
+    }
+
+    /// Starts capturing on every uplink; [`Capture::finish`] stops and reports.
+    pub fn start_capture(&self) -> Result<Capture> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut receivers = Vec::new();
+        for (i, ns) in self.uplinks.iter().enumerate() {
+            let stop = stop.clone();
+            let ready = ready_tx.clone();
+            receivers.push(spawn_in_netns(ns.name(), move || capture("up0", i + 1, &stop, ready))?);
+        }
+        drop(ready_tx);
+        for _ in 0..self.uplinks.len() {
+            ready_rx.recv_timeout(Duration::from_secs(10)).context("an uplink receiver did not start")?;
+        }
+        Ok(Capture { stop, receivers })
+    }
+
+    /// Sends `frames` round-robin at `pps` packets per second from the
+    /// sender until [`Stream::stop`]; a steady stream for tests that change
+    /// the dataplane under traffic.
+    pub fn start_stream(&self, frames: Vec<Vec<u8>>, pps: u64) -> Result<Stream> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = spawn_in_netns(self.sender.name(), move || {
+            let socket = PacketSocket::open("snd0")?;
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                // Catch up to where the rate says we should be, in bursts.
+                let due = (start.elapsed().as_secs_f64() * pps as f64) as u64;
+                while sent < due {
+                    socket.send(&frames[(sent % frames.len() as u64) as usize])?;
+                    sent += 1;
+                }
+                thread::sleep(Duration::from_micros(200));
+            }
+            Ok(sent)
+        })?;
+        Ok(Stream { stop, handle })
+    }
+}
+
+/// A capture running on every uplink.
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    receivers: Vec<thread::JoinHandle<Result<UplinkReport>>>,
+}
+
+impl Capture {
+    /// Stops the receivers (after letting in-flight packets arrive) and
+    /// reports, with `sent` as the number the sender counted.
+    pub fn finish(self, sent: u64) -> Result<LabReport> {
+        thread::sleep(Duration::from_millis(300));
+        self.stop.store(true, Ordering::Relaxed);
         let mut uplinks = Vec::new();
-        for handle in receivers {
+        for handle in self.receivers {
             uplinks.push(handle.join().map_err(|_| anyhow::anyhow!("uplink receiver panicked"))??);
         }
         Ok(LabReport { sent, uplinks })
     }
 }
 
+/// A steady stream from the sender.
+pub struct Stream {
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<Result<u64>>,
+}
+
+impl Stream {
+    /// Stops sending; returns how many frames were sent.
+    pub fn stop(self) -> Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().map_err(|_| anyhow::anyhow!("stream sender panicked"))?
+    }
+}
+
 fn disable_dad(ns: &Netns) -> Result<()> {
-    // Duplicate address detection would hold IPv6 addresses back ~2 s.
-    ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"])?;
-    ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"])?;
+    // Duplicate address detection would hold IPv6 addresses back ~2 s; and
+    // like a real next hop, a link that goes down and up keeps its IPv6
+    // addresses (Linux flushes them on admin down by default).
+    for key in ["accept_dad=0", "keep_addr_on_down=1"] {
+        for scope in ["default", "all"] {
+            ns.exec(&["sysctl", "-q", "-w", &format!("net.ipv6.conf.{scope}.{key}")])?;
+        }
+    }
     Ok(())
 }
 
@@ -366,7 +429,16 @@ fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<(
     let mut last_psn: BTreeMap<(bool, u32), u32> = BTreeMap::new();
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
-        let Some(len) = socket.recv(&mut buf, Duration::from_millis(100))? else { continue };
+        let len = match socket.recv(&mut buf, Duration::from_millis(100)) {
+            Ok(Some(len)) => len,
+            Ok(None) => continue,
+            // A test may take this uplink down: it just receives nothing.
+            Err(e) if e.kind() == std::io::ErrorKind::NetworkDown || e.raw_os_error() == Some(libc::ENETDOWN) => {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let Ok(p) = parse_roce(&buf[..len]) else { continue };
         if p.dst_ip != dest_v4 && p.dst_ip != dest_v6 {
             continue;
@@ -463,6 +535,30 @@ impl DataplaneProcess {
     /// Sends SIGTERM, waits for a clean exit and returns the full output.
     pub fn stop(mut self) -> Result<String> {
         self.terminate()
+    }
+
+    /// Waits for a process that was told to exit some other way (e.g.
+    /// SIGUSR1, handover) and returns its output.
+    pub fn stop_after_exit(mut self, timeout: Duration) -> Result<String> {
+        let Some(mut child) = self.child.take() else { return Ok(self.output()) };
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                bail!("rocev2 run did not exit within {timeout:?}:\n{}", self.output());
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(reader) = self.reader.take() {
+            reader.join().ok();
+        }
+        if !status.success() {
+            bail!("rocev2 run exited with {status}:\n{}", self.output());
+        }
+        Ok(self.output())
     }
 
     fn terminate(&mut self) -> Result<String> {

@@ -69,6 +69,16 @@ enum Command {
         #[arg(long, default_value_t = 1.0, requires = "watch")]
         interval: f64,
     },
+    /// Make a running `rocev2 run` re-read its config file and apply it
+    /// without interrupting traffic (the same as `kill -HUP`).
+    Reload {
+        /// Config of the running instance (to find it; it re-reads its own file).
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the running instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+    },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
     Lab {
         #[command(subcommand)]
@@ -135,8 +145,13 @@ fn real_main(cli: Cli) -> Result<()> {
                 }),
                 metrics_addr,
             };
-            let snapshot = runtime.block_on(run::run(config, options, cli.netns.clone()))?;
-            println!("rocev2: stopped; final counters:\n{}", snapshot.render());
+            match runtime.block_on(run::run(config, options, cli.netns.clone()))? {
+                run::Ending::Stopped(snapshot) => println!("rocev2: stopped; final counters:\n{}", snapshot.render()),
+                run::Ending::HandedOver(snapshot) => println!(
+                    "rocev2: handed over: the programs stay attached and the maps pinned; the next `rocev2 run` takes over without interruption. Counters so far:\n{}",
+                    snapshot.render()
+                ),
+            }
         }
         Command::Check { config } => {
             let config = Config::load(&config)?;
@@ -172,6 +187,15 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Demo { qps, packets_per_qp, uplinks } => {
             rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
+        }
+        Command::Reload { config, pin_dir } => {
+            let pin_dir = match (config, pin_dir) {
+                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
+                (None, Some(dir)) => dir,
+                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
+            };
+            let outcome = run::request_reload(&pin_dir, std::time::Duration::from_secs(30))?;
+            println!("rocev2: reloaded {}", outcome.display());
         }
         Command::Lab { command } => labcmd::run(&command)?,
         Command::Gen(args) => {

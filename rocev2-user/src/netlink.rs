@@ -50,6 +50,9 @@ pub struct LinkInfo {
     pub mac: [u8; 6],
     /// Administratively up (IFF_UP).
     pub up: bool,
+    /// Has a carrier (IFF_LOWER_UP): false when the cable, or a veth's
+    /// peer, is down even though this side is administratively up.
+    pub carrier: bool,
     /// rtnetlink link kind ("veth", "bridge", ...); `None` for physical NICs.
     pub kind: Option<String>,
     pub veth_peer: Option<VethPeer>,
@@ -289,6 +292,7 @@ fn link_info(message: LinkMessage) -> LinkInfo {
         ifindex: message.header.index,
         mac: [0; 6],
         up: message.header.flags.contains(LinkFlags::Up),
+        carrier: message.header.flags.contains(LinkFlags::LowerUp),
         kind: None,
         veth_peer: None,
     };

@@ -1,29 +1,40 @@
 //! `rocev2 run`: bring the dataplane up from a config, keep it in step with
-//! the kernel (neighbour MACs, link state), and take it down cleanly.
+//! the kernel (link state, neighbour MACs, local addresses), apply new
+//! configs live, and take it down cleanly or hand it over.
+//!
+//! Signals: SIGINT/SIGTERM stop (detach, print final counters); SIGHUP
+//! reloads the config file; SIGUSR1 stops but leaves the programs attached
+//! and the maps pinned, for the next `rocev2 run` to take over without
+//! losing a packet.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::Write as _,
     net::IpAddr,
     path::PathBuf,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
-use aya::programs::XdpMode as AyaXdpMode;
+use anyhow::{bail, Context as _, Result};
+use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
+use rocev2_common::maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Attach, Config, NextHop, Policy, Prefix, XdpMode},
+    config::{Attach, Config, Group, NextHop, Policy, Prefix, XdpMode},
     dataplane::{local_routes, Dataplane, GroupPolicy, MemberSpec},
-    netlink::{ensure_veth_peer_napi, Netlink, PeerNapi},
-    state::{GroupState, MemberState, PortState, RunLock, RunState},
+    netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
+    state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
     stats::Snapshot,
 };
 
 /// How long `run` waits for a `via` neighbour at start before leaving the
 /// member out (it keeps retrying afterwards).
 const FIRST_RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often link state (up, carrier) is checked: a failed uplink leaves
+/// its group within about this long.
+const LINK_POLL: Duration = Duration::from_millis(100);
 
 /// The line `run` prints once the programs are attached and the maps are
 /// filled; scripts and tests wait for it.
@@ -36,6 +47,14 @@ pub struct RunOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// How `run` ended.
+pub enum Ending {
+    /// Detached and unpinned.
+    Stopped(Snapshot),
+    /// Left attached and pinned for the next `rocev2 run` (SIGUSR1).
+    HandedOver(Snapshot),
+}
+
 /// One configured member and what is currently known about it.
 #[derive(Clone, Debug)]
 struct MemberLive {
@@ -43,6 +62,7 @@ struct MemberLive {
     next_hop: NextHop,
     ifindex: u32,
     src_mac: [u8; 6],
+    /// Administratively up and with a carrier.
     link_up: bool,
     dst_mac: Option<[u8; 6]>,
 }
@@ -52,6 +72,20 @@ impl MemberLive {
         match (self.link_up, self.dst_mac) {
             (true, Some(dst_mac)) => Some(MemberSpec { ifindex: self.ifindex, src_mac: self.src_mac, dst_mac }),
             _ => None,
+        }
+    }
+
+    fn from_link(dev: &str, next_hop: NextHop, link: &LinkInfo) -> Self {
+        Self {
+            dev: dev.to_string(),
+            next_hop,
+            ifindex: link.ifindex,
+            src_mac: link.mac,
+            link_up: link.up && link.carrier,
+            dst_mac: match next_hop {
+                NextHop::Mac(mac) => Some(mac),
+                NextHop::Via(_) => None,
+            },
         }
     }
 }
@@ -67,156 +101,47 @@ fn next_hop_text(n: &NextHop) -> String {
     }
 }
 
-pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Snapshot> {
+/// A running dataplane and everything the control loop knows about it.
+struct Runner {
+    config: Config,
+    netns: Option<String>,
+    netlink: Netlink,
+    dataplane: Dataplane,
+    /// Map slot of each group by name: stable across reloads, so a route
+    /// never points at a slot being rewritten for another group.
+    slots: BTreeMap<String, u32>,
+    /// Members per group name, in config order.
+    members: BTreeMap<String, Vec<MemberLive>>,
+    ports: Vec<PortState>,
+    egress: Vec<(String, u32)>,
+    local: Vec<IpAddr>,
+    pins: BTreeSet<(Prefix, u32)>,
+    mode: AyaXdpMode,
+    state: RunState,
+}
+
+pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Ending> {
     let pin_dir = config.dataplane.pin_dir.clone();
+    // Say which capability is missing before anything else fails with EPERM.
+    crate::privileges::check()?;
+    // Handlers first: a signal that arrives while starting up (or right
+    // after `ready`) must still detach and unpin, not kill the process.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
     let _lock = RunLock::acquire(&pin_dir)?;
-    let netlink = Netlink::new().context("cannot open a netlink socket")?;
+    let mut runner = Runner::start(config, &options, netns).await?;
 
-    // Every interface named in the config must exist before anything loads.
-    let mut ports = Vec::new();
-    for (i, port) in config.ports.iter().enumerate() {
-        let link = netlink
-            .link(&port.name)
-            .await
-            .map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}")))?;
-        ports.push(PortState { name: port.name.clone(), ifindex: link.ifindex, slot: i as u32 + 1 });
-    }
-    let mut groups: Vec<Vec<MemberLive>> = Vec::new();
-    let mut egress = BTreeMap::new();
-    for group in &config.groups {
-        let mut members = Vec::new();
-        for member in &group.members {
-            let link = netlink
-                .link(&member.dev)
-                .await
-                .map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}")))?;
-            let dst_mac = match member.next_hop {
-                NextHop::Mac(mac) => Some(mac),
-                NextHop::Via(_) => None,
-            };
-            egress.insert(link.ifindex, link.clone());
-            members.push(MemberLive {
-                dev: member.dev.clone(),
-                next_hop: member.next_hop,
-                ifindex: link.ifindex,
-                src_mac: link.mac,
-                link_up: link.up,
-                dst_mac,
-            });
-        }
-        groups.push(members);
-    }
-
-    // Resolve all `via` neighbours concurrently.
-    let resolutions = groups.iter().flatten().map(|m| {
-        let netlink = &netlink;
-        async move {
-            match m.next_hop {
-                NextHop::Via(ip) => Some(netlink.resolve_neighbour(m.ifindex, ip, FIRST_RESOLVE_TIMEOUT).await),
-                NextHop::Mac(_) => None,
-            }
-        }
-    });
-    let resolved = futures::future::join_all(resolutions).await;
-    for (member, result) in groups.iter_mut().flatten().zip(resolved) {
-        match result {
-            Some(Ok(mac)) => member.dst_mac = Some(mac),
-            Some(Err(e)) => eprintln!(
-                "rocev2: warning: member {} {}: {e:#}; left out of its group until it resolves",
-                member.dev,
-                next_hop_text(&member.next_hop)
-            ),
-            None => {}
-        }
-    }
-
-    let mut egress_links = Vec::new();
-    for e in &config.egress {
-        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}")))?;
-        egress_links.push(link);
-    }
-
-    let mut dataplane = Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?;
-    dataplane.maps.set_hash_seed(config.dataplane.hash_seed)?;
-    for (i, profile) in config.ecn_profiles.iter().enumerate() {
-        dataplane.maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
-    }
-    for (slot, (e, link)) in config.egress.iter().zip(&egress_links).enumerate() {
-        let profile = e.ecn_profile.map_or(rocev2_common::ecn::NO_PROFILE, |p| p as u32);
-        dataplane.maps.set_egress(link.ifindex, slot as u32, e.rate_bytes_per_sec, profile)?;
-    }
-    dataplane.maps.set_classes(&config.class_entries())?;
-    for port in &ports {
-        dataplane.maps.set_port(port.ifindex, port.slot)?;
-    }
-    for link in egress.values() {
-        dataplane.maps.add_egress_dev(link.ifindex)?;
-        match ensure_veth_peer_napi(link) {
-            Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
-                "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
-                link.name, link.name
-            ),
-            Ok(_) => {}
-            Err(e) => eprintln!(
-                "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
-                link.name
-            ),
-        }
-    }
-    publish_groups(&mut dataplane, &config, &groups)?;
-    let local = netlink.local_addresses().await.context("cannot list local addresses")?;
-    dataplane.sync_routes(&wanted_routes(&config, &local))?;
-    let mut state = RunState {
-        pid: std::process::id(),
-        config: config.path.clone(),
-        netns: netns.clone(),
-        ports: ports.clone(),
-        groups: group_states(&config, &groups),
-        egress: config
-            .egress
-            .iter()
-            .enumerate()
-            .map(|(slot, e)| crate::state::EgressState { name: e.dev.clone(), slot: slot as u32, rate_bytes_per_sec: e.rate_bytes_per_sec })
-            .collect(),
-        classes: config.classes.iter().map(|c| c.name.clone()).collect(),
-    };
-    state.write(&pin_dir)?;
-
-    // Attach last, so the first packet already sees complete maps.
-    let mode = match options.xdp_mode.unwrap_or(config.dataplane.xdp_mode) {
-        XdpMode::Native => AyaXdpMode::Driver,
-        XdpMode::Skb => AyaXdpMode::Skb,
-    };
-    let attach_text = match config.dataplane.attach {
-        Attach::Xdp => {
-            for port in &ports {
-                dataplane.attach(&port.name, port.ifindex, mode)?;
-            }
-            format!("{} XDP", crate::dataplane::mode_name(mode))
-        }
-        Attach::Tc => {
-            for port in &ports {
-                dataplane.attach_tc(&port.name, aya::programs::TcAttachType::Ingress)?;
-            }
-            "tc ingress".to_string()
-        }
-    };
-    for e in config.egress.iter().filter(|e| e.local) {
-        dataplane.attach_tc(&e.dev, aya::programs::TcAttachType::Egress)?;
-        println!("rocev2: classes and ECN marking for traffic this box sends on {}", e.dev);
-    }
-    println!(
-        "rocev2: forwarding on {} ({attach_text}), {} groups, {} routes, maps pinned in {}",
-        ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-        config.groups.len(),
-        config.routes.len(),
-        pin_dir.display()
-    );
     let metrics = match options.metrics_addr {
         Some(addr) => {
             let server = crate::metrics::MetricsServer::start(addr, pin_dir.clone())
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            let place = netns.as_deref().map(|n| format!(" inside network namespace {n} (e.g. `ip netns exec {n} curl ...`)")).unwrap_or_default();
+            let place = runner
+                .netns
+                .as_deref()
+                .map(|n| format!(" inside network namespace {n} (e.g. `ip netns exec {n} curl ...`)"))
+                .unwrap_or_default();
             println!("rocev2: metrics at http://{}/metrics{place}", server.local_addr());
             Some(server)
         }
@@ -225,67 +150,433 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     println!("{READY_LINE}");
     std::io::stdout().flush().ok();
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut tick = tokio::time::interval(config.dataplane.neighbour_refresh);
-    tick.tick().await;
-    loop {
+    let mut link_tick = tokio::time::interval(LINK_POLL);
+    let mut neighbour_tick = tokio::time::interval(runner.config.dataplane.neighbour_refresh);
+    let handover = loop {
         tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = tick.tick() => {
-                if refresh(&netlink, &mut groups).await {
-                    publish_groups(&mut dataplane, &config, &groups)?;
-                    state.groups = group_states(&config, &groups);
-                    state.write(&pin_dir)?;
-                }
-                let local_now = netlink.local_addresses().await.unwrap_or_else(|_| local.clone());
-                dataplane.sync_routes(&wanted_routes(&config, &local_now))?;
-            }
+            _ = sigint.recv() => break false,
+            _ = sigterm.recv() => break false,
+            _ = sigusr1.recv() => break true,
+            _ = sighup.recv() => runner.reload_from_file().await,
+            _ = link_tick.tick() => runner.refresh(false).await?,
+            _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
-    }
+        std::io::stdout().flush().ok();
+    };
 
     if let Some(server) = metrics {
         server.stop().ok();
     }
-    let snapshot = Snapshot::collect(&dataplane.maps, &state)?;
-    drop(dataplane); // detaches the programs and removes the pins
-    RunState::remove(&pin_dir);
-    Ok(snapshot)
+    let snapshot = Snapshot::collect(&runner.dataplane.maps, &runner.state)?;
+    if handover {
+        runner.dataplane.hand_over();
+        drop(runner);
+        Ok(Ending::HandedOver(snapshot))
+    } else {
+        drop(runner); // detaches the programs and removes the pins
+        RunState::remove(&pin_dir);
+        Ok(Ending::Stopped(snapshot))
+    }
 }
 
-/// Re-reads link state and neighbour MACs; true if any member changed.
-async fn refresh(netlink: &Netlink, groups: &mut [Vec<MemberLive>]) -> bool {
-    let mut changed = false;
-    for member in groups.iter_mut().flatten() {
-        let before = (member.link_up, member.dst_mac);
-        if let Ok(link) = netlink.link(&member.dev).await {
-            member.link_up = link.up;
-            member.ifindex = link.ifindex;
-            member.src_mac = link.mac;
+impl Runner {
+    async fn start(config: Config, options: &RunOptions, netns: Option<String>) -> Result<Self> {
+        let netlink = Netlink::new().context("cannot open a netlink socket")?;
+        let pin_dir = config.dataplane.pin_dir.clone();
+        let mode = match options.xdp_mode.unwrap_or(config.dataplane.xdp_mode) {
+            XdpMode::Native => AyaXdpMode::Driver,
+            XdpMode::Skb => AyaXdpMode::Skb,
+        };
+        // Everything the config names must exist before anything loads.
+        let links = resolve_links(&netlink, &config).await?;
+        let dataplane = Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?;
+        let state = RunState { pid: std::process::id(), config: config.path.clone(), netns: netns.clone(), ..Default::default() };
+        let mut runner = Runner {
+            config: config.clone(),
+            netns,
+            netlink,
+            dataplane,
+            slots: BTreeMap::new(),
+            members: BTreeMap::new(),
+            ports: Vec::new(),
+            egress: Vec::new(),
+            local: Vec::new(),
+            pins: BTreeSet::new(),
+            mode,
+            state,
+        };
+        runner.apply(config, links).await?;
+        let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
+        for ifname in runner.dataplane.drop_stale_links(&keep)? {
+            println!("rocev2: detached the previous run's program from {ifname} (no longer a [[port]])");
         }
-        if let NextHop::Via(ip) = member.next_hop {
-            match netlink.refresh_neighbour(member.ifindex, ip).await {
-                Ok(Some(mac)) => member.dst_mac = Some(mac),
-                Ok(None) => member.dst_mac = None,
-                Err(_) => {}
+        let c = &runner.config;
+        println!(
+            "rocev2: forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
+            runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+            match c.dataplane.attach {
+                Attach::Xdp => format!("{} XDP", crate::dataplane::mode_name(mode)),
+                Attach::Tc => "tc ingress".to_string(),
+            },
+            c.groups.len(),
+            c.routes.len(),
+            pin_dir.display()
+        );
+        Ok(runner)
+    }
+
+    /// SIGHUP: read the config file again and apply it. A bad file or a
+    /// change that needs a restart is reported and the running config stays.
+    async fn reload_from_file(&mut self) {
+        let path = self.config.path.clone();
+        let result = async {
+            let new = Config::load(&path)?;
+            self.check_live_changeable(&new)?;
+            let links = resolve_links(&self.netlink, &new).await?;
+            self.apply(new, links).await
+        }
+        .await;
+        self.state.reloads += 1;
+        match &result {
+            Ok(()) => {
+                self.state.last_reload = "ok".into();
+                println!("rocev2: reloaded {}", path.display());
+            }
+            Err(e) => {
+                self.state.last_reload = format!("{e:#}");
+                eprintln!("rocev2: reload of {} failed, the running config stays: {e:#}", path.display());
             }
         }
-        if before != (member.link_up, member.dst_mac) {
-            println!(
-                "rocev2: member {} {} is now {}",
-                member.dev,
-                next_hop_text(&member.next_hop),
-                if member.usable().is_some() { "usable" } else { "unusable (link down or neighbour unresolved)" }
-            );
-            changed = true;
+        if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
+            eprintln!("rocev2: warning: cannot update the state file: {e:#}");
         }
     }
-    changed
+
+    /// Settings fixed when the programs were loaded and attached.
+    fn check_live_changeable(&self, new: &Config) -> Result<()> {
+        let (old, newd) = (&self.config.dataplane, &new.dataplane);
+        let mut fixed = Vec::new();
+        if old.pin_dir != newd.pin_dir {
+            fixed.push("dataplane.pin_dir");
+        }
+        if old.attach != newd.attach {
+            fixed.push("dataplane.attach");
+        }
+        if old.xdp_mode != newd.xdp_mode {
+            fixed.push("dataplane.xdp_mode");
+        }
+        if self.config.flowlet_table_size() != new.flowlet_table_size() {
+            fixed.push("flowlet_table_size (the table is sized at load time)");
+        }
+        if !fixed.is_empty() {
+            bail!("{} changed; that needs a restart of `rocev2 run`", fixed.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Makes the dataplane match `config`. Order matters for packets in
+    /// flight: settings, egress and classes first, then groups (each
+    /// published atomically), then routes (new ones added before stale
+    /// ones go), then ports attach or detach.
+    async fn apply(&mut self, config: Config, links: Links) -> Result<()> {
+        let maps = &mut self.dataplane.maps;
+        maps.set_hash_seed(config.dataplane.hash_seed)?;
+        for (i, profile) in config.ecn_profiles.iter().enumerate() {
+            maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
+        }
+        let new_egress: Vec<(String, u32)> = config.egress.iter().zip(&links.egress).map(|(e, l)| (e.dev.clone(), l.ifindex)).collect();
+        for (_, ifindex) in self.egress.iter().filter(|old| !new_egress.contains(old)) {
+            maps.remove_egress(*ifindex);
+        }
+        for (slot, (e, link)) in config.egress.iter().zip(&links.egress).enumerate() {
+            let profile = e.ecn_profile.map_or(rocev2_common::ecn::NO_PROFILE, |p| p as u32);
+            maps.set_egress(link.ifindex, slot as u32, e.rate_bytes_per_sec, profile)?;
+        }
+        maps.set_classes(&config.class_entries())?;
+
+        // Members: keep what is known about unchanged ones, resolve new ones.
+        let mut members: BTreeMap<String, Vec<MemberLive>> = BTreeMap::new();
+        for (group, group_links) in config.groups.iter().zip(&links.members) {
+            let old = self.members.get(&group.name);
+            let list = group
+                .members
+                .iter()
+                .zip(group_links)
+                .map(|(m, link)| {
+                    old.and_then(|o| o.iter().find(|x| x.dev == m.dev && x.next_hop == m.next_hop && x.ifindex == link.ifindex).cloned())
+                        .unwrap_or_else(|| MemberLive::from_link(&m.dev, m.next_hop, link))
+                })
+                .collect();
+            members.insert(group.name.clone(), list);
+        }
+        resolve_new_neighbours(&self.netlink, &mut members).await;
+        for link in links.members.iter().flatten() {
+            self.dataplane.maps.add_egress_dev(link.ifindex)?;
+            match ensure_veth_peer_napi(link) {
+                Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
+                    "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
+                    link.name, link.name
+                ),
+                Ok(_) => {}
+                Err(e) => eprintln!(
+                    "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
+                    link.name
+                ),
+            }
+        }
+
+        // Group slots by name; new groups take free slots.
+        let mut slots: BTreeMap<String, u32> =
+            config.groups.iter().filter_map(|g| self.slots.get(&g.name).map(|s| (g.name.clone(), *s))).collect();
+        for g in &config.groups {
+            if !slots.contains_key(&g.name) {
+                let free = (0..MAX_GROUPS).find(|s| !slots.values().any(|t| t == s)).context("no free group slot")?;
+                slots.insert(g.name.clone(), free);
+            }
+        }
+        self.config = config;
+        self.slots = slots;
+        self.members = members;
+        self.publish_groups()?;
+        self.local = self.netlink.local_addresses().await.context("cannot list local addresses")?;
+        self.dataplane.sync_routes(&self.wanted_routes())?;
+
+        // Ports: register new ones, then attach; detach removed ones.
+        let new_ports: Vec<PortState> = self
+            .config
+            .ports
+            .iter()
+            .zip(&links.ports)
+            .enumerate()
+            .map(|(i, (p, l))| PortState { name: p.name.clone(), ifindex: l.ifindex, slot: i as u32 + 1 })
+            .collect();
+        for port in &new_ports {
+            self.dataplane.maps.set_port(port.ifindex, port.slot)?;
+        }
+        for old in self.ports.iter().filter(|o| !new_ports.iter().any(|n| n.name == o.name && n.ifindex == o.ifindex)) {
+            self.dataplane.detach(&old.name);
+            if !new_ports.iter().any(|n| n.ifindex == old.ifindex) {
+                self.dataplane.maps.remove_port(old.ifindex);
+            }
+            println!("rocev2: stopped forwarding on {}", old.name);
+        }
+        for port in new_ports.iter().filter(|n| !self.ports.iter().any(|o| o.name == n.name && o.ifindex == n.ifindex)) {
+            match self.config.dataplane.attach {
+                Attach::Xdp => {
+                    if self.dataplane.attach(&port.name, port.ifindex, self.mode)? {
+                        println!("rocev2: took over {} from the previous run without interruption", port.name);
+                    }
+                }
+                Attach::Tc => self.dataplane.attach_tc(&port.name, TcAttachType::Ingress)?,
+            }
+        }
+        self.ports = new_ports;
+
+        // Local-traffic marking (tc egress).
+        let new_local: Vec<String> = self.config.egress.iter().filter(|e| e.local).map(|e| e.dev.clone()).collect();
+        for old in self.egress.iter().map(|(d, _)| d) {
+            let was_local = self.state.egress.iter().any(|e| &e.name == old);
+            if was_local && !new_local.contains(old) {
+                self.dataplane.detach(old);
+            }
+        }
+        for dev in &new_local {
+            if !self.egress.iter().any(|(d, _)| d == dev) || !self.state.egress.iter().any(|e| &e.name == dev) {
+                self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
+                println!("rocev2: classes and ECN marking for traffic this box sends on {dev}");
+            }
+        }
+        self.egress = new_egress;
+        self.write_state()
+    }
+
+    /// Publishes every group's usable members at its slot, then rewrites
+    /// pins for the new positions (a pin to an unusable member falls back to
+    /// hashing) and removes pins the config no longer has.
+    fn publish_groups(&mut self) -> Result<()> {
+        let mut pins = BTreeSet::new();
+        for group in &self.config.groups {
+            let slot = self.slots[&group.name];
+            let members = &self.members[&group.name];
+            let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
+            let generation = self
+                .dataplane
+                .maps
+                .publish_group_with(slot, &group_policy(group), &usable)
+                .with_context(|| format!("cannot publish group {}", group.name))?;
+            // Position of each configured member among the usable ones.
+            let mut live_position = Vec::with_capacity(members.len());
+            let mut next = 0u32;
+            for m in members {
+                live_position.push(m.usable().map(|_| {
+                    next += 1;
+                    next - 1
+                }));
+            }
+            let index = self.config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
+            for pin in self.config.pins.iter().filter(|p| p.group_index == index) {
+                let position = live_position.get(pin.member_index).copied().flatten().unwrap_or(PIN_MEMBER_DOWN);
+                let entry = PinEntry { group: slot, position, generation, _reserved: 0 };
+                self.dataplane.maps.set_pin(&pin.prefix, pin.qp, entry)?;
+                pins.insert((pin.prefix, pin.qp));
+            }
+        }
+        for (prefix, qp) in self.pins.difference(&pins) {
+            self.dataplane.maps.remove_pin(prefix, *qp)?;
+        }
+        self.pins = pins;
+        Ok(())
+    }
+
+    /// Re-reads link state (every LINK_POLL) and, with `neighbours`, the
+    /// neighbour MACs and local addresses; republishes what changed.
+    async fn refresh(&mut self, neighbours: bool) -> Result<()> {
+        let mut changed = false;
+        for member in self.members.values_mut().flatten() {
+            let before = (member.link_up, member.dst_mac);
+            if let Ok(link) = self.netlink.link(&member.dev).await {
+                member.link_up = link.up && link.carrier;
+                member.ifindex = link.ifindex;
+                member.src_mac = link.mac;
+            } else {
+                member.link_up = false;
+            }
+            // A member whose link is up but whose neighbour is unknown (e.g.
+            // it just came back) retries on every link tick, not only on
+            // the slower neighbour refresh.
+            if neighbours || (member.link_up && member.dst_mac.is_none()) {
+                if let NextHop::Via(ip) = member.next_hop {
+                    match self.netlink.refresh_neighbour(member.ifindex, ip).await {
+                        Ok(Some(mac)) => member.dst_mac = Some(mac),
+                        Ok(None) => member.dst_mac = None,
+                        Err(_) => {}
+                    }
+                }
+            }
+            if before != (member.link_up, member.dst_mac) {
+                println!(
+                    "rocev2: member {} {} is now {}",
+                    member.dev,
+                    next_hop_text(&member.next_hop),
+                    if member.usable().is_some() { "usable" } else { "unusable (link down or neighbour unresolved)" }
+                );
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish_groups()?;
+            self.write_state()?;
+        }
+        if neighbours {
+            if let Ok(local) = self.netlink.local_addresses().await {
+                self.local = local;
+            }
+            self.dataplane.sync_routes(&self.wanted_routes())?;
+        }
+        Ok(())
+    }
+
+    /// Configured routes plus host routes for every local address (which
+    /// win: traffic for the box itself is never forwarded).
+    fn wanted_routes(&self) -> BTreeMap<Prefix, u32> {
+        let mut routes: BTreeMap<Prefix, u32> = self
+            .config
+            .routes
+            .iter()
+            .map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name]))
+            .collect();
+        routes.extend(local_routes(&self.local));
+        routes
+    }
+
+    fn write_state(&mut self) -> Result<()> {
+        let c = &self.config;
+        self.state.config = c.path.clone();
+        self.state.ports = self.ports.clone();
+        self.state.groups = c
+            .groups
+            .iter()
+            .map(|group| GroupState {
+                name: group.name.clone(),
+                index: self.slots[&group.name],
+                hash: hash_name(group.hash).to_string(),
+                members: self.members[&group.name]
+                    .iter()
+                    .filter(|m| m.usable().is_some())
+                    .map(|m| MemberState {
+                        dev: m.dev.clone(),
+                        next_hop: next_hop_text(&m.next_hop),
+                        mac: m.dst_mac.map(|mac| format_mac(&mac)).unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        self.state.egress = c
+            .egress
+            .iter()
+            .enumerate()
+            .map(|(slot, e)| EgressState { name: e.dev.clone(), slot: slot as u32, rate_bytes_per_sec: e.rate_bytes_per_sec })
+            .collect();
+        self.state.classes = c.classes.iter().map(|c| c.name.clone()).collect();
+        self.state.write(&c.dataplane.pin_dir)
+    }
+}
+
+/// The links a config names, looked up in config order.
+struct Links {
+    ports: Vec<LinkInfo>,
+    members: Vec<Vec<LinkInfo>>,
+    egress: Vec<LinkInfo>,
+}
+
+/// Looks up every interface the config names; a missing one is an error
+/// at its place in the file.
+async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
+    let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
+    for port in &config.ports {
+        let link = netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}")))?;
+        links.ports.push(link);
+    }
+    for group in &config.groups {
+        let mut list = Vec::new();
+        for member in &group.members {
+            let link = netlink.link(&member.dev).await.map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}")))?;
+            list.push(link);
+        }
+        links.members.push(list);
+    }
+    for e in &config.egress {
+        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}")))?;
+        links.egress.push(link);
+    }
+    Ok(links)
+}
+
+/// Resolves, concurrently, every `via` member without a MAC yet.
+async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String, Vec<MemberLive>>) {
+    let todo: Vec<&mut MemberLive> =
+        members.values_mut().flatten().filter(|m| m.dst_mac.is_none() && matches!(m.next_hop, NextHop::Via(_))).collect();
+    let started = Instant::now();
+    let results = futures::future::join_all(todo.iter().map(|m| {
+        let NextHop::Via(ip) = m.next_hop else { unreachable!("filtered above") };
+        netlink.resolve_neighbour(m.ifindex, ip, FIRST_RESOLVE_TIMEOUT)
+    }))
+    .await;
+    for (member, result) in todo.into_iter().zip(results) {
+        match result {
+            Ok(mac) => member.dst_mac = Some(mac),
+            Err(e) => eprintln!(
+                "rocev2: warning: member {} {}: {e:#}; left out of its group until it resolves (after {:.1} s)",
+                member.dev,
+                next_hop_text(&member.next_hop),
+                started.elapsed().as_secs_f64()
+            ),
+        }
+    }
 }
 
 /// The dataplane's view of a configured group policy.
-pub fn group_policy(group: &crate::config::Group) -> GroupPolicy {
+pub fn group_policy(group: &Group) -> GroupPolicy {
     use rocev2_common::maps::{FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED};
     match group.policy {
         Policy::Hash => GroupPolicy::hash(group.hash),
@@ -300,59 +591,6 @@ pub fn group_policy(group: &crate::config::Group) -> GroupPolicy {
     }
 }
 
-/// Publishes every group's usable members, then rewrites its pins for the
-/// new positions (a pin to an unusable member falls back to hashing).
-fn publish_groups(dataplane: &mut Dataplane, config: &Config, groups: &[Vec<MemberLive>]) -> Result<()> {
-    use rocev2_common::maps::{PinEntry, PIN_MEMBER_DOWN};
-    for (index, (group, members)) in config.groups.iter().zip(groups).enumerate() {
-        let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
-        let generation = dataplane
-            .maps
-            .publish_group_with(index as u32, &group_policy(group), &usable)
-            .with_context(|| format!("cannot publish group {}", group.name))?;
-        // Position of each configured member among the usable ones.
-        let mut live_position = Vec::with_capacity(members.len());
-        let mut next = 0u32;
-        for m in members {
-            if m.usable().is_some() {
-                live_position.push(Some(next));
-                next += 1;
-            } else {
-                live_position.push(None);
-            }
-        }
-        for pin in config.pins.iter().filter(|p| p.group_index == index as u32) {
-            let position = live_position.get(pin.member_index).copied().flatten().unwrap_or(PIN_MEMBER_DOWN);
-            let entry = PinEntry { group: index as u32, position, generation, _reserved: 0 };
-            dataplane.maps.set_pin(&pin.prefix, pin.qp, entry)?;
-        }
-    }
-    Ok(())
-}
-
-fn group_states(config: &Config, groups: &[Vec<MemberLive>]) -> Vec<GroupState> {
-    config
-        .groups
-        .iter()
-        .zip(groups)
-        .enumerate()
-        .map(|(index, (group, members))| GroupState {
-            name: group.name.clone(),
-            index: index as u32,
-            hash: hash_name(group.hash).to_string(),
-            members: members
-                .iter()
-                .filter(|m| m.usable().is_some())
-                .map(|m| MemberState {
-                    dev: m.dev.clone(),
-                    next_hop: next_hop_text(&m.next_hop),
-                    mac: m.dst_mac.map(|mac| format_mac(&mac)).unwrap_or_default(),
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 pub fn hash_name(mode: rocev2_common::hash::HashMode) -> &'static str {
     match mode {
         rocev2_common::hash::HashMode::FiveTuple => "five-tuple",
@@ -360,15 +598,33 @@ pub fn hash_name(mode: rocev2_common::hash::HashMode) -> &'static str {
     }
 }
 
-/// Configured routes plus host routes for every local address (which win:
-/// traffic for the box itself is never forwarded).
-fn wanted_routes(config: &Config, local: &[IpAddr]) -> BTreeMap<Prefix, u32> {
-    let mut routes: BTreeMap<Prefix, u32> = config.routes.iter().map(|r| (r.prefix, r.group_index)).collect();
-    routes.extend(local_routes(local));
-    routes
-}
-
 /// Default pin directory path for a config (used by `stats --config`).
 pub fn pin_dir_of(config: &Config) -> PathBuf {
     config.dataplane.pin_dir.clone()
+}
+
+/// `rocev2 reload`: sends SIGHUP to the `rocev2 run` using `pin_dir` and
+/// waits until it reports the result. Returns the config file it reloaded;
+/// a failed reload is an error carrying the reason (the old config stays).
+pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
+    let before = RunState::read(pin_dir)?;
+    // SAFETY: kill(2) with a pid read from our own state file.
+    if unsafe { libc::kill(before.pid as i32, libc::SIGHUP) } != 0 {
+        bail!("cannot signal rocev2 run (pid {}): {}", before.pid, std::io::Error::last_os_error());
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = RunState::read(pin_dir)?;
+        if now.reloads > before.reloads {
+            return if now.last_reload == "ok" {
+                Ok(now.config)
+            } else {
+                Err(anyhow::anyhow!("the reload failed and the running config stays: {}", now.last_reload))
+            };
+        }
+        if Instant::now() > deadline {
+            bail!("rocev2 run (pid {}) did not report the reload within {} s", before.pid, timeout.as_secs());
+        }
+    }
 }

@@ -27,6 +27,12 @@ pub struct RunState {
     /// Class names in CLASSES order.
     #[serde(default)]
     pub classes: Vec<String>,
+    /// Reloads (SIGHUP) handled so far, and how the last one went ("ok" or
+    /// the error), for `rocev2 reload` to report.
+    #[serde(default)]
+    pub reloads: u64,
+    #[serde(default)]
+    pub last_reload: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

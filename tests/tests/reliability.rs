@@ -1,0 +1,205 @@
+//! Issue 6: the dataplane holds under change and failure. Each test runs a
+//! steady stream through the real `rocev2 run` in a namespace lab and
+//! counts sent against received.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use rocev2_common::bth::{opcode, Bth};
+use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_user::{
+    dataplane::Dataplane,
+    lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
+    state::RunState,
+};
+
+const UPLINKS: usize = 4;
+/// Packets per second of the background stream. AF_PACKET from a debug
+/// test binary; the rate the issue asks for (1 Mpps) is measured by the
+/// benchmark, not here (see README "Guarantees").
+const PPS: u64 = 20_000;
+
+/// 64 QPs on one source port, so a `qp` group spreads them.
+fn stream_frames() -> Vec<Vec<u8>> {
+    (0..64u32)
+        .map(|q| {
+            let bth = Bth { opcode: opcode::WRITE_MIDDLE, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: 0x100 + q, ack_req: false, psn: 0 };
+            lab_frame(Family::V4, bth, 2, 256)
+        })
+        .collect()
+}
+
+fn assert_no_loss(report: &LabReport, what: &str) {
+    assert!(report.sent > 0, "{what}: nothing was sent");
+    assert_eq!(report.received(), report.sent, "{what}: lost {} of {} packets\n{}", report.sent.saturating_sub(report.received()), report.sent, report.render());
+}
+
+fn rocev2(args: &[&str]) -> std::process::Output {
+    Command::new(rocev2_bin()).args(args).output().expect("run rocev2")
+}
+
+fn member_count(lab: &EcmpLab) -> usize {
+    RunState::read(&lab.pin_dir()).map(|s| s.groups[0].members.len()).unwrap_or(usize::MAX)
+}
+
+#[test]
+fn reload_changes_members_and_routes_without_loss() {
+    require_root();
+    let lab = EcmpLab::create(UPLINKS).unwrap();
+    let full = lab.config("qp");
+    let config = lab.write_config_text("reload", &full).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let capture = lab.start_capture().unwrap();
+    let stream = lab.start_stream(stream_frames(), PPS).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Remove member u4, add an unrelated route, change the seed.
+    let smaller = full
+        .replace("  { dev = \"u4\", via = \"10.0.4.2\" },\n", "")
+        .replace("hash_seed = 1234", "hash_seed = 99")
+        + "\n[[route]]\nprefix = \"10.9.0.0/16\"\ngroup = \"spines\"\n";
+    assert_ne!(smaller, full, "the edit must change the config");
+    std::fs::write(&config, &smaller).unwrap();
+    let out = rocev2(&["reload", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "reload: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(member_count(&lab), UPLINKS - 1);
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A broken config is refused and the running one stays.
+    std::fs::write(&config, "[[port]]\nname = \"p0\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"nope\"\n").unwrap();
+    let out = rocev2(&["reload", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
+    assert!(!out.status.success(), "a bad config must fail the reload");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no group named \"nope\"") && err.contains("running config stays"), "{err}");
+
+    // And back to four members, by SIGHUP.
+    std::fs::write(&config, &full).unwrap();
+    let pid = RunState::read(&lab.pin_dir()).unwrap().pid;
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while member_count(&lab) != UPLINKS {
+        assert!(Instant::now() < deadline, "SIGHUP reload did not restore the member");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = stream.stop().unwrap();
+    let report = capture.finish(sent).unwrap();
+    dataplane.stop().unwrap();
+    assert_no_loss(&report, "reloads under traffic");
+    assert!(report.uplinks[3].packets > 0, "u4 carried traffic before and after");
+}
+
+#[test]
+fn restart_with_handover_loses_nothing() {
+    require_root();
+    let lab = EcmpLab::create(UPLINKS).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let first = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let capture = lab.start_capture().unwrap();
+    let stream = lab.start_stream(stream_frames(), PPS).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    // SIGUSR1: the first run exits and leaves the dataplane forwarding.
+    let pid = RunState::read(&lab.pin_dir()).unwrap().pid;
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    let output = first.stop_after_exit(Duration::from_secs(10)).unwrap();
+    assert!(output.contains("handed over"), "{output}");
+    std::thread::sleep(Duration::from_millis(500)); // forwarding with nobody running
+
+    let second = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    assert!(second.output().contains("took over p0"), "{}", second.output());
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = stream.stop().unwrap();
+    let report = capture.finish(sent).unwrap();
+    second.stop().unwrap();
+    assert_no_loss(&report, "handover restart");
+
+    // A normal stop detaches: no XDP program left on the port, no pins.
+    let link = lab.in_switch(&["ip", "-d", "link", "show", "p0"]).unwrap();
+    assert!(!link.contains("prog/xdp"), "XDP detached after a normal stop:\n{link}");
+    assert!(!lab.pin_dir().exists(), "pins removed after a normal stop");
+}
+
+#[test]
+fn a_failed_uplink_leaves_its_group_and_comes_back() {
+    require_root();
+    let lab = EcmpLab::create(UPLINKS).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let stream = lab.start_stream(stream_frames(), PPS).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The far end of uplink 2 goes down: u2 loses its carrier.
+    let down_at = Instant::now();
+    lab.uplinks[1].exec(&["ip", "link", "set", "up0", "down"]).unwrap();
+    while member_count(&lab) != UPLINKS - 1 {
+        assert!(down_at.elapsed() < Duration::from_secs(2), "member not removed within 2 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let removed_after = down_at.elapsed();
+    stream.stop().unwrap();
+
+    // With u2 out, everything sent reaches the other three uplinks.
+    let capture = lab.start_capture().unwrap();
+    let counted = lab.start_stream(stream_frames(), PPS).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = counted.stop().unwrap();
+    let report = capture.finish(sent).unwrap();
+    assert_no_loss(&report, "traffic after the failure");
+    assert_eq!(report.uplinks[1].packets, 0, "nothing goes to the failed uplink");
+
+    let up_at = Instant::now();
+    lab.uplinks[1].exec(&["ip", "link", "set", "up0", "up"]).unwrap();
+    while member_count(&lab) != UPLINKS {
+        assert!(up_at.elapsed() < Duration::from_secs(5), "member not back within 5 s:\n{}", dataplane.output());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let back_after = up_at.elapsed();
+    dataplane.stop().unwrap();
+    println!("MEASURED: uplink failure -> member removed in {} ms; link back -> member restored in {} ms", removed_after.as_millis(), back_after.as_millis());
+    assert!(removed_after < Duration::from_millis(500), "removal took {removed_after:?}");
+}
+
+#[test]
+fn a_full_route_table_is_a_clear_error() {
+    require_root();
+    let mut dp = Dataplane::load(None).unwrap();
+    let wanted: std::collections::BTreeMap<_, _> = (0..rocev2_common::maps::MAX_ROUTES_V4 + 1)
+        .map(|i| (rocev2_user::config::Prefix::V4 { addr: std::net::Ipv4Addr::from(0x0A00_0000 + (i << 8)), len: 24 }, 0u32))
+        .collect();
+    let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("route table full"), "{msg}");
+}
+
+#[test]
+fn without_privileges_the_missing_capability_is_named() {
+    require_root();
+    let lab = EcmpLab::create(1).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    std::fs::set_permissions(config.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(rocev2_bin())
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("CAP_BPF") && err.contains("CAP_NET_ADMIN"), "{err}");
+}
+
+#[test]
+fn pins_are_root_only() {
+    require_root();
+    let lab = EcmpLab::create(1).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let dataplane: DataplaneProcess = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(lab.pin_dir()).unwrap().permissions());
+    dataplane.stop().unwrap();
+    assert_eq!(mode & 0o777, 0o700, "pin directory mode {mode:o}");
+}
