@@ -24,7 +24,9 @@ use aya_ebpf::{
 
 /// XDP ingress on every configured port: route, pick a group member, rewrite
 /// and redirect; anything it does not fully understand goes to the kernel.
-#[xdp]
+/// Multi-buffer aware (`frags`), so jumbo frames (RoCE's 4096 MTU, 9000)
+/// work on drivers that split them.
+#[xdp(frags)]
 pub fn rocev2_xdp(ctx: XdpContext) -> u32 {
     forward::xdp_forward(&ctx)
 }

@@ -88,9 +88,12 @@ pub fn ptr_at<T, C: PacketBuf>(ctx: &C, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
+/// Length of the whole frame. IP lengths are checked against this, not
+/// against the linear part: a jumbo frame's payload may sit in fragments
+/// (headers are always in the linear part, where ptr_at reads them).
 #[inline(always)]
 pub fn frame_len<C: PacketBuf>(ctx: &C) -> usize {
-    ctx.data_end() - ctx.data()
+    ctx.total_len()
 }
 
 pub enum L3Kind {
