@@ -58,6 +58,8 @@ pub enum Ending {
 /// One configured member and what is currently known about it.
 #[derive(Clone, Debug)]
 struct MemberLive {
+    /// Where the member is in the config file, for warnings.
+    place: String,
     dev: String,
     next_hop: NextHop,
     ifindex: u32,
@@ -75,8 +77,9 @@ impl MemberLive {
         }
     }
 
-    fn from_link(dev: &str, next_hop: NextHop, link: &LinkInfo) -> Self {
+    fn from_link(place: String, dev: &str, next_hop: NextHop, link: &LinkInfo) -> Self {
         Self {
+            place,
             dev: dev.to_string(),
             next_hop,
             ifindex: link.ifindex,
@@ -304,7 +307,10 @@ impl Runner {
                 .zip(group_links)
                 .map(|(m, link)| {
                     old.and_then(|o| o.iter().find(|x| x.dev == m.dev && x.next_hop == m.next_hop && x.ifindex == link.ifindex).cloned())
-                        .unwrap_or_else(|| MemberLive::from_link(&m.dev, m.next_hop, link))
+                        .unwrap_or_else(|| {
+                            let place = format!("{}:{}: {}", config.path.display(), m.loc.line, m.loc.key);
+                            MemberLive::from_link(place, &m.dev, m.next_hop, link)
+                        })
                 })
                 .collect();
             members.insert(group.name.clone(), list);
@@ -530,23 +536,24 @@ struct Links {
 }
 
 /// Looks up every interface the config names; a missing one is an error
-/// at its place in the file.
+/// at its place in the file, with where to look.
 async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
+    let hint = "; `ip link` lists the interfaces (of this network namespace: rocev2 --netns NAME runs in another)";
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
-        let link = netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}")))?;
+        let link = netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}{hint}")))?;
         links.ports.push(link);
     }
     for group in &config.groups {
         let mut list = Vec::new();
         for member in &group.members {
-            let link = netlink.link(&member.dev).await.map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}")))?;
+            let link = netlink.link(&member.dev).await.map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}{hint}")))?;
             list.push(link);
         }
         links.members.push(list);
     }
     for e in &config.egress {
-        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}")))?;
+        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
         links.egress.push(link);
     }
     Ok(links)
@@ -566,7 +573,8 @@ async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String
         match result {
             Ok(mac) => member.dst_mac = Some(mac),
             Err(e) => eprintln!(
-                "rocev2: warning: member {} {}: {e:#}; left out of its group until it resolves (after {:.1} s)",
+                "rocev2: warning: {}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
+                member.place,
                 member.dev,
                 next_hop_text(&member.next_hop),
                 started.elapsed().as_secs_f64()

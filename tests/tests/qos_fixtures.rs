@@ -287,3 +287,24 @@ fn pins_win_and_fall_back_when_the_member_is_down() {
     forward(&mut dp, &write(0x42, ECT0));
     assert_eq!(port(&dp, PortCounter::PinFallback), 2, "pinned member down: hash instead");
 }
+
+#[test]
+fn a_full_flowlet_table_evicts_the_stalest_flows_and_keeps_forwarding() {
+    require_root();
+    // A 16-flow table and 200 flows: LRU eviction, never a refused packet.
+    let mut dp = Dataplane::load_with(None, 16).expect("load");
+    dp.maps.set_port(LOOPBACK, SLOT).unwrap();
+    dp.maps.add_egress_dev(LOOPBACK).unwrap();
+    dp.maps.publish_group_with(GROUP, &flowlet(10_000_000_000, 0), &members()).unwrap();
+    let wanted = [(Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP)].into_iter().collect();
+    dp.sync_routes(&wanted).unwrap();
+    for qp in 0..200u32 {
+        forward(&mut dp, &write(qp, ECT0));
+    }
+    assert_eq!(port(&dp, PortCounter::Forwarded), 200, "every packet forwarded");
+    assert_eq!(port(&dp, PortCounter::FlowletInserted), 200);
+    let live = dp.maps.flowlet_entries() as u64;
+    assert!(live <= 32, "the table holds about its size, not {live}");
+    // What `rocev2 stats` reports as evictions: inserted - present.
+    assert!(200 - live >= 168, "evictions are visible: {}", 200 - live);
+}

@@ -235,3 +235,29 @@ fn jumbo_frames_are_forwarded_intact() {
         assert_eq!((u.bad_icrc, u.bad_ipv4_checksum, u.bad_ttl), (0, 0, 0), "up{} intact", u.uplink);
     }
 }
+
+/// Mistakes only the running system can reveal still name the file, line,
+/// key and a fix: an unknown interface stops `run`; a neighbour that never
+/// answers leaves its member out with a warning, and the rest forwards.
+#[test]
+fn runtime_config_mistakes_name_file_line_key_and_fix() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let bad_dev = lab.config("qp").replace("dev = \"u2\"", "dev = \"u9\"");
+    let config = lab.write_config_text("bad-dev", &bad_dev).unwrap();
+    let out = Command::new(rocev2_bin()).args(["--netns", lab.switch.name(), "run", "--config"]).arg(&config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = bad_dev.lines().position(|l| l.contains("u9")).unwrap() + 1;
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("{}:{line}:", config.display())), "file and line: {err}");
+    assert!(err.contains("group[0].members[1].dev") && err.contains("no interface named \"u9\"") || err.contains("no interface named u9"), "key and problem: {err}");
+    assert!(err.contains("ip link"), "a fix: {err}");
+
+    let silent = lab.config("qp").replace("via = \"10.0.1.2\"", "via = \"10.0.1.99\"");
+    let config = lab.write_config_text("silent", &silent).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let output = dataplane.stop().unwrap();
+    let line = silent.lines().position(|l| l.contains("10.0.1.99")).unwrap() + 1;
+    assert!(output.contains(&format!("{}:{line}: group[0].members[0].via", config.display())), "{output}");
+    assert!(output.contains("did not answer") && output.contains("mac ="), "{output}");
+}
