@@ -41,9 +41,10 @@ enum Command {
         /// Override [dataplane] xdp_mode.
         #[arg(long, value_enum)]
         xdp_mode: Option<CliXdpMode>,
-        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
-        /// Binds exactly where told: keep it on loopback unless you mean otherwise.
-        #[arg(long, value_name = "ADDR")]
+        /// Serve Prometheus metrics at http://ADDR/metrics. A bare port
+        /// (9464) binds to loopback; give an address (0.0.0.0:9464) to
+        /// expose the counters beyond this box.
+        #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
         metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Validate a config file without loading anything.
@@ -111,6 +112,14 @@ enum Command {
 enum CliXdpMode {
     Native,
     Skb,
+}
+
+/// `9464` means 127.0.0.1:9464; anything else must be a socket address.
+fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| format!("{text:?} is not a port or an address:port such as 127.0.0.1:9464"))
 }
 
 fn main() -> ExitCode {
