@@ -32,6 +32,7 @@ fn stream_frames() -> Vec<Vec<u8>> {
 }
 
 fn assert_no_loss(report: &LabReport, what: &str) {
+    println!("MEASURED: {what}: sent {}, received {}", report.sent, report.received());
     assert!(report.sent > 0, "{what}: nothing was sent");
     assert_eq!(report.received(), report.sent, "{what}: lost {} of {} packets\n{}", report.sent.saturating_sub(report.received()), report.sent, report.render());
 }
