@@ -256,52 +256,32 @@ impl Maps {
 
     /// Pins (destination prefix, DestQP) to `entry`.
     pub fn set_pin(&mut self, prefix: &Prefix, dest_qp: u32, entry: PinEntry) -> Result<()> {
-        let q = dest_qp.to_be_bytes();
-        match *prefix {
-            Prefix::V4 { addr, len } => {
-                let mut key = [0u8; 8];
-                key[..4].copy_from_slice(&q);
-                key[4..].copy_from_slice(&addr.octets());
-                self.pins_v4.insert(&Key::new(32 + u32::from(len), key), entry, 0)
-            }
-            Prefix::V6 { addr, len } => {
-                let mut key = [0u8; 20];
-                key[..4].copy_from_slice(&q);
-                key[4..].copy_from_slice(&addr.octets());
-                self.pins_v6.insert(&Key::new(32 + u32::from(len), key), entry, 0)
-            }
+        match pin_key(prefix, dest_qp) {
+            PinKey::V4(key) => self.pins_v4.insert(&key, entry, 0),
+            PinKey::V6(key) => self.pins_v6.insert(&key, entry, 0),
         }
         .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))
     }
 
     pub fn remove_pin(&mut self, prefix: &Prefix, dest_qp: u32) -> Result<()> {
-        let q = dest_qp.to_be_bytes();
-        match *prefix {
-            Prefix::V4 { addr, len } => {
-                let mut key = [0u8; 8];
-                key[..4].copy_from_slice(&q);
-                key[4..].copy_from_slice(&addr.octets());
-                self.pins_v4.remove(&Key::new(32 + u32::from(len), key))
-            }
-            Prefix::V6 { addr, len } => {
-                let mut key = [0u8; 20];
-                key[..4].copy_from_slice(&q);
-                key[4..].copy_from_slice(&addr.octets());
-                self.pins_v6.remove(&Key::new(32 + u32::from(len), key))
-            }
+        match pin_key(prefix, dest_qp) {
+            PinKey::V4(key) => self.pins_v4.remove(&key),
+            PinKey::V6(key) => self.pins_v6.remove(&key),
         }
         .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))
     }
 
-    /// Registers an ingress port and gives it a counter slot.
+    /// Unregisters an ingress port (a reload removed it).
     pub fn remove_port(&mut self, ifindex: u32) {
         let _ = self.ports.remove(&ifindex);
     }
 
+    /// Removes an egress port's virtual queue configuration.
     pub fn remove_egress(&mut self, ifindex: u32) {
         let _ = self.egress.remove(&ifindex);
     }
 
+    /// Registers an ingress port and gives it a counter slot.
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
             bail!("port slot {slot} out of range 1..{MAX_PORTS}");
@@ -424,6 +404,31 @@ impl Maps {
 struct PinnedXdp {
     path: PathBuf,
     link: FdLink,
+}
+
+/// LPM key of a pin: the DestQP (big endian, matched in full) followed by
+/// the destination prefix, so the prefix length is 32 + the address's.
+enum PinKey {
+    V4(Key<PinKeyV4>),
+    V6(Key<PinKeyV6>),
+}
+
+fn pin_key(prefix: &Prefix, dest_qp: u32) -> PinKey {
+    let q = dest_qp.to_be_bytes();
+    match *prefix {
+        Prefix::V4 { addr, len } => {
+            let mut key = [0u8; 8];
+            key[..4].copy_from_slice(&q);
+            key[4..].copy_from_slice(&addr.octets());
+            PinKey::V4(Key::new(32 + u32::from(len), key))
+        }
+        Prefix::V6 { addr, len } => {
+            let mut key = [0u8; 20];
+            key[..4].copy_from_slice(&q);
+            key[4..].copy_from_slice(&addr.octets());
+            PinKey::V6(Key::new(32 + u32::from(len), key))
+        }
+    }
 }
 
 /// The eBPF object loaded into the kernel, with its maps taken out.
