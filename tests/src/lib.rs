@@ -4,6 +4,8 @@
 //! they need root. They never skip silently: without root they fail and
 //! say why.
 
+pub mod fixture;
+
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};

@@ -5,19 +5,18 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use rocev2_common::{
-    bth::{opcode, Bth},
-    hash::HashMode,
+use rocev2_common::{bth::opcode, hash::HashMode};
+use rocev2_tests::{
+    fixture::{bth, group_members, loopback_dataplane, roce_spec},
+    test_run, XDP_PASS, XDP_REDIRECT,
 };
-use rocev2_tests::{require_root, test_run, XDP_PASS, XDP_REDIRECT};
 use rocev2_user::{
     config::Config,
-    dataplane::{Dataplane, MemberSpec},
+    dataplane::Dataplane,
     explain::{explain, PacketFields, Verdict},
     packet::{build_roce_frame, RoceFrameSpec},
 };
 
-const LOOPBACK: u32 = 1;
 const SEED: u32 = 4321;
 
 /// Group 0 ("spines", qp, 4 members) and group 1 ("legacy", five-tuple, 3
@@ -62,21 +61,12 @@ prefix = "fd01::/64"
 group = "spines"
 "#;
 
-fn member_macs(group: u8, count: u8) -> Vec<MemberSpec> {
-    (0..count)
-        .map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [0x02, 0xAA, 0, 0, group, i], dst_mac: [0x02, 0xBB, 0, 0, group, i] })
-        .collect()
-}
-
 /// The dataplane programmed from the same config explain() reads.
 fn dataplane(config: &Config) -> Dataplane {
-    require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
+    let mut dp = loopback_dataplane();
     dp.maps.set_hash_seed(SEED).unwrap();
-    dp.maps.set_port(LOOPBACK, 1).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
     for (index, group) in config.groups.iter().enumerate() {
-        let specs = member_macs(index as u8, group.members.len() as u8);
+        let specs = group_members(index as u8, group.members.len() as u8);
         dp.maps.publish_group(index as u32, group.hash, &specs).unwrap();
     }
     let routes = config.routes.iter().map(|r| (r.prefix, r.group_index)).collect();
@@ -84,30 +74,10 @@ fn dataplane(config: &Config) -> Dataplane {
     dp
 }
 
+/// SEND_ONLY, PSN 1, TTL 64, from UDP port `sport`; otherwise the fixture's
+/// host frame (DSCP 26, ECT(0), 64 payload bytes).
 fn frame(src: IpAddr, dst: IpAddr, sport: u16, dest_qp: u32) -> Vec<u8> {
-    build_roce_frame(&RoceFrameSpec {
-        src_mac: [0x02, 0, 0, 0, 0, 1],
-        dst_mac: [0x02, 0, 0, 0, 0, 0xFE],
-        vlan: None,
-        src_ip: src,
-        dst_ip: dst,
-        ttl: 64,
-        dscp: 26,
-        ecn: 2,
-        src_port: sport,
-        bth: Bth {
-            opcode: opcode::SEND_ONLY,
-            solicited: false,
-            pad_count: 0,
-            pkey: 0xFFFF,
-            fecn: false,
-            becn: false,
-            dest_qp,
-            ack_req: true,
-            psn: 1,
-        },
-        payload_len: 64,
-    })
+    build_roce_frame(&RoceFrameSpec { src_port: sport, ..roce_spec(src, dst, 64, bth(opcode::SEND_ONLY, dest_qp, 1)) })
 }
 
 #[test]

@@ -9,108 +9,27 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rocev2_common::{
-    bth::{opcode, Bth},
-    checksum::internet_checksum,
+    bth::opcode,
     counters::PortCounter,
-    hash::{member_hash, pick_member, FlowKey, HashMode},
-    maps::ROUTE_LOCAL,
+    hash::{FlowKey, HashMode},
 };
-use rocev2_tests::{action_name, require_root, test_run, XDP_DROP, XDP_PASS, XDP_REDIRECT};
-use rocev2_user::{
-    config::Prefix,
-    dataplane::{Dataplane, MemberSpec},
-    packet::{build_roce_frame, build_tcp_frame, build_udp_frame, PlainFrameSpec, RoceFrameSpec},
+use rocev2_tests::{
+    action_name,
+    fixture::{
+        bth, dst6, expected_forward, leaf_member, members, roce_spec, seeded_dataplane, fix_ipv4_checksum, src6,
+        with_ipv4_options, DST4, DST4_FIVE_TUPLE, HOST_MAC, LOCAL4, PORT_MAC, PORT_SLOT, QP_GROUP, SRC4, UNROUTED4,
+    },
+    test_run, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
+use rocev2_user::packet::{build_roce_frame, build_tcp_frame, build_udp_frame, PlainFrameSpec, RoceFrameSpec};
 
-const LOOPBACK: u32 = 1;
-const PORT_SLOT: u32 = 1;
-const SEED: u32 = 1234;
-const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const PORT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xFE];
-const QP_GROUP: u32 = 0;
-const FIVE_TUPLE_GROUP: u32 = 1;
-const SRC4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
-const DST4: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
-const DST4_FIVE_TUPLE: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 1);
-const LOCAL4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
-const UNROUTED4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+// The seeded leaf (tests/src/fixture.rs): routes 10.1.0.0/16 and fd01::/64
+// to the `qp` group, 10.2.0.0/16 to the `five-tuple` group, 10.0.0.254 and
+// fd00::fe local; four members; seed 1234.
 
-fn src6() -> Ipv6Addr {
-    "fd00::1".parse().unwrap()
-}
-fn dst6() -> Ipv6Addr {
-    "fd01::1".parse().unwrap()
-}
-
-fn members() -> Vec<MemberSpec> {
-    (0..4u8)
-        .map(|i| MemberSpec {
-            ifindex: LOOPBACK,
-            src_mac: [0x02, 0xAA, 0, 0, 0, i],
-            dst_mac: [0x02, 0xBB, 0, 0, 0, i],
-        })
-        .collect()
-}
-
-/// A dataplane seeded like a small leaf: one port, a `qp` group and a
-/// `five-tuple` group of four members each, routes, and local addresses.
-fn seeded_dataplane() -> Dataplane {
-    require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
-    dp.maps.set_hash_seed(SEED).unwrap();
-    dp.maps.set_port(LOOPBACK, PORT_SLOT).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
-    dp.maps.publish_group(QP_GROUP, HashMode::Qp, &members()).unwrap();
-    dp.maps.publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, &members()).unwrap();
-    let routes = [
-        ("10.1.0.0/16", QP_GROUP),
-        ("10.2.0.0/16", FIVE_TUPLE_GROUP),
-        ("fd01::/64", QP_GROUP),
-        ("10.0.0.254/32", ROUTE_LOCAL),
-        ("fd00::fe/128", ROUTE_LOCAL),
-    ];
-    let wanted = routes.iter().map(|(p, g)| (parse_prefix(p), *g)).collect();
-    dp.sync_routes(&wanted).unwrap();
-    dp
-}
-
-fn parse_prefix(text: &str) -> Prefix {
-    let (addr, len) = text.split_once('/').unwrap();
-    let len: u8 = len.parse().unwrap();
-    match addr.parse::<IpAddr>().unwrap() {
-        IpAddr::V4(addr) => Prefix::V4 { addr, len },
-        IpAddr::V6(addr) => Prefix::V6 { addr, len },
-    }
-}
-
-fn bth(dest_qp: u32) -> Bth {
-    Bth {
-        opcode: opcode::WRITE_ONLY,
-        solicited: false,
-        pad_count: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req: true,
-        psn: 0x00_1234,
-    }
-}
-
+/// WRITE_ONLY, PSN 0x1234, from the host: DSCP 26, ECT(0), UDP sport 0xC000, 64 bytes.
 fn roce(src: IpAddr, dst: IpAddr, ttl: u8, dest_qp: u32) -> RoceFrameSpec {
-    RoceFrameSpec {
-        src_mac: HOST_MAC,
-        dst_mac: PORT_MAC,
-        vlan: None,
-        src_ip: src,
-        dst_ip: dst,
-        ttl,
-        dscp: 26,
-        ecn: 2,
-        src_port: 0xC000,
-        bth: bth(dest_qp),
-        payload_len: 64,
-    }
+    roce_spec(src, dst, ttl, bth(opcode::WRITE_ONLY, dest_qp, 0x00_1234))
 }
 
 fn roce_v4(dst: Ipv4Addr, ttl: u8, dest_qp: u32) -> RoceFrameSpec {
@@ -119,43 +38,6 @@ fn roce_v4(dst: Ipv4Addr, ttl: u8, dest_qp: u32) -> RoceFrameSpec {
 
 fn plain_v4(dst: Ipv4Addr, src_port: u16, dst_port: u16, payload_len: usize) -> PlainFrameSpec {
     roce_v4(dst, 64, 0).plain(src_port, dst_port, payload_len)
-}
-
-/// Offset of the IP header (after Ethernet and an optional VLAN tag).
-fn l3_offset(frame: &[u8]) -> usize {
-    if frame[12..14] == [0x81, 0x00] {
-        18
-    } else {
-        14
-    }
-}
-
-fn set_ipv4_checksum(frame: &mut [u8]) {
-    let l3 = l3_offset(frame);
-    let header_len = usize::from(frame[l3] & 0x0F) * 4;
-    frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
-    let check = internet_checksum(&frame[l3..l3 + header_len]);
-    frame[l3 + 10..l3 + 12].copy_from_slice(&check.to_be_bytes());
-}
-
-/// The frame the dataplane should emit for `input` sent to `member`.
-fn expected_forward(input: &[u8], member: usize) -> Vec<u8> {
-    let m = &members()[member];
-    let mut out = input.to_vec();
-    out[0..6].copy_from_slice(&m.dst_mac);
-    out[6..12].copy_from_slice(&m.src_mac);
-    let l3 = l3_offset(&out);
-    if out[l3] >> 4 == 4 {
-        out[l3 + 8] -= 1;
-        set_ipv4_checksum(&mut out);
-    } else {
-        out[l3 + 7] -= 1;
-    }
-    out
-}
-
-fn predicted_member(key: FlowKey, mode: HashMode) -> usize {
-    pick_member(member_hash(&key, mode, SEED), 4) as usize
 }
 
 fn key_v4(dst: Ipv4Addr, protocol: u8, sport: u16, dport: u16) -> FlowKey {
@@ -187,7 +69,7 @@ fn rows() -> Vec<Row> {
         frame: build_roce_frame(&roce_v4(DST4, 64, qp)),
         action: XDP_REDIRECT,
         counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
     });
     let v6_key = FlowKey::v6(src6().octets(), dst6().octets(), 17, 0xC000, 4791).with_dest_qp(qp);
     rows.push(Row {
@@ -195,7 +77,7 @@ fn rows() -> Vec<Row> {
         frame: build_roce_frame(&roce(src6().into(), dst6().into(), 64, qp)),
         action: XDP_REDIRECT,
         counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(predicted_member(v6_key, HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&v6_key, HashMode::Qp)),
     });
     let mut tagged = roce_v4(DST4, 64, qp);
     tagged.vlan = Some(100);
@@ -204,7 +86,7 @@ fn rows() -> Vec<Row> {
         frame: build_roce_frame(&tagged),
         action: XDP_REDIRECT,
         counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
     });
     for qp in [1u32, 2, 3, 0xFF_FFFF] {
         rows.push(Row {
@@ -212,7 +94,7 @@ fn rows() -> Vec<Row> {
             frame: build_roce_frame(&roce_v4(DST4_FIVE_TUPLE, 64, qp)),
             action: XDP_REDIRECT,
             counter: PortCounter::ForwardedRoce,
-            expect: Expect::Forwarded(predicted_member(key_v4(DST4_FIVE_TUPLE, 17, 0xC000, 4791), HashMode::FiveTuple)),
+            expect: Expect::Forwarded(leaf_member(&key_v4(DST4_FIVE_TUPLE, 17, 0xC000, 4791), HashMode::FiveTuple)),
         });
     }
     rows.push(Row {
@@ -220,35 +102,35 @@ fn rows() -> Vec<Row> {
         frame: build_udp_frame(&plain_v4(DST4, 40000, 5000, 32)),
         action: XDP_REDIRECT,
         counter: PortCounter::Forwarded,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 40000, 5000), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 40000, 5000), HashMode::Qp)),
     });
     rows.push(Row {
         name: "TCP hashes on the five-tuple",
         frame: build_tcp_frame(&plain_v4(DST4, 40001, 443, 32)),
         action: XDP_REDIRECT,
         counter: PortCounter::Forwarded,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 6, 40001, 443), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 6, 40001, 443), HashMode::Qp)),
     });
     rows.push(Row {
         name: "truncated BTH: forwarded on the five-tuple, counted",
         frame: build_udp_frame(&plain_v4(DST4, 0xC000, 4791, 6)),
         action: XDP_REDIRECT,
         counter: PortCounter::RoceShortBth,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 0xC000, 4791), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791), HashMode::Qp)),
     });
     rows.push(Row {
         name: "IPv4 with options, RoCE",
-        frame: with_ipv4_options(build_roce_frame(&roce_v4(DST4, 64, qp))),
+        frame: with_nop_options(build_roce_frame(&roce_v4(DST4, 64, qp))),
         action: XDP_REDIRECT,
         counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
     });
     rows.push(Row {
         name: "TTL 2 is forwarded with TTL 1",
         frame: build_roce_frame(&roce_v4(DST4, 2, qp)),
         action: XDP_REDIRECT,
         counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
+        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
     });
 
     // --- to the kernel stack ---------------------------------------------
@@ -288,7 +170,7 @@ fn rows() -> Vec<Row> {
     rows.push(drop("IPv4 header length below 5 words", short_ihl, PortCounter::DropBadIpHeader));
     let mut long_total = build_roce_frame(&roce_v4(DST4, 64, qp));
     long_total[16..18].copy_from_slice(&2000u16.to_be_bytes());
-    set_ipv4_checksum(&mut long_total);
+    fix_ipv4_checksum(&mut long_total);
     rows.push(drop("IPv4 total length beyond the frame", long_total, PortCounter::DropBadIpHeader));
     let mut truncated_ip = build_roce_frame(&roce_v4(DST4, 64, qp));
     truncated_ip.truncate(14 + 12);
@@ -297,19 +179,14 @@ fn rows() -> Vec<Row> {
 }
 
 /// Inserts four NOP option bytes (IHL 6) and fixes lengths and checksum.
-fn with_ipv4_options(mut frame: Vec<u8>) -> Vec<u8> {
-    frame.splice(34..34, [1u8, 1, 1, 1]);
-    frame[14] = 0x46;
-    let total = u16::from_be_bytes([frame[16], frame[17]]) + 4;
-    frame[16..18].copy_from_slice(&total.to_be_bytes());
-    set_ipv4_checksum(&mut frame);
-    frame
+fn with_nop_options(frame: Vec<u8>) -> Vec<u8> {
+    with_ipv4_options(frame, &[1, 1, 1, 1])
 }
 
 fn ipv4_fragment(frags: u16) -> Vec<u8> {
     let mut frame = build_udp_frame(&plain_v4(DST4, 0xC000, 4791, 64));
     frame[20..22].copy_from_slice(&frags.to_be_bytes());
-    set_ipv4_checksum(&mut frame);
+    fix_ipv4_checksum(&mut frame);
     frame
 }
 
@@ -351,13 +228,13 @@ fn udp_cut_short() -> Vec<u8> {
     let mut frame = build_udp_frame(&plain_v4(DST4, 1000, 2000, 16));
     // IP total length covers only 4 bytes of the UDP header.
     frame[16..18].copy_from_slice(&24u16.to_be_bytes());
-    set_ipv4_checksum(&mut frame);
+    fix_ipv4_checksum(&mut frame);
     frame
 }
 
 #[test]
 fn fixture_table() {
-    let mut dp = seeded_dataplane();
+    let mut dp = seeded_dataplane(&[]);
     let mut failures = Vec::new();
     for row in rows() {
         let before_rx = dp.maps.port_counter(PORT_SLOT, PortCounter::RxPackets).unwrap();
@@ -397,12 +274,12 @@ fn fixture_table() {
 /// Userspace predicts the member for every flow; the kernel agrees on many.
 #[test]
 fn kernel_and_userspace_pick_the_same_member() {
-    let mut dp = seeded_dataplane();
+    let mut dp = seeded_dataplane(&[]);
     for qp in 0..256u32 {
         let frame = build_roce_frame(&roce_v4(DST4, 64, qp));
         let run = test_run(&mut dp, &frame).unwrap();
         assert_eq!(run.action, XDP_REDIRECT);
-        let predicted = predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp);
+        let predicted = leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp);
         assert_eq!(run.output[0..6], members()[predicted].dst_mac, "qp {qp}");
     }
 }
@@ -410,12 +287,12 @@ fn kernel_and_userspace_pick_the_same_member() {
 /// Member counters record exactly what was forwarded, per member.
 #[test]
 fn member_counters_follow_the_hash() {
-    let mut dp = seeded_dataplane();
+    let mut dp = seeded_dataplane(&[]);
     let mut expected = [0u64; 4];
     for qp in 0..64u32 {
         let frame = build_roce_frame(&roce_v4(DST4, 64, qp));
         test_run(&mut dp, &frame).unwrap();
-        expected[predicted_member(key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)] += 1;
+        expected[leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)] += 1;
     }
     for (position, want) in expected.iter().enumerate() {
         let got = dp.maps.member_stats(QP_GROUP, position as u32).unwrap();
@@ -427,7 +304,7 @@ fn member_counters_follow_the_hash() {
 /// An empty group hands traffic to the kernel instead of dropping it.
 #[test]
 fn empty_group_passes_to_kernel() {
-    let mut dp = seeded_dataplane();
+    let mut dp = seeded_dataplane(&[]);
     dp.maps.publish_group(QP_GROUP, HashMode::Qp, &[]).unwrap();
     let frame = build_roce_frame(&roce_v4(DST4, 64, 5));
     let run = test_run(&mut dp, &frame).unwrap();

@@ -28,112 +28,34 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rocev2_common::{
-    bth::{opcode, Bth},
+    bth::opcode,
     checksum::internet_checksum,
     counters::PortCounter,
-    hash::{member_hash, pick_member, FlowKey, HashMode},
-    maps::ROUTE_LOCAL,
+    hash::{FlowKey, HashMode},
 };
-use rocev2_tests::{action_name, require_root, test_run, XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT};
-use rocev2_user::{
-    config::Prefix,
-    dataplane::{Dataplane, MemberSpec},
-    packet::{
-        build_roce_frame, build_tcp_frame, build_udp_frame, icrc, invariant_bytes_equal, parse_roce,
-        RoceFrameSpec,
+use rocev2_tests::{
+    action_name,
+    fixture::{
+        bth, dst6, expected_forward, l3_offset, leaf_member, roce_spec, seeded_dataplane, fix_ipv4_checksum, src6,
+        with_ipv4_options, DST4, DST4_FIVE_TUPLE, FIVE_TUPLE_GROUP, LOCAL4, PORT_SLOT, QP_GROUP, SRC4, UNROUTED4,
     },
+    test_run, XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+};
+use rocev2_user::{
+    dataplane::Dataplane,
+    packet::{build_roce_frame, build_tcp_frame, build_udp_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec},
 };
 
-// ---------------------------------------------------------------------------
-// Seeding, as in fixtures.rs.
-
-const LOOPBACK: u32 = 1;
-const PORT_SLOT: u32 = 1;
-const SEED: u32 = 1234;
-const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const PORT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xFE];
-const QP_GROUP: u32 = 0;
-const FIVE_TUPLE_GROUP: u32 = 1;
-const SRC4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
-const DST4: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
-const DST4_FIVE_TUPLE: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 1);
-const LOCAL4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
-const UNROUTED4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
-
-fn src6() -> Ipv6Addr {
-    "fd00::1".parse().unwrap()
-}
-fn dst6() -> Ipv6Addr {
-    "fd01::1".parse().unwrap()
-}
-
-fn members() -> Vec<MemberSpec> {
-    (0..4u8)
-        .map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [0x02, 0xAA, 0, 0, 0, i], dst_mac: [0x02, 0xBB, 0, 0, 0, i] })
-        .collect()
-}
-
-fn seeded_dataplane(extra_routes: &[(&str, u32)]) -> Dataplane {
-    require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
-    dp.maps.set_hash_seed(SEED).unwrap();
-    dp.maps.set_port(LOOPBACK, PORT_SLOT).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
-    dp.maps.publish_group(QP_GROUP, HashMode::Qp, &members()).unwrap();
-    dp.maps.publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, &members()).unwrap();
-    let mut routes = vec![
-        ("10.1.0.0/16", QP_GROUP),
-        ("10.2.0.0/16", FIVE_TUPLE_GROUP),
-        ("fd01::/64", QP_GROUP),
-        ("10.0.0.254/32", ROUTE_LOCAL),
-        ("fd00::fe/128", ROUTE_LOCAL),
-    ];
-    routes.extend_from_slice(extra_routes);
-    let wanted = routes.iter().map(|(p, g)| (parse_prefix(p), *g)).collect();
-    dp.sync_routes(&wanted).unwrap();
-    dp
-}
-
-fn parse_prefix(text: &str) -> Prefix {
-    let (addr, len) = text.split_once('/').unwrap();
-    let len: u8 = len.parse().unwrap();
-    match addr.parse::<IpAddr>().unwrap() {
-        IpAddr::V4(addr) => Prefix::V4 { addr, len },
-        IpAddr::V6(addr) => Prefix::V6 { addr, len },
-    }
-}
+// Seeding: `seeded_dataplane`, the leaf of tests/src/fixture.rs, as in
+// fixtures.rs (10.1.0.0/16 and fd01::/64 to the `qp` group, 10.2.0.0/16 to
+// `five-tuple`, 10.0.0.254 and fd00::fe local, four members, seed 1234).
 
 // ---------------------------------------------------------------------------
 // Frame builders.
 
-fn bth(op: u8, dest_qp: u32) -> Bth {
-    Bth {
-        opcode: op,
-        solicited: false,
-        pad_count: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req: true,
-        psn: 0x00_1234,
-    }
-}
-
+/// PSN 0x1234, from the host: DSCP 26, ECT(0), UDP sport 0xC000.
 fn spec(src: IpAddr, dst: IpAddr, ttl: u8, op: u8, dest_qp: u32, payload_len: usize) -> RoceFrameSpec {
-    RoceFrameSpec {
-        src_mac: HOST_MAC,
-        dst_mac: PORT_MAC,
-        vlan: None,
-        src_ip: src,
-        dst_ip: dst,
-        ttl,
-        dscp: 26,
-        ecn: 2,
-        src_port: 0xC000,
-        bth: bth(op, dest_qp),
-        payload_len,
-    }
+    RoceFrameSpec { payload_len, ..roce_spec(src, dst, ttl, bth(op, dest_qp, 0x00_1234)) }
 }
 
 fn spec4(dst: Ipv4Addr, ttl: u8) -> RoceFrameSpec {
@@ -170,24 +92,6 @@ fn set16(f: &mut [u8], at: usize, v: u16) {
     f[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
-/// Offset of the IP header: after Ethernet and at most one 802.1Q/802.1ad tag.
-fn l3_offset(f: &[u8]) -> usize {
-    if matches!(be16(f, 12), 0x8100 | 0x88A8) {
-        18
-    } else {
-        14
-    }
-}
-
-fn fix_ipv4_checksum(f: &mut [u8]) {
-    let l3 = l3_offset(f);
-    // A header longer than the frame (hostile rows) is summed as far as it goes.
-    let end = (l3 + usize::from(f[l3] & 0x0F) * 4).min(f.len());
-    f[l3 + 10..l3 + 12].fill(0);
-    let c = internet_checksum(&f[l3..end]);
-    f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
-}
-
 /// Rewrites the ICRC after a change to ICRC-covered bytes (the frame must end
 /// at the end of the IP packet: no Ethernet padding yet).
 fn fix_icrc(f: &mut [u8]) {
@@ -197,18 +101,6 @@ fn fix_icrc(f: &mut [u8]) {
         let n = f.len();
         f[n - 4..].copy_from_slice(&crc.to_le_bytes());
     }
-}
-
-/// Inserts `options` (a multiple of 4 bytes) after the IPv4 header.
-fn with_ipv4_options(mut f: Vec<u8>, options: &[u8]) -> Vec<u8> {
-    assert_eq!(options.len() % 4, 0);
-    let l3 = l3_offset(&f);
-    f.splice(l3 + 20..l3 + 20, options.iter().copied());
-    f[l3] = 0x45 + (options.len() / 4) as u8;
-    let total = be16(&f, l3 + 2) + options.len() as u16;
-    set16(&mut f, l3 + 2, total);
-    fix_ipv4_checksum(&mut f);
-    f
 }
 
 /// Inserts an 8-byte IPv6 extension header of type `kind` in front of the
@@ -270,7 +162,7 @@ fn predict_member(f: &[u8]) -> usize {
         Some([10, 2, ..]) => HashMode::FiveTuple,
         _ => HashMode::Qp,
     };
-    pick_member(member_hash(&key, mode, SEED), 4) as usize
+    leaf_member(&key, mode)
 }
 
 fn ports(f: &[u8], proto: u8, l4: usize) -> (u16, u16) {
@@ -279,23 +171,6 @@ fn ports(f: &[u8], proto: u8, l4: usize) -> (u16, u16) {
     } else {
         (0, 0)
     }
-}
-
-/// The input with the switch's rewrite applied: MACs of `member`, TTL/hop
-/// limit - 1, IPv4 checksum recomputed from scratch.
-fn expected_forward(input: &[u8], member: usize) -> Vec<u8> {
-    let m = &members()[member];
-    let mut out = input.to_vec();
-    out[0..6].copy_from_slice(&m.dst_mac);
-    out[6..12].copy_from_slice(&m.src_mac);
-    let l3 = l3_offset(&out);
-    if out[l3] >> 4 == 4 {
-        out[l3 + 8] -= 1;
-        fix_ipv4_checksum(&mut out);
-    } else {
-        out[l3 + 7] -= 1;
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------

@@ -22,46 +22,34 @@ use proptest::{
 };
 use rocev2_common::{
     bth::Bth,
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    hash::{FlowKey, HashMode},
 };
-use rocev2_tests::{action_name, require_root, test_run, XDP_REDIRECT};
+use rocev2_tests::{
+    action_name,
+    fixture::{self, group_members, two_group_dataplane, with_ipv4_options, FIVE_TUPLE_GROUP, HOST_MAC, PORT_MAC, PORT_SLOT, QP_GROUP},
+    test_run, XDP_REDIRECT,
+};
 use rocev2_user::{
-    config::Prefix,
     dataplane::{Dataplane, MemberSpec},
     packet::{build_roce_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec},
 };
 
-const LOOPBACK: u32 = 1;
-const PORT_SLOT: u32 = 1;
 const SEED: u32 = 0x5EED;
-const QP_GROUP: u32 = 0;
-const FIVE_TUPLE_GROUP: u32 = 1;
 const MEMBERS: u8 = 7;
 
 fn members() -> Vec<MemberSpec> {
-    (0..MEMBERS)
-        .map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [0x02, 0xAA, 0, 0, 0, i], dst_mac: [0x02, 0xBB, 0, 0, 0, i] })
-        .collect()
+    group_members(0, MEMBERS)
 }
 
+/// Seven members in a `qp` and a `five-tuple` group, two prefixes each.
 fn dataplane() -> Dataplane {
-    require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
-    dp.maps.set_hash_seed(SEED).unwrap();
-    dp.maps.set_port(LOOPBACK, PORT_SLOT).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
-    dp.maps.publish_group(QP_GROUP, HashMode::Qp, &members()).unwrap();
-    dp.maps.publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, &members()).unwrap();
-    let wanted = [
-        (Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, QP_GROUP),
-        (Prefix::V4 { addr: Ipv4Addr::new(10, 2, 0, 0), len: 16 }, FIVE_TUPLE_GROUP),
-        (Prefix::V6 { addr: "fd01::".parse().unwrap(), len: 64 }, QP_GROUP),
-        (Prefix::V6 { addr: "fd02::".parse().unwrap(), len: 64 }, FIVE_TUPLE_GROUP),
-    ]
-    .into_iter()
-    .collect();
-    dp.sync_routes(&wanted).unwrap();
-    dp
+    let routes = [
+        ("10.1.0.0/16", QP_GROUP),
+        ("10.2.0.0/16", FIVE_TUPLE_GROUP),
+        ("fd01::/64", QP_GROUP),
+        ("fd02::/64", FIVE_TUPLE_GROUP),
+    ];
+    two_group_dataplane(SEED, &members(), &routes)
 }
 
 #[derive(Clone, Debug)]
@@ -117,8 +105,8 @@ fn arb_case() -> impl Strategy<Value = Case> {
             };
             let options = if v6 { Vec::new() } else { opts[..option_words * 4].to_vec() };
             let spec = RoceFrameSpec {
-                src_mac: [0x02, 0, 0, 0, 0, 0x01],
-                dst_mac: [0x02, 0, 0, 0, 0, 0xFE],
+                src_mac: HOST_MAC,
+                dst_mac: PORT_MAC,
                 vlan,
                 src_ip,
                 dst_ip,
@@ -144,15 +132,7 @@ fn ip_offset(c: &Case) -> usize {
 fn frame_of(c: &Case) -> Vec<u8> {
     let mut f = build_roce_frame(&c.spec);
     if !c.options.is_empty() {
-        let l3 = ip_offset(c);
-        f.splice(l3 + 20..l3 + 20, c.options.iter().copied());
-        f[l3] = 0x45 + (c.options.len() / 4) as u8;
-        let total = u16::from_be_bytes([f[l3 + 2], f[l3 + 3]]) + c.options.len() as u16;
-        f[l3 + 2..l3 + 4].copy_from_slice(&total.to_be_bytes());
-        let hl = 20 + c.options.len();
-        f[l3 + 10..l3 + 12].fill(0);
-        let sum = rocev2_common::checksum::internet_checksum(&f[l3..l3 + hl]);
-        f[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
+        f = with_ipv4_options(f, &c.options);
         // The options are covered by the ICRC.
         let crc = icrc(&f).expect("RoCE frame with options");
         let n = f.len();
@@ -169,7 +149,7 @@ fn predicted_member(c: &Case) -> usize {
     }
     .with_dest_qp(c.spec.bth.dest_qp);
     let mode = if c.five_tuple { HashMode::FiveTuple } else { HashMode::Qp };
-    pick_member(member_hash(&key, mode, SEED), u32::from(MEMBERS)) as usize
+    fixture::predicted_member(&key, mode, SEED, u32::from(MEMBERS))
 }
 
 fn check(dp: &mut Dataplane, c: &Case) -> Result<(), TestCaseError> {

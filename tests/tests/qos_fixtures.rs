@@ -3,7 +3,7 @@
 //! Outputs are checked with an independent decoder (packet::parse_roce:
 //! IPv4 checksum, ICRC) and byte-for-byte outside the rewritten fields.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use rocev2_common::{
     bth::{opcode, Bth},
@@ -14,38 +14,30 @@ use rocev2_common::{
     hash::HashMode,
     maps::{PinEntry, FLOWLET_AT_BOUNDARY, PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED},
 };
-use rocev2_tests::{require_root, test_run, XDP_DROP, XDP_REDIRECT};
+use rocev2_tests::{
+    fixture::{
+        add_loopback_port, bth, dst6, loopback_dataplane, members, roce_spec, src6, sync_routes, DST4, LOOPBACK,
+        PORT_SLOT, SRC4,
+    },
+    require_root, test_run, XDP_DROP, XDP_REDIRECT,
+};
 use rocev2_user::{
     config::Prefix,
-    dataplane::{Dataplane, GroupPolicy, MemberSpec},
+    dataplane::{Dataplane, GroupPolicy},
     packet::{build_roce_frame, invariant_bytes_equal, parse_roce, RoceFrameSpec},
 };
 
-const LOOPBACK: u32 = 1;
-const SLOT: u32 = 1;
 const EGRESS_SLOT: u32 = 0;
 const GROUP: u32 = 0;
 const KMIN: u64 = 10_000;
 const KMAX: u64 = 20_000;
 
-fn members() -> Vec<MemberSpec> {
-    (0..4u8).map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [2, 0xAA, 0, 0, 0, i], dst_mac: [2, 0xBB, 0, 0, 0, i] }).collect()
-}
-
-/// One port, one group over lo, a route for 10.1.0.0/16 and fd01::/64.
+/// One port, one group of the fixture's four members over lo, a route for
+/// 10.1.0.0/16 and fd01::/64; no hash seed.
 fn dataplane(policy: GroupPolicy) -> Dataplane {
-    require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
-    dp.maps.set_port(LOOPBACK, SLOT).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
+    let mut dp = loopback_dataplane();
     dp.maps.publish_group_with(GROUP, &policy, &members()).unwrap();
-    let wanted = [
-        (Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP),
-        (Prefix::V6 { addr: "fd01::".parse().unwrap(), len: 64 }, GROUP),
-    ]
-    .into_iter()
-    .collect();
-    dp.sync_routes(&wanted).unwrap();
+    sync_routes(&mut dp, &[("10.1.0.0/16", GROUP), ("fd01::/64", GROUP)]);
     dp
 }
 
@@ -70,25 +62,12 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// From 10.0.0.1 to 10.1.0.1 (or fd00::1 to fd01::1), TTL 64, DSCP 26,
+/// UDP sport 0xC000, AckReq clear.
 fn frame(op: u8, qp: u32, psn: u32, ecn: u8, payload_len: usize, v6: bool) -> Vec<u8> {
-    let (src, dst): (IpAddr, IpAddr) = if v6 {
-        ("fd00::1".parse::<Ipv6Addr>().unwrap().into(), "fd01::1".parse::<Ipv6Addr>().unwrap().into())
-    } else {
-        (Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::new(10, 1, 0, 1).into())
-    };
-    build_roce_frame(&RoceFrameSpec {
-        src_mac: [2, 0, 0, 0, 0, 1],
-        dst_mac: [2, 0, 0, 0, 0, 0xFE],
-        vlan: None,
-        src_ip: src,
-        dst_ip: dst,
-        ttl: 64,
-        dscp: 26,
-        ecn,
-        src_port: 0xC000,
-        bth: Bth { opcode: op, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: qp, ack_req: false, psn },
-        payload_len,
-    })
+    let (src, dst): (IpAddr, IpAddr) = if v6 { (src6().into(), dst6().into()) } else { (SRC4.into(), DST4.into()) };
+    let bth = Bth { ack_req: false, ..bth(op, qp, psn) };
+    build_roce_frame(&RoceFrameSpec { ecn, payload_len, ..roce_spec(src, dst, 64, bth) })
 }
 
 fn write(qp: u32, ecn: u8) -> Vec<u8> {
@@ -99,7 +78,7 @@ fn write(qp: u32, ecn: u8) -> Vec<u8> {
 /// ICRC-covered bytes are untouched; returns the decoded output.
 fn forward(dp: &mut Dataplane, input: &[u8]) -> rocev2_user::packet::ParsedRoce {
     let run = test_run(dp, input).unwrap();
-    assert_eq!(run.action, XDP_REDIRECT, "forwarded ({}); pass counters: {:?}", rocev2_tests::action_name(run.action), dp.maps.port_counters(SLOT).unwrap().into_iter().filter(|(_, v)| *v > 0).collect::<Vec<_>>());
+    assert_eq!(run.action, XDP_REDIRECT, "forwarded ({}); pass counters: {:?}", rocev2_tests::action_name(run.action), dp.maps.port_counters(PORT_SLOT).unwrap().into_iter().filter(|(_, v)| *v > 0).collect::<Vec<_>>());
     assert!(invariant_bytes_equal(input, &run.output), "ICRC-covered bytes unchanged");
     let out = parse_roce(&run.output).unwrap();
     assert!(out.icrc_ok, "ICRC still valid");
@@ -112,7 +91,7 @@ fn egress(dp: &Dataplane, c: EgressCounter) -> u64 {
 }
 
 fn port(dp: &Dataplane, c: PortCounter) -> u64 {
-    dp.maps.port_counter(SLOT, c).unwrap()
+    dp.maps.port_counter(PORT_SLOT, c).unwrap()
 }
 
 #[test]
@@ -293,11 +272,9 @@ fn a_full_flowlet_table_evicts_the_stalest_flows_and_keeps_forwarding() {
     require_root();
     // A 16-flow table and 200 flows: LRU eviction, never a refused packet.
     let mut dp = Dataplane::load_with(None, 16).expect("load");
-    dp.maps.set_port(LOOPBACK, SLOT).unwrap();
-    dp.maps.add_egress_dev(LOOPBACK).unwrap();
+    add_loopback_port(&mut dp);
     dp.maps.publish_group_with(GROUP, &flowlet(10_000_000_000, 0), &members()).unwrap();
-    let wanted = [(Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP)].into_iter().collect();
-    dp.sync_routes(&wanted).unwrap();
+    sync_routes(&mut dp, &[("10.1.0.0/16", GROUP)]);
     for qp in 0..200u32 {
         forward(&mut dp, &write(qp, ECT0));
     }
