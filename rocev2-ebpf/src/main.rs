@@ -60,6 +60,23 @@ pub fn rocev2_xdp_tx(_ctx: XdpContext) -> u32 {
     aya_ebpf::bindings::xdp_action::XDP_TX
 }
 
+/// Benchmark floor (`rocev2 bench`): redirects every frame, unparsed and
+/// unchanged, to the device stored under key 0 of EGRESS_DEVS (no real
+/// ifindex is 0, so the key never collides with a member's).
+#[xdp]
+pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
+    match maps::EGRESS_DEVS.redirect(0, u64::from(aya_ebpf::bindings::xdp_action::XDP_DROP)) {
+        Ok(action) | Err(action) => action,
+    }
+}
+
+/// Benchmark receiver (`rocev2 bench`): drops every frame; the device's
+/// rx counters count what arrived.
+#[xdp]
+pub fn rocev2_xdp_drop(_ctx: XdpContext) -> u32 {
+    aya_ebpf::bindings::xdp_action::XDP_DROP
+}
+
 #[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

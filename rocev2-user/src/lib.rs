@@ -1,6 +1,7 @@
 //! rocev2 control program as a library: the `rocev2` binary is a thin CLI
 //! over these modules, and the integration tests use them directly.
 
+pub mod bench;
 pub mod bpffs;
 pub mod config;
 pub mod dataplane;

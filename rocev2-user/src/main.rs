@@ -93,6 +93,9 @@ enum Command {
     Entropy(EntropyArgs),
     /// Show which route, group and member a packet takes, and why.
     Explain(ExplainArgs),
+    /// Measure per-packet cost, forwarding rate and control-plane times; write BENCHMARKS.md (`cargo xtask bench`).
+    #[command(hide = true)]
+    Bench(rocev2_user::bench::BenchArgs),
     /// Build a small veth lab, run the dataplane with five-tuple and then QP
     /// hashing, send RoCEv2 traffic through it and print the per-uplink result.
     Demo {
@@ -215,6 +218,7 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Entropy(args) => entropy::run(&args)?,
         Command::Explain(args) => explain::run(&args)?,
+        Command::Bench(args) => rocev2_user::bench::run(&args)?,
     }
     Ok(())
 }

@@ -36,6 +36,8 @@ enum Task {
     },
     /// Build and run the built-in demo: QP hashing vs five-tuple hashing in a veth lab (needs root).
     Demo,
+    /// Build (release) and run the benchmarks; prints one table and writes BENCHMARKS.md (needs root).
+    Bench,
 }
 
 fn main() -> Result<()> {
@@ -54,6 +56,13 @@ fn main() -> Result<()> {
             build(true)?;
             require_root("the demo creates network namespaces and attaches XDP programs")?;
             run(Command::new(workspace().join("target/release/rocev2")).arg("demo"))
+        }
+        Task::Bench => {
+            setup()?;
+            build(true)?;
+            require_root("the benchmark loads XDP programs and creates network namespaces")?;
+            let out = workspace().join("BENCHMARKS.md");
+            run(Command::new(workspace().join("target/release/rocev2")).arg("bench").arg("--out").arg(out))
         }
     }
 }
