@@ -52,6 +52,22 @@ pub struct Bth {
 }
 
 impl Bth {
+    /// A BTH with the default P_Key (0xFFFF), no flags and pad count 0:
+    /// what most traffic and tests need; set other fields on the result.
+    pub const fn new(opcode: u8, dest_qp: u32, psn: u32) -> Self {
+        Self {
+            opcode,
+            solicited: false,
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Decodes a BTH from its 12 wire bytes. Every bit pattern is a valid
     /// BTH at this level; opcode meaning is checked by the helpers below.
     #[inline(always)]

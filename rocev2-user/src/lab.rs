@@ -318,17 +318,7 @@ pub fn lab_frames(qps: u32, packets_per_qp: u32, families: &[Family]) -> Vec<Vec
                     (p, n) if p == n - 1 => opcode::WRITE_LAST,
                     _ => opcode::WRITE_MIDDLE,
                 };
-                let bth = Bth {
-                    opcode: op,
-                    solicited: false,
-                    pad_count: 0,
-                    pkey: 0xFFFF,
-                    fecn: false,
-                    becn: false,
-                    dest_qp: 0x100 + q,
-                    ack_req: p + 1 == packets_per_qp,
-                    psn: p,
-                };
+                let bth = Bth { ack_req: p + 1 == packets_per_qp, ..Bth::new(op, 0x100 + q, p) };
                 frames.push(lab_frame(*family, bth, 2, 256));
             }
         }

@@ -141,17 +141,7 @@ pub fn parse_prefix(text: &str) -> Prefix {
 
 /// A BTH with opcode `op`, P_Key 0xFFFF, no FECN/BECN, AckReq set.
 pub fn bth(op: u8, dest_qp: u32, psn: u32) -> Bth {
-    Bth {
-        opcode: op,
-        solicited: false,
-        pad_count: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req: true,
-        psn,
-    }
+    Bth { ack_req: true, ..Bth::new(op, dest_qp, psn) }
 }
 
 /// A RoCEv2 frame from [`HOST_MAC`] to [`PORT_MAC`] carrying `bth`: no VLAN,

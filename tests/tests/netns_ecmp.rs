@@ -110,7 +110,7 @@ fn entropy_simulator_matches_the_dataplane_counters() {
             let (_, dest_qp) = qpns(0, q);
             let sport = source_port(scenario.sport, scenario.seed, 0, q);
             for psn in 0..PACKETS {
-                let bth = Bth { opcode: opcode::WRITE_MIDDLE, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp, ack_req: false, psn };
+                let bth = Bth::new(opcode::WRITE_MIDDLE, dest_qp, psn);
                 frames.push(lab_frame_from_port(Family::V4, bth, 2, 256, sport));
             }
         }

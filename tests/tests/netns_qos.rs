@@ -13,7 +13,7 @@ use rocev2_user::lab::{lab_frame, EcmpLab, Family, LabReport};
 const UPLINKS: usize = 4;
 
 fn bth(op: u8, qp: u32, psn: u32) -> Bth {
-    Bth { opcode: op, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: qp, ack_req: false, psn }
+    Bth::new(op, qp, psn)
 }
 
 /// Runs `rocev2 run` with the lab's qp config plus `extra` TOML (appended;

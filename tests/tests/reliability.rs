@@ -25,7 +25,7 @@ const PPS: u64 = 20_000;
 fn stream_frames() -> Vec<Vec<u8>> {
     (0..64u32)
         .map(|q| {
-            let bth = Bth { opcode: opcode::WRITE_MIDDLE, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: 0x100 + q, ack_req: false, psn: 0 };
+            let bth = Bth::new(opcode::WRITE_MIDDLE, 0x100 + q, 0);
             lab_frame(Family::V4, bth, 2, 256)
         })
         .collect()
@@ -224,7 +224,7 @@ fn jumbo_frames_are_forwarded_intact() {
         .iter()
         .flat_map(|payload| {
             (0..16u32).map(move |q| {
-                let bth = Bth { opcode: opcode::WRITE_MIDDLE, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: 0x300 + q, ack_req: false, psn: q };
+                let bth = Bth::new(opcode::WRITE_MIDDLE, 0x300 + q, q);
                 lab_frame(Family::V4, bth, 2, *payload)
             })
         })
