@@ -22,6 +22,7 @@ pub mod names {
     pub const CLASSES: &str = "CLASSES";
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const EGRESS_COUNTERS: &str = "EGRESS_COUNTERS";
+    pub const GEN_REWRITE: &str = "GEN_REWRITE";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -33,6 +34,7 @@ pub mod names {
         CLASSES,
         CLASS_STATS,
         EGRESS_COUNTERS,
+        GEN_REWRITE,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -212,6 +214,22 @@ pub struct DataplaneConfig {
     pub class_count: u32,
 }
 
+/// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program
+/// restores in every frame before sending it. Live frames come from a page
+/// pool that the kernel recycles as is, so without this a frame's second
+/// trip would carry the MACs and TTL a forwarder wrote on its first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GenRewrite {
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
+    /// IPv4 TTL / IPv6 hop limit to send with.
+    pub ttl: u8,
+    /// 0: leave frames alone.
+    pub enabled: u8,
+    pub _reserved: [u8; 2],
+}
+
 /// Value of MEMBER_STATS (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -225,6 +243,7 @@ const _: () = {
     assert!(core::mem::size_of::<GroupEntry>() == 40);
     assert!(core::mem::size_of::<FlowletKey>() == 44);
     assert!(core::mem::size_of::<PinEntry>() == 16);
+    assert!(core::mem::size_of::<GenRewrite>() == 16);
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
     assert!(core::mem::size_of::<DataplaneConfig>() == 8);
@@ -242,4 +261,5 @@ mod pod {
     unsafe impl aya::Pod for MemberStats {}
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
+    unsafe impl aya::Pod for GenRewrite {}
 }

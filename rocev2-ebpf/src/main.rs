@@ -11,6 +11,7 @@
 mod counters;
 mod ctx;
 mod forward;
+mod generator;
 mod maps;
 mod parse;
 mod qos;
@@ -54,9 +55,11 @@ pub fn rocev2_xdp_pass(_ctx: XdpContext) -> u32 {
 
 /// Transmits every frame back out of the device it runs on. The traffic
 /// generator runs it through BPF_PROG_TEST_RUN with live frames, which
-/// sends each XDP_TX frame out of the test run's ingress device.
+/// sends each XDP_TX frame out of the test run's ingress device; it first
+/// restores the MACs and TTL a recycled frame may have lost.
 #[xdp]
-pub fn rocev2_xdp_tx(_ctx: XdpContext) -> u32 {
+pub fn rocev2_xdp_tx(ctx: XdpContext) -> u32 {
+    generator::restore(&ctx);
     aya_ebpf::bindings::xdp_action::XDP_TX
 }
 

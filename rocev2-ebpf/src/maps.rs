@@ -82,3 +82,7 @@ pub struct FlowletScratch {
 
 #[map]
 pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What the generator's XDP_TX program restores in each frame (see GenRewrite).
+#[map]
+pub static GEN_REWRITE: Array<GenRewrite> = Array::with_max_entries(1, 0);

@@ -35,7 +35,7 @@ use rocev2_common::{
     hash::HashMode,
     maps::{
         self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
-        FlowletKey, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
+        FlowletKey, GenRewrite, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
         RouteEntry, RouteKeyV4, RouteKeyV6, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
         MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
@@ -75,6 +75,7 @@ pub struct Maps {
     classes: Array<MapData, ClassEntry>,
     class_stats: PerCpuArray<MapData, MemberStats>,
     egress_counters: PerCpuArray<MapData, u64>,
+    gen_rewrite: Array<MapData, GenRewrite>,
 }
 
 /// How a group chooses members (everything in GroupEntry but the members).
@@ -138,6 +139,7 @@ impl Maps {
             classes: typed(take(names::CLASSES)?, names::CLASSES)?,
             class_stats: typed(take(names::CLASS_STATS)?, names::CLASS_STATS)?,
             egress_counters: typed(take(names::EGRESS_COUNTERS)?, names::EGRESS_COUNTERS)?,
+            gen_rewrite: typed(take(names::GEN_REWRITE)?, names::GEN_REWRITE)?,
         })
     }
 
@@ -174,6 +176,7 @@ impl Maps {
             classes: open(dir, names::CLASSES)?,
             class_stats: open(dir, names::CLASS_STATS)?,
             egress_counters: open(dir, names::EGRESS_COUNTERS)?,
+            gen_rewrite: open(dir, names::GEN_REWRITE)?,
         })
     }
 
@@ -247,6 +250,13 @@ impl Maps {
             packets: acc.packets + v.packets,
             bytes: acc.bytes + v.bytes,
         }))
+    }
+
+    /// Makes the generator's XDP_TX program restore these MACs and TTL in
+    /// every frame it sends (live-frames mode).
+    pub fn set_gen_rewrite(&mut self, dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8) -> Result<()> {
+        let entry = GenRewrite { dst_mac, src_mac, ttl, enabled: 1, _reserved: [0; 2] };
+        self.gen_rewrite.set(0, entry, 0).context("cannot write GEN_REWRITE")
     }
 
     /// Flows currently in the flowlet table.

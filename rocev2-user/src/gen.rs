@@ -748,7 +748,7 @@ pub fn generate(args: &GenArgs) -> Result<GenReport> {
     // The clock starts after the socket is open / the program loaded.
     let Sent { packets, bytes, prog_runs, elapsed } = match args.mode {
         GenMode::Packet => send_packets(args, &mut source, limit, deadline)?,
-        GenMode::LiveFrames => send_live(args, &mut source, limit, deadline)?,
+        GenMode::LiveFrames => send_live(args, src_mac, &mut source, limit, deadline)?,
     };
     let elapsed = elapsed.as_secs_f64().max(1e-9);
     Ok(GenReport {
@@ -810,7 +810,7 @@ fn xdp_md(frame_len: usize, ifindex: u32) -> [u8; 24] {
     out
 }
 
-fn send_live(args: &GenArgs, source: &mut FrameSource, limit: u64, deadline: Option<Duration>) -> Result<Sent> {
+fn send_live(args: &GenArgs, src_mac: [u8; 6], source: &mut FrameSource, limit: u64, deadline: Option<Duration>) -> Result<Sent> {
     let name = std::ffi::CString::new(args.dev.as_str()).context("--dev contains a NUL byte")?;
     // SAFETY: `name` is a valid NUL-terminated string.
     let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -818,6 +818,10 @@ fn send_live(args: &GenArgs, source: &mut FrameSource, limit: u64, deadline: Opt
         bail!("interface {:?}: {}", args.dev, std::io::Error::last_os_error());
     }
     let mut dataplane = Dataplane::load(None).context("live-frames mode loads the dataplane's XDP_TX program")?;
+    // Recycled live frames keep whatever a forwarder wrote into them on an
+    // earlier trip (MACs, TTL): have the program restore them every time.
+    let dst_mac = parse_mac(&args.dst_mac).context("--dst-mac")?;
+    dataplane.maps.set_gen_rewrite(dst_mac, src_mac, GEN_TTL)?;
     let program = dataplane.xdp_program(XDP_TX_PROGRAM)?;
     let start = Instant::now();
     let repeat = u64::from(args.live_repeat);
