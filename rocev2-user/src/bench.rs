@@ -13,9 +13,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    fs::File,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::AsRawFd as _,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -485,23 +483,12 @@ fn up_peer_mac(i: usize) -> [u8; 6] {
     [2, 0x42, 2, 0, 0, i as u8]
 }
 fn mac_str(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    crate::run::format_mac(&m)
 }
 
 /// Runs `f` on a thread inside network namespace `name`.
 fn in_ns<T: Send>(name: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let ns = File::open(format!("/run/netns/{name}")).with_context(|| format!("namespace {name}"))?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: `ns` is an open namespace file; setns affects this thread only.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("setns {name}: {}", std::io::Error::last_os_error());
-            }
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
+    netns::in_netns_scoped(name, f)
 }
 
 fn ifindex_in(ns: &str, dev: &str) -> Result<u32> {

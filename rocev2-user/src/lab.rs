@@ -46,7 +46,8 @@ fn switch_uplink_mac(i: usize) -> [u8; 6] {
     [0x02, 0x52, 0x32, 0x01, 0x00, i as u8]
 }
 
-fn uplink_mac(i: usize) -> [u8; 6] {
+/// MAC of uplink `i`'s far end (`up0` in its namespace).
+pub fn uplink_mac(i: usize) -> [u8; 6] {
     [0x02, 0x52, 0x32, 0x02, 0x00, i as u8]
 }
 

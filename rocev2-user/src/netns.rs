@@ -60,6 +60,24 @@ pub fn enter_process(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Like [`in_netns`] for closures that borrow from the caller (a scoped
+/// thread): e.g. attaching a program the caller owns to an interface that
+/// only exists inside the namespace.
+pub fn in_netns_scoped<T: Send>(name: &str, f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+    let ns = open_netns(name)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: `ns` is an open namespace file; setns affects this thread only.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!("setns into network namespace {name:?}: {}", std::io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
 /// Like [`in_netns`] but returns at once with the thread's handle, for work
 /// that runs concurrently (e.g. a receiver). A failure to enter the
 /// namespace is the thread's result.
