@@ -479,14 +479,8 @@ impl Dataplane {
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
-        for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
-            let program: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .with_context(|| format!("eBPF object has no program {name}"))?
-                .try_into()
-                .with_context(|| format!("{name} is not a tc classifier"))?;
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
-        }
+        // The tc programs are loaded (and verified, which costs CPU) only
+        // when something attaches them: see `tc_program`.
         for name in [XDP_PROGRAM, XDP_PASS_PROGRAM, XDP_TX_PROGRAM] {
             let program: &mut Xdp = ebpf
                 .program_mut(name)
@@ -588,12 +582,18 @@ impl Dataplane {
         Ok(dropped)
     }
 
+    /// A tc program, loaded into the kernel on first use.
     fn tc_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
-        self.ebpf
+        let program: &mut SchedClassifier = self
+            .ebpf
             .program_mut(name)
             .with_context(|| format!("no program {name}"))?
             .try_into()
-            .with_context(|| format!("{name} is not a tc classifier"))
+            .with_context(|| format!("{name} is not a tc classifier"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
     }
 
     /// Leaves the programs attached and the maps pinned when this value is
