@@ -164,7 +164,6 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: Optio
         Roce::Yes { opcode, .. } => bth::ends_message(opcode),
         _ => true,
     };
-    let pin = if group.policy == POLICY_PINNED { pin } else { None };
     let slot_group = (u64::from(slot) << 32) | u64::from(group_id);
     let pin_boundary = (u64::from(ends_message) << 32) | u64::from(pin.unwrap_or(select::NO_PIN));
     let position = select::choose_position(slot_group, group, key, pin_boundary);
@@ -215,6 +214,13 @@ fn priority(d: &Decision) -> u32 {
 
 /// The pinned position for (destination, DestQP) if a pin is valid for
 /// `group`'s current generation.
+/// Only `pinned` groups look pins up: the pin table lookup is an LPM
+/// search every other packet can skip.
+#[inline(always)]
+fn is_pinned(group_id: u32) -> bool {
+    GROUPS.get(group_id).is_some_and(|g| g.policy == POLICY_PINNED)
+}
+
 #[inline(always)]
 fn pinned_v4(dst: [u8; 4], l4: &L4, group_id: u32) -> Option<u32> {
     let Roce::Yes { dest_qp, .. } = l4.roce else { return None };
@@ -291,7 +297,8 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     }
     let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
     let key = flow_key(FlowKey::v4(src, dst, protocol, l4.src_port, l4.dst_port), &l4);
-    let d = decide(slot, group, &key, &l4, tos >> 2, pinned_v4(dst, &l4, group), len)?;
+    let pin = if is_pinned(group) { pinned_v4(dst, &l4, group) } else { None };
+    let d = decide(slot, group, &key, &l4, tos >> 2, pin, len)?;
     let tos_out = new_tos(&d, tos, len)?;
 
     // SAFETY: header checked above. The checksum is patched for the two
@@ -331,7 +338,8 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     }
     // The traffic class straddles the first two bytes of the header.
     let tc = ((vcf[0] & 0x0F) << 4) | (vcf[1] >> 4);
-    let d = decide(slot, group, &key, &l4, tc >> 2, pinned_v6(dst, &l4, group), len)?;
+    let pin = if is_pinned(group) { pinned_v6(dst, &l4, group) } else { None };
+    let d = decide(slot, group, &key, &l4, tc >> 2, pin, len)?;
     let tc_out = new_tos(&d, tc, len)?;
     // SAFETY: header checked above. IPv6 has no header checksum.
     unsafe {
