@@ -524,17 +524,7 @@ impl FrameSource {
         for op in &ops {
             for q in 0..args.qps as usize {
                 let qp = args.first_qp + q as u32;
-                let mut bth = Bth {
-                    opcode: 0,
-                    solicited: false,
-                    pad_count: 0,
-                    pkey: 0xFFFF,
-                    fecn: false,
-                    becn: false,
-                    dest_qp: qp,
-                    ack_req: false,
-                    psn: next_psn[q],
-                };
+                let mut bth = Bth::new(0, qp, next_psn[q]);
                 let message_bytes = u64::from(args.message_packets) * args.payload as u64;
                 let reth = |dma_len: u32| {
                     let mut r = [0u8; RETH_LEN];

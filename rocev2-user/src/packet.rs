@@ -569,17 +569,7 @@ mod tests {
             dscp: 26,
             ecn: 2,
             src_port: 0xC123,
-            bth: Bth {
-                opcode: opcode::WRITE_MIDDLE,
-                solicited: false,
-                pad_count: 0,
-                pkey: 0xFFFF,
-                fecn: false,
-                becn: false,
-                dest_qp: 0x12_3456,
-                ack_req: true,
-                psn: 0xAB_CDEF,
-            },
+            bth: Bth { ack_req: true, ..Bth::new(opcode::WRITE_MIDDLE, 0x12_3456, 0xAB_CDEF) },
             payload_len: 1024,
         }
     }

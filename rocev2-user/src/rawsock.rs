@@ -308,17 +308,7 @@ mod tests {
                     dscp: 26,
                     ecn: 2,
                     src_port: 0xC000 | i as u16,
-                    bth: Bth {
-                        opcode: opcode::WRITE_MIDDLE,
-                        solicited: false,
-                        pad_count: 0,
-                        pkey: 0xFFFF,
-                        fecn: false,
-                        becn: false,
-                        dest_qp: 0x100 + i,
-                        ack_req: false,
-                        psn: i,
-                    },
+                    bth: Bth::new(opcode::WRITE_MIDDLE, 0x100 + i, i),
                     payload_len: 1 + (i as usize * 37) % 1400,
                 })
             })
