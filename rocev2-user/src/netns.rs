@@ -227,6 +227,18 @@ pub fn veth_between(
     add_addrs(b, b_if, b_addrs)?;
     ip(&["-n", a.name(), "link", "set", a_if, "up"])?;
     ip(&["-n", b.name(), "link", "set", b_if, "up"])?;
+    // A veth has carrier only once both ends are up, and under load that
+    // can lag the commands: frames sent before it are lost. Return only
+    // when both ends report LOWER_UP.
+    for (ns, ifname) in [(a, a_if), (b, b_if)] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !ip(&["-n", ns.name(), "-o", "link", "show", "dev", ifname])?.contains("LOWER_UP") {
+            if std::time::Instant::now() > deadline {
+                bail!("{ifname} in {} has no carrier 5 s after `ip link set up`", ns.name());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
     Ok(())
 }
 
