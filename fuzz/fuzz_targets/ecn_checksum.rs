@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use rocev2_common::{
     checksum::{internet_checksum, update_u16},
-    ecn::{congestion, drained_bytes, enqueue, Congestion, EcnProfile, VirtualQueue, MAX_RATE_BYTES_PER_SEC},
+    ecn::{congestion, drained_bytes, enqueue, Congestion, DrainRate, EcnProfile, VirtualQueue, FAST_DRAIN_NS, MAX_RATE_BYTES_PER_SEC},
 };
 
 fn u64_at(d: &[u8], i: usize) -> u64 {
@@ -34,6 +34,13 @@ fuzz_target!(|d: &[u8]| {
         let exact = (u128::from(ns) * u128::from(r) / 1_000_000_000) as u64;
         assert!(got <= exact && exact - got <= 2, "ns {ns} rate {rate}: {got} vs {exact}");
     }
+    let fast = DrainRate::new(rate).drained(ns);
+    if ns < FAST_DRAIN_NS {
+        let exact = (u128::from(ns) * u128::from(r) / 1_000_000_000) as u64;
+        assert!(fast <= exact && exact - fast <= (exact >> 23) + 1, "fast: ns {ns} rate {rate}: {fast} vs {exact}");
+    } else {
+        assert_eq!(fast, got);
+    }
 
     let (a, b, kmin, span) = (u64_at(d, 16), u64_at(d, 24), u64_at(d, 32), u64_at(d, 40));
     let p = EcnProfile {
@@ -46,7 +53,7 @@ fuzz_target!(|d: &[u8]| {
     assert!(level(congestion(lo, &p)) <= level(congestion(hi, &p)));
 
     let q = VirtualQueue { depth_bytes: a >> 20, last_update_ns: b >> 4, high_water_bytes: a >> 20 };
-    let q2 = enqueue(&q, (b >> 4).saturating_add(kmin >> 30), span & 0xFFFF, rate);
+    let q2 = enqueue(&q, (b >> 4).saturating_add(kmin >> 30), span & 0xFFFF, &DrainRate::new(rate));
     assert!(q2.depth_bytes >= span & 0xFFFF && q2.high_water_bytes >= q2.depth_bytes);
 
     // A 20-byte IPv4 header from the input, made valid, one word changed.

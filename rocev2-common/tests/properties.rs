@@ -153,6 +153,29 @@ proptest! {
     }
 
     #[test]
+    fn drain_rate_is_close_below_exact(ns in any::<u64>(), rate in 0u64..=u64::MAX) {
+        // The per-packet multiplier: never above the exact value, and below
+        // it by at most 1/2^23 of it plus one byte (the exact path's two
+        // bytes beyond FAST_DRAIN_NS).
+        let drain = ecn::DrainRate::new(rate);
+        let got = drain.drained(ns);
+        if ns >= ecn::FAST_DRAIN_NS {
+            prop_assert_eq!(got, ecn::drained_bytes(ns, rate));
+        } else {
+            let rate = rate.min(ecn::MAX_RATE_BYTES_PER_SEC);
+            let exact = u64::try_from(u128::from(ns) * u128::from(rate) / 1_000_000_000).unwrap();
+            prop_assert!(got <= exact && exact - got <= (exact >> 23) + 1, "ns {} rate {}: {} vs {}", ns, rate, got, exact);
+        }
+    }
+
+    #[test]
+    fn drain_rate_small_times(ns in 0u64..10_000_000_000, rate in 0u64..=ecn::MAX_RATE_BYTES_PER_SEC) {
+        let exact = (u128::from(ns) * u128::from(rate) / 1_000_000_000) as u64;
+        let got = ecn::DrainRate::new(rate).drained(ns);
+        prop_assert!(got <= exact && exact - got <= (exact >> 23) + 1, "ns {} rate {}: {} vs {}", ns, rate, got, exact);
+    }
+
+    #[test]
     fn drained_bytes_clamps_huge_rates(ns in 0u64..10_000_000_000, rate in ecn::MAX_RATE_BYTES_PER_SEC..=u64::MAX) {
         prop_assert_eq!(ecn::drained_bytes(ns, rate), ecn::drained_bytes(ns, ecn::MAX_RATE_BYTES_PER_SEC));
     }
@@ -182,7 +205,7 @@ proptest! {
     fn enqueue_never_loses_the_new_packet(depth in 0u64..1 << 40, last in 0u64..1 << 50, dt in 0u64..1 << 34,
                                           len in 0u64..65536, rate in 1u64..=ecn::MAX_RATE_BYTES_PER_SEC) {
         let q = ecn::VirtualQueue { depth_bytes: depth, last_update_ns: last, high_water_bytes: depth };
-        let q2 = ecn::enqueue(&q, last + dt, len, rate);
+        let q2 = ecn::enqueue(&q, last + dt, len, &ecn::DrainRate::new(rate));
         prop_assert!(q2.depth_bytes >= len && q2.depth_bytes <= depth + len);
         prop_assert!(q2.high_water_bytes >= q2.depth_bytes && q2.high_water_bytes >= depth);
         prop_assert_eq!(q2.last_update_ns, last + dt);

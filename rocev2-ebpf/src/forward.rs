@@ -5,7 +5,7 @@
 //! Nothing covered by the RoCEv2 ICRC is touched: TTL/hop limit, DSCP, ECN
 //! and the IPv4 header checksum are masked out of it; MACs are outside it.
 
-use aya_ebpf::{bindings::xdp_action, maps::lpm_trie::Key, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, maps::lpm_trie::Key, programs::XdpContext};
 use network_types::eth::EthHdr;
 use rocev2_common::{
     bth,
@@ -16,7 +16,7 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{
         member_index, GroupEntry, RouteEntry, MAX_MEMBERS_PER_GROUP, MEMBER_UP, PIN_MEMBER_DOWN,
-        POLICY_PINNED, ROUTE_LOCAL,
+        POLICY_FLOWLET, POLICY_PINNED, ROUTE_LOCAL,
     },
 };
 
@@ -150,6 +150,8 @@ struct Decision {
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     class: Option<ClassAction>,
+    /// The clock reading if the member choice took one, else 0.
+    now: u64,
 }
 
 /// Group lookup, member choice and classification.
@@ -166,7 +168,10 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: Optio
     };
     let slot_group = (u64::from(slot) << 32) | u64::from(group_id);
     let pin_boundary = (u64::from(ends_message) << 32) | u64::from(pin.unwrap_or(select::NO_PIN));
-    let position = select::choose_position(slot_group, group, key, pin_boundary);
+    // One clock read per packet, shared by the flowlet table and the
+    // virtual queue; only flowlet groups need it this early.
+    let now = if group.policy == POLICY_FLOWLET { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    let position = select::choose_position(slot_group, group, key, pin_boundary, now);
     let member = MEMBERS.get(member_index(group_id, group.bank & 1, position)).ok_or(no_member)?;
     if member.flags & MEMBER_UP == 0 {
         return Err(no_member);
@@ -185,7 +190,7 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: Optio
             CLASSES.get(index).map(|c| c.action())
         }
     };
-    Ok(Decision { ifindex: member.ifindex, position, src_mac: member.src_mac, dst_mac: member.dst_mac, class })
+    Ok(Decision { ifindex: member.ifindex, position, src_mac: member.src_mac, dst_mac: member.dst_mac, class, now })
 }
 
 /// DSCP rewrite by class, then ECN marking on the egress virtual queue.
@@ -198,7 +203,7 @@ fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
         }
     }
     let (flags, profile) = d.class.map_or((0, NO_PROFILE), |c| (c.flags, c.profile));
-    match qos::ecn_mark_code(d.ifindex, u32::from(tos), len, flags, profile) {
+    match qos::ecn_mark_code(d.ifindex, u32::from(tos), len, (u64::from(flags) << 32) | u64::from(profile), d.now) {
         qos::ECN_DROP => Err(drop(PortCounter::DropNotEct)),
         t => Ok(t as u8),
     }

@@ -33,16 +33,17 @@ pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
 /// returns the TOS/traffic-class byte to send (CE set when marked), or a
 /// drop for Not-ECT traffic when the profile asks for it.
 #[inline(always)]
-pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>) -> Result<u8, Outcome> {
+pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, now: u64) -> Result<u8, Outcome> {
     // SAFETY: plain-data copy.
     let Some(egress) = (unsafe { EGRESS.get(ifindex) }).copied() else { return Ok(tos) };
     counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
     counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
     let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };
-    let now = unsafe { bpf_ktime_get_ns() };
+    // Read the clock once per packet: the flowlet choice may have already.
+    let now = if now == 0 { unsafe { bpf_ktime_get_ns() } } else { now };
     // SAFETY: valid map value; concurrent CPUs may race (see ecn.rs).
     let depth = unsafe {
-        let next = ecn::enqueue(&*q, now, len, egress.rate_bytes_per_sec);
+        let next = ecn::enqueue(&*q, now, len, &egress.drain);
         *q = next;
         next.depth_bytes
     };
@@ -89,12 +90,13 @@ pub fn classify_index(fields: &ClassFields) -> u32 {
 }
 
 /// [`ecn_mark`] as its own BPF function with scalar arguments (at most
-/// five): the class is passed as its flags and profile (0 and NO_PROFILE
-/// for none). Returns the new TOS byte, or ECN_DROP.
+/// five): the class is passed as flags << 32 | profile (0 and NO_PROFILE
+/// for none); `now` is the packet's clock reading, 0 if not read yet.
+/// Returns the new TOS byte, or ECN_DROP.
 #[inline(never)]
-pub fn ecn_mark_code(ifindex: u32, tos: u32, len: u64, class_flags: u32, class_profile: u32) -> u32 {
-    let action = ClassAction { flags: class_flags, set_dscp: 0, priority: 0, profile: class_profile };
-    match ecn_mark(ifindex, tos as u8, len, Some(&action)) {
+pub fn ecn_mark_code(ifindex: u32, tos: u32, len: u64, class: u64, now: u64) -> u32 {
+    let action = ClassAction { flags: (class >> 32) as u32, set_dscp: 0, priority: 0, profile: class as u32 };
+    match ecn_mark(ifindex, tos as u8, len, Some(&action), now) {
         Ok(t) => u32::from(t),
         Err(_) => ECN_DROP,
     }

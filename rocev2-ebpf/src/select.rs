@@ -1,6 +1,5 @@
 //! Member choice by group policy: hash, flowlet, or pinned path.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
 use rocev2_common::{
     counters::PortCounter,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
@@ -22,7 +21,7 @@ pub const NO_PIN: u32 = u32::MAX;
 /// own BPF function; scalars packed to keep within five arguments:
 /// `slot_group` = slot << 32 | group, `pin_boundary` = ends_message << 32 | pin.
 #[inline(never)]
-pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_boundary: u64) -> u32 {
+pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_boundary: u64, now: u64) -> u32 {
     let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
     let ends_message = pin_boundary >> 32 != 0;
     let pin = match pin_boundary as u32 {
@@ -38,6 +37,7 @@ pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_b
             group,
             key,
             u64::from(seed) | (u64::from(ends_message) << 32),
+            now,
         ),
         POLICY_PINNED => match pin {
             Some(position) if position < count => {
@@ -53,26 +53,31 @@ pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_b
     }
 }
 
-/// Flowlet state lookup, decision and update. The table key and the new
-/// entry live in a per-CPU scratch map; the old entry is read in place.
+/// Flowlet state lookup, decision and update. The table key and a new
+/// flow's entry live in a per-CPU scratch map. A known flow's entry is
+/// updated in place: a map update (bucket lock, LRU free-list pop and
+/// push) costs more than the whole rest of the pipeline, so only a flow's
+/// first packet, or one whose entry was evicted, pays for an insert.
 #[inline(always)]
-fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_boundary: u64) -> u32 {
+fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_boundary: u64, now: u64) -> u32 {
     let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
     let (seed, ends_message) = (seed_boundary as u32, seed_boundary >> 32 != 0);
     let count = group.member_count;
-    let now = unsafe { bpf_ktime_get_ns() };
     let Some(scratch) = FLOWLET_SCRATCH.get_ptr_mut(0) else {
         return flowlet::rehash_position(key, seed, 0, count);
     };
     // SAFETY: per-CPU scratch value, ours for this program run.
     let scratch = unsafe { &mut *scratch };
     scratch.key = FlowletKey::new(key, group_id);
-    // SAFETY: read in place; a concurrent update of the same flow can only
-    // make this packet see a neighbouring flowlet decision.
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
-    let existing = unsafe { FLOWLETS.get(&scratch.key) };
+    let existing = FLOWLETS.get_ptr_mut(&scratch.key);
+    // SAFETY: a valid map value. Another CPU may update the same flow at
+    // the same time; the worst case is that this packet sees a
+    // neighbouring flowlet decision, never a torn member position (each
+    // field is one aligned store).
+    let existing_ref = existing.map(|e| unsafe { &*e });
     let decision = flowlet::decide(
-        existing,
+        existing_ref,
         now,
         group.flowlet_gap_ns,
         group.generation,
@@ -80,14 +85,14 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
         group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
     );
     let (position, flowlet_id) = match decision {
-        FlowletDecision::Keep { position } => (position, existing.map_or(0, |e| e.flowlet_id)),
+        FlowletDecision::Keep { position } => (position, existing_ref.map_or(0, |e| e.flowlet_id)),
         FlowletDecision::NewFlowlet { flowlet_id } => {
             counters::add(slot, PortCounter::FlowletNew, 1);
             let position = match FlowletChoice::from_u32(group.flowlet_choice) {
                 FlowletChoice::LeastLoaded => less_loaded_of_two(group_id, group, key, seed, flowlet_id, now),
                 FlowletChoice::Rehash => flowlet::rehash_position(key, seed, flowlet_id, count),
             };
-            match existing {
+            match existing_ref {
                 None => counters::add(slot, PortCounter::FlowletInserted, 1),
                 Some(e) if e.position != position || e.generation != group.generation => {
                     counters::add(slot, PortCounter::FlowletMoved, 1)
@@ -97,16 +102,30 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
             (position, flowlet_id)
         }
     };
-    scratch.entry = FlowletEntry {
-        last_seen_ns: now,
-        flowlet_id,
-        position,
-        generation: group.generation,
-        at_boundary: ends_message as u32,
-    };
-    // By reference: the key and entry stay in the scratch map, off the stack.
-    #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
-    let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
+    match existing {
+        Some(e) => {
+            // SAFETY: as above; plain stores into the flow's own entry.
+            unsafe {
+                (*e).last_seen_ns = now;
+                (*e).flowlet_id = flowlet_id;
+                (*e).position = position;
+                (*e).generation = group.generation;
+                (*e).at_boundary = ends_message as u32;
+            }
+        }
+        None => {
+            scratch.entry = FlowletEntry {
+                last_seen_ns: now,
+                flowlet_id,
+                position,
+                generation: group.generation,
+                at_boundary: ends_message as u32,
+            };
+            // By reference: the key and entry stay in the scratch map, off the stack.
+            #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
+            let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
+        }
+    }
     position
 }
 
@@ -140,5 +159,5 @@ fn queue_depth(group_id: u32, bank: u32, position: u32, now: u64) -> u64 {
     let Some(egress) = (unsafe { EGRESS.get(member.ifindex) }) else { return u64::MAX };
     let Some(q) = VQUEUES.get(egress.slot) else { return u64::MAX };
     let elapsed = now.saturating_sub(q.last_update_ns);
-    q.depth_bytes.saturating_sub(rocev2_common::ecn::drained_bytes(elapsed, egress.rate_bytes_per_sec))
+    q.depth_bytes.saturating_sub(egress.drain.drained(elapsed))
 }

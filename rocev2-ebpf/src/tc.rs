@@ -154,5 +154,5 @@ fn local_tos(egress: u32, tos: u8, roce: &Roce, len: u64) -> Result<(u8, u32), O
             priority = c.priority;
         }
     }
-    Ok((qos::ecn_mark(egress, tos, len, class.as_ref())?, priority))
+    Ok((qos::ecn_mark(egress, tos, len, class.as_ref(), 0)?, priority))
 }

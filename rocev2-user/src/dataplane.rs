@@ -218,7 +218,7 @@ impl Maps {
             bail!("egress slot {slot} out of range (max {MAX_EGRESS_PORTS})");
         }
         self.egress
-            .insert(ifindex, EgressEntry { slot, profile, rate_bytes_per_sec }, 0)
+            .insert(ifindex, EgressEntry::new(slot, profile, rate_bytes_per_sec), 0)
             .with_context(|| format!("cannot configure egress ifindex {ifindex}"))
     }
 
