@@ -23,6 +23,8 @@ pub mod names {
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const EGRESS_COUNTERS: &str = "EGRESS_COUNTERS";
     pub const GEN_REWRITE: &str = "GEN_REWRITE";
+    pub const IFINDEX_SLOTS: &str = "IFINDEX_SLOTS";
+    pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -35,6 +37,8 @@ pub mod names {
         CLASS_STATS,
         EGRESS_COUNTERS,
         GEN_REWRITE,
+        IFINDEX_SLOTS,
+        EGRESS_BY_SLOT,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -68,6 +72,10 @@ pub const MAX_EGRESS_DEVS: u32 = 1024;
 pub const MAX_EGRESS_PORTS: u32 = 64;
 pub const EGRESS_COUNTER_ENTRIES: u32 = MAX_EGRESS_PORTS * crate::counters::EgressCounter::COUNT;
 pub const MAX_ECN_PROFILES: u32 = 16;
+/// Interfaces with an ifindex below this are found per packet by array
+/// index (IFINDEX_SLOTS); the rare larger ifindex (a host that has created
+/// many interfaces) by the PORTS and EGRESS hash maps, about 20 ns slower.
+pub const MAX_DIRECT_IFINDEX: u32 = 16_384;
 /// Default size of the flowlet LRU table (set at load time from the config).
 pub const DEFAULT_FLOWLET_TABLE_SIZE: u32 = 65_536;
 pub const MAX_PINS: u32 = 65_536;
@@ -205,6 +213,17 @@ pub struct PortEntry {
     pub _reserved: u32,
 }
 
+/// Value of IFINDEX_SLOTS, indexed by ifindex: where an interface's port
+/// counters and egress queue live.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfindexSlots {
+    /// Port counter slot as in PortEntry; 0 = not a registered port.
+    pub port_slot: u32,
+    /// Egress slot + 1 (index into EGRESS_BY_SLOT); 0 = no virtual queue.
+    pub egress: u32,
+}
+
 /// Value of CONFIG[0]: settings the control program may change at run time.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -246,6 +265,7 @@ const _: () = {
     assert!(core::mem::size_of::<GenRewrite>() == 16);
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
+    assert!(core::mem::size_of::<IfindexSlots>() == 8);
     assert!(core::mem::size_of::<DataplaneConfig>() == 8);
     assert!(core::mem::size_of::<MemberStats>() == 16);
 };
@@ -257,6 +277,7 @@ mod pod {
     unsafe impl aya::Pod for GroupEntry {}
     unsafe impl aya::Pod for MemberEntry {}
     unsafe impl aya::Pod for PortEntry {}
+    unsafe impl aya::Pod for IfindexSlots {}
     unsafe impl aya::Pod for DataplaneConfig {}
     unsafe impl aya::Pod for MemberStats {}
     unsafe impl aya::Pod for FlowletKey {}

@@ -5,18 +5,9 @@ use rocev2_common::{
     maps::{member_stat_index, port_counter_index},
 };
 
-use crate::maps::{CLASS_STATS, EGRESS_COUNTERS, MEMBER_STATS, PORTS, PORT_COUNTERS};
+use crate::maps::{CLASS_STATS, EGRESS_COUNTERS, MEMBER_STATS, PORT_COUNTERS};
 
-/// Counter slot of the ingress port; 0 for ports the control program did
-/// not register.
-#[inline(always)]
-pub fn port_slot(ifindex: u32) -> u32 {
-    // SAFETY: the value is only read, and entries are plain data.
-    match unsafe { PORTS.get(ifindex) } {
-        Some(port) => port.slot,
-        None => 0,
-    }
-}
+pub use crate::maps::port_slot;
 
 #[inline(always)]
 pub fn add(slot: u32, counter: PortCounter, value: u64) {

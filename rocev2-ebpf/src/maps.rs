@@ -24,6 +24,7 @@ pub static GROUPS: Array<GroupEntry> = Array::with_max_entries(MAX_GROUPS, 0);
 #[map]
 pub static MEMBERS: Array<MemberEntry> = Array::with_max_entries(MAX_MEMBERS, 0);
 
+/// Ports with an ifindex of MAX_DIRECT_IFINDEX or more (see port_slot).
 #[map]
 pub static PORTS: HashMap<u32, PortEntry> = HashMap::with_max_entries(MAX_PORTS, 0);
 
@@ -52,8 +53,40 @@ pub static PINS_V4: LpmTrie<PinKeyV4, PinEntry> = LpmTrie::with_max_entries(MAX_
 #[map]
 pub static PINS_V6: LpmTrie<PinKeyV6, PinEntry> = LpmTrie::with_max_entries(MAX_PINS, 0);
 
+/// Egress ports with an ifindex of MAX_DIRECT_IFINDEX or more; the others
+/// are in EGRESS_BY_SLOT through IFINDEX_SLOTS.
 #[map]
 pub static EGRESS: HashMap<u32, EgressEntry> = HashMap::with_max_entries(MAX_EGRESS_PORTS, 0);
+
+#[map]
+pub static EGRESS_BY_SLOT: Array<EgressEntry> = Array::with_max_entries(MAX_EGRESS_PORTS, 0);
+
+/// Port and egress slots by ifindex: an array index per packet instead of
+/// two hash lookups.
+#[map]
+pub static IFINDEX_SLOTS: Array<IfindexSlots> = Array::with_max_entries(MAX_DIRECT_IFINDEX, 0);
+
+/// Counter slot of the ingress port; 0 for ports the control program did
+/// not register.
+#[inline(always)]
+pub fn port_slot(ifindex: u32) -> u32 {
+    if ifindex < MAX_DIRECT_IFINDEX {
+        return IFINDEX_SLOTS.get(ifindex).map_or(0, |s| s.port_slot);
+    }
+    // SAFETY: the value is only read, and entries are plain data.
+    unsafe { PORTS.get(ifindex) }.map_or(0, |p| p.slot)
+}
+
+/// The egress port's virtual queue settings, if it has one.
+#[inline(always)]
+pub fn egress_entry(ifindex: u32) -> Option<&'static EgressEntry> {
+    if ifindex < MAX_DIRECT_IFINDEX {
+        let slot = IFINDEX_SLOTS.get(ifindex)?.egress;
+        return if slot == 0 { None } else { EGRESS_BY_SLOT.get(slot - 1) };
+    }
+    // SAFETY: as above.
+    unsafe { EGRESS.get(ifindex) }
+}
 
 /// Shared across CPUs on purpose: one virtual queue per egress port.
 #[map]

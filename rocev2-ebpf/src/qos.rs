@@ -9,7 +9,7 @@ use rocev2_common::{
 
 use crate::{
     counters,
-    maps::{CLASSES, CONFIG, ECN_PROFILES, EGRESS, VQUEUES},
+    maps::{egress_entry, CLASSES, CONFIG, ECN_PROFILES, VQUEUES},
     parse::{drop, Outcome},
 };
 
@@ -34,8 +34,7 @@ pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
 /// drop for Not-ECT traffic when the profile asks for it.
 #[inline(always)]
 pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, now: u64) -> Result<u8, Outcome> {
-    // SAFETY: plain-data copy.
-    let Some(egress) = (unsafe { EGRESS.get(ifindex) }).copied() else { return Ok(tos) };
+    let Some(egress) = egress_entry(ifindex).copied() else { return Ok(tos) };
     counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
     counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
     let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };

@@ -11,7 +11,7 @@ use rocev2_common::{
 
 use crate::{
     counters,
-    maps::{CONFIG, EGRESS, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
+    maps::{egress_entry, CONFIG, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
 };
 
 /// Returned in place of a pin when there is none.
@@ -155,8 +155,7 @@ fn less_loaded_of_two(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: u3
 #[inline(always)]
 fn queue_depth(group_id: u32, bank: u32, position: u32, now: u64) -> u64 {
     let Some(member) = MEMBERS.get(member_index(group_id, bank, position)) else { return u64::MAX };
-    // SAFETY: read-only copy of plain data.
-    let Some(egress) = (unsafe { EGRESS.get(member.ifindex) }) else { return u64::MAX };
+    let Some(egress) = egress_entry(member.ifindex) else { return u64::MAX };
     let Some(q) = VQUEUES.get(egress.slot) else { return u64::MAX };
     let elapsed = now.saturating_sub(q.last_update_ns);
     q.depth_bytes.saturating_sub(egress.drain.drained(elapsed))

@@ -36,7 +36,7 @@ use rocev2_common::{
     maps::{
         self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
         FlowletKey, GenRewrite, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
+        RouteEntry, RouteKeyV4, RouteKeyV6, IfindexSlots, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
         MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
@@ -76,6 +76,8 @@ pub struct Maps {
     class_stats: PerCpuArray<MapData, MemberStats>,
     egress_counters: PerCpuArray<MapData, u64>,
     gen_rewrite: Array<MapData, GenRewrite>,
+    ifindex_slots: Array<MapData, IfindexSlots>,
+    egress_by_slot: Array<MapData, EgressEntry>,
 }
 
 /// How a group chooses members (everything in GroupEntry but the members).
@@ -140,6 +142,8 @@ impl Maps {
             class_stats: typed(take(names::CLASS_STATS)?, names::CLASS_STATS)?,
             egress_counters: typed(take(names::EGRESS_COUNTERS)?, names::EGRESS_COUNTERS)?,
             gen_rewrite: typed(take(names::GEN_REWRITE)?, names::GEN_REWRITE)?,
+            ifindex_slots: typed(take(names::IFINDEX_SLOTS)?, names::IFINDEX_SLOTS)?,
+            egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
         })
     }
 
@@ -177,6 +181,8 @@ impl Maps {
             class_stats: open(dir, names::CLASS_STATS)?,
             egress_counters: open(dir, names::EGRESS_COUNTERS)?,
             gen_rewrite: open(dir, names::GEN_REWRITE)?,
+            ifindex_slots: open(dir, names::IFINDEX_SLOTS)?,
+            egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
         })
     }
 
@@ -217,9 +223,23 @@ impl Maps {
         if slot >= MAX_EGRESS_PORTS {
             bail!("egress slot {slot} out of range (max {MAX_EGRESS_PORTS})");
         }
-        self.egress
-            .insert(ifindex, EgressEntry::new(slot, profile, rate_bytes_per_sec), 0)
-            .with_context(|| format!("cannot configure egress ifindex {ifindex}"))
+        let entry = EgressEntry::new(slot, profile, rate_bytes_per_sec);
+        let context = || format!("cannot configure egress ifindex {ifindex}");
+        if ifindex < MAX_DIRECT_IFINDEX {
+            // The queue settings first, then the index that points at them.
+            self.egress_by_slot.set(slot, entry, 0).with_context(context)?;
+            self.update_ifindex_slots(ifindex, |s| s.egress = slot + 1).with_context(context)
+        } else {
+            self.egress.insert(ifindex, entry, 0).with_context(context)
+        }
+    }
+
+    /// Read-modify-write of one IFINDEX_SLOTS entry (ifindex below
+    /// MAX_DIRECT_IFINDEX).
+    fn update_ifindex_slots(&mut self, ifindex: u32, change: impl FnOnce(&mut IfindexSlots)) -> Result<()> {
+        let mut slots = self.ifindex_slots.get(&ifindex, 0).context("cannot read IFINDEX_SLOTS")?;
+        change(&mut slots);
+        self.ifindex_slots.set(ifindex, slots, 0).context("cannot write IFINDEX_SLOTS")
     }
 
     /// Seeds a virtual queue (tests use it to put a port at a known depth).
@@ -283,12 +303,20 @@ impl Maps {
 
     /// Unregisters an ingress port (a reload removed it).
     pub fn remove_port(&mut self, ifindex: u32) {
-        let _ = self.ports.remove(&ifindex);
+        if ifindex < MAX_DIRECT_IFINDEX {
+            let _ = self.update_ifindex_slots(ifindex, |s| s.port_slot = 0);
+        } else {
+            let _ = self.ports.remove(&ifindex);
+        }
     }
 
     /// Removes an egress port's virtual queue configuration.
     pub fn remove_egress(&mut self, ifindex: u32) {
-        let _ = self.egress.remove(&ifindex);
+        if ifindex < MAX_DIRECT_IFINDEX {
+            let _ = self.update_ifindex_slots(ifindex, |s| s.egress = 0);
+        } else {
+            let _ = self.egress.remove(&ifindex);
+        }
     }
 
     /// Registers an ingress port and gives it a counter slot.
@@ -296,9 +324,12 @@ impl Maps {
         if slot == 0 || slot >= MAX_PORTS {
             bail!("port slot {slot} out of range 1..{MAX_PORTS}");
         }
-        self.ports
-            .insert(ifindex, PortEntry { slot, _reserved: 0 }, 0)
-            .with_context(|| format!("cannot register port ifindex {ifindex}"))
+        let context = || format!("cannot register port ifindex {ifindex}");
+        if ifindex < MAX_DIRECT_IFINDEX {
+            self.update_ifindex_slots(ifindex, |s| s.port_slot = slot).with_context(context)
+        } else {
+            self.ports.insert(ifindex, PortEntry { slot, _reserved: 0 }, 0).with_context(context)
+        }
     }
 
     /// Makes `ifindex` a valid redirect target.

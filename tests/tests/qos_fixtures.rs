@@ -285,3 +285,63 @@ fn a_full_flowlet_table_evicts_the_stalest_flows_and_keeps_forwarding() {
     // What `rocev2 stats` reports as evictions: inserted - present.
     assert!(200 - live >= 168, "evictions are visible: {}", 200 - live);
 }
+
+/// Ports and egress queues are found by array index for ifindexes below
+/// MAX_DIRECT_IFINDEX and through the PORTS / EGRESS hash maps above it.
+/// Both paths, in a namespace with veths at chosen ifindexes:
+/// the ingress port's counters land in its slot and the egress port's
+/// queue marks CE.
+#[test]
+fn large_and_small_ifindexes_find_their_port_and_egress_queue() {
+    use aya::{programs::TestRun as _, TestRunOptions};
+    use rocev2_common::maps::MAX_DIRECT_IFINDEX;
+    use rocev2_user::{
+        dataplane::{MemberSpec, XDP_PROGRAM},
+        netns::{in_netns_scoped, unique_name, Netns},
+    };
+    require_root();
+    let ns = Netns::create(&unique_name("ifx")).unwrap();
+    let big = MAX_DIRECT_IFINDEX + 3_616; // 20,000
+    // Each device is one end of a veth whose other end gets index + 100.
+    for (name, index) in [("in_big", big), ("out_big", big + 1), ("in_small", 7), ("out_small", 8)] {
+        let (index, peer) = (index.to_string(), (index + 100).to_string());
+        ns.exec(&["ip", "link", "add", name, "index", &index, "type", "veth", "peer", "name", &format!("{name}_p"), "index", &peer]).unwrap();
+        ns.exec(&["ip", "link", "set", name, "up"]).unwrap();
+    }
+    for (ingress, egress, port_slot, egress_slot) in [(big, big + 1, 5, 3), (7, 8, 6, 4)] {
+        let mut dp = Dataplane::load(None).unwrap();
+        dp.maps.set_port(ingress, port_slot).unwrap();
+        let members = [MemberSpec { ifindex: egress, src_mac: [2, 0, 0, 0, 0, 1], dst_mac: [2, 0, 0, 0, 0, 2] }];
+        dp.maps.publish_group_with(GROUP, &GroupPolicy::hash(HashMode::Qp), &members).unwrap();
+        sync_routes(&mut dp, &[("10.1.0.0/16", GROUP)]);
+        dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: KMIN, kmax_bytes: KMAX, pmax_scaled: u32::MAX, flags: 0 }).unwrap();
+        dp.maps.set_egress(egress, egress_slot, 1, 0).unwrap();
+        let now = monotonic_ns();
+        dp.maps.set_virtual_queue(egress_slot, VirtualQueue { depth_bytes: KMAX + 1, last_update_ns: now, high_water_bytes: KMAX + 1 }).unwrap();
+        let input = write(1, ECT0);
+        let output = in_netns_scoped(ns.name(), || {
+            // Device-map entries and the test run's ingress device resolve
+            // ifindexes in the caller's namespace.
+            dp.maps.add_egress_dev(egress)?;
+            // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+            let ctx: Vec<u8> = [0, input.len() as u32, 0, ingress, 0, 0].iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let mut out = vec![0u8; input.len() + 256];
+            let r = dp.xdp_program(XDP_PROGRAM)?.test_run(TestRunOptions {
+                data_in: Some(&input),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })?;
+            assert_eq!(r.return_value, XDP_REDIRECT, "ifindex {ingress} -> {egress}");
+            out.truncate(r.data_size_out as usize);
+            Ok(out)
+        })
+        .unwrap();
+        assert_eq!(dp.maps.port_counter(port_slot, PortCounter::RxPackets).unwrap(), 1, "ingress {ingress} counted in slot {port_slot}");
+        assert_eq!(dp.maps.port_counter(0, PortCounter::RxPackets).unwrap(), 0, "nothing in the unregistered slot");
+        assert_eq!(parse_roce(&output).unwrap().ecn, CE, "egress {egress} queue found and marking");
+        assert_eq!(dp.maps.egress_counter(egress_slot, EgressCounter::Marked).unwrap(), 1);
+        dp.maps.remove_egress(egress);
+        dp.maps.remove_port(ingress);
+    }
+}
