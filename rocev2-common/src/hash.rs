@@ -46,6 +46,12 @@ fn word(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
+/// An IPv6 address as the four words a FlowKey (and the route cache) keeps.
+#[inline(always)]
+pub fn ipv6_words(a: &[u8; 16]) -> [u32; 4] {
+    [word(a, 0), word(a, 4), word(a, 8), word(a, 12)]
+}
+
 impl FlowKey {
     pub fn v4(src: [u8; 4], dst: [u8; 4], protocol: u8, src_port: u16, dst_port: u16) -> Self {
         Self {
@@ -67,8 +73,8 @@ impl FlowKey {
     #[inline(always)]
     pub fn v6_ref(src: &[u8; 16], dst: &[u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
         Self {
-            src: [word(src, 0), word(src, 4), word(src, 8), word(src, 12)],
-            dst: [word(dst, 0), word(dst, 4), word(dst, 8), word(dst, 12)],
+            src: ipv6_words(src),
+            dst: ipv6_words(dst),
             src_port,
             dst_port,
             protocol,

@@ -25,6 +25,7 @@ pub mod names {
     pub const GEN_REWRITE: &str = "GEN_REWRITE";
     pub const IFINDEX_SLOTS: &str = "IFINDEX_SLOTS";
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
+    pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -39,6 +40,7 @@ pub mod names {
         GEN_REWRITE,
         IFINDEX_SLOTS,
         EGRESS_BY_SLOT,
+        ROUTE_CACHE,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -82,6 +84,37 @@ pub const MAX_PINS: u32 = 65_536;
 
 /// Route target that means "one of this box's own addresses": hand to the kernel.
 pub const ROUTE_LOCAL: u32 = u32::MAX;
+
+/// Slots per CPU of the destination cache in front of the route tries.
+pub const ROUTE_CACHE_SLOTS: u32 = 256;
+/// A cached "no route" (distinct from ROUTE_LOCAL and every group index).
+pub const CACHED_NO_ROUTE: u32 = u32::MAX - 1;
+
+/// One slot of ROUTE_CACHE: the route lookup result for one destination,
+/// valid while CONFIG's route_generation still equals `route_generation`.
+/// An LPM trie lookup costs tens of ns (more with 100,000 routes, whose
+/// nodes are cache misses) and a rack's RoCE traffic goes to few
+/// destinations, so most packets skip it. Direct-mapped: a destination
+/// that collides simply replaces the slot, so random destinations cost one
+/// failed compare, never memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCacheEntry {
+    /// The destination address words as FlowKey stores them (IPv4: word 0).
+    pub dst: [u32; 4],
+    pub route_generation: u32,
+    /// 4 or 6; 0 = empty.
+    pub family: u32,
+    /// Group index, ROUTE_LOCAL or CACHED_NO_ROUTE.
+    pub target: u32,
+    pub _pad: u32,
+}
+
+/// The cache slot of a destination (Fibonacci hashing of the folded words).
+#[inline(always)]
+pub fn route_cache_slot(dst: &[u32; 4]) -> u32 {
+    (dst[0] ^ dst[1] ^ dst[2] ^ dst[3]).wrapping_mul(0x9E37_79B1) >> 24
+}
 
 /// Index into PORT_COUNTERS for `counter` on port `slot`.
 #[inline(always)]
@@ -231,6 +264,10 @@ pub struct DataplaneConfig {
     pub hash_seed: u32,
     /// Live entries of CLASSES, in match order.
     pub class_count: u32,
+    /// Bumped by the control program after every route table change; a
+    /// ROUTE_CACHE slot from an older generation is ignored.
+    pub route_generation: u32,
+    pub _reserved: u32,
 }
 
 /// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program
@@ -266,7 +303,9 @@ const _: () = {
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
     assert!(core::mem::size_of::<IfindexSlots>() == 8);
-    assert!(core::mem::size_of::<DataplaneConfig>() == 8);
+    assert!(core::mem::size_of::<DataplaneConfig>() == 16);
+    assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
+    assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
 };
 
@@ -279,6 +318,7 @@ mod pod {
     unsafe impl aya::Pod for PortEntry {}
     unsafe impl aya::Pod for IfindexSlots {}
     unsafe impl aya::Pod for DataplaneConfig {}
+    unsafe impl aya::Pod for RouteCacheEntry {}
     unsafe impl aya::Pod for MemberStats {}
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}

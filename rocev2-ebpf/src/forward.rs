@@ -13,17 +13,17 @@ use rocev2_common::{
     class::{ClassAction, ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY},
     counters::PortCounter,
     ecn::NO_PROFILE,
-    hash::FlowKey,
+    hash::{ipv6_words, FlowKey},
     maps::{
-        member_index, GroupEntry, RouteEntry, MAX_MEMBERS_PER_GROUP, MEMBER_UP, PIN_MEMBER_DOWN,
-        POLICY_FLOWLET, POLICY_PINNED, ROUTE_LOCAL,
+        member_index, route_cache_slot, GroupEntry, RouteEntry, CACHED_NO_ROUTE, MAX_MEMBERS_PER_GROUP, MEMBER_UP,
+        PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED, ROUTE_LOCAL,
     },
 };
 
 use crate::{
     counters,
     ctx::PacketBuf,
-    maps::{CLASSES, EGRESS_DEVS, GROUPS, MEMBERS, PINS_V4, PINS_V6, ROUTES_V4, ROUTES_V6},
+    maps::{CLASSES, CONFIG, EGRESS_DEVS, GROUPS, MEMBERS, PINS_V4, PINS_V6, ROUTES_V4, ROUTES_V6, ROUTE_CACHE},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     qos, select,
 };
@@ -135,12 +135,36 @@ fn eth_header<C: PacketBuf>(ctx: &C) -> Result<*mut EthHdr, Outcome> {
 
 /// Route lookup result: the group to use, or why not.
 #[inline(always)]
-fn route_group(entry: Option<&RouteEntry>) -> Result<u32, Outcome> {
-    match entry {
-        None => Err(pass(PortCounter::PassNoRoute)),
-        Some(r) if r.group == ROUTE_LOCAL => Err(pass(PortCounter::PassLocal)),
-        Some(r) => Ok(r.group),
+fn route_group(target: u32) -> Result<u32, Outcome> {
+    match target {
+        CACHED_NO_ROUTE => Err(pass(PortCounter::PassNoRoute)),
+        ROUTE_LOCAL => Err(pass(PortCounter::PassLocal)),
+        group => Ok(group),
     }
+}
+
+/// The route target of `dst` (family 4 or 6): from this CPU's ROUTE_CACHE
+/// when the slot holds `dst` from the current route generation, else from
+/// `lookup` (the LPM trie), which then fills the slot.
+#[inline(always)]
+fn cached_route(family: u32, dst: &[u32; 4], lookup: impl FnOnce() -> Option<&'static RouteEntry>) -> u32 {
+    // The generation is read before the trie: a result stored under it is
+    // discarded by the bump that follows any route change.
+    let generation = CONFIG.get(0).map_or(0, |c| c.route_generation);
+    let Some(slot) = ROUTE_CACHE.get_ptr_mut(route_cache_slot(dst)) else {
+        return lookup().map_or(CACHED_NO_ROUTE, |r| r.group);
+    };
+    // SAFETY: this CPU's own slot; nothing else runs on it meanwhile.
+    let slot = unsafe { &mut *slot };
+    if slot.family == family && slot.route_generation == generation && slot.dst == *dst {
+        return slot.target;
+    }
+    let target = lookup().map_or(CACHED_NO_ROUTE, |r| r.group);
+    slot.dst = *dst;
+    slot.route_generation = generation;
+    slot.family = family;
+    slot.target = target;
+    target
 }
 
 /// Everything decided about a routed packet before its headers change.
@@ -293,7 +317,8 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     // SAFETY: parse_ipv4 checked the header lies in the packet.
     let (src, dst, ttl, protocol, vihl, tos) =
         unsafe { ((*hdr).src_addr, (*hdr).dst_addr, (*hdr).ttl, (*hdr).proto, (*hdr).vihl, (*hdr).tos) };
-    let group = route_group(ROUTES_V4.get(Key::new(32, dst)))?;
+    let dst_words = [u32::from_ne_bytes(dst), 0, 0, 0];
+    let group = route_group(cached_route(4, &dst_words, || ROUTES_V4.get(Key::new(32, dst))))?;
     if parse::is_fragment(hdr) {
         return Err(pass(PortCounter::PassFragment));
     }
@@ -329,7 +354,8 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     // addresses are borrowed from the packet, not copied.
     let (src, dst, hop_limit, next_header, vcf) =
         unsafe { (&(*hdr).src_addr, &(*hdr).dst_addr, (*hdr).hop_limit, (*hdr).next_hdr, (*hdr).vcf) };
-    let group = route_group(ROUTES_V6.get(Key::new(128, *dst)))?;
+    let dst_words = ipv6_words(dst);
+    let group = route_group(cached_route(6, &dst_words, || ROUTES_V6.get(Key::new(128, *dst))))?;
     if parse::is_ipv6_extension(next_header) {
         return Err(pass(PortCounter::PassIpv6ExtHeader));
     }

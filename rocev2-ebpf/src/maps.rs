@@ -18,6 +18,11 @@ pub static ROUTES_V4: LpmTrie<RouteKeyV4, RouteEntry> = LpmTrie::with_max_entrie
 #[map]
 pub static ROUTES_V6: LpmTrie<RouteKeyV6, RouteEntry> = LpmTrie::with_max_entries(MAX_ROUTES_V6, 0);
 
+/// Per-CPU destination cache in front of ROUTES_V4/ROUTES_V6 (see
+/// RouteCacheEntry); per CPU so it needs no locking.
+#[map]
+pub static ROUTE_CACHE: PerCpuArray<RouteCacheEntry> = PerCpuArray::with_max_entries(ROUTE_CACHE_SLOTS, 0);
+
 #[map]
 pub static GROUPS: Array<GroupEntry> = Array::with_max_entries(MAX_GROUPS, 0);
 

@@ -63,7 +63,13 @@ pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, no
     let congestion = ecn::congestion(depth, profile);
     if ecn::is_ect(tos) {
         counters::egress_add(egress.slot, EgressCounter::EctSeen, 1);
-        if ecn::should_mark(congestion, unsafe { bpf_get_prandom_u32() }) {
+        // A random number only where the probability needs one (a helper
+        // call per packet otherwise).
+        let random = match congestion {
+            Congestion::Probabilistic(_) => unsafe { bpf_get_prandom_u32() },
+            _ => 0,
+        };
+        if ecn::should_mark(congestion, random) {
             counters::egress_add(egress.slot, EgressCounter::Marked, 1);
             return Ok(ecn::with_ce(tos));
         }

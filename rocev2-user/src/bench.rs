@@ -30,7 +30,7 @@ use rocev2_common::{
     ecn::{EcnProfile, ECT0},
     flowlet::FlowletChoice,
     hash::HashMode,
-    maps::{DEFAULT_FLOWLET_TABLE_SIZE, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET},
+    maps::{route_cache_slot, DEFAULT_FLOWLET_TABLE_SIZE, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET},
 };
 
 use crate::{
@@ -58,6 +58,8 @@ const GROUP: u32 = 0;
 /// copy of the frame and the program stays warm between calls.
 const TEST_REPEAT: u32 = 1;
 const BIG_ROUTES: usize = 100_000;
+/// Part-1 sample key of the route-cache-miss row (after the pipelines).
+const CACHE_MISS_ROW: usize = PIPELINES.len() + 1;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -206,12 +208,40 @@ fn set_floor_target(dp: &mut Dataplane, ifindex: u32) -> Result<()> {
     Ok(())
 }
 
+fn bench_dst(v6: bool) -> IpAddr {
+    if v6 { "fd01::1".parse::<Ipv6Addr>().unwrap().into() } else { Ipv4Addr::new(10, 1, 0, 1).into() }
+}
+
+/// The route cache's words for an address (as the XDP program makes them).
+fn cache_words(a: IpAddr) -> [u32; 4] {
+    match a {
+        IpAddr::V4(a) => [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+        IpAddr::V6(a) => rocev2_common::hash::ipv6_words(&a.octets()),
+    }
+}
+
+/// Another routed destination (in 10.1.0.0/16 or fd01::/64) that shares
+/// bench_dst's route-cache slot: alternating the two misses every time.
+fn cache_twin(v6: bool) -> IpAddr {
+    let slot = route_cache_slot(&cache_words(bench_dst(v6)));
+    (2..=u16::MAX)
+        .map(|i| -> IpAddr {
+            if v6 {
+                Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, i).into()
+            } else {
+                Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8).into()
+            }
+        })
+        .find(|a| route_cache_slot(&cache_words(*a)) == slot)
+        .expect("some address shares the slot")
+}
+
 fn bench_frame(v6: bool, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
-    let (src, dst): (IpAddr, IpAddr) = if v6 {
-        ("fd00::1".parse::<Ipv6Addr>().unwrap().into(), "fd01::1".parse::<Ipv6Addr>().unwrap().into())
-    } else {
-        (Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::new(10, 1, 0, 1).into())
-    };
+    bench_frame_to(bench_dst(v6), ttl, dst_mac)
+}
+
+fn bench_frame_to(dst: IpAddr, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
+    let src: IpAddr = if dst.is_ipv6() { "fd00::1".parse::<Ipv6Addr>().unwrap().into() } else { Ipv4Addr::new(10, 0, 0, 1).into() };
     build_roce_frame(&RoceFrameSpec {
         src_mac: [2, 0, 0, 0, 0, 1],
         dst_mac,
@@ -233,10 +263,16 @@ fn cost_ns(dp: &mut Dataplane, program: &str, frame: &[u8], packets: u64) -> Res
 }
 
 fn cost_ns_repeat(dp: &mut Dataplane, program: &str, frame: &[u8], packets: u64, repeat: u32) -> Result<f64> {
+    cost_ns_frames(dp, program, &[frame], packets, repeat)
+}
+
+/// Like cost_ns_repeat, taking the frames in turn, one per call.
+fn cost_ns_frames(dp: &mut Dataplane, program: &str, frames: &[&[u8]], packets: u64, repeat: u32) -> Result<f64> {
     let prog = dp.xdp_program(program)?;
     let calls = (packets / u64::from(repeat)).max(1);
     let mut total_ns = 0u128;
-    for _ in 0..calls {
+    for call in 0..calls {
+        let frame = frames[call as usize % frames.len()];
         let r = prog
             .test_run(TestRunOptions { data_in: Some(frame), repeat, ..Default::default() })
             .context("BPF_PROG_TEST_RUN")?;
@@ -402,6 +438,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         // Measurements interleave: every round measures every row once.
         let mut samples: BTreeMap<(usize, bool), Vec<f64>> = BTreeMap::new();
         let frames = [bench_frame(false, 255, [2, 0, 0, 0, 0, 0xFE]), bench_frame(true, 255, [2, 0, 0, 0, 0, 0xFE])];
+        let twins = [false, true].map(|v6| bench_frame_to(cache_twin(v6), 255, [2, 0, 0, 0, 0, 0xFE]));
         let t_rounds = Instant::now();
         for _round in 0..args.rounds {
             for (v6, frame) in [false, true].into_iter().zip(&frames) {
@@ -418,6 +455,12 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                     samples.entry((i + 1, v6)).or_default().push(cost_ns(target, XDP_PROGRAM, frame, args.packets)?);
                 }
             }
+            // The qp pipeline when every packet misses the route cache.
+            Pipeline::Qp.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+            for (v6, (frame, twin)) in [false, true].into_iter().zip(frames.iter().zip(&twins)) {
+                let ns = cost_ns_frames(&mut dp, XDP_PROGRAM, &[frame, twin], args.packets, TEST_REPEAT)?;
+                samples.entry((CACHE_MISS_ROW, v6)).or_default().push(ns);
+            }
         }
         eprintln!("bench:   {} rounds in {:.1} s", args.rounds, t_rounds.elapsed().as_secs_f64());
         for v6 in [false, true] {
@@ -431,6 +474,8 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 let target = if *p == Pipeline::Full { format!("<= floor + 50 ns: {}", if above <= 50.0 { "met" } else { "MISSED" }) } else { String::new() };
                 rows.push(row("1 per-packet", p.name(), format!("{fam}, {routes}"), format!("{ns:.1} ns"), format!("+{above:.1} ns"), target));
             }
+            let ns = median(samples[&(CACHE_MISS_ROW, v6)].clone());
+            rows.push(row("1 per-packet", "rocev2 qp, every packet a route-cache miss", format!("{fam}, {routes}"), format!("{ns:.1} ns"), format!("+{:.1} ns", ns - floor), ""));
         }
         if !big {
             for p in [XDP_REDIRECT_PROGRAM, XDP_PROGRAM] {

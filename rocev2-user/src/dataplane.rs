@@ -36,7 +36,7 @@ use rocev2_common::{
     maps::{
         self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
         FlowletKey, GenRewrite, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, IfindexSlots, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
+        RouteEntry, RouteKeyV4, RouteKeyV6, IfindexSlots, RouteCacheEntry, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
         MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
@@ -78,6 +78,7 @@ pub struct Maps {
     gen_rewrite: Array<MapData, GenRewrite>,
     ifindex_slots: Array<MapData, IfindexSlots>,
     egress_by_slot: Array<MapData, EgressEntry>,
+    route_cache: PerCpuArray<MapData, RouteCacheEntry>,
 }
 
 /// How a group chooses members (everything in GroupEntry but the members).
@@ -144,6 +145,7 @@ impl Maps {
             gen_rewrite: typed(take(names::GEN_REWRITE)?, names::GEN_REWRITE)?,
             ifindex_slots: typed(take(names::IFINDEX_SLOTS)?, names::IFINDEX_SLOTS)?,
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
+            route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
         })
     }
 
@@ -183,11 +185,20 @@ impl Maps {
             gen_rewrite: open(dir, names::GEN_REWRITE)?,
             ifindex_slots: open(dir, names::IFINDEX_SLOTS)?,
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
+            route_cache: open(dir, names::ROUTE_CACHE)?,
         })
     }
 
     fn dataplane_config(&self) -> Result<DataplaneConfig> {
         self.config.get(&0, 0).context("cannot read CONFIG")
+    }
+
+    /// Invalidates every CPU's route cache: called after each change of
+    /// the route tables.
+    fn bump_route_generation(&mut self) -> Result<()> {
+        let config = self.dataplane_config()?;
+        let config = DataplaneConfig { route_generation: config.route_generation.wrapping_add(1), ..config };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
     pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
@@ -245,6 +256,13 @@ impl Maps {
     /// Seeds a virtual queue (tests use it to put a port at a known depth).
     pub fn set_virtual_queue(&mut self, slot: u32, q: VirtualQueue) -> Result<()> {
         self.vqueues.set(slot, q, 0).context("cannot write VQUEUES")
+    }
+
+    /// Every CPU's copy of one ROUTE_CACHE slot, and the current route
+    /// generation (a slot from another generation is stale).
+    pub fn route_cache(&self, slot: u32) -> Result<(Vec<RouteCacheEntry>, u32)> {
+        let per_cpu = self.route_cache.get(&slot, 0).context("cannot read ROUTE_CACHE")?;
+        Ok((per_cpu.iter().copied().collect(), self.dataplane_config()?.route_generation))
     }
 
     pub fn virtual_queue(&self, slot: u32) -> Result<VirtualQueue> {
@@ -339,7 +357,9 @@ impl Maps {
             .with_context(|| format!("cannot add ifindex {ifindex} to the device map"))
     }
 
-    pub fn set_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
+    /// Route writes go through Dataplane::sync_routes, which bumps the
+    /// route generation after them (the XDP route cache depends on it).
+    fn set_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
         let value = RouteEntry { group: target };
         match *prefix {
             Prefix::V4 { addr, len } => self.routes_v4.insert(&Key::new(len.into(), addr.octets()), value, 0),
@@ -348,7 +368,7 @@ impl Maps {
         .with_context(|| format!("cannot install route {prefix} (route table full?)"))
     }
 
-    pub fn remove_route(&mut self, prefix: &Prefix) -> Result<()> {
+    fn remove_route(&mut self, prefix: &Prefix) -> Result<()> {
         match *prefix {
             Prefix::V4 { addr, len } => self.routes_v4.remove(&Key::new(len.into(), addr.octets())),
             Prefix::V6 { addr, len } => self.routes_v6.remove(&Key::new(len.into(), addr.octets())),
@@ -641,18 +661,38 @@ impl Dataplane {
         // Only new or retargeted routes are written: `run` syncs on every
         // refresh tick, and rewriting 100,000 unchanged routes each time
         // would cost a fifth of a second of CPU per tick.
+        // The generation is bumped after the additions and again after the
+        // removals (even when one fails part-way), so the per-CPU route
+        // caches never serve a result the tables no longer give.
+        let mut added = Ok(());
+        let mut changed = false;
         for (prefix, target) in wanted {
             if self.installed_routes.get(prefix) != Some(target) {
-                self.maps.set_route(prefix, *target)?;
+                changed = true;
+                added = self.maps.set_route(prefix, *target);
+                if added.is_err() {
+                    break;
+                }
                 self.installed_routes.insert(*prefix, *target);
             }
         }
-        let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
-        for prefix in stale {
-            self.maps.remove_route(&prefix)?;
-            self.installed_routes.remove(&prefix);
+        if changed {
+            self.maps.bump_route_generation()?;
         }
-        Ok(())
+        added?;
+        let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
+        let mut removed = Ok(());
+        for prefix in &stale {
+            removed = self.maps.remove_route(prefix);
+            if removed.is_err() {
+                break;
+            }
+            self.installed_routes.remove(prefix);
+        }
+        if !stale.is_empty() {
+            self.maps.bump_route_generation()?;
+        }
+        removed
     }
 
     /// Attaches a tc program (clsact) to `ifname`: the forwarding program on

@@ -312,3 +312,54 @@ fn empty_group_passes_to_kernel() {
     assert_eq!(run.output, frame);
     assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassNoMember).unwrap(), 1);
 }
+
+/// The per-CPU route cache never outlives a route change: a destination
+/// cached as routed follows the route to `local`, to unrouted and back,
+/// and two destinations that share a cache slot each get their own route.
+#[test]
+fn route_changes_take_effect_for_cached_destinations() {
+    use rocev2_common::maps::{route_cache_slot, ROUTE_LOCAL};
+    use rocev2_tests::fixture::sync_routes;
+    // One CPU, so consecutive runs meet the same per-CPU cache.
+    // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+    let words = |a: Ipv4Addr| [u32::from_ne_bytes(a.octets()), 0, 0, 0];
+    // A destination in 10.3.0.0/16 that lands in DST4's cache slot.
+    let slot = route_cache_slot(&words(DST4));
+    let twin = (0..=u16::MAX)
+        .map(|i| Ipv4Addr::new(10, 3, (i >> 8) as u8, i as u8))
+        .find(|a| route_cache_slot(&words(*a)) == slot)
+        .expect("a colliding address in 10.3.0.0/16");
+    let mut dp = seeded_dataplane(&[]);
+    let send = |dp: &mut rocev2_user::dataplane::Dataplane, dst: Ipv4Addr| {
+        test_run(dp, &build_roce_frame(&roce_v4(dst, 64, 0x11))).unwrap().action
+    };
+    let base: Vec<(&str, u32)> = rocev2_tests::fixture::LEAF_ROUTES.to_vec();
+    assert_eq!(send(&mut dp, DST4), XDP_REDIRECT);
+    let (cpus, generation) = dp.maps.route_cache(slot).unwrap();
+    assert!(
+        cpus.iter().any(|e| e.family == 4 && e.dst == words(DST4) && e.route_generation == generation),
+        "DST4 cached on the CPU that ran it: {cpus:?}"
+    );
+    let with = |extra: &[(&'static str, u32)]| base.iter().chain(extra).copied().collect::<Vec<_>>();
+    // The cached destination's prefix becomes local, then disappears.
+    let local: Vec<_> = base.iter().map(|(p, g)| if *p == "10.1.0.0/16" { (*p, ROUTE_LOCAL) } else { (*p, *g) }).collect();
+    sync_routes(&mut dp, &local);
+    assert_eq!(send(&mut dp, DST4), XDP_PASS, "now local");
+    let unrouted: Vec<_> = base.iter().filter(|(p, _)| *p != "10.1.0.0/16").copied().collect();
+    sync_routes(&mut dp, &unrouted);
+    assert_eq!(send(&mut dp, DST4), XDP_PASS, "now unrouted");
+    assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassNoRoute).unwrap(), 1);
+    assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassLocal).unwrap(), 1);
+    sync_routes(&mut dp, &with(&[("10.3.0.0/16", ROUTE_LOCAL)]));
+    // Alternating colliding destinations: each keeps its own route.
+    for _ in 0..3 {
+        assert_eq!(send(&mut dp, DST4), XDP_REDIRECT, "routed again");
+        assert_eq!(send(&mut dp, twin), XDP_PASS, "{twin} is local");
+    }
+    assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassLocal).unwrap(), 4);
+}
