@@ -12,6 +12,7 @@ use rocev2_common::{
     bth::opcode,
     counters::PortCounter,
     hash::{FlowKey, HashMode},
+    maps::GroupEntry,
 };
 use rocev2_tests::{
     action_name,
@@ -299,6 +300,32 @@ fn member_counters_follow_the_hash() {
         assert_eq!(got.packets, *want, "member {position}");
     }
     assert!(expected.iter().all(|n| *n > 0), "64 QPs should reach all 4 members: {expected:?}");
+}
+
+/// A publish switches a group with one in-place copy of its entry, which
+/// the program reads field by field: a packet in flight can see the new
+/// bank with the old member count or the old bank with the new count.
+/// Every such mix, for a member leaving and for one coming back, still
+/// forwards to a member (none goes to the kernel as `pass_no_member`).
+#[test]
+fn a_half_updated_group_entry_still_forwards() {
+    let four = members();
+    let mut dp = seeded_dataplane(&[]);
+    for (list, what) in [(&four[..3], "a member leaves"), (&four[..], "it comes back"), (&four[..2], "two leave"), (&four[..], "both come back")] {
+        let old = dp.maps.group(QP_GROUP).unwrap();
+        dp.maps.publish_group(QP_GROUP, HashMode::Qp, list).unwrap();
+        let new = dp.maps.group(QP_GROUP).unwrap();
+        assert_ne!(old.bank, new.bank, "{what}: a publish switches banks");
+        for torn in [GroupEntry { member_count: old.member_count, ..new }, GroupEntry { bank: old.bank, ..new }] {
+            dp.maps.set_group_entry(QP_GROUP, torn).unwrap();
+            for qp in 0..256 {
+                let run = test_run(&mut dp, &build_roce_frame(&roce_v4(DST4, 64, 0x100 + qp))).unwrap();
+                assert_eq!(run.action, XDP_REDIRECT, "{what}: QP {qp} with {torn:?} gave {}", action_name(run.action));
+            }
+        }
+        dp.maps.set_group_entry(QP_GROUP, new).unwrap();
+    }
+    assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassNoMember).unwrap(), 0);
 }
 
 /// An empty group hands traffic to the kernel instead of dropping it.
