@@ -119,6 +119,14 @@ struct Runner {
     egress: Vec<(String, u32)>,
     local: Vec<IpAddr>,
     pins: BTreeSet<(Prefix, u32)>,
+    /// What each group slot holds now (policy and usable members), so an
+    /// unchanged group is not published again: a publish switches banks
+    /// and bumps the generation, which makes every flowlet of the group
+    /// start over.
+    published: BTreeMap<u32, (GroupPolicy, Vec<MemberSpec>)>,
+    /// The class list installed, so an unchanged one is not rewritten
+    /// (rewriting empties the live list for a moment).
+    classes: Option<Vec<rocev2_common::class::ClassEntry>>,
     mode: AyaXdpMode,
     state: RunState,
 }
@@ -205,6 +213,8 @@ impl Runner {
             egress: Vec::new(),
             local: Vec::new(),
             pins: BTreeSet::new(),
+            published: BTreeMap::new(),
+            classes: None,
             mode,
             state,
         };
@@ -295,7 +305,11 @@ impl Runner {
             let profile = e.ecn_profile.map_or(rocev2_common::ecn::NO_PROFILE, |p| p as u32);
             maps.set_egress(link.ifindex, slot as u32, e.rate_bytes_per_sec, profile)?;
         }
-        maps.set_classes(&config.class_entries())?;
+        let classes = config.class_entries();
+        if self.classes.as_ref() != Some(&classes) {
+            maps.set_classes(&classes)?;
+            self.classes = Some(classes);
+        }
 
         // Members: keep what is known about unchanged ones, resolve new ones.
         let mut members: BTreeMap<String, Vec<MemberLive>> = BTreeMap::new();
@@ -405,11 +419,18 @@ impl Runner {
             let slot = self.slots[&group.name];
             let members = &self.members[&group.name];
             let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
-            let generation = self
-                .dataplane
-                .maps
-                .publish_group_with(slot, &group_policy(group), &usable)
-                .with_context(|| format!("cannot publish group {}", group.name))?;
+            let policy = group_policy(group);
+            let generation = if self.published.get(&slot) == Some(&(policy, usable.clone())) {
+                self.dataplane.maps.group(slot)?.generation
+            } else {
+                let generation = self
+                    .dataplane
+                    .maps
+                    .publish_group_with(slot, &policy, &usable)
+                    .with_context(|| format!("cannot publish group {}", group.name))?;
+                self.published.insert(slot, (policy, usable));
+                generation
+            };
             // Position of each configured member among the usable ones.
             let mut live_position = Vec::with_capacity(members.len());
             let mut next = 0u32;
