@@ -542,6 +542,14 @@ pub struct Dataplane {
     handed_over: bool,
 }
 
+/// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
+/// over (or crashed) and its programs still forward.
+pub fn has_pinned_links(pin_dir: &Path) -> bool {
+    std::fs::read_dir(pin_dir)
+        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("link-")))
+        .unwrap_or(false)
+}
+
 /// File name of an XDP link pin for `ifname`.
 pub fn link_pin_name(ifname: &str) -> String {
     format!("link-{ifname}")

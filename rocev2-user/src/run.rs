@@ -200,7 +200,16 @@ impl Runner {
         };
         // Everything the config names must exist before anything loads.
         let links = resolve_links(&netlink, &config).await?;
-        let dataplane = Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?;
+        let dataplane = if crate::dataplane::has_pinned_links(&pin_dir) {
+            // A previous run's programs are attached and forwarding: this is
+            // a takeover, and nothing waits for the new programs. Loading
+            // them (the verifier: a few hundred ms of CPU, far more on a
+            // busy box) then runs at the lowest priority, so it takes no
+            // CPU from the forwarding (ksoftirqd) or the applications.
+            load_in_background(&pin_dir, config.flowlet_table_size())?
+        } else {
+            Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?
+        };
         let state = RunState { pid: std::process::id(), config: config.path.clone(), netns: netns.clone(), ..Default::default() };
         let mut runner = Runner {
             config: config.clone(),
@@ -547,6 +556,26 @@ impl Runner {
         self.state.classes = c.classes.iter().map(|c| c.name.clone()).collect();
         self.state.write(&c.dataplane.pin_dir)
     }
+}
+
+/// Loads the dataplane on a helper thread at nice 19 (per-thread on
+/// Linux), which ends with the load: the control loop keeps its normal
+/// priority and nothing needs the privilege to raise it back.
+fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32) -> Result<Dataplane> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setpriority on this thread's own id.
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) } != 0 {
+                eprintln!(
+                    "rocev2: warning: cannot lower the priority of the program load: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            Dataplane::load_with(Some(pin_dir), flowlet_table_size)
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// The links a config names, looked up in config order.
