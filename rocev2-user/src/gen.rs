@@ -23,7 +23,24 @@
 //!   on copies of one frame and transmits each copy out of `--dev` through
 //!   the XDP path, without a socket or the stack. Far higher rates, but each
 //!   call repeats one frame (so one PSN), and on a veth the peer must have
-//!   NAPI (GRO on, or an XDP program) or the frames are dropped.
+//!   NAPI (GRO on, or an XDP program) or the frames are dropped. With
+//!   `--rate` the frames go out in calls of `--live-repeat` frames, each
+//!   at its due time (see [`Pacer`]).
+//!
+//! Every BPF_PROG_RUN call with a repeat count registers its program in the
+//! kernel's XDP dispatcher and removes it again afterwards, two RCU grace
+//! periods (about 25 ms per call on a busy 2-CPU machine): a flat-out
+//! stream had a 25 ms hole after every call, and a paced one could make
+//! only ~40 calls a second. Live-frames mode therefore keeps the program
+//! registered for the whole run by attaching it to a private veth pair
+//! that stays down (nothing ever arrives there), created in the current
+//! network namespace and removed at the end; calls then cost microseconds.
+//!
+//! On a veth, the receiving side's NAPI runs on the CPU that transmitted:
+//! a live-frames sender does the switch's forwarding inline, one batch at
+//! a time. `--cpu` pins the sender so it never migrates away from a NAPI
+//! it left pending on another CPU (which then overflows the 256-frame veth
+//! ring while that CPU is busy elsewhere; see the high-rate test).
 
 use std::{
     net::IpAddr,
@@ -193,6 +210,13 @@ pub struct GenArgs {
     /// frame (copies share one PSN).
     #[arg(long, default_value_t = 64)]
     pub live_repeat: u32,
+    /// Pin the sending thread to this CPU.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Library users: stop sending once this is set (without a count or a
+    /// duration, send until then).
+    #[arg(skip)]
+    pub stop: Option<std::sync::Arc<AtomicBool>>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -224,6 +248,8 @@ impl GenArgs {
             duration: None,
             mode: GenMode::Packet,
             live_repeat: 64,
+            cpu: None,
+            stop: None,
             json: false,
         }
     }
@@ -270,6 +296,11 @@ impl GenArgs {
         }
         if self.live_repeat == 0 {
             bail!("--live-repeat must be at least 1");
+        }
+        if let Some(cpu) = self.cpu {
+            if cpu >= libc::CPU_SETSIZE as usize {
+                bail!("--cpu {cpu} is out of range; CPUs are numbered from 0 (see `nproc`)");
+            }
         }
         Ok(())
     }
@@ -666,6 +697,117 @@ impl TokenBucket {
     }
 }
 
+/// Paces live frames: the frame numbered `sent` is due at `start + sent /
+/// rate`, and a call of `--live-repeat` frames starts when its first frame
+/// is due (it then goes out as fast as the kernel sends). A sender that
+/// fell behind (descheduled) catches up by sending calls back to back, but
+/// never more than [`Pacer::MAX_LAG`] of backlog: beyond that the schedule
+/// moves on and the report shows the lower rate.
+struct Pacer {
+    rate: f64,
+    start: Instant,
+}
+
+impl Pacer {
+    const MAX_LAG: Duration = Duration::from_millis(10);
+
+    fn new(rate: u64) -> Self {
+        Self { rate: rate as f64, start: Instant::now() }
+    }
+
+    /// Waits until frame `sent` is due.
+    fn wait(&mut self, sent: u64) {
+        loop {
+            let due = self.start + Duration::from_secs_f64(sent as f64 / self.rate);
+            let now = Instant::now();
+            if now >= due {
+                if now - due > Self::MAX_LAG {
+                    self.start += now - due - Self::MAX_LAG;
+                }
+                return;
+            }
+            // Sleep rather than spin: the CPU is the forwarding path's
+            // (and the control plane's) meanwhile. A late wake-up is made
+            // up by the next calls.
+            let wait = due - now;
+            if wait > Duration::from_micros(20) {
+                std::thread::sleep(wait);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to one CPU until dropped (then restores its
+/// previous CPU set).
+struct CpuPin {
+    previous: libc::cpu_set_t,
+}
+
+impl CpuPin {
+    fn new(cpu: usize) -> Result<Self> {
+        // SAFETY: cpu_set_t is plain data; the calls get valid pointers and
+        // sizes, and pid 0 means the calling thread.
+        unsafe {
+            let mut previous: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut previous) != 0 {
+                bail!("cannot read the CPU affinity: {}", std::io::Error::last_os_error());
+            }
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                bail!("cannot pin the sender to CPU {cpu}: {}", std::io::Error::last_os_error());
+            }
+            Ok(Self { previous })
+        }
+    }
+}
+
+impl Drop for CpuPin {
+    fn drop(&mut self) {
+        // SAFETY: restores the set read in `new` for the calling thread.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.previous) };
+    }
+}
+
+/// Keeps an XDP program registered in the kernel's XDP dispatcher while it
+/// lives: the program is attached to a private veth pair that stays down,
+/// so no frame ever reaches it. Dropping it deletes the pair.
+struct DispatcherHold {
+    name: String,
+}
+
+impl DispatcherHold {
+    fn new(program: &mut aya::programs::Xdp) -> Result<Self> {
+        // Unique per process and call; IFNAMSIZ allows 15 bytes.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("r2h{:x}.{n:x}", std::process::id() & 0xFFFFF);
+        let peer = format!("{name}p");
+        crate::netns::ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
+            .context("creating the veth that keeps the live-frames program in the XDP dispatcher")?;
+        let hold = Self { name };
+        let c = std::ffi::CString::new(hold.name.as_str()).context("interface name")?;
+        // SAFETY: `c` is a valid NUL-terminated string.
+        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if ifindex == 0 {
+            bail!("the veth {} vanished: {}", hold.name, std::io::Error::last_os_error());
+        }
+        // The program keeps the link; deleting the veth detaches it.
+        program
+            .attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)
+            .with_context(|| format!("attaching the live-frames program to {}", hold.name))?;
+        Ok(hold)
+    }
+}
+
+impl Drop for DispatcherHold {
+    fn drop(&mut self) {
+        let _ = crate::netns::ip(&["link", "del", &self.name]);
+    }
+}
+
 /// What `gen` did.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenReport {
@@ -730,10 +872,12 @@ pub fn generate(args: &GenArgs) -> Result<GenReport> {
     let limit = match (args.count, args.duration) {
         (Some(c), _) => c,
         (None, Some(_)) => u64::MAX,
+        (None, None) if args.stop.is_some() => u64::MAX,
         (None, None) => source.pass_len() as u64,
     };
     let deadline = args.duration.map(Duration::from_secs_f64);
     let _sigint = SigintGuard::install();
+    let _pin = args.cpu.map(CpuPin::new).transpose()?;
 
     // The clock starts after the socket is open / the program loaded.
     let Sent { packets, bytes, prog_runs, elapsed } = match args.mode {
@@ -757,8 +901,11 @@ pub fn generate(args: &GenArgs) -> Result<GenReport> {
     })
 }
 
-fn should_stop(sent: u64, limit: u64, deadline: Option<Duration>, start: Instant) -> bool {
-    sent >= limit || deadline.is_some_and(|d| start.elapsed() >= d) || SigintGuard::interrupted()
+fn should_stop(args: &GenArgs, sent: u64, limit: u64, deadline: Option<Duration>, start: Instant) -> bool {
+    sent >= limit
+        || deadline.is_some_and(|d| start.elapsed() >= d)
+        || SigintGuard::interrupted()
+        || args.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
 }
 
 struct Sent {
@@ -773,7 +920,7 @@ fn send_packets(args: &GenArgs, source: &mut FrameSource, limit: u64, deadline: 
     let start = Instant::now();
     let mut bucket = args.rate.map(|r| TokenBucket::new(r, BURST));
     let (mut sent, mut bytes) = (0u64, 0u64);
-    while !should_stop(sent, limit, deadline, start) {
+    while !should_stop(args, sent, limit, deadline, start) {
         let want = BURST.min(limit - sent);
         let n = bucket.as_mut().map_or(want, |b| b.take(want));
         for _ in 0..n {
@@ -813,13 +960,16 @@ fn send_live(args: &GenArgs, src_mac: [u8; 6], source: &mut FrameSource, limit: 
     let dst_mac = parse_mac(&args.dst_mac).context("--dst-mac")?;
     dataplane.maps.set_gen_rewrite(dst_mac, src_mac, GEN_TTL)?;
     let program = dataplane.xdp_program(XDP_TX_PROGRAM)?;
+    let _hold = DispatcherHold::new(program)?;
     let start = Instant::now();
     let repeat = u64::from(args.live_repeat);
-    let mut bucket = args.rate.map(|r| TokenBucket::new(r, BURST.max(repeat)));
+    let mut pacer = args.rate.map(Pacer::new);
     let (mut sent, mut bytes, mut runs, mut slot) = (0u64, 0u64, 0u64, 0u64);
-    while !should_stop(sent, limit, deadline, start) {
-        let want = repeat.min(limit - sent);
-        let n = bucket.as_mut().map_or(want, |b| b.take(want));
+    while !should_stop(args, sent, limit, deadline, start) {
+        let n = repeat.min(limit - sent);
+        if let Some(p) = pacer.as_mut() {
+            p.wait(sent);
+        }
         let frame = source.frame(slot);
         let ctx = xdp_md(frame.len(), ifindex);
         let result = program
@@ -1158,6 +1308,26 @@ mod tests {
         let secs = start.elapsed().as_secs_f64();
         // 2000 packets at 20 kpps: 0.1 s (minus the first burst).
         assert!((0.08..0.3).contains(&secs), "{secs}");
+    }
+
+    #[test]
+    fn pacer_sends_calls_when_due_and_bounds_the_catch_up() {
+        // 100 calls of 1,000 frames at 1 Mpps: 0.1 s.
+        let mut p = Pacer::new(1_000_000);
+        let start = Instant::now();
+        for call in 0..100u64 {
+            p.wait(call * 1_000);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        assert!((0.098..0.3).contains(&secs), "{secs}");
+        // A sender 50 ms late may catch up at most MAX_LAG of it.
+        let mut p = Pacer::new(1_000_000);
+        std::thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        p.wait(0);
+        p.wait(60_000); // due at 60 ms: 10 ms lag kept, so ~20 ms from now
+        let waited = t.elapsed().as_secs_f64();
+        assert!((0.015..0.1).contains(&waited), "{waited}");
     }
 
     #[test]
