@@ -914,34 +914,44 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 const READING: &str = "
-- Live frames and the kernel path: why the kernel \"took a few thousand and
-  stalled\". Live frames come from a page pool that the kernel recycles
-  without rewriting the frame, and every forwarder on the way (the kernel's
-  ip_forward on the skb built around the same page, or rocev2's rewrite)
-  decrements the TTL in that page. After ~63 trips round the pool the TTL
-  is 1 and the frames go to the kernel as TTL-expired: kernel forwarding
-  stops, and rocev2's rows fed by live frames forward only ~1.5% (the rest
-  is `pass_ttl_expired`). The trivial redirect does not touch the TTL, so it
-  is the only row measured with live frames. Fix to make: a generator XDP
-  program that rewrites TTL (and the IPv4 checksum) before XDP_TX.
-  Also, every BPF_PROG_RUN call with `repeat > 1` swaps the XDP dispatcher
-  (two `synchronize_rcu`, ~20 ms per call here), so `gen --mode
-  live-frames` with its default `--live-repeat 64` sends only ~3 kpps; the
-  bench uses `--live-repeat 262144`.
-- The rows compared with each other are therefore all fed by AF_PACKET,
-  one `send()` per frame from one thread, and that generator (a few hundred
-  kpps) is the bottleneck: every XDP row forwards all it is offered
-  (offered = received), so the ratios reflect how much CPU each path leaves
-  to the sender on a 2-core machine where sender, switch and receivers
-  share the CPUs, not the dataplane's limit. The >= 90%-of-limit and
-  >= 3x-kernel targets cannot be judged honestly until a faster
-  stack-compatible generator exists (sendmmsg / PACKET_QDISC_BYPASS /
-  several threads, or AF_XDP) or the live-frames TTL fix is in.
-- Per-packet cost is one program (`rocev2_xdp`): parse, LPM lookup, group,
-  hash, rewrite, redirect; the policy (hash, flowlet, ECN, classes) is
-  chosen at run time by branches, so the instruction count above is shared
-  by all pipelines and the differences between rows are the extra map
-  lookups (flowlet LRU hash, egress hash + virtual queue array, classes
-  array). With 100k routes the LPM trie is deeper, which is what moves the
-  100k rows.
+- What was profiled and changed. `rocev2 bench --loop <pipeline>`
+  (five-tuple, qp, flowlet, full, floor) runs one part-1 measurement over
+  and over so `perf record -a` can sample it (`bpftool prog profile` needs
+  hardware counters this VM does not have; perf's cpu-clock works).
+  Four design changes came out of it, each with a test:
+  1. The flowlet table was updated with BPF_MAP_UPDATE_ELEM on every
+     packet (LRU bucket lock, free-list pop and push: more than the rest of
+     the pipeline). A known flow's entry is now written in place; only a
+     new or evicted flow inserts. Flowlet row 700 -> 480 ns, full 900 ->
+     580 ns (both at repeat 250, the old method).
+  2. The virtual queue's drain did six 64-bit divisions per packet. The
+     control program now precomputes a multiplier and shift per port
+     (`DrainRate`, within 1/2^23 plus one byte of exact, never above).
+  3. Ports and egress queues were found by two hash lookups per packet;
+     now by an array indexed by ifindex (the hash maps remain for
+     ifindexes of 16,384 and above).
+  4. The LPM route lookup sits behind a per-CPU direct-mapped destination
+     cache (256 slots), valid only while the route generation the control
+     program bumps after every route change is unchanged. Most RoCE
+     packets of a rack go to few destinations; the `route-cache miss` rows
+     show the cost when every packet misses (the trie lookup plus a failed
+     compare), which is also what the 100k-route rows would cost for
+     traffic to many destinations.
+  Also: the clock is read once per packet, and a random number is drawn
+  only where ECN marking is probabilistic.
+- What remains above the floor, from the profile of the full pipeline:
+  the flowlet table lookup (jhash of a 44-byte key, then a key compare) is
+  the largest single cost, then the forwarding code itself (parse, group
+  and member lookups, checksum patch, counters), the ECN code (virtual
+  queue read-modify-write, profile, counters), the clock read (`read_tsc`
+  in this VM) and the class match. None of these is a division or a lock
+  any more; each is a map access or straight-line code. The 50 ns target
+  would leave room for about one hash-map lookup, so a full pipeline with
+  per-flow flowlet state and per-port ECN cannot meet it with kernel maps;
+  a hash-indexed flowlet array without keys (what switch ASICs use) would
+  be the next step, at the price of flows sharing state on collisions.
+- Part 2 compares rows fed by the same generator in one run. On this
+  2-core machine the sender, the switch and the receivers share the two
+  CPUs, so a row's rate is also limited by how much CPU it leaves to the
+  sender: the ratios are what to read, not the absolute Mpps.
 ";
