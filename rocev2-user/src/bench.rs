@@ -938,7 +938,20 @@ const READING: &str = "
      compare), which is also what the 100k-route rows would cost for
      traffic to many destinations.
   Also: the clock is read once per packet, and a random number is drawn
-  only where ECN marking is probabilistic.
+  only where ECN marking is probabilistic. Before and after, measured
+  interleaved in one session (the old build is commit 7f50b6b with this
+  bench; `--loop`, IPv4, 10 routes, repeat 1, median of about 50
+  measurements of 50,000 calls each), ns above the floor:
+
+  | pipeline | before | after |
+  |---|---|---|
+  | five-tuple | 421 | 267 |
+  | qp | 492 | 337 |
+  | flowlet | 656 | 321 |
+  | flowlet+ECN+classes | 818 | 391 |
+
+  The machine is noisy: consecutive measurements of one row ranged from
+  180 to 420 ns, which is why every row is a median of rounds.
 - What remains above the floor, from the profile of the full pipeline:
   the flowlet table lookup (jhash of a 44-byte key, then a key compare) is
   the largest single cost, then the forwarding code itself (parse, group
