@@ -916,8 +916,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 const READING: &str = "
 - What was profiled and changed. `rocev2 bench --loop <pipeline>`
   (five-tuple, qp, flowlet, full, floor) runs one part-1 measurement over
-  and over so `perf record -a` can sample it (`bpftool prog profile` needs
-  hardware counters this VM does not have; perf's cpu-clock works).
+  and over so `perf record -a` can sample it (`bpftool prog profile` is not
+  built into Debian 12's bpftool, and this VM has no hardware counters:
+  `perf stat -e cycles` says not supported; perf's cpu-clock sampling
+  works, with JITed programs named in its report).
   Four design changes came out of it, each with a test:
   1. The flowlet table was updated with BPF_MAP_UPDATE_ELEM on every
      packet (LRU bucket lock, free-list pop and push: more than the rest of
@@ -954,7 +956,7 @@ const READING: &str = "
   180 to 420 ns, which is why every row is a median of rounds.
 - What remains above the floor, from the profile of the full pipeline:
   the flowlet table lookup (jhash of a 44-byte key, then a key compare) is
-  the largest single cost, then the forwarding code itself (parse, group
+  the largest single kernel function, next to the forwarding code itself (parse, group
   and member lookups, checksum patch, counters), the ECN code (virtual
   queue read-modify-write, profile, counters), the clock read (`read_tsc`
   in this VM) and the class match. None of these is a division or a lock
