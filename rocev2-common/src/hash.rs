@@ -46,6 +46,13 @@ fn word(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
+/// An IPv4 address as the four words a FlowKey (and the route cache) keeps:
+/// word 0, the rest zero.
+#[inline(always)]
+pub fn ipv4_words(a: [u8; 4]) -> [u32; 4] {
+    [word(&a, 0), 0, 0, 0]
+}
+
 /// An IPv6 address as the four words a FlowKey (and the route cache) keeps.
 #[inline(always)]
 pub fn ipv6_words(a: &[u8; 16]) -> [u32; 4] {
@@ -55,8 +62,8 @@ pub fn ipv6_words(a: &[u8; 16]) -> [u32; 4] {
 impl FlowKey {
     pub fn v4(src: [u8; 4], dst: [u8; 4], protocol: u8, src_port: u16, dst_port: u16) -> Self {
         Self {
-            src: [word(&src, 0), 0, 0, 0],
-            dst: [word(&dst, 0), 0, 0, 0],
+            src: ipv4_words(src),
+            dst: ipv4_words(dst),
             src_port,
             dst_port,
             protocol,

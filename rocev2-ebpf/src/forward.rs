@@ -13,7 +13,7 @@ use rocev2_common::{
     class::{ClassAction, ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY},
     counters::PortCounter,
     ecn::NO_PROFILE,
-    hash::{ipv6_words, FlowKey},
+    hash::{ipv4_words, ipv6_words, FlowKey},
     maps::{
         member_index, route_cache_slot, GroupEntry, RouteEntry, CACHED_NO_ROUTE, MAX_MEMBERS_PER_GROUP, MEMBER_UP,
         PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED, ROUTE_LOCAL,
@@ -317,7 +317,7 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     // SAFETY: parse_ipv4 checked the header lies in the packet.
     let (src, dst, ttl, protocol, vihl, tos) =
         unsafe { ((*hdr).src_addr, (*hdr).dst_addr, (*hdr).ttl, (*hdr).proto, (*hdr).vihl, (*hdr).tos) };
-    let dst_words = [u32::from_ne_bytes(dst), 0, 0, 0];
+    let dst_words = ipv4_words(dst);
     let group = route_group(cached_route(4, &dst_words, || ROUTES_V4.get(Key::new(32, dst))))?;
     if parse::is_fragment(hdr) {
         return Err(pass(PortCounter::PassFragment));

@@ -215,7 +215,7 @@ fn bench_dst(v6: bool) -> IpAddr {
 /// The route cache's words for an address (as the XDP program makes them).
 fn cache_words(a: IpAddr) -> [u32; 4] {
     match a {
-        IpAddr::V4(a) => [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+        IpAddr::V4(a) => rocev2_common::hash::ipv4_words(a.octets()),
         IpAddr::V6(a) => rocev2_common::hash::ipv6_words(&a.octets()),
     }
 }
@@ -548,27 +548,22 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
 /// `--loop`: one pipeline's part-1 measurement over and over, for a
 /// profiler attached from outside (`perf record -a -g`).
 fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
-    if name == "floor" {
-        let mut dp = test_run_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
-        let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
-        let started = Instant::now();
-        while started.elapsed().as_secs_f64() < args.loop_seconds {
-            let ns = cost_ns_repeat(&mut dp, XDP_REDIRECT_PROGRAM, &frame, args.packets, args.loop_repeat)?;
-            println!("floor: {ns:.1} ns");
-        }
-        return Ok(());
-    }
-    let pipeline = PIPELINES
-        .into_iter()
-        .find(|p| p.short_name() == name)
-        .with_context(|| format!("--loop: unknown pipeline {name:?} (five-tuple, qp, flowlet, full)"))?;
     let mut dp = test_run_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
-    pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+    let (program, label) = if name == "floor" {
+        (XDP_REDIRECT_PROGRAM, "floor".to_owned())
+    } else {
+        let pipeline = PIPELINES
+            .into_iter()
+            .find(|p| p.short_name() == name)
+            .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
+        pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+        (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
+    };
     let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
     let started = Instant::now();
     while started.elapsed().as_secs_f64() < args.loop_seconds {
-        let ns = cost_ns_repeat(&mut dp, XDP_PROGRAM, &frame, args.packets, args.loop_repeat)?;
-        println!("{} {}: {ns:.1} ns", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" });
+        let ns = cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?;
+        println!("{label}: {ns:.1} ns");
     }
     Ok(())
 }

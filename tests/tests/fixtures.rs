@@ -354,7 +354,7 @@ fn route_changes_take_effect_for_cached_destinations() {
         libc::CPU_SET(0, &mut set);
         assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
     }
-    let words = |a: Ipv4Addr| [u32::from_ne_bytes(a.octets()), 0, 0, 0];
+    let words = |a: Ipv4Addr| rocev2_common::hash::ipv4_words(a.octets());
     // A destination in 10.3.0.0/16 that lands in DST4's cache slot.
     let slot = route_cache_slot(&words(DST4));
     let twin = (0..=u16::MAX)
