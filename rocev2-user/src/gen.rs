@@ -741,12 +741,12 @@ impl Pacer {
 
 /// Pins the calling thread to one CPU until dropped (then restores its
 /// previous CPU set).
-struct CpuPin {
+pub struct CpuPin {
     previous: libc::cpu_set_t,
 }
 
 impl CpuPin {
-    fn new(cpu: usize) -> Result<Self> {
+    pub fn new(cpu: usize) -> Result<Self> {
         // SAFETY: cpu_set_t is plain data; the calls get valid pointers and
         // sizes, and pid 0 means the calling thread.
         unsafe {
@@ -757,7 +757,7 @@ impl CpuPin {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut set);
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                bail!("cannot pin the sender to CPU {cpu}: {}", std::io::Error::last_os_error());
+                bail!("cannot pin the thread to CPU {cpu}: {}", std::io::Error::last_os_error());
             }
             Ok(Self { previous })
         }

@@ -348,12 +348,7 @@ fn route_changes_take_effect_for_cached_destinations() {
     use rocev2_common::maps::{route_cache_slot, ROUTE_LOCAL};
     use rocev2_tests::fixture::sync_routes;
     // One CPU, so consecutive runs meet the same per-CPU cache.
-    // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
-    }
+    let _pin = rocev2_user::gen::CpuPin::new(0).unwrap();
     let words = |a: Ipv4Addr| rocev2_common::hash::ipv4_words(a.octets());
     // A destination in 10.3.0.0/16 that lands in DST4's cache slot.
     let slot = route_cache_slot(&words(DST4));
