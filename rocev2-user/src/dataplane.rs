@@ -707,31 +707,23 @@ impl Dataplane {
         // The generation is bumped after the additions and again after the
         // removals (even when one fails part-way), so the per-CPU route
         // caches never serve a result the tables no longer give.
-        let mut added = Ok(());
-        let mut changed = false;
-        for (prefix, target) in wanted {
-            if self.installed_routes.get(prefix) != Some(target) {
-                changed = true;
-                added = self.maps.set_route(prefix, *target);
-                if added.is_err() {
-                    break;
-                }
-                self.installed_routes.insert(*prefix, *target);
-            }
-        }
-        if changed {
+        let additions: Vec<(Prefix, u32)> =
+            wanted.iter().filter(|(p, t)| self.installed_routes.get(p) != Some(t)).map(|(p, t)| (*p, *t)).collect();
+        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| {
+            self.maps.set_route(prefix, *target)?;
+            self.installed_routes.insert(*prefix, *target);
+            Ok(())
+        });
+        if !additions.is_empty() {
             self.maps.bump_route_generation()?;
         }
         added?;
         let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
-        let mut removed = Ok(());
-        for prefix in &stale {
-            removed = self.maps.remove_route(prefix);
-            if removed.is_err() {
-                break;
-            }
+        let removed: Result<()> = stale.iter().try_for_each(|prefix| {
+            self.maps.remove_route(prefix)?;
             self.installed_routes.remove(prefix);
-        }
+            Ok(())
+        });
         if !stale.is_empty() {
             self.maps.bump_route_generation()?;
         }
