@@ -709,7 +709,9 @@ struct Pacer {
 }
 
 impl Pacer {
-    const MAX_LAG: Duration = Duration::from_millis(10);
+    /// 100 ms: a descheduled sender (seen: stalls of tens of ms on a busy
+    /// 2-CPU VM) keeps its average rate; 10 ms lost up to 6 % of it.
+    const MAX_LAG: Duration = Duration::from_millis(100);
 
     fn new(rate: u64) -> Self {
         Self { rate: rate as f64, start: Instant::now() }
@@ -739,14 +741,33 @@ impl Pacer {
     }
 }
 
-/// Pins the calling thread to one CPU until dropped (then restores its
-/// previous CPU set).
+/// Pins the calling thread to a set of CPUs until dropped (then restores
+/// its previous CPU set).
 pub struct CpuPin {
     previous: libc::cpu_set_t,
 }
 
 impl CpuPin {
+    /// Runs the calling thread on `cpu` only.
     pub fn new(cpu: usize) -> Result<Self> {
+        Self::to(&[cpu])
+    }
+
+    /// Runs the calling thread, and the threads and processes it starts
+    /// from now on, on every CPU but `cpu`: keeps control-plane work off a
+    /// CPU that forwards (what `taskset` or systemd's `CPUAffinity=` do
+    /// for an operator). On a single CPU there is nowhere else to go, so
+    /// nothing changes.
+    pub fn except(cpu: usize) -> Result<Self> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let others: Vec<usize> = (0..cpus).filter(|&c| c != cpu).collect();
+        if others.is_empty() {
+            return Self::to(&(0..cpus).collect::<Vec<_>>());
+        }
+        Self::to(&others)
+    }
+
+    fn to(cpus: &[usize]) -> Result<Self> {
         // SAFETY: cpu_set_t is plain data; the calls get valid pointers and
         // sizes, and pid 0 means the calling thread.
         unsafe {
@@ -755,9 +776,11 @@ impl CpuPin {
                 bail!("cannot read the CPU affinity: {}", std::io::Error::last_os_error());
             }
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
+            for &cpu in cpus {
+                libc::CPU_SET(cpu, &mut set);
+            }
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                bail!("cannot pin the thread to CPU {cpu}: {}", std::io::Error::last_os_error());
+                bail!("cannot pin the thread to CPUs {cpus:?}: {}", std::io::Error::last_os_error());
             }
             Ok(Self { previous })
         }
@@ -1325,14 +1348,17 @@ mod tests {
         }
         let secs = start.elapsed().as_secs_f64();
         assert!((0.098..0.3).contains(&secs), "{secs}");
-        // A sender 50 ms late may catch up at most MAX_LAG of it.
+        // A sender 50 ms later than MAX_LAG catches up MAX_LAG of it and
+        // drops the other 50 ms from the schedule.
         let mut p = Pacer::new(1_000_000);
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Pacer::MAX_LAG + Duration::from_millis(50));
         let t = Instant::now();
         p.wait(0);
-        p.wait(60_000); // due at 60 ms: 10 ms lag kept, so ~20 ms from now
+        // Due 10 ms after the moment it woke, plus the 50 ms dropped.
+        let frame = (Pacer::MAX_LAG + Duration::from_millis(60)).as_micros() as u64;
+        p.wait(frame);
         let waited = t.elapsed().as_secs_f64();
-        assert!((0.015..0.1).contains(&waited), "{waited}");
+        assert!((0.055..0.15).contains(&waited), "{waited}");
     }
 
     #[test]
