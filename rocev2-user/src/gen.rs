@@ -797,17 +797,22 @@ impl Drop for CpuPin {
 /// Keeps an XDP program registered in the kernel's XDP dispatcher while it
 /// lives: the program is attached to a private veth pair (`r2h<pid>.<n>`,
 /// made with `ip`) that stays down, so no frame ever reaches it. Dropping
-/// it deletes the pair; a killed `gen` leaves it behind (`ip link del`).
+/// it deletes the pair. A killed `gen` cannot, so the next one deletes
+/// every pair whose owner is gone ([`remove_orphaned_holds`]).
 struct DispatcherHold {
     name: String,
 }
 
+const HOLD_PREFIX: &str = "r2h";
+
 impl DispatcherHold {
     fn new(program: &mut aya::programs::Xdp) -> Result<Self> {
-        // Unique per process and call; IFNAMSIZ allows 15 bytes.
+        remove_orphaned_holds();
+        // Unique per process and call. IFNAMSIZ allows 15 bytes: a pid is
+        // at most 0x400000 (6 hex digits), so "r2h" + 6 + "." + 3 + "p" fits.
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFFF;
-        let name = format!("r2h{:x}.{n:x}", std::process::id() & 0xFFFFF);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFF;
+        let name = format!("{HOLD_PREFIX}{:x}.{n:x}", std::process::id());
         let peer = format!("{name}p");
         crate::netns::ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
             .context("creating the veth that keeps the live-frames program in the XDP dispatcher")?;
@@ -823,6 +828,28 @@ impl DispatcherHold {
             .attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)
             .with_context(|| format!("attaching the live-frames program to {}", hold.name))?;
         Ok(hold)
+    }
+}
+
+/// The pid in a hold's name (`r2h<pid hex>.<n hex>`; not its peer, which
+/// ends in `p` and goes with it).
+fn hold_owner(ifname: &str) -> Option<u32> {
+    let (pid, n) = ifname.strip_prefix(HOLD_PREFIX)?.split_once('.')?;
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(pid) && hex(n)).then(|| u32::from_str_radix(pid, 16).ok()).flatten()
+}
+
+/// Deletes the hold veths, in this namespace, of `gen` processes that no
+/// longer exist (killed before they could clean up). Best effort: a
+/// failure here only leaves them for the next run.
+fn remove_orphaned_holds() {
+    let Ok(json) = crate::netns::ip(&["-j", "link", "show", "type", "veth"]) else { return };
+    let Ok(links) = serde_json::from_str::<Vec<serde_json::Value>>(&json) else { return };
+    for name in links.iter().filter_map(|l| l["ifname"].as_str()) {
+        let Some(pid) = hold_owner(name) else { continue };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = crate::netns::ip(&["link", "del", name]);
+        }
     }
 }
 
@@ -1359,6 +1386,17 @@ mod tests {
         p.wait(frame);
         let waited = t.elapsed().as_secs_f64();
         assert!((0.055..0.15).contains(&waited), "{waited}");
+    }
+
+    #[test]
+    fn hold_names_carry_their_owner() {
+        assert_eq!(hold_owner("r2h3fffff.fff"), Some(0x3fffff));
+        assert_eq!(hold_owner("r2h1a.0"), Some(0x1a));
+        assert_eq!(hold_owner("r2h1a.0p"), None, "the peer goes with its pair");
+        assert_eq!(hold_owner("r2h.0"), None);
+        assert_eq!(hold_owner("r2h12"), None);
+        assert_eq!(hold_owner("eth0"), None);
+        assert!(format!("{HOLD_PREFIX}{:x}.{:x}p", 0x400000, 0xFFF).len() <= 15);
     }
 
     #[test]

@@ -238,6 +238,39 @@ fn live_frames_reach_the_sink() {
     assert_eq!(s.reordered, 0);
 }
 
+/// A `gen` killed in live-frames mode leaves its private dispatcher veth
+/// behind; the next live-frames `gen` in that namespace deletes it, and
+/// leaves alone the one of a `gen` still running.
+#[test]
+fn live_frames_remove_the_holds_of_killed_gens() {
+    let p = pair();
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let mut alive = Command::new("sleep").arg("60").spawn().unwrap();
+    let (orphan, kept) = (format!("r2h{dead_pid:x}.0"), format!("r2h{:x}.0", alive.id()));
+    for name in [&orphan, &kept] {
+        p.gen_ns.exec(&["ip", "link", "add", name, "type", "veth", "peer", "name", &format!("{name}p")]).unwrap();
+    }
+
+    let mut a = p.args(false);
+    a.mode = GenMode::LiveFrames;
+    a.live_repeat = 1;
+    a.count = Some(8);
+    let g = a.clone();
+    let report = in_netns(p.gen_ns.name(), move || gen::generate(&g)).unwrap();
+    alive.kill().unwrap();
+    alive.wait().unwrap();
+    assert_eq!(report.packets, 8);
+
+    let links = p.gen_ns.exec(&["ip", "-o", "link", "show"]).unwrap();
+    let has = |name: &str| links.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|n| n.trim_end_matches(':').split('@').next() == Some(name)));
+    assert!(!has(&orphan) && !has(&format!("{orphan}p")), "the killed gen's hold is still there:\n{links}");
+    assert!(has(&kept), "the running process's hold was deleted:\n{links}");
+    // This gen's own hold went with it.
+    assert_eq!(links.lines().filter(|l| l.contains(": r2h")).count(), 2, "{links}");
+}
+
 /// scapy decodes the generator's frames on its own: opcode, DestQP, PSN,
 /// AckReq, BECN, the AETH's MSN, and recomputes lengths, IP checksum and
 /// ICRC, which must give back the very same bytes.
