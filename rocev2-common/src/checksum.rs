@@ -12,6 +12,16 @@ pub fn update_u16(check: u16, old: u16, new: u16) -> u16 {
     !(sum as u16)
 }
 
+/// Folds the carries of a 32-bit sum of 16-bit words into 16 bits: the
+/// ones'-complement sum (RFC 1071). Two folds suffice for sums of up to
+/// 65,537 words. A header with a right checksum sums to 0xFFFF, whichever
+/// byte order the words were read in.
+#[inline(always)]
+pub fn fold(sum: u32) -> u16 {
+    let sum = (sum & 0xFFFF) + (sum >> 16);
+    ((sum & 0xFFFF) + (sum >> 16)) as u16
+}
+
 /// Full checksum over `data` (even length expected; an odd final byte is
 /// padded with zero as RFC 1071 says). Used by userspace and tests to verify
 /// what the dataplane patched incrementally.
@@ -58,5 +68,26 @@ mod tests {
     #[test]
     fn valid_header_sums_to_zero() {
         assert_eq!(internet_checksum(&header(64)), 0);
+    }
+
+    /// The dataplane's check: native-endian words, folded, 0xFFFF when right.
+    fn folds_to_all_ones(h: &[u8]) -> bool {
+        let sum: u32 = h.chunks_exact(2).map(|w| u32::from(u16::from_ne_bytes([w[0], w[1]]))).sum();
+        fold(sum) == 0xFFFF
+    }
+
+    #[test]
+    fn fold_accepts_right_headers_and_rejects_every_single_bit_error() {
+        for ttl in 0..=255u8 {
+            assert!(folds_to_all_ones(&header(ttl)));
+        }
+        let good = header(64);
+        for bit in 0..good.len() * 8 {
+            let mut h = good;
+            h[bit / 8] ^= 1 << (bit % 8);
+            assert!(!folds_to_all_ones(&h), "bit {bit} flipped still passes");
+        }
+        // The largest sum it is given: a 60-byte header of 0xFFFF words.
+        assert_eq!(fold(30 * 0xFFFF), 0xFFFF);
     }
 }

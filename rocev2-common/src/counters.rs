@@ -41,11 +41,13 @@ counters! { PortCounter {
     PassLocal => "pass_local", "destination is one of this box's addresses: to the kernel";
     PassTtlExpired => "pass_ttl_expired", "TTL/hop limit 1 or 0: to the kernel, which sends ICMP";
     PassFragment => "pass_fragment", "IPv4 fragment: to the kernel";
+    PassIpv4Options => "pass_ipv4_options", "IPv4 options (Record Route, Router Alert, ...): to the kernel, which processes them";
     PassIpv6ExtHeader => "pass_ipv6_ext_header", "IPv6 extension header: to the kernel";
     PassL4Truncated => "pass_l4_truncated", "TCP/UDP header cut short: to the kernel";
     PassNoMember => "pass_no_member", "route's group has no usable member: to the kernel";
     DropRunt => "drop_runt", "frame shorter than its Ethernet/VLAN header";
     DropBadIpHeader => "drop_bad_ip_header", "IP header truncated, bad version or length";
+    DropBadIpv4Checksum => "drop_bad_ipv4_checksum", "IPv4 header checksum wrong on a packet to forward (the kernel drops these too)";
     DropRedirectFailed => "drop_redirect_failed", "egress device missing from the device map";
     DropNotEct => "drop_not_ect", "Not-ECT packet above kmax with a drop_not_ect profile";
     FlowletNew => "flowlet_new", "packets that started a new flowlet (first packet of a flow included)";

@@ -6,7 +6,7 @@
 //! and the IPv4 header checksum are masked out of it; MACs are outside it.
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, maps::lpm_trie::Key, programs::XdpContext};
-use network_types::eth::EthHdr;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
     bth,
     checksum,
@@ -324,6 +324,17 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     }
     if ttl <= 1 {
         return Err(pass(PortCounter::PassTtlExpired));
+    }
+    // Options (Record Route, Timestamp, Router Alert) need processing
+    // the kernel does; RoCE NICs never send them.
+    if ip.l4_off != l3_off + Ipv4Hdr::LEN {
+        return Err(pass(PortCounter::PassIpv4Options));
+    }
+    // Checked only for packets to forward (the kernel checks the ones it
+    // gets): the kernel drops a wrong one too, and forwarding it would
+    // carry a possibly corrupted address or length onward.
+    if !parse::ipv4_checksum_ok(hdr) {
+        return Err(drop(PortCounter::DropBadIpv4Checksum));
     }
     let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
     let key = flow_key(FlowKey::v4(src, dst, protocol, l4.src_port, l4.dst_port), &l4);

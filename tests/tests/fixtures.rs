@@ -120,13 +120,6 @@ fn rows() -> Vec<Row> {
         expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791), HashMode::Qp)),
     });
     rows.push(Row {
-        name: "IPv4 with options, RoCE",
-        frame: with_nop_options(build_roce_frame(&roce_v4(DST4, 64, qp))),
-        action: XDP_REDIRECT,
-        counter: PortCounter::ForwardedRoce,
-        expect: Expect::Forwarded(leaf_member(&key_v4(DST4, 17, 0xC000, 4791).with_dest_qp(qp), HashMode::Qp)),
-    });
-    rows.push(Row {
         name: "TTL 2 is forwarded with TTL 1",
         frame: build_roce_frame(&roce_v4(DST4, 2, qp)),
         action: XDP_REDIRECT,
@@ -152,6 +145,7 @@ fn rows() -> Vec<Row> {
     ));
     rows.push(pass("first fragment (MF set)", ipv4_fragment(0x2000), PortCounter::PassFragment));
     rows.push(pass("later fragment (offset set)", ipv4_fragment(0x00B9), PortCounter::PassFragment));
+    rows.push(pass("IPv4 with options (4 NOPs), RoCE", with_nop_options(build_roce_frame(&roce_v4(DST4, 64, qp))), PortCounter::PassIpv4Options));
     rows.push(pass("IPv6 with a hop-by-hop extension header", ipv6_with_hop_by_hop(), PortCounter::PassIpv6ExtHeader));
     rows.push(pass("ARP", arp_request(), PortCounter::PassNotIp));
     let mut multicast = build_roce_frame(&roce_v4(DST4, 64, qp));
@@ -176,6 +170,9 @@ fn rows() -> Vec<Row> {
     let mut truncated_ip = build_roce_frame(&roce_v4(DST4, 64, qp));
     truncated_ip.truncate(14 + 12);
     rows.push(drop("IPv4 header cut short by the frame", truncated_ip, PortCounter::DropBadIpHeader));
+    let mut bad_checksum = build_roce_frame(&roce_v4(DST4, 64, qp));
+    bad_checksum[24] ^= 0x01;
+    rows.push(drop("IPv4 header checksum off by one bit", bad_checksum, PortCounter::DropBadIpv4Checksum));
     rows
 }
 

@@ -12,8 +12,8 @@
 //! - forwarded frames went to the member userspace predicts (member counter
 //!   and destination MAC) and differ from the input only in the MACs, the
 //!   TTL/hop limit and the IPv4 header checksum (recomputed from scratch
-//!   here; for an input with a wrong checksum the error must be preserved,
-//!   as RFC 1624 incremental update does). RoCE rows are also checked with
+//!   here). A wrong IPv4 checksum on a packet to forward is dropped, and
+//!   IPv4 options go to the kernel. RoCE rows are also checked with
 //!   `packet::invariant_bytes_equal` and `packet::parse_roce` (ICRC valid,
 //!   IPv4 checksum valid).
 //!
@@ -301,11 +301,7 @@ fn rows() -> Vec<Row> {
     let mut f = roce4();
     f[14] = 0x4F;
     fix_ipv4_checksum(&mut f);
-    t.fwd(
-        "IPv4 IHL 15 inside a 108-byte RoCE packet: bytes 20..60 read as options, UDP ports from the payload",
-        f,
-        Forwarded,
-    );
+    t.pass("IPv4 IHL 15 inside a 108-byte RoCE packet: bytes 20..60 are options, for the kernel", f, PassIpv4Options);
     let mut f = roce4();
     f[14] = 0x65;
     t.dropped("version 6 in an IPv4 ether type", f, DropBadIpHeader);
@@ -352,7 +348,17 @@ fn rows() -> Vec<Row> {
     t.fwd("IPv4 TOS 0xFF (DSCP 63, CE)", f, ForwardedRoce);
     let mut f = roce4();
     f[24] ^= 0x5A;
-    t.fwd("IPv4 header checksum wrong: forwarded, the error preserved", f, ForwardedRoce);
+    t.dropped("IPv4 header checksum wrong: dropped, as the kernel does", f, DropBadIpv4Checksum);
+    let mut f = roce4();
+    f[33] ^= 0x01; // a destination bit flipped on the wire (still routed), checksum not
+    t.dropped("IPv4 destination corrupted (checksum no longer matches)", f, DropBadIpv4Checksum);
+    let mut f = build_roce_frame(&spec4(UNROUTED4, 64));
+    f[24] ^= 0x5A;
+    t.pass("IPv4 header checksum wrong, unrouted: the kernel checks (and drops) it", f, PassNoRoute);
+    let mut f = roce4();
+    f[22] = 1;
+    f[24] ^= 0x5A;
+    t.pass("IPv4 header checksum wrong, TTL 1: the kernel checks it before any ICMP", f, PassTtlExpired);
     let mut f = roce4();
     f[26..30].copy_from_slice(&[0, 0, 0, 0]);
     fix_ipv4_checksum(&mut f);
@@ -393,16 +399,16 @@ fn rows() -> Vec<Row> {
     t.pass("IPv4 fragment to an unrouted address: route lookup comes first", f, PassNoRoute);
     let mut f = with_ipv4_options(roce4(), &[1, 1, 1, 1]);
     fix_icrc(&mut f);
-    t.fwd("IPv4 options: 4 NOPs (IHL 6)", f, ForwardedRoce);
+    t.pass("IPv4 options: 4 NOPs (IHL 6)", f, PassIpv4Options);
     let mut f = with_ipv4_options(roce4(), &[1; 40]);
     fix_icrc(&mut f);
-    t.fwd("IPv4 options: 40 bytes (IHL 15)", f, ForwardedRoce);
+    t.pass("IPv4 options: 40 bytes (IHL 15)", f, PassIpv4Options);
     let mut f = with_ipv4_options(roce4(), &[0x94, 0x04, 0x00, 0x00]);
     fix_icrc(&mut f);
-    t.fwd("IPv4 Router Alert option: forwarded (not punted)", f, ForwardedRoce);
+    t.pass("IPv4 Router Alert option: to the kernel, which honours it", f, PassIpv4Options);
     let mut f = with_ipv4_options(roce4(), &[0x07, 0x27, 0x04, 0, 0, 0, 0, 0]);
     fix_icrc(&mut f);
-    t.fwd("IPv4 malformed record-route option (length 39 > IHL)", f, ForwardedRoce);
+    t.pass("IPv4 malformed record-route option (length 39 > IHL): the kernel judges it", f, PassIpv4Options);
     let mut f = with_ipv4_options(udp4(4791, 0), &[1; 40]);
     set16(&mut f, 16, 40);
     fix_ipv4_checksum(&mut f);
