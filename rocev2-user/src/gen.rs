@@ -754,17 +754,14 @@ impl CpuPin {
     }
 
     /// Runs the calling thread, and the threads and processes it starts
-    /// from now on, on every CPU but `cpu`: keeps control-plane work off a
-    /// CPU that forwards (what `taskset` or systemd's `CPUAffinity=` do
-    /// for an operator). On a single CPU there is nowhere else to go, so
-    /// nothing changes.
+    /// from now on, on the CPUs it may use now but `cpu`: keeps
+    /// control-plane work off a CPU that forwards (what `taskset` or
+    /// systemd's `CPUAffinity=` do for an operator). With no other CPU
+    /// there is nowhere else to go, so nothing changes.
     pub fn except(cpu: usize) -> Result<Self> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let others: Vec<usize> = (0..cpus).filter(|&c| c != cpu).collect();
-        if others.is_empty() {
-            return Self::to(&(0..cpus).collect::<Vec<_>>());
-        }
-        Self::to(&others)
+        let allowed = allowed_cpus()?;
+        let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != cpu).collect();
+        Self::to(if others.is_empty() { &allowed } else { &others })
     }
 
     fn to(cpus: &[usize]) -> Result<Self> {
@@ -784,6 +781,19 @@ impl CpuPin {
             }
             Ok(Self { previous })
         }
+    }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask), ascending.
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; the call gets a valid pointer and
+    // size, and pid 0 means the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            bail!("cannot read the CPU affinity: {}", std::io::Error::last_os_error());
+        }
+        Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
     }
 }
 
@@ -1386,6 +1396,28 @@ mod tests {
         p.wait(frame);
         let waited = t.elapsed().as_secs_f64();
         assert!((0.055..0.15).contains(&waited), "{waited}");
+    }
+
+    #[test]
+    fn cpu_pins_narrow_the_mask_and_restore_it() {
+        // On a thread of its own: the pins change the calling thread only.
+        std::thread::spawn(|| {
+            let allowed = allowed_cpus().unwrap();
+            assert!(!allowed.is_empty());
+            {
+                let _pin = CpuPin::new(allowed[0]).unwrap();
+                assert_eq!(allowed_cpus().unwrap(), [allowed[0]]);
+            }
+            assert_eq!(allowed_cpus().unwrap(), allowed);
+            {
+                let _pin = CpuPin::except(allowed[0]).unwrap();
+                let want = if allowed.len() > 1 { &allowed[1..] } else { &allowed[..] };
+                assert_eq!(allowed_cpus().unwrap(), want);
+            }
+            assert_eq!(allowed_cpus().unwrap(), allowed);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

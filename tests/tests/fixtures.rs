@@ -345,7 +345,7 @@ fn route_changes_take_effect_for_cached_destinations() {
     use rocev2_common::maps::{route_cache_slot, ROUTE_LOCAL};
     use rocev2_tests::fixture::sync_routes;
     // One CPU, so consecutive runs meet the same per-CPU cache.
-    let _pin = rocev2_user::gen::CpuPin::new(0).unwrap();
+    let _pin = rocev2_user::gen::CpuPin::new(rocev2_user::gen::allowed_cpus().unwrap()[0]).unwrap();
     let words = |a: Ipv4Addr| rocev2_common::hash::ipv4_words(a.octets());
     // A destination in 10.3.0.0/16 that lands in DST4's cache slot.
     let slot = route_cache_slot(&words(DST4));

@@ -39,7 +39,7 @@ use std::{
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     dataplane::{Dataplane, Maps},
-    gen::{generate, CpuPin, GenArgs, GenMode, GenReport},
+    gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
     lab::{uplink_mac, EcmpLab, DEST_V4},
     netns::{in_netns, in_netns_scoped, Netns},
     run::format_mac,
@@ -171,7 +171,7 @@ fn hitless_at_a_high_packet_rate() {
     for dev in std::iter::once("p0".to_string()).chain((1..=UPLINKS).map(|i| format!("u{i}"))) {
         lab.switch.exec(&["sysctl", "-q", "-w", &format!("net.ipv6.conf.{dev}.router_solicitations=0")]).unwrap();
     }
-    let cpu = thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let cpu = *allowed_cpus().unwrap().last().unwrap();
     // The control plane (both `rocev2 run`s, reload, stats, ethtool) runs
     // on the other CPUs: children inherit this thread's CPU set. Without
     // it a handover's start-up (ELF parsing, program verification) shared
