@@ -13,19 +13,19 @@ pub fn update_u16(check: u16, old: u16, new: u16) -> u16 {
 }
 
 /// Folds the carries of a 32-bit sum of 16-bit words into 16 bits: the
-/// ones'-complement sum (RFC 1071). Two folds suffice for sums of up to
-/// 65,537 words. A header with a right checksum sums to 0xFFFF, whichever
-/// byte order the words were read in.
+/// ones'-complement sum (RFC 1071). Two folds are enough for any u32 (the
+/// u32 itself holds the sum of up to 65,537 words). A header with a right
+/// checksum sums to 0xFFFF, whichever byte order the words were read in.
 #[inline(always)]
 pub fn fold(sum: u32) -> u16 {
     let sum = (sum & 0xFFFF) + (sum >> 16);
     ((sum & 0xFFFF) + (sum >> 16)) as u16
 }
 
-/// Full checksum over `data` (even length expected; an odd final byte is
-/// padded with zero as RFC 1071 says). Used by userspace and tests to verify
-/// what the dataplane patched incrementally.
-pub fn internet_checksum(data: &[u8]) -> u16 {
+/// The sum of `data`'s big-endian 16-bit words, not yet folded; an odd
+/// final byte is padded with zero as RFC 1071 says. Partial sums of
+/// adjacent even-length pieces add up (pseudo-headers, cached prefixes).
+pub fn word_sum(data: &[u8]) -> u32 {
     let mut sum: u32 = 0;
     let mut chunks = data.chunks_exact(2);
     for pair in &mut chunks {
@@ -34,10 +34,14 @@ pub fn internet_checksum(data: &[u8]) -> u16 {
     if let [last] = chunks.remainder() {
         sum += u32::from(u16::from_be_bytes([*last, 0]));
     }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xFFFF) + (sum >> 16);
-    }
-    !(sum as u16)
+    sum
+}
+
+/// Full checksum over `data` (even length expected; an odd final byte is
+/// padded with zero). Used by userspace and tests to verify what the
+/// dataplane patched incrementally.
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    !fold(word_sum(data))
 }
 
 #[cfg(test)]

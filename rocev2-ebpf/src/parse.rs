@@ -169,6 +169,9 @@ pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome>
 #[inline(always)]
 pub fn ipv4_checksum_ok(hdr: *const Ipv4Hdr) -> bool {
     // SAFETY: parse_ipv4 checked the 20-byte header lies in the packet.
+    // Aligned while packet data starts at an even address (drivers and
+    // veth do; only an odd bpf_xdp_adjust_head by an earlier program would
+    // break it, and BPF loads on x86 do not fault even then).
     let words = unsafe { core::ptr::read(hdr as *const [u16; Ipv4Hdr::LEN / 2]) };
     let mut sum = 0u32;
     for word in words {

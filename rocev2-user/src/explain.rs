@@ -357,7 +357,7 @@ impl fmt::Display for Explanation {
                 )?;
                 writeln!(
                     f,
-                    "        (MACs rewritten, TTL/hop limit -1; assumes TTL > 1, no IPv4 fragment or IPv6 extension header, and a destination that is not this box's own)"
+                    "        (MACs rewritten, TTL/hop limit -1; assumes TTL > 1, no IPv4 fragment, IPv4 options or IPv6 extension header, a right IPv4 header checksum, and a destination that is not this box's own)"
                 )?;
             }
         }

@@ -54,7 +54,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use aya::{TestRun as _, TestRunAttrs, TestRunOptions};
 use clap::ValueEnum;
-use rocev2_common::bth::{opcode, Bth, BTH_LEN, ICRC_LEN};
+use rocev2_common::{
+    bth::{opcode, Bth, BTH_LEN, ICRC_LEN},
+    checksum,
+};
 use serde::Serialize;
 
 use crate::{
@@ -422,26 +425,6 @@ struct Template {
     udp6: Option<(usize, u32)>,
 }
 
-fn ones_sum(bytes: &[u8]) -> u32 {
-    // u32 accumulation of 16-bit words cannot overflow for jumbo frames.
-    let mut sum = 0u32;
-    let mut chunks = bytes.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
-    }
-    sum
-}
-
-fn fold(mut sum: u32) -> u16 {
-    while sum > 0xFFFF {
-        sum = (sum & 0xFFFF) + (sum >> 16);
-    }
-    sum as u16
-}
-
 impl Template {
     /// `frame` is a complete frame from `build_roce_frame` whose bytes after
     /// the BTH may have been overwritten: computes the cached state and
@@ -475,7 +458,7 @@ impl Template {
             pseudo.extend_from_slice(&[0, 0, 0, 17]);
             pseudo.extend_from_slice(&frame[udp_off..udp_off + 6]);
             pseudo.extend_from_slice(&frame[udp_off + 8..udp_off + 16]);
-            (udp_off, ones_sum(&pseudo))
+            (udp_off, checksum::word_sum(&pseudo))
         });
         let mut t = Template { frame, bth_off, psn, psn_step, msn, pass: 0, icrc_prefix, udp6 };
         t.seal();
@@ -489,7 +472,7 @@ impl Template {
         h.update(&self.frame[self.bth_off + 9..end - ICRC_LEN]);
         self.frame[end - ICRC_LEN..].copy_from_slice(&h.finalize().to_le_bytes());
         if let Some((udp_off, prefix)) = self.udp6 {
-            let sum = !fold(prefix + ones_sum(&self.frame[udp_off + 16..]));
+            let sum = !checksum::fold(prefix + checksum::word_sum(&self.frame[udp_off + 16..]));
             // 0 means "no checksum", which IPv6 does not allow.
             let sum = if sum == 0 { 0xFFFF } else { sum };
             self.frame[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
@@ -765,13 +748,10 @@ impl CpuPin {
     }
 
     fn to(cpus: &[usize]) -> Result<Self> {
-        // SAFETY: cpu_set_t is plain data; the calls get valid pointers and
-        // sizes, and pid 0 means the calling thread.
+        let previous = affinity()?;
+        // SAFETY: cpu_set_t is plain data; the call gets a valid pointer and
+        // size, and pid 0 means the calling thread.
         unsafe {
-            let mut previous: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut previous) != 0 {
-                bail!("cannot read the CPU affinity: {}", std::io::Error::last_os_error());
-            }
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             for &cpu in cpus {
                 libc::CPU_SET(cpu, &mut set);
@@ -779,13 +759,13 @@ impl CpuPin {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
                 bail!("cannot pin the thread to CPUs {cpus:?}: {}", std::io::Error::last_os_error());
             }
-            Ok(Self { previous })
         }
+        Ok(Self { previous })
     }
 }
 
-/// The CPUs the calling thread may run on (its affinity mask), ascending.
-pub fn allowed_cpus() -> Result<Vec<usize>> {
+/// The calling thread's affinity mask.
+fn affinity() -> Result<libc::cpu_set_t> {
     // SAFETY: cpu_set_t is plain data; the call gets a valid pointer and
     // size, and pid 0 means the calling thread.
     unsafe {
@@ -793,8 +773,15 @@ pub fn allowed_cpus() -> Result<Vec<usize>> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             bail!("cannot read the CPU affinity: {}", std::io::Error::last_os_error());
         }
-        Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
+        Ok(set)
     }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask), ascending.
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    let set = affinity()?;
+    // SAFETY: CPU_ISSET reads the plain-data set for indexes below CPU_SETSIZE.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
 }
 
 impl Drop for CpuPin {
@@ -851,7 +838,11 @@ fn hold_owner(ifname: &str) -> Option<u32> {
 
 /// Deletes the hold veths, in this namespace, of `gen` processes that no
 /// longer exist (killed before they could clean up). Best effort: a
-/// failure here only leaves them for the next run.
+/// failure here only leaves them for the next run. "Exists" means a
+/// /proc entry in this PID namespace: a hold whose pid was reused stays
+/// (harmless), and a `gen` in another PID namespace sharing this network
+/// namespace could lose its hold (its calls then cost ~25 ms, nothing
+/// breaks).
 fn remove_orphaned_holds() {
     let Ok(json) = crate::netns::ip(&["-j", "link", "show", "type", "veth"]) else { return };
     let Ok(links) = serde_json::from_str::<Vec<serde_json::Value>>(&json) else { return };

@@ -306,7 +306,6 @@ fn hitless_at_a_high_packet_rate() {
 
     // 3. Handover: SIGUSR1 leaves the programs attached and the maps
     //    pinned; a new `rocev2 run` loads its own and swaps them in.
-    let mut took = Duration::ZERO;
     windows.push(window("handover to a new rocev2 run", &mut || {
         let started = Instant::now();
         let pid = RunState::read(&lab.pin_dir()).unwrap().pid;
@@ -316,10 +315,10 @@ fn hitless_at_a_high_packet_rate() {
         assert!(out.contains("handed over"), "{out}");
         let second = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
         assert!(second.output().contains("took over p0"), "{}", second.output());
-        took = started.elapsed();
+        // Printed per attempt: a retried window shows every takeover.
+        println!("MEASURED: handover: the new rocev2 run took over {:.2} s after SIGUSR1 to the old one", started.elapsed().as_secs_f64());
         first = Some(second);
     }));
-    println!("MEASURED: handover: the new rocev2 run took over {:.2} s after SIGUSR1 to the old one", took.as_secs_f64());
     first.take().unwrap().stop().unwrap();
 
     for w in &windows {

@@ -409,6 +409,9 @@ fn rows() -> Vec<Row> {
     let mut f = with_ipv4_options(roce4(), &[0x07, 0x27, 0x04, 0, 0, 0, 0, 0]);
     fix_icrc(&mut f);
     t.pass("IPv4 malformed record-route option (length 39 > IHL): the kernel judges it", f, PassIpv4Options);
+    let mut f = with_ipv4_options(roce4(), &[1, 1, 1, 1]);
+    f[24] ^= 0x5A;
+    t.pass("IPv4 options and a wrong checksum: options first, the kernel checks the sum", f, PassIpv4Options);
     let mut f = with_ipv4_options(udp4(4791, 0), &[1; 40]);
     set16(&mut f, 16, 40);
     fix_ipv4_checksum(&mut f);
