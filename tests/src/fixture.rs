@@ -88,8 +88,14 @@ pub const LEAF_ROUTES: [(&str, u32); 5] = [
 /// Loads the eBPF object (root only) with lo as the one port, in slot
 /// [`PORT_SLOT`], and as an egress device. No seed, groups or routes.
 pub fn loopback_dataplane() -> Dataplane {
+    loopback_dataplane_at(None)
+}
+
+/// [`loopback_dataplane`] with its maps pinned under `pin_dir` (so a
+/// second handle, `Maps::open_pinned`, can change them from another thread).
+pub fn loopback_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
     require_root();
-    let mut dp = Dataplane::load(None).expect("load the eBPF object");
+    let mut dp = Dataplane::load(pin_dir).expect("load the eBPF object");
     add_loopback_port(&mut dp);
     dp
 }
@@ -104,7 +110,10 @@ pub fn add_loopback_port(dp: &mut Dataplane) {
 /// and a `five-tuple` group ([`FIVE_TUPLE_GROUP`]) of the same `members`,
 /// and exactly `routes` (prefix text, group or `ROUTE_LOCAL`).
 pub fn two_group_dataplane(seed: u32, members: &[MemberSpec], routes: &[(&str, u32)]) -> Dataplane {
-    let mut dp = loopback_dataplane();
+    with_two_groups(loopback_dataplane(), seed, members, routes)
+}
+
+fn with_two_groups(mut dp: Dataplane, seed: u32, members: &[MemberSpec], routes: &[(&str, u32)]) -> Dataplane {
     dp.maps.set_hash_seed(seed).unwrap();
     dp.maps
         .publish_group(QP_GROUP, HashMode::Qp, members)
@@ -121,6 +130,11 @@ pub fn two_group_dataplane(seed: u32, members: &[MemberSpec], routes: &[(&str, u
 pub fn seeded_dataplane(extra_routes: &[(&str, u32)]) -> Dataplane {
     let routes: Vec<_> = LEAF_ROUTES.iter().chain(extra_routes).copied().collect();
     two_group_dataplane(SEED, &members(), &routes)
+}
+
+/// [`seeded_dataplane`] (no extra routes) with its maps pinned under `pin_dir`.
+pub fn seeded_dataplane_pinned(pin_dir: &std::path::Path) -> Dataplane {
+    with_two_groups(loopback_dataplane_at(Some(pin_dir)), SEED, &members(), &LEAF_ROUTES)
 }
 
 /// Replaces the route table with `routes` (prefix text, group).

@@ -382,3 +382,57 @@ fn route_changes_take_effect_for_cached_destinations() {
     }
     assert_eq!(dp.maps.port_counter(PORT_SLOT, PortCounter::PassLocal).unwrap(), 4);
 }
+
+/// Re-adding an egress device that is already in the device map (every
+/// reload does so for every member) never fails a redirect. The kernel
+/// replaces a DEVMAP_HASH entry by unlinking the old node before linking
+/// the new one, so when `add_egress_dev` always wrote, a packet forwarded
+/// on another CPU in between was dropped (`drop_redirect_failed`; found by
+/// `high_rate.rs`). Here one CPU re-adds lo as fast as it can while the
+/// other forwards to it for a second.
+#[test]
+fn re_adding_an_egress_device_never_fails_a_redirect() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use rocev2_user::{dataplane::Maps, gen::{allowed_cpus, CpuPin}, netns::unique_name};
+
+    let cpus = allowed_cpus().unwrap();
+    assert!(cpus.len() >= 2, "needs two CPUs to race a map update against forwarding, has {cpus:?}");
+    let pin_dir = std::path::PathBuf::from(format!("/sys/fs/bpf/{}", unique_name("r2dm")));
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(pin_dir.clone());
+    let mut dp = rocev2_tests::fixture::seeded_dataplane_pinned(&pin_dir);
+    let frame = build_roce_frame(&roce_v4(DST4, 64, 0x11));
+    let stop = AtomicBool::new(false);
+    let (runs, adds) = std::thread::scope(|s| {
+        let adder = s.spawn(|| {
+            let _pin = CpuPin::new(cpus[1]).unwrap();
+            let mut maps = Maps::open_pinned(&pin_dir).unwrap();
+            let mut adds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                maps.add_egress_dev(rocev2_tests::fixture::LOOPBACK).unwrap();
+                adds += 1;
+            }
+            adds
+        });
+        let _pin = CpuPin::new(cpus[0]).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut runs = 0u64;
+        while std::time::Instant::now() < deadline {
+            test_run(&mut dp, &frame).unwrap();
+            runs += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        (runs, adder.join().unwrap())
+    });
+    let failed = dp.maps.port_counter(PORT_SLOT, PortCounter::DropRedirectFailed).unwrap();
+    let forwarded = dp.maps.port_counter(PORT_SLOT, PortCounter::ForwardedRoce).unwrap();
+    println!("MEASURED: {runs} packets forwarded while lo was re-added {adds} times: {failed} redirects failed");
+    assert!(runs > 10_000 && adds > 10_000, "too little overlap to mean anything: {runs} runs, {adds} adds");
+    assert_eq!(failed, 0, "redirects failed while an existing egress device was re-added");
+    assert_eq!(forwarded, runs);
+}
