@@ -49,10 +49,7 @@ mod tests {
     use super::*;
 
     fn header(ttl: u8) -> [u8; 20] {
-        let mut h = [
-            0x45, 0x00, 0x00, 0x54, 0x12, 0x34, 0x40, 0x00, ttl, 0x11, 0, 0, 10, 0, 1, 2, 10, 1, 0,
-            9,
-        ];
+        let mut h = [0x45, 0x00, 0x00, 0x54, 0x12, 0x34, 0x40, 0x00, ttl, 0x11, 0, 0, 10, 0, 1, 2, 10, 1, 0, 9];
         let c = internet_checksum(&h);
         h[10..12].copy_from_slice(&c.to_be_bytes());
         h

@@ -132,7 +132,8 @@ mod tests {
 
     #[test]
     fn payload_bound_picks_small_messages() {
-        let mut cts = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD, max_payload: 4, ..Default::default() };
+        let mut cts =
+            ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD, max_payload: 4, ..Default::default() };
         add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
         assert!(matches(&cts, &roce(opcode::WRITE_ONLY_IMM, 4)));
         assert!(!matches(&cts, &roce(opcode::WRITE_ONLY_IMM, 4096)));
@@ -140,7 +141,13 @@ mod tests {
 
     #[test]
     fn qp_range_and_dscp() {
-        let c = ClassEntry { flags: CLASS_MATCH_QP | CLASS_MATCH_DSCP, qp_min: 0x100, qp_max: 0x1FF, dscps: 1 << 26, ..Default::default() };
+        let c = ClassEntry {
+            flags: CLASS_MATCH_QP | CLASS_MATCH_DSCP,
+            qp_min: 0x100,
+            qp_max: 0x1FF,
+            dscps: 1 << 26,
+            ..Default::default()
+        };
         assert!(matches(&c, &roce(opcode::SEND_ONLY, 0)));
         let mut other_qp = roce(opcode::SEND_ONLY, 0);
         other_qp.roce.as_mut().unwrap().dest_qp = 0x200;

@@ -130,7 +130,7 @@ pub fn drained_bytes(elapsed_ns: u64, rate_bytes_per_sec: u64) -> u64 {
         return u64::MAX;
     }
     let rem = elapsed_ns % NS_PER_SEC; // < 2^30
-    // rate = hi * 2^20 + lo, so rem * hi and rem * lo each stay below 2^50.
+                                       // rate = hi * 2^20 + lo, so rem * hi and rem * lo each stay below 2^50.
     let (hi, lo) = (rate >> 20, rate & ((1 << 20) - 1));
     let a = rem * hi;
     let from_hi = ((a / NS_PER_SEC) << 20) + (((a % NS_PER_SEC) << 20) / NS_PER_SEC);

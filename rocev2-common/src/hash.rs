@@ -61,14 +61,7 @@ pub fn ipv6_words(a: &[u8; 16]) -> [u32; 4] {
 
 impl FlowKey {
     pub fn v4(src: [u8; 4], dst: [u8; 4], protocol: u8, src_port: u16, dst_port: u16) -> Self {
-        Self {
-            src: ipv4_words(src),
-            dst: ipv4_words(dst),
-            src_port,
-            dst_port,
-            protocol,
-            dest_qp: 0,
-        }
+        Self { src: ipv4_words(src), dst: ipv4_words(dst), src_port, dst_port, protocol, dest_qp: 0 }
     }
 
     pub fn v6(src: [u8; 16], dst: [u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
@@ -79,14 +72,7 @@ impl FlowKey {
     /// reads them straight from the packet; its stack is small).
     #[inline(always)]
     pub fn v6_ref(src: &[u8; 16], dst: &[u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
-        Self {
-            src: ipv6_words(src),
-            dst: ipv6_words(dst),
-            src_port,
-            dst_port,
-            protocol,
-            dest_qp: 0,
-        }
+        Self { src: ipv6_words(src), dst: ipv6_words(dst), src_port, dst_port, protocol, dest_qp: 0 }
     }
 
     pub fn with_dest_qp(mut self, dest_qp: u32) -> Self {
@@ -178,8 +164,7 @@ mod tests {
         let mut load = [0u32; 64];
         let flows = 64 * 1000;
         for i in 0..flows {
-            let key = FlowKey::v4([10, 0, (i >> 8) as u8, i as u8], [10, 1, 0, 1], 17, 0xC000, 4791)
-                .with_dest_qp(i);
+            let key = FlowKey::v4([10, 0, (i >> 8) as u8, i as u8], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(i);
             load[pick_member(member_hash(&key, HashMode::Qp, 7), 64) as usize] += 1;
         }
         let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
@@ -198,10 +183,7 @@ mod tests {
     fn dest_qp_counts_only_in_qp_mode() {
         let (a, b) = (roce_key(1), roce_key(2));
         assert_ne!(member_hash(&a, HashMode::Qp, 9), member_hash(&b, HashMode::Qp, 9));
-        assert_eq!(
-            member_hash(&a, HashMode::FiveTuple, 9),
-            member_hash(&b, HashMode::FiveTuple, 9)
-        );
+        assert_eq!(member_hash(&a, HashMode::FiveTuple, 9), member_hash(&b, HashMode::FiveTuple, 9));
     }
 
     #[test]
@@ -209,8 +191,7 @@ mod tests {
         // 64 QPs between two hosts, one UDP source port: the case Meta saw.
         let mut used = [false; 4];
         for qp in 0..64 {
-            used[pick_member(member_hash(&roce_key(0x100 + qp), HashMode::Qp, 1), 4) as usize] =
-                true;
+            used[pick_member(member_hash(&roce_key(0x100 + qp), HashMode::Qp, 1), 4) as usize] = true;
         }
         assert_eq!(used, [true; 4]);
     }

@@ -19,16 +19,15 @@ fn config(cases: u32) -> ProptestConfig {
 }
 
 fn arb_key() -> impl Strategy<Value = FlowKey> {
-    (any::<bool>(), any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), any::<u16>(), any::<u16>(), any::<u32>()).prop_map(
-        |(v6, s, d, proto, sp, dp, qp)| {
+    (any::<bool>(), any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), any::<u16>(), any::<u16>(), any::<u32>())
+        .prop_map(|(v6, s, d, proto, sp, dp, qp)| {
             let key = if v6 {
                 FlowKey::v6(s, d, proto, sp, dp)
             } else {
                 FlowKey::v4(s[..4].try_into().unwrap(), d[..4].try_into().unwrap(), proto, sp, dp)
             };
             key.with_dest_qp(qp)
-        },
-    )
+        })
 }
 
 fn arb_mode() -> impl Strategy<Value = HashMode> {
@@ -286,7 +285,8 @@ proptest! {
 /// `class::matches` written the obvious way: a set of opcodes, a set of
 /// DSCPs, an inclusive QP range, a payload bound; each only if its flag is set.
 fn reference_matches(c: &ClassEntry, f: &ClassFields) -> bool {
-    let opcode_set: Vec<u8> = (0..=255u8).filter(|o| c.opcodes[usize::from(*o) / 64] & (1u64 << (o % 64)) != 0).collect();
+    let opcode_set: Vec<u8> =
+        (0..=255u8).filter(|o| c.opcodes[usize::from(*o) / 64] & (1u64 << (o % 64)) != 0).collect();
     let dscp_set: Vec<u8> = (0..64u8).filter(|d| c.dscps & (1u64 << d) != 0).collect();
     if c.flags & class::CLASS_MATCH_DSCP != 0 && !dscp_set.contains(&f.dscp) {
         return false;

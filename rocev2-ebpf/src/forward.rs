@@ -8,8 +8,7 @@
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, maps::lpm_trie::Key, programs::XdpContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
-    bth,
-    checksum,
+    bth, checksum,
     class::{ClassAction, ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY},
     counters::PortCounter,
     ecn::NO_PROFILE,
@@ -180,7 +179,15 @@ struct Decision {
 
 /// Group lookup, member choice and classification.
 #[inline(always)]
-fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: Option<u32>, len: u64) -> Result<Decision, Outcome> {
+fn decide(
+    slot: u32,
+    group_id: u32,
+    key: &FlowKey,
+    l4: &L4,
+    dscp: u8,
+    pin: Option<u32>,
+    len: u64,
+) -> Result<Decision, Outcome> {
     let no_member = pass(PortCounter::PassNoMember);
     let group: &GroupEntry = GROUPS.get(group_id).ok_or(no_member)?;
     if group.member_count == 0 || group.member_count > MAX_MEMBERS_PER_GROUP {
@@ -347,7 +354,8 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     unsafe {
         let check = u16::from_be_bytes((*hdr).check);
         let check = checksum::update_u16(check, u16::from_be_bytes([vihl, tos]), u16::from_be_bytes([vihl, tos_out]));
-        let check = checksum::update_u16(check, u16::from_be_bytes([ttl, protocol]), u16::from_be_bytes([ttl - 1, protocol]));
+        let check =
+            checksum::update_u16(check, u16::from_be_bytes([ttl, protocol]), u16::from_be_bytes([ttl - 1, protocol]));
         (*hdr).tos = tos_out;
         (*hdr).ttl = ttl - 1;
         (*hdr).check = check.to_be_bytes();

@@ -4,7 +4,10 @@
 //! each XDP_TX keeps every trip identical.
 
 use aya_ebpf::programs::XdpContext;
-use network_types::{eth::EthHdr, ip::{Ipv4Hdr, Ipv6Hdr}};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
 use rocev2_common::checksum;
 
 use crate::{
@@ -34,7 +37,11 @@ pub fn restore(ctx: &XdpContext) {
                 let (ttl, proto) = ((*hdr).ttl, (*hdr).proto);
                 if ttl != r.ttl {
                     let check = u16::from_be_bytes((*hdr).check);
-                    let check = checksum::update_u16(check, u16::from_be_bytes([ttl, proto]), u16::from_be_bytes([r.ttl, proto]));
+                    let check = checksum::update_u16(
+                        check,
+                        u16::from_be_bytes([ttl, proto]),
+                        u16::from_be_bytes([r.ttl, proto]),
+                    );
                     (*hdr).ttl = r.ttl;
                     (*hdr).check = check.to_be_bytes();
                 }

@@ -43,14 +43,12 @@ pub static CONFIG: Array<DataplaneConfig> = Array::with_max_entries(1, 0);
 pub static PORT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PORT_COUNTER_ENTRIES, 0);
 
 #[map]
-pub static MEMBER_STATS: PerCpuArray<MemberStats> =
-    PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
+pub static MEMBER_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
 
 /// Per-flow flowlet state; LRU so a full table evicts the stalest flows
 /// instead of refusing new ones. Its size is set at load time.
 #[map]
-pub static FLOWLETS: LruHashMap<FlowletKey, FlowletEntry> =
-    LruHashMap::with_max_entries(DEFAULT_FLOWLET_TABLE_SIZE, 0);
+pub static FLOWLETS: LruHashMap<FlowletKey, FlowletEntry> = LruHashMap::with_max_entries(DEFAULT_FLOWLET_TABLE_SIZE, 0);
 
 #[map]
 pub static PINS_V4: LpmTrie<PinKeyV4, PinEntry> = LpmTrie::with_max_entries(MAX_PINS, 0);

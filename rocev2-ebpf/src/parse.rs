@@ -56,11 +56,8 @@ impl Outcome {
     pub fn decode(code: u32) -> Self {
         let index = code & 0xFFFF;
         // Fall back to a named counter should a code ever be out of range.
-        let counter = if index < PortCounter::COUNT {
-            PortCounter::ALL[index as usize]
-        } else {
-            PortCounter::DropBadIpHeader
-        };
+        let counter =
+            if index < PortCounter::COUNT { PortCounter::ALL[index as usize] } else { PortCounter::DropBadIpHeader };
         let verdict = if code >> 31 == 1 { Verdict::Drop } else { Verdict::Pass };
         Outcome { verdict, counter }
     }
@@ -199,8 +196,7 @@ pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv6, Outcome>
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
-    let (version, payload_len) =
-        unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
+    let (version, payload_len) = unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
     let l4_off = l3_off + Ipv6Hdr::LEN;
     if version != 6 || l4_off + payload_len > frame_len(ctx) {
         return Err(bad);
@@ -245,8 +241,7 @@ pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usiz
             }
             let udp: *const UdpHdr = ptr_at(ctx, l4_off).ok_or(truncated)?;
             // SAFETY: bounds checked.
-            let (src_port, dst_port) =
-                unsafe { (u16::from_be_bytes((*udp).src), u16::from_be_bytes((*udp).dst)) };
+            let (src_port, dst_port) = unsafe { (u16::from_be_bytes((*udp).src), u16::from_be_bytes((*udp).dst)) };
             let mut roce = Roce::No;
             if dst_port == ROCEV2_UDP_PORT {
                 let bth_off = l4_off + UdpHdr::LEN;

@@ -4,9 +4,7 @@ use rocev2_common::{
     counters::PortCounter,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
     hash::{member_hash, pick_member, FlowKey, HashMode},
-    maps::{
-        member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED,
-    },
+    maps::{member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED},
 };
 
 use crate::{

@@ -106,7 +106,11 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
                 // SAFETY: as above; RFC 1624 patch of the first header word.
                 unsafe {
                     let check = u16::from_be_bytes((*hdr).check);
-                    let check = checksum::update_u16(check, u16::from_be_bytes([vihl, tos]), u16::from_be_bytes([vihl, tos_out]));
+                    let check = checksum::update_u16(
+                        check,
+                        u16::from_be_bytes([vihl, tos]),
+                        u16::from_be_bytes([vihl, tos_out]),
+                    );
                     (*hdr).tos = tos_out;
                     (*hdr).check = check.to_be_bytes();
                 }

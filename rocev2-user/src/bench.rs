@@ -141,14 +141,26 @@ impl Pipeline {
         if self == Pipeline::Full {
             // SONiC lossless defaults; a 25 Gbit/s port.
             let pmax = (0.05 * u32::MAX as f64) as u32;
-            dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 })?;
+            dp.maps.set_ecn_profile(
+                0,
+                EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 },
+            )?;
             for (slot, ifindex) in egress.iter().enumerate() {
                 dp.maps.set_egress(*ifindex, slot as u32, 25_000_000_000 / 8, 0)?;
             }
-            let mut control = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT, set_dscp: 48, ..Default::default() };
+            let mut control = ClassEntry {
+                flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT,
+                set_dscp: 48,
+                ..Default::default()
+            };
             add_opcode(&mut control.opcodes, opcode::ACK);
             add_opcode(&mut control.opcodes, opcode::CNP);
-            let mut cts = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP, set_dscp: 46, max_payload: 64, ..Default::default() };
+            let mut cts = ClassEntry {
+                flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP,
+                set_dscp: 46,
+                max_payload: 64,
+                ..Default::default()
+            };
             add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
             dp.maps.set_classes(&[control, cts])?;
         }
@@ -166,8 +178,22 @@ struct Row {
     target: String,
 }
 
-fn row(part: &'static str, what: impl Into<String>, setup: impl Into<String>, result: impl Into<String>, relative: impl Into<String>, target: impl Into<String>) -> Row {
-    Row { part, what: what.into(), setup: setup.into(), result: result.into(), relative: relative.into(), target: target.into() }
+fn row(
+    part: &'static str,
+    what: impl Into<String>,
+    setup: impl Into<String>,
+    result: impl Into<String>,
+    relative: impl Into<String>,
+    target: impl Into<String>,
+) -> Row {
+    Row {
+        part,
+        what: what.into(),
+        setup: setup.into(),
+        result: result.into(),
+        relative: relative.into(),
+        target: target.into(),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -176,7 +202,11 @@ fn median(mut v: Vec<f64>) -> f64 {
         return f64::NAN;
     }
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Loads the dataplane plus the two benchmark programs.
@@ -209,7 +239,11 @@ fn set_floor_target(dp: &mut Dataplane, ifindex: u32) -> Result<()> {
 }
 
 fn bench_dst(v6: bool) -> IpAddr {
-    if v6 { "fd01::1".parse::<Ipv6Addr>().unwrap().into() } else { Ipv4Addr::new(10, 1, 0, 1).into() }
+    if v6 {
+        "fd01::1".parse::<Ipv6Addr>().unwrap().into()
+    } else {
+        Ipv4Addr::new(10, 1, 0, 1).into()
+    }
 }
 
 /// The route cache's words for an address (as the XDP program makes them).
@@ -241,7 +275,8 @@ fn bench_frame(v6: bool, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
 }
 
 fn bench_frame_to(dst: IpAddr, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
-    let src: IpAddr = if dst.is_ipv6() { "fd00::1".parse::<Ipv6Addr>().unwrap().into() } else { Ipv4Addr::new(10, 0, 0, 1).into() };
+    let src: IpAddr =
+        if dst.is_ipv6() { "fd00::1".parse::<Ipv6Addr>().unwrap().into() } else { Ipv4Addr::new(10, 0, 0, 1).into() };
     build_roce_frame(&RoceFrameSpec {
         src_mac: [2, 0, 0, 0, 0, 1],
         dst_mac,
@@ -252,7 +287,17 @@ fn bench_frame_to(dst: IpAddr, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
         dscp: 26,
         ecn: ECT0,
         src_port: 0xC000,
-        bth: Bth { opcode: opcode::WRITE_ONLY, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: false, dest_qp: 0x100, ack_req: true, psn: 1 },
+        bth: Bth {
+            opcode: opcode::WRITE_ONLY,
+            solicited: false,
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp: 0x100,
+            ack_req: true,
+            psn: 1,
+        },
         payload_len: 1024,
     })
 }
@@ -328,7 +373,9 @@ fn base_routes() -> BTreeMap<Prefix, u32> {
 }
 
 fn lo_members(tag: u8) -> Vec<MemberSpec> {
-    (0..4u8).map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [2, 0xAA, 0, 0, 0, i], dst_mac: [2, tag, 0, 0, 0, i] }).collect()
+    (0..4u8)
+        .map(|i| MemberSpec { ifindex: LOOPBACK, src_mac: [2, 0xAA, 0, 0, 0, i], dst_mac: [2, tag, 0, 0, 0, i] })
+        .collect()
 }
 
 /// A dataplane forwarding 10.1.0.0/16 and fd01::/64 over four members on
@@ -369,8 +416,12 @@ fn maps_memlock(ids: &BTreeSet<u32>) -> Result<(u64, Vec<(String, u64)>)> {
         if target.to_string_lossy() != "anon_inode:bpf-map" {
             continue;
         }
-        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy())) else { continue };
-        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().parse::<u64>().unwrap_or(0));
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy()))
+        else {
+            continue;
+        };
+        let field =
+            |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().parse::<u64>().unwrap_or(0));
         let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) else { continue };
         if ids.contains(&(id as u32)) {
             seen.insert(id as u32, memlock);
@@ -378,7 +429,10 @@ fn maps_memlock(ids: &BTreeSet<u32>) -> Result<(u64, Vec<(String, u64)>)> {
     }
     let mut per_map = Vec::new();
     for (id, memlock) in &seen {
-        let name = aya::maps::MapInfo::from_id(*id).ok().and_then(|i| i.name_as_str().map(str::to_owned)).unwrap_or_else(|| format!("map {id}"));
+        let name = aya::maps::MapInfo::from_id(*id)
+            .ok()
+            .and_then(|i| i.name_as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("map {id}"));
         per_map.push((name, *memlock));
     }
     per_map.sort_by_key(|m| std::cmp::Reverse(m.1));
@@ -432,8 +486,22 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             dp.sync_routes(&wanted)?;
             let ok = if v4_secs < 1.0 { "met" } else { "MISSED" };
             let ok2 = if both_secs < 2.0 { "met" } else { "MISSED" };
-            control.push(row("3 control", "load 100,000 IPv4 routes (/24)", "Dataplane::sync_routes into an empty table, one BPF_MAP_UPDATE_ELEM each", format!("{v4_secs:.3} s"), format!("{:.2} µs/route", v4_secs * 1e6 / BIG_ROUTES as f64), format!("< 1 s: {ok}")));
-            control.push(row("3 control", "load 100,000 IPv4 + 100,000 IPv6 routes", "sync_routes of the whole set into an empty table", format!("{both_secs:.3} s"), format!("{:.2} µs/route", both_secs * 1e6 / (wanted.len() as f64)), format!("< 1 s per 100k: {ok2}")));
+            control.push(row(
+                "3 control",
+                "load 100,000 IPv4 routes (/24)",
+                "Dataplane::sync_routes into an empty table, one BPF_MAP_UPDATE_ELEM each",
+                format!("{v4_secs:.3} s"),
+                format!("{:.2} µs/route", v4_secs * 1e6 / BIG_ROUTES as f64),
+                format!("< 1 s: {ok}"),
+            ));
+            control.push(row(
+                "3 control",
+                "load 100,000 IPv4 + 100,000 IPv6 routes",
+                "sync_routes of the whole set into an empty table",
+                format!("{both_secs:.3} s"),
+                format!("{:.2} µs/route", both_secs * 1e6 / (wanted.len() as f64)),
+                format!("< 1 s per 100k: {ok2}"),
+            ));
         }
         // Measurements interleave: every round measures every row once.
         let mut samples: BTreeMap<(usize, bool), Vec<f64>> = BTreeMap::new();
@@ -466,16 +534,41 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         for v6 in [false, true] {
             let fam = if v6 { "IPv6" } else { "IPv4" };
             let floor = median(samples[&(0, v6)].clone());
-            rows.push(row("1 per-packet", "trivial redirect (floor)", format!("{fam}, {routes}"), format!("{floor:.1} ns"), "floor", ""));
+            rows.push(row(
+                "1 per-packet",
+                "trivial redirect (floor)",
+                format!("{fam}, {routes}"),
+                format!("{floor:.1} ns"),
+                "floor",
+                "",
+            ));
             for (i, p) in PIPELINES.iter().enumerate() {
                 let ns = median(samples[&(i + 1, v6)].clone());
                 let above = ns - floor;
                 above_floor.push((*p, v6, big, above));
-                let target = if *p == Pipeline::Full { format!("<= floor + 50 ns: {}", if above <= 50.0 { "met" } else { "MISSED" }) } else { String::new() };
-                rows.push(row("1 per-packet", p.name(), format!("{fam}, {routes}"), format!("{ns:.1} ns"), format!("+{above:.1} ns"), target));
+                let target = if *p == Pipeline::Full {
+                    format!("<= floor + 50 ns: {}", if above <= 50.0 { "met" } else { "MISSED" })
+                } else {
+                    String::new()
+                };
+                rows.push(row(
+                    "1 per-packet",
+                    p.name(),
+                    format!("{fam}, {routes}"),
+                    format!("{ns:.1} ns"),
+                    format!("+{above:.1} ns"),
+                    target,
+                ));
             }
             let ns = median(samples[&(CACHE_MISS_ROW, v6)].clone());
-            rows.push(row("1 per-packet", "rocev2 qp, every packet a route-cache miss", format!("{fam}, {routes}"), format!("{ns:.1} ns"), format!("+{:.1} ns", ns - floor), ""));
+            rows.push(row(
+                "1 per-packet",
+                "rocev2 qp, every packet a route-cache miss",
+                format!("{fam}, {routes}"),
+                format!("{ns:.1} ns"),
+                format!("+{:.1} ns", ns - floor),
+                "",
+            ));
         }
         if !big {
             for p in [XDP_REDIRECT_PROGRAM, XDP_PROGRAM] {
@@ -504,7 +597,11 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         publish_us.push(t.elapsed().as_secs_f64() * 1e6);
         let prog = dp.xdp_program(XDP_PROGRAM)?;
         loop {
-            let r = prog.test_run(TestRunOptions { data_in: Some(&frame), data_out: Some(&mut out), ..Default::default() })?;
+            let r = prog.test_run(TestRunOptions {
+                data_in: Some(&frame),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })?;
             if r.return_value == XDP_REDIRECT && out[1] == tag {
                 break;
             }
@@ -539,9 +636,24 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
     dp.sync_routes(&wanted)?;
     let (large, per_large) = dataplane_memlock(&mut dp)?;
     drop(dp);
-    let top = |v: &[(String, u64)]| v.iter().take(3).map(|(n, b)| format!("{n} {}", mib(*b))).collect::<Vec<_>>().join(", ");
-    control.push(row("3 control", "map memory, default config", "10 routes, 65,536-flow flowlet table (memlock of every map)", mib(small), format!("largest: {}", top(&per_small)), String::new()));
-    control.push(row("3 control", "map memory, large config", "100k IPv4 + 100k IPv6 routes, 1,048,576-flow flowlet table", mib(large), format!("largest: {}", top(&per_large)), String::new()));
+    let top =
+        |v: &[(String, u64)]| v.iter().take(3).map(|(n, b)| format!("{n} {}", mib(*b))).collect::<Vec<_>>().join(", ");
+    control.push(row(
+        "3 control",
+        "map memory, default config",
+        "10 routes, 65,536-flow flowlet table (memlock of every map)",
+        mib(small),
+        format!("largest: {}", top(&per_small)),
+        String::new(),
+    ));
+    control.push(row(
+        "3 control",
+        "map memory, large config",
+        "100k IPv4 + 100k IPv6 routes, 1,048,576-flow flowlet table",
+        mib(large),
+        format!("largest: {}", top(&per_large)),
+        String::new(),
+    ));
     Ok(Part1 { rows, above_floor })
 }
 
@@ -622,14 +734,54 @@ impl Lab {
         let mut ups = Vec::new();
         for i in 1..=UPLINKS {
             let ns = Netns::create(&format!("{tag}u{i}"))?;
-            veth_between(&sw, &format!("u{i}"), up_switch_mac(i), &[&format!("10.0.{i}.1/24")], &ns, "up0", up_peer_mac(i), &[&format!("10.0.{i}.2/24")])?;
+            veth_between(
+                &sw,
+                &format!("u{i}"),
+                up_switch_mac(i),
+                &[&format!("10.0.{i}.1/24")],
+                &ns,
+                "up0",
+                up_peer_mac(i),
+                &[&format!("10.0.{i}.2/24")],
+            )?;
             // Receivers never answer ARP (they drop everything): static neighbours.
-            netns::ip(&["-n", sw.name(), "neigh", "replace", &format!("10.0.{i}.2"), "lladdr", &mac_str(up_peer_mac(i)), "dev", &format!("u{i}"), "nud", "permanent"])?;
+            netns::ip(&[
+                "-n",
+                sw.name(),
+                "neigh",
+                "replace",
+                &format!("10.0.{i}.2"),
+                "lladdr",
+                &mac_str(up_peer_mac(i)),
+                "dev",
+                &format!("u{i}"),
+                "nud",
+                "permanent",
+            ])?;
             ups.push(ns);
         }
-        netns::ip(&["-n", snd.name(), "neigh", "replace", "10.0.0.254", "lladdr", &mac_str(SWITCH_MAC), "dev", "snd0", "nud", "permanent"])?;
+        netns::ip(&[
+            "-n",
+            snd.name(),
+            "neigh",
+            "replace",
+            "10.0.0.254",
+            "lladdr",
+            &mac_str(SWITCH_MAC),
+            "dev",
+            "snd0",
+            "nud",
+            "permanent",
+        ])?;
         // Kernel forwarding with a multipath route and L4 hashing.
-        sw.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.p0.rp_filter=0"])?;
+        sw.exec(&[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.fib_multipath_hash_policy=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.p0.rp_filter=0",
+        ])?;
         let mut route = vec!["-n", sw.name(), "route", "add", "10.1.0.0/16"];
         let vias: Vec<(String, String)> = (1..=UPLINKS).map(|i| (format!("10.0.{i}.2"), format!("u{i}"))).collect();
         for (via, dev) in &vias {
@@ -665,7 +817,12 @@ impl FwdRow {
 }
 
 fn gen_args(secs: f64, mode: GenMode) -> GenArgs {
-    let mut a = GenArgs::new("snd0", &mac_str(SWITCH_MAC), Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::new(10, 1, 0, 1).into());
+    let mut a = GenArgs::new(
+        "snd0",
+        &mac_str(SWITCH_MAC),
+        Ipv4Addr::new(10, 0, 0, 1).into(),
+        Ipv4Addr::new(10, 1, 0, 1).into(),
+    );
     a.qps = 64;
     a.sport = SportModel::Nic;
     a.message_packets = 4;
@@ -740,7 +897,11 @@ fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row>> {
     // Which generator can feed the kernel path? Live frames first.
     let (live_sent, live_got) = measure(&lab, 1.0, GenMode::LiveFrames)?;
     let kernel_mode = if live_got >= 0.5 * live_sent {
-        notes.push(format!("Live frames fed the kernel path: {:.2} Mpps offered, {:.2} Mpps forwarded in a 1 s probe.", live_sent / 1e6, live_got / 1e6));
+        notes.push(format!(
+            "Live frames fed the kernel path: {:.2} Mpps offered, {:.2} Mpps forwarded in a 1 s probe.",
+            live_sent / 1e6,
+            live_got / 1e6
+        ));
         GenMode::LiveFrames
     } else {
         notes.push(format!(
@@ -751,7 +912,8 @@ fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row>> {
         GenMode::Packet
     };
 
-    let rows_all: Vec<FwdRow> = [FwdRow::Kernel, FwdRow::Trivial].into_iter().chain(PIPELINES.iter().map(|p| FwdRow::Rocev2(*p))).collect();
+    let rows_all: Vec<FwdRow> =
+        [FwdRow::Kernel, FwdRow::Trivial].into_iter().chain(PIPELINES.iter().map(|p| FwdRow::Rocev2(*p))).collect();
     let mut runs: Vec<(GenMode, Vec<FwdRow>)> = vec![(kernel_mode, rows_all.clone())];
     if kernel_mode == GenMode::Packet {
         // Only the trivial row: see the Reading on TTLs of recycled live frames.
@@ -778,7 +940,12 @@ fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row>> {
                     in_ns(&sw, || Ok(target.xdp_program(name)?.detach(id)?))?;
                 }
                 let m = m?;
-                eprintln!("bench:   {gen_name:>15} {:<50} sent {:.3} Mpps, received {:.3} Mpps", r.name(), m.0 / 1e6, m.1 / 1e6);
+                eprintln!(
+                    "bench:   {gen_name:>15} {:<50} sent {:.3} Mpps, received {:.3} Mpps",
+                    r.name(),
+                    m.0 / 1e6,
+                    m.1 / 1e6
+                );
                 samples.entry(i).or_default().push(m);
             }
         }
@@ -825,7 +992,14 @@ fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row>> {
 }
 
 /// Sets the switch up for one row; returns the attached program and link.
-fn attach_row(dp: &mut Dataplane, sw: &str, p0: u32, r: FwdRow, members: &[MemberSpec], uplinks: &[u32]) -> Result<Option<(&'static str, XdpLinkId)>> {
+fn attach_row(
+    dp: &mut Dataplane,
+    sw: &str,
+    p0: u32,
+    r: FwdRow,
+    members: &[MemberSpec],
+    uplinks: &[u32],
+) -> Result<Option<(&'static str, XdpLinkId)>> {
     let name = match r {
         FwdRow::Kernel => return Ok(None),
         FwdRow::Trivial => XDP_REDIRECT_PROGRAM,
@@ -844,10 +1018,17 @@ fn attach_row(dp: &mut Dataplane, sw: &str, p0: u32, r: FwdRow, members: &[Membe
 
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned())).unwrap_or_else(|| "unknown CPU".into());
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned()))
+        .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
-    let date = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default();
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
     format!("{model}, {cores} cores, Linux {kernel}, {date}")
 }
 
@@ -879,7 +1060,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("Machine: {machine}\n\n{table}");
     let worst_full = p1.above_floor.iter().filter(|(p, ..)| *p == Pipeline::Full).map(|x| x.3).fold(f64::MIN, f64::max);
     let mut md = String::new();
-    let _ = writeln!(md, "# Benchmarks\n\nMade by `cargo xtask bench` (`rocev2 bench`), {:.0} s.\n\nMachine: {machine}\n", started.elapsed().as_secs_f64());
+    let _ = writeln!(
+        md,
+        "# Benchmarks\n\nMade by `cargo xtask bench` (`rocev2 bench`), {:.0} s.\n\nMachine: {machine}\n",
+        started.elapsed().as_secs_f64()
+    );
     md.push_str(&table);
     md.push_str("\n## How\n\n");
     md.push_str(&format!(
@@ -897,7 +1082,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     md.push_str("- Part 3: routes through `Dataplane::sync_routes` (aya 0.14 has no BPF_MAP_UPDATE_BATCH wrapper); memory is `memlock` from /proc/self/fdinfo of every map the programs use.\n");
     md.push_str("\n## Reading\n\n");
-    md.push_str(&format!("Full pipeline worst case above the floor in part 1: +{worst_full:.1} ns.\n\nProgram sizes:\n\n"));
+    md.push_str(&format!(
+        "Full pipeline worst case above the floor in part 1: +{worst_full:.1} ns.\n\nProgram sizes:\n\n"
+    ));
     for r in &reading {
         md.push_str(r);
         md.push('\n');

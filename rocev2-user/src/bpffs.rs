@@ -28,9 +28,7 @@ pub fn prepare_pin_dir(dir: &Path) -> Result<()> {
             let target = CString::new(DEFAULT_BPFFS).expect("static");
             let opts = CString::new("mode=0700").expect("static");
             // SAFETY: valid C strings.
-            let rc = unsafe {
-                libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, opts.as_ptr().cast())
-            };
+            let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, opts.as_ptr().cast()) };
             if rc != 0 {
                 bail!(
                     "cannot mount the BPF filesystem on {DEFAULT_BPFFS}: {} (needs CAP_SYS_ADMIN)",

@@ -267,17 +267,11 @@ impl Prefix {
         match addr {
             IpAddr::V4(a) => {
                 let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-                Prefix::V4 {
-                    addr: Ipv4Addr::from(u32::from(a) & mask),
-                    len,
-                }
+                Prefix::V4 { addr: Ipv4Addr::from(u32::from(a) & mask), len }
             }
             IpAddr::V6(a) => {
                 let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-                Prefix::V6 {
-                    addr: Ipv6Addr::from(u128::from(a) & mask),
-                    len,
-                }
+                Prefix::V6 { addr: Ipv6Addr::from(u128::from(a) & mask), len }
             }
         }
     }
@@ -327,27 +321,14 @@ pub enum ConfigError {
     /// The file could not be read. (The io error is part of the message
     /// rather than a `source`, so `{:#}` chains do not print it twice.)
     #[error("{}: cannot read: {error}", path.display())]
-    Read {
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    Read { path: PathBuf, error: std::io::Error },
     /// A problem at a place in the file. `key` may be empty when the
     /// place has no key (e.g. some TOML syntax errors).
     #[error("{}:{line}:{column}: {}", path.display(), with_key(key, message))]
-    At {
-        path: PathBuf,
-        line: usize,
-        column: usize,
-        key: String,
-        message: String,
-    },
+    At { path: PathBuf, line: usize, column: usize, key: String, message: String },
     /// A problem with the file as a whole, e.g. no `[[port]]` at all.
     #[error("{}: {}", path.display(), with_key(key, message))]
-    File {
-        path: PathBuf,
-        key: String,
-        message: String,
-    },
+    File { path: PathBuf, key: String, message: String },
 }
 
 fn with_key(key: &str, message: &str) -> String {
@@ -383,10 +364,8 @@ impl ConfigError {
 impl Config {
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
-            path: path.to_path_buf(),
-            error,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_path_buf(), error })?;
         Self::parse(&text, path)
     }
 
@@ -408,13 +387,7 @@ impl Config {
             (true, false) => field.to_string(),
             (false, false) => format!("{}.{field}", loc.key),
         };
-        ConfigError::At {
-            path: self.path.clone(),
-            line: loc.line,
-            column: loc.column,
-            key,
-            message: message.into(),
-        }
+        ConfigError::At { path: self.path.clone(), line: loc.line, column: loc.column, key, message: message.into() }
     }
 }
 
@@ -548,19 +521,10 @@ struct Source<'a> {
 impl Source<'_> {
     fn loc(&self, key: impl Into<String>, span: Range<usize>) -> Location {
         let (line, column) = line_col(self.text, span.start);
-        Location {
-            key: key.into(),
-            line,
-            column,
-        }
+        Location { key: key.into(), line, column }
     }
 
-    fn err(
-        &self,
-        key: impl Into<String>,
-        span: Range<usize>,
-        message: impl Into<String>,
-    ) -> ConfigError {
+    fn err(&self, key: impl Into<String>, span: Range<usize>, message: impl Into<String>) -> ConfigError {
         let loc = self.loc(key, span);
         ConfigError::At {
             path: self.path.to_path_buf(),
@@ -616,10 +580,7 @@ impl Source<'_> {
             dp.hash_seed = self.check("dataplane.hash_seed", v, |&n| {
                 u32::try_from(n).map_err(|_| {
                     let what = if n < 0 { "is negative" } else { "is too big" };
-                    format!(
-                        "{n} {what}; the seed is a whole number from 0 to {}",
-                        u32::MAX
-                    )
+                    format!("{n} {what}; the seed is a whole number from 0 to {}", u32::MAX)
                 })
             })?;
         }
@@ -643,7 +604,9 @@ impl Source<'_> {
             dp.attach = self.check("dataplane.attach", v, |s| match s.as_str() {
                 "xdp" => Ok(Attach::Xdp),
                 "tc" => Ok(Attach::Tc),
-                other => Err(format!("{other:?} is not an attach point; use \"xdp\" (fastest) or \"tc\" (tc ingress, sets skb priority)")),
+                other => Err(format!(
+                    "{other:?} is not an attach point; use \"xdp\" (fastest) or \"tc\" (tc ingress, sets skb priority)"
+                )),
             })?;
         }
         if let Some(v) = &raw.neighbour_refresh_ms {
@@ -700,19 +663,12 @@ impl Source<'_> {
                     ),
                 ));
             }
-            ports.push(Port {
-                name: name.get_ref().clone(),
-                loc: self.loc(key, name.span()),
-            });
+            ports.push(Port { name: name.get_ref().clone(), loc: self.loc(key, name.span()) });
         }
         Ok(ports)
     }
 
-    fn groups(
-        &self,
-        raw: &[Spanned<RawGroup>],
-        default_hash: HashMode,
-    ) -> Result<Vec<Group>, ConfigError> {
+    fn groups(&self, raw: &[Spanned<RawGroup>], default_hash: HashMode) -> Result<Vec<Group>, ConfigError> {
         let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
         for (i, g) in raw.iter().enumerate() {
             let key = format!("group[{i}]");
@@ -748,22 +704,12 @@ impl Source<'_> {
             };
             let policy = self.policy(&key, g_ref)?;
             let members = self.members(&key, &g_ref.members)?;
-            groups.push(Group {
-                name,
-                hash,
-                policy,
-                members,
-                loc: self.loc(key, g.span()),
-            });
+            groups.push(Group { name, hash, policy, members, loc: self.loc(key, g.span()) });
         }
         Ok(groups)
     }
 
-    fn members(
-        &self,
-        group_key: &str,
-        raw: &Spanned<Vec<Spanned<RawMember>>>,
-    ) -> Result<Vec<Member>, ConfigError> {
+    fn members(&self, group_key: &str, raw: &Spanned<Vec<Spanned<RawMember>>>) -> Result<Vec<Member>, ConfigError> {
         let key = format!("{group_key}.members");
         if raw.get_ref().is_empty() {
             return Err(self.err(
@@ -788,12 +734,8 @@ impl Source<'_> {
             let m_ref = m.get_ref();
             self.check(format!("{m_key}.dev"), &m_ref.dev, |s| check_ifname(s))?;
             let next_hop = match (&m_ref.via, &m_ref.mac) {
-                (Some(via), None) => {
-                    NextHop::Via(self.check(format!("{m_key}.via"), via, |s| parse_via(s))?)
-                }
-                (None, Some(mac)) => {
-                    NextHop::Mac(self.check(format!("{m_key}.mac"), mac, |s| parse_mac(s))?)
-                }
+                (Some(via), None) => NextHop::Via(self.check(format!("{m_key}.via"), via, |s| parse_via(s))?),
+                (None, Some(mac)) => NextHop::Mac(self.check(format!("{m_key}.mac"), mac, |s| parse_mac(s))?),
                 (Some(_), Some(_)) => {
                     return Err(self.err(
                         m_key,
@@ -802,27 +744,21 @@ impl Source<'_> {
                          the kernel's neighbour table) or `mac` (static neighbour MAC)",
                     ))
                 }
-                (None, None) => return Err(self.err(
-                    m_key,
-                    m.span(),
-                    "needs `via` (next-hop IP, MAC from the kernel's neighbour table) or `mac` \
+                (None, None) => {
+                    return Err(self.err(
+                        m_key,
+                        m.span(),
+                        "needs `via` (next-hop IP, MAC from the kernel's neighbour table) or `mac` \
                          (static neighbour MAC), e.g. { dev = \"eth2\", via = \"10.0.2.2\" }",
-                )),
+                    ))
+                }
             };
-            members.push(Member {
-                dev: m_ref.dev.get_ref().clone(),
-                next_hop,
-                loc: self.loc(m_key, m.span()),
-            });
+            members.push(Member { dev: m_ref.dev.get_ref().clone(), next_hop, loc: self.loc(m_key, m.span()) });
         }
         Ok(members)
     }
 
-    fn routes(
-        &self,
-        raw: &[Spanned<RawRoute>],
-        groups: &[Group],
-    ) -> Result<Vec<Route>, ConfigError> {
+    fn routes(&self, raw: &[Spanned<RawRoute>], groups: &[Group]) -> Result<Vec<Route>, ConfigError> {
         let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
         // First route of each prefix, to name it in the duplicate error.
         let mut seen: HashMap<Prefix, usize> = HashMap::new();
@@ -843,10 +779,7 @@ impl Source<'_> {
                 ));
             }
             let group_index = self.check(format!("{key}.group"), &r_ref.group, |name| {
-                groups
-                    .iter()
-                    .position(|g| g.name == *name)
-                    .ok_or_else(|| no_such_group(name, groups))
+                groups.iter().position(|g| g.name == *name).ok_or_else(|| no_such_group(name, groups))
             })?;
             seen.insert(prefix, routes.len());
             routes.push(Route {
@@ -1009,7 +942,11 @@ impl Source<'_> {
                         if FLOWLET_TABLE_SIZE.contains(&n) {
                             Ok(n as u32)
                         } else {
-                            Err(format!("{n} is out of range; use {} to {} flows", FLOWLET_TABLE_SIZE.start(), FLOWLET_TABLE_SIZE.end()))
+                            Err(format!(
+                                "{n} is out of range; use {} to {} flows",
+                                FLOWLET_TABLE_SIZE.start(),
+                                FLOWLET_TABLE_SIZE.end()
+                            ))
                         }
                     })?,
                     None => rocev2_common::maps::DEFAULT_FLOWLET_TABLE_SIZE,
@@ -1055,11 +992,18 @@ impl Source<'_> {
                 return Err(self.err(
                     format!("{key}.prefix"),
                     r.prefix.span(),
-                    format!("{prefix} qp {qp:#x} is already pinned by {} (line {}); remove one", first.loc.key, first.loc.line),
+                    format!(
+                        "{prefix} qp {qp:#x} is already pinned by {} (line {}); remove one",
+                        first.loc.key, first.loc.line
+                    ),
                 ));
             }
             if pins.len() >= rocev2_common::maps::MAX_PINS as usize {
-                return Err(self.err(key, p.span(), format!("too many pins; at most {}", rocev2_common::maps::MAX_PINS)));
+                return Err(self.err(
+                    key,
+                    p.span(),
+                    format!("too many pins; at most {}", rocev2_common::maps::MAX_PINS),
+                ));
             }
             pins.push(Pin { prefix, qp, group_index: group_index as u32, member_index, loc: self.loc(key, p.span()) });
         }
@@ -1071,17 +1015,29 @@ impl Source<'_> {
         for (i, p) in raw.iter().enumerate() {
             let key = format!("ecn_profile[{i}]");
             if i >= rocev2_common::maps::MAX_ECN_PROFILES as usize {
-                return Err(self.err(key, p.span(), format!("too many ECN profiles; at most {}", rocev2_common::maps::MAX_ECN_PROFILES)));
+                return Err(self.err(
+                    key,
+                    p.span(),
+                    format!("too many ECN profiles; at most {}", rocev2_common::maps::MAX_ECN_PROFILES),
+                ));
             }
             let r = p.get_ref();
             let name = r.name.get_ref().clone();
             if let Some(first) = profiles.iter().find(|q| q.name == name) {
-                return Err(self.err(format!("{key}.name"), r.name.span(), format!("a profile named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line)));
+                return Err(self.err(
+                    format!("{key}.name"),
+                    r.name.span(),
+                    format!("a profile named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line),
+                ));
             }
             let kmin = self.check(format!("{key}.kmin"), &r.kmin, parse_bytes)?;
             let kmax = self.check(format!("{key}.kmax"), &r.kmax, parse_bytes)?;
             if kmax <= kmin {
-                return Err(self.err(format!("{key}.kmax"), r.kmax.span(), format!("kmax ({kmax} bytes) must be above kmin ({kmin} bytes): marking rises from kmin to kmax")));
+                return Err(self.err(
+                    format!("{key}.kmax"),
+                    r.kmax.span(),
+                    format!("kmax ({kmax} bytes) must be above kmin ({kmin} bytes): marking rises from kmin to kmax"),
+                ));
             }
             let pmax = self.check(format!("{key}.pmax"), &r.pmax, parse_probability)?;
             profiles.push(EcnProfileConfig {
@@ -1101,12 +1057,20 @@ impl Source<'_> {
         for (i, e) in raw.iter().enumerate() {
             let key = format!("egress[{i}]");
             if i >= rocev2_common::maps::MAX_EGRESS_PORTS as usize {
-                return Err(self.err(key, e.span(), format!("too many [[egress]] ports; at most {}", rocev2_common::maps::MAX_EGRESS_PORTS)));
+                return Err(self.err(
+                    key,
+                    e.span(),
+                    format!("too many [[egress]] ports; at most {}", rocev2_common::maps::MAX_EGRESS_PORTS),
+                ));
             }
             let r = e.get_ref();
             self.check(format!("{key}.dev"), &r.dev, |s| check_ifname(s))?;
             if let Some(first) = egress.iter().find(|x| x.dev == *r.dev.get_ref()) {
-                return Err(self.err(format!("{key}.dev"), r.dev.span(), format!("{:?} is already configured by {} (line {})", first.dev, first.loc.key, first.loc.line)));
+                return Err(self.err(
+                    format!("{key}.dev"),
+                    r.dev.span(),
+                    format!("{:?} is already configured by {} (line {})", first.dev, first.loc.key, first.loc.line),
+                ));
             }
             let rate = self.check(format!("{key}.rate"), &r.rate, parse_rate)?;
             let ecn_profile = match &r.ecn_profile {
@@ -1135,7 +1099,11 @@ impl Source<'_> {
             let r = c.get_ref();
             let name = r.name.get_ref().clone();
             if let Some(first) = classes.iter().find(|x| x.name == name) {
-                return Err(self.err(format!("{key}.name"), r.name.span(), format!("a class named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line)));
+                return Err(self.err(
+                    format!("{key}.name"),
+                    r.name.span(),
+                    format!("a class named {name:?} already exists ({}, line {})", first.loc.key, first.loc.line),
+                ));
             }
             let opcodes = match &r.opcodes {
                 Some(v) => self.check(format!("{key}.opcodes"), v, |list| {
@@ -1145,12 +1113,21 @@ impl Source<'_> {
             };
             let dscp = match &r.dscp {
                 Some(v) => self.check(format!("{key}.dscp"), v, |list| {
-                    list.iter().map(|&n| u8::try_from(n).ok().filter(|d| *d < 64).ok_or_else(|| format!("{n} is not a DSCP; DSCP values are 0 to 63"))).collect::<Result<Vec<u8>, String>>()
+                    list.iter()
+                        .map(|&n| {
+                            u8::try_from(n)
+                                .ok()
+                                .filter(|d| *d < 64)
+                                .ok_or_else(|| format!("{n} is not a DSCP; DSCP values are 0 to 63"))
+                        })
+                        .collect::<Result<Vec<u8>, String>>()
                 })?,
                 None => Vec::new(),
             };
             let max_payload = match &r.max_payload {
-                Some(v) => Some(self.check(format!("{key}.max_payload"), v, |&n| u32::try_from(n).map_err(|_| format!("{n} is not a byte count; use 0 to {}", u32::MAX)))?),
+                Some(v) => Some(self.check(format!("{key}.max_payload"), v, |&n| {
+                    u32::try_from(n).map_err(|_| format!("{n} is not a byte count; use 0 to {}", u32::MAX))
+                })?),
                 None => None,
             };
             let qps = match &r.qps {
@@ -1158,7 +1135,11 @@ impl Source<'_> {
                 None => None,
             };
             let set_dscp = match &r.set_dscp {
-                Some(v) => Some(self.check(format!("{key}.set_dscp"), v, |&n| u8::try_from(n).ok().filter(|d| *d < 64).ok_or_else(|| format!("{n} is not a DSCP; DSCP values are 0 to 63 (CNP is usually 48, RoCE data 26)")))?),
+                Some(v) => Some(self.check(format!("{key}.set_dscp"), v, |&n| {
+                    u8::try_from(n).ok().filter(|d| *d < 64).ok_or_else(|| {
+                        format!("{n} is not a DSCP; DSCP values are 0 to 63 (CNP is usually 48, RoCE data 26)")
+                    })
+                })?),
                 None => None,
             };
             let priority = match &r.priority {
@@ -1173,7 +1154,18 @@ impl Source<'_> {
             if ecn_exempt && ecn_profile.is_some() {
                 return Err(self.err(key, c.span(), "has both ecn_exempt = true and an ecn_profile; an exempt class is never marked, so drop one of them"));
             }
-            classes.push(Class { name, opcodes, max_payload, qps, dscp, set_dscp, priority, ecn_exempt, ecn_profile, loc: self.loc(key, c.span()) });
+            classes.push(Class {
+                name,
+                opcodes,
+                max_payload,
+                qps,
+                dscp,
+                set_dscp,
+                priority,
+                ecn_exempt,
+                ecn_profile,
+                loc: self.loc(key, c.span()),
+            });
         }
         Ok(classes)
     }
@@ -1199,7 +1191,10 @@ fn parse_bytes(v: &toml::Value) -> Result<u64, String> {
             let t = s.trim();
             let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
             let (num, unit) = t.split_at(split);
-            let num: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size; write e.g. \"150KB\", \"1MiB\" or a number of bytes"))?;
+            let num: f64 = num
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a size; write e.g. \"150KB\", \"1MiB\" or a number of bytes"))?;
             let scale: f64 = match unit.trim() {
                 "" | "B" => 1.0,
                 "KB" | "kB" => 1e3,
@@ -1229,7 +1224,10 @@ fn parse_rate(v: &toml::Value) -> Result<u64, String> {
             let t = s.trim();
             let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
             let (num, unit) = t.split_at(split);
-            let num: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
+            let num: f64 = num
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
             let unit = unit.trim().trim_end_matches("ps").trim_end_matches("bit").trim_end_matches("/s");
             let bits_per: f64 = match unit {
                 "" => 1.0,
@@ -1237,7 +1235,9 @@ fn parse_rate(v: &toml::Value) -> Result<u64, String> {
                 "M" => 1e6,
                 "G" => 1e9,
                 "T" => 1e12,
-                other => return Err(format!("{other:?} is not a rate unit; use Kbit, Mbit, Gbit or Tbit (bits per second)")),
+                other => {
+                    return Err(format!("{other:?} is not a rate unit; use Kbit, Mbit, Gbit or Tbit (bits per second)"))
+                }
             };
             if num <= 0.0 || !num.is_finite() {
                 return Err(format!("{s:?} must be a positive rate"));
@@ -1274,11 +1274,17 @@ fn parse_probability(v: &toml::Value) -> Result<f64, String> {
 /// writes it ("1:10" = 0x10010), which HTB uses to pick the class.
 fn parse_priority(v: &toml::Value) -> Result<u32, String> {
     match v {
-        toml::Value::Integer(n) => u32::try_from(*n).map_err(|_| format!("{n} is not a priority; use 0 to {}", u32::MAX)),
+        toml::Value::Integer(n) => {
+            u32::try_from(*n).map_err(|_| format!("{n} is not a priority; use 0 to {}", u32::MAX))
+        }
         toml::Value::String(s) => {
-            let (major, minor) = s.split_once(':').ok_or_else(|| format!("{s:?} is not a tc class id; write \"1:10\" (hex, as tc does) or a number"))?;
-            let major = u16::from_str_radix(major.trim(), 16).map_err(|_| format!("{s:?}: {major:?} is not a hex major number"))?;
-            let minor = u16::from_str_radix(minor.trim(), 16).map_err(|_| format!("{s:?}: {minor:?} is not a hex minor number"))?;
+            let (major, minor) = s
+                .split_once(':')
+                .ok_or_else(|| format!("{s:?} is not a tc class id; write \"1:10\" (hex, as tc does) or a number"))?;
+            let major = u16::from_str_radix(major.trim(), 16)
+                .map_err(|_| format!("{s:?}: {major:?} is not a hex major number"))?;
+            let minor = u16::from_str_radix(minor.trim(), 16)
+                .map_err(|_| format!("{s:?}: {minor:?} is not a hex minor number"))?;
             Ok((u32::from(major) << 16) | u32::from(minor))
         }
         other => Err(format!("{other} is not a priority; write a number or a tc class id such as \"1:10\"")),
@@ -1325,10 +1331,7 @@ fn no_such_group(name: &str, groups: &[Group]) -> String {
         return format!("no group named {name:?}: no [[group]] is defined; add one with that name");
     }
     let names: Vec<String> = groups.iter().map(|g| format!("{:?}", g.name)).collect();
-    format!(
-        "no group named {name:?}; defined groups: {}",
-        names.join(", ")
-    )
+    format!("no group named {name:?}; defined groups: {}", names.join(", "))
 }
 
 // ---------------------------------------------------------------------------
@@ -1349,9 +1352,7 @@ fn parse_xdp_mode(s: &str) -> Result<XdpMode, String> {
     match s {
         "native" => Ok(XdpMode::Native),
         "skb" => Ok(XdpMode::Skb),
-        _ => Err(format!(
-            "{s:?} is not an XDP mode; use \"native\" (in the driver) or \"skb\" (generic, slower)"
-        )),
+        _ => Err(format!("{s:?} is not an XDP mode; use \"native\" (in the driver) or \"skb\" (generic, slower)")),
     }
 }
 
@@ -1362,14 +1363,10 @@ fn check_ifname(s: &str) -> Result<(), String> {
         return Err("an interface name is needed, e.g. \"eth1\"".into());
     }
     if s.len() > MAX_IFNAME_LEN {
-        return Err(format!(
-            "{s:?} is too long for an interface name (at most {MAX_IFNAME_LEN} bytes)"
-        ));
+        return Err(format!("{s:?} is too long for an interface name (at most {MAX_IFNAME_LEN} bytes)"));
     }
     if s == "." || s == ".." || s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
-        return Err(format!(
-            "{s:?} is not a valid interface name (no '/', ':' or spaces)"
-        ));
+        return Err(format!("{s:?} is not a valid interface name (no '/', ':' or spaces)"));
     }
     Ok(())
 }
@@ -1383,17 +1380,14 @@ fn parse_via(s: &str) -> Result<IpAddr, String> {
         IpAddr::V6(a) => a.is_unspecified() || a.is_multicast(),
     };
     if bad {
-        return Err(format!(
-            "{s:?} cannot be a next hop; use the unicast address of the neighbour router"
-        ));
+        return Err(format!("{s:?} cannot be a next hop; use the unicast address of the neighbour router"));
     }
     Ok(ip)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let malformed = || {
-        format!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. \"02:00:00:00:00:04\"")
-    };
+    let malformed =
+        || format!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. \"02:00:00:00:00:04\"");
     let mut mac = [0u8; 6];
     let mut parts = s.split(':');
     for byte in &mut mac {
@@ -1407,9 +1401,7 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         return Err(malformed());
     }
     if mac == [0xff; 6] {
-        return Err(format!(
-            "{s:?} is the broadcast address; use the neighbour's unicast MAC"
-        ));
+        return Err(format!("{s:?} is the broadcast address; use the neighbour's unicast MAC"));
     }
     if mac[0] & 1 != 0 {
         return Err(format!(
@@ -1437,15 +1429,15 @@ fn parse_prefix(s: &str) -> Result<Prefix, String> {
     };
     let len = match len_text {
         None => max,
-        Some(l) => l.parse::<u8>().ok().filter(|&n| n <= max).ok_or_else(|| {
-            format!("{s:?}: prefix length {l:?} is not valid for {family}; use 0 to {max}")
-        })?,
+        Some(l) => l
+            .parse::<u8>()
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or_else(|| format!("{s:?}: prefix length {l:?} is not valid for {family}; use 0 to {max}"))?,
     };
     let prefix = Prefix::masked(addr, len);
     if prefix.addr() != addr {
-        return Err(format!(
-            "{s:?} has host bits set; did you mean \"{prefix}\"?"
-        ));
+        return Err(format!("{s:?} has host bits set; did you mean \"{prefix}\"?"));
     }
     Ok(prefix)
 }
@@ -1551,9 +1543,7 @@ impl<'de> Deserialize<'de> for Node {
 /// the innermost value is not enough: the span of a `[[ports]]` key lies
 /// inside the span of its own table.)
 fn key_at(root: &Spanned<Node>, span: &Range<usize>, message: &str) -> String {
-    let contains = |outer: Range<usize>| {
-        outer.start < outer.end && outer.start <= span.start && span.end <= outer.end
-    };
+    let contains = |outer: Range<usize>| outer.start < outer.end && outer.start <= span.start && span.end <= outer.end;
     let unknown = unknown_key(message);
     let mut path = String::new();
     let mut holder_of_unknown = None;
@@ -1590,9 +1580,7 @@ fn key_at(root: &Spanned<Node>, span: &Range<usize>, message: &str) -> String {
         Some(u) => {
             // A key in a sub-table header (`[dataplane.x]`) lies outside
             // every value span; fall back to any table holding the key.
-            let table = holder_of_unknown
-                .or_else(|| table_holding(root.get_ref(), u, String::new()))
-                .unwrap_or(path);
+            let table = holder_of_unknown.or_else(|| table_holding(root.get_ref(), u, String::new())).unwrap_or(path);
             if table.is_empty() {
                 u.to_string()
             } else {
@@ -1611,18 +1599,13 @@ fn table_holding(node: &Node, key: &str, path: String) -> Option<String> {
                 return Some(path);
             }
             entries.iter().find_map(|(k, v)| {
-                let sub = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
+                let sub = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
                 table_holding(v.get_ref(), key, sub)
             })
         }
-        Node::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, v)| table_holding(v.get_ref(), key, format!("{path}[{i}]"))),
+        Node::Array(items) => {
+            items.iter().enumerate().find_map(|(i, v)| table_holding(v.get_ref(), key, format!("{path}[{i}]")))
+        }
         Node::Leaf => None,
     }
 }
@@ -1640,10 +1623,7 @@ fn guess_key(text: &str, offset: usize) -> Option<String> {
         return (!name.is_empty()).then(|| name.to_string());
     }
     let (key, value) = line_text.split_once('=')?;
-    let before_error: String = value
-        .chars()
-        .take(column.saturating_sub(key.chars().count() + 2))
-        .collect();
+    let before_error: String = value.chars().take(column.saturating_sub(key.chars().count() + 2)).collect();
     if before_error.contains(['{', '[']) {
         return None;
     }
@@ -1651,43 +1631,24 @@ fn guess_key(text: &str, offset: usize) -> Option<String> {
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for l in text.lines().take(line - 1) {
         let l = l.trim();
-        if let Some(name) = l
-            .strip_prefix("[[")
-            .and_then(|r| r.split_once("]]"))
-            .map(|(n, _)| n.trim())
-        {
+        if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split_once("]]")).map(|(n, _)| n.trim()) {
             let n = counts.entry(name).or_insert(0);
             section = format!("{name}[{n}]");
             *n += 1;
-        } else if let Some(name) = l
-            .strip_prefix('[')
-            .and_then(|r| r.split_once(']'))
-            .map(|(n, _)| n.trim())
-        {
+        } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(n, _)| n.trim()) {
             section = name.to_string();
         }
     }
     let key = key.trim();
-    if key.is_empty()
-        || !key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
         return None;
     }
-    Some(if section.is_empty() {
-        key.to_string()
-    } else {
-        format!("{section}.{key}")
-    })
+    Some(if section.is_empty() { key.to_string() } else { format!("{section}.{key}") })
 }
 
 /// The name in serde's "unknown field `NAME`, expected ...".
 fn unknown_key(message: &str) -> Option<&str> {
-    message
-        .strip_prefix("unknown field `")?
-        .split_once('`')
-        .map(|(k, _)| k)
+    message.strip_prefix("unknown field `")?.split_once('`').map(|(k, _)| k)
 }
 
 /// Rewords serde's messages for people editing TOML (keys, tables and
@@ -1733,9 +1694,7 @@ fn explain(message: &str, key: &str) -> String {
 fn value_hint(key: &str, wrong_type: bool) -> Option<String> {
     // Top-level sections are most often written `[port]` instead of `[[port]]`.
     if matches!(key, "port" | "group" | "route") {
-        return Some(format!(
-            "write each {key} as its own [[{key}]] section (double brackets)"
-        ));
+        return Some(format!("write each {key} as its own [[{key}]] section (double brackets)"));
     }
     let leaf = key.rsplit('.').next().unwrap_or(key);
     let leaf = leaf.split('[').next().unwrap_or(leaf);
@@ -1744,9 +1703,7 @@ fn value_hint(key: &str, wrong_type: bool) -> Option<String> {
         "xdp_mode" => "use \"native\" or \"skb\"",
         "hash_seed" => "use a whole number from 0 to 4294967295",
         "neighbour_refresh_ms" => "use a whole number of milliseconds from 100 to 60000",
-        "members" => {
-            "write an array of tables, e.g. members = [{ dev = \"eth2\", via = \"10.0.2.2\" }]"
-        }
+        "members" => "write an array of tables, e.g. members = [{ dev = \"eth2\", via = \"10.0.2.2\" }]",
         "name" | "dev" | "via" | "mac" | "prefix" | "group" | "pin_dir" if wrong_type => {
             "write the value in double quotes"
         }
@@ -1756,12 +1713,7 @@ fn value_hint(key: &str, wrong_type: bool) -> Option<String> {
 }
 
 fn one_line(message: &str) -> String {
-    message
-        .trim()
-        .lines()
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join("; ")
+    message.trim().lines().map(str::trim).collect::<Vec<_>>().join("; ")
 }
 
 /// Levenshtein distance, for "did you mean" on misspelled keys.
@@ -1838,14 +1790,8 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
             Err(e) => e,
         };
         let msg = err.to_string();
-        assert!(
-            msg.starts_with(&format!("lab.toml:{line}:")),
-            "expected file and line {line} in: {msg}"
-        );
-        assert!(
-            msg.contains(&format!(": {key}: ")),
-            "expected key {key} in: {msg}"
-        );
+        assert!(msg.starts_with(&format!("lab.toml:{line}:")), "expected file and line {line} in: {msg}");
+        assert!(msg.contains(&format!(": {key}: ")), "expected key {key} in: {msg}");
         for needle in needles {
             assert!(msg.contains(needle), "expected {needle:?} in: {msg}");
         }
@@ -1869,28 +1815,14 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
 
         assert_eq!(c.ports.len(), 1);
         assert_eq!(c.ports[0].name, "eth1");
-        assert_eq!(
-            c.ports[0].loc,
-            Location {
-                key: "port[0]".into(),
-                line: 9,
-                column: 8
-            }
-        );
+        assert_eq!(c.ports[0].loc, Location { key: "port[0]".into(), line: 9, column: 8 });
 
         assert_eq!(c.groups.len(), 1);
         let g = &c.groups[0];
         assert_eq!(g.name, "spines");
         assert_eq!(g.hash, HashMode::FiveTuple, "per-group override wins");
-        assert_eq!(
-            (g.loc.key.as_str(), g.loc.line, g.loc.column),
-            ("group[0]", 11, 1)
-        );
-        let hops: Vec<(&str, NextHop)> = g
-            .members
-            .iter()
-            .map(|m| (m.dev.as_str(), m.next_hop))
-            .collect();
+        assert_eq!((g.loc.key.as_str(), g.loc.line, g.loc.column), ("group[0]", 11, 1));
+        let hops: Vec<(&str, NextHop)> = g.members.iter().map(|m| (m.dev.as_str(), m.next_hop)).collect();
         assert_eq!(
             hops,
             vec![
@@ -1899,24 +1831,11 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
                 ("eth4", NextHop::Mac([2, 0, 0, 0, 0, 4])),
             ]
         );
-        assert_eq!(
-            g.members[1].loc,
-            Location {
-                key: "group[0].members[1]".into(),
-                line: 16,
-                column: 3
-            }
-        );
+        assert_eq!(g.members[1].loc, Location { key: "group[0].members[1]".into(), line: 16, column: 3 });
 
         assert_eq!(c.routes.len(), 1);
         let r = &c.routes[0];
-        assert_eq!(
-            r.prefix,
-            Prefix::V4 {
-                addr: Ipv4Addr::new(10, 1, 0, 0),
-                len: 16
-            }
-        );
+        assert_eq!(r.prefix, Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 });
         assert_eq!(r.group, "spines");
         assert_eq!(r.group_index, 0);
         assert_eq!((r.loc.key.as_str(), r.loc.line), ("route[0]", 20));
@@ -1960,11 +1879,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
              [[route]]\nprefix = \"0.0.0.0/0\"\ngroup = \"spines\"\n"
         );
         let c = parse_ok(&text);
-        let got: Vec<(String, u32)> = c
-            .routes
-            .iter()
-            .map(|r| (r.prefix.to_string(), r.group_index))
-            .collect();
+        let got: Vec<(String, u32)> = c.routes.iter().map(|r| (r.prefix.to_string(), r.group_index)).collect();
         assert_eq!(
             got,
             vec![
@@ -1980,15 +1895,9 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
 
     #[test]
     fn prefix_display() {
-        let v4 = Prefix::V4 {
-            addr: Ipv4Addr::new(192, 168, 0, 0),
-            len: 24,
-        };
+        let v4 = Prefix::V4 { addr: Ipv4Addr::new(192, 168, 0, 0), len: 24 };
         assert_eq!(v4.to_string(), "192.168.0.0/24");
-        let v6 = Prefix::V6 {
-            addr: "2001:db8::".parse().unwrap(),
-            len: 32,
-        };
+        let v6 = Prefix::V6 { addr: "2001:db8::".parse().unwrap(), len: 32 };
         assert_eq!(v6.to_string(), "2001:db8::/32");
     }
 
@@ -2001,17 +1910,13 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
             Ok(_) => panic!("loading a missing file succeeded"),
             Err(e) => e.to_string(),
         };
-        assert!(
-            msg.starts_with("/nonexistent/rocev2-test/lab.toml: cannot read: "),
-            "{msg}"
-        );
+        assert!(msg.starts_with("/nonexistent/rocev2-test/lab.toml: cannot read: "), "{msg}");
         assert!(msg.contains("No such file"), "{msg}");
     }
 
     #[test]
     fn load_reads_the_file() {
-        let path =
-            std::env::temp_dir().join(format!("rocev2-config-test-{}.toml", std::process::id()));
+        let path = std::env::temp_dir().join(format!("rocev2-config-test-{}.toml", std::process::id()));
         std::fs::write(&path, EXAMPLE).unwrap();
         let result = Config::load(&path);
         std::fs::remove_file(&path).unwrap();
@@ -2070,12 +1975,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn unknown_member_key_inside_inline_table() {
         let text = "[[port]]\nname = \"eth1\"\n[[group]]\nname = \"g\"\nmembers = [\n  { dev = \"eth2\", via = \"10.0.2.2\" },\n  { dev = \"eth3\", vias = \"10.0.3.2\" },\n]\n";
-        assert_error(
-            text,
-            7,
-            "group[0].members[1].vias",
-            &["unknown key `vias`", "did you mean `via`?", "`mac`"],
-        );
+        assert_error(text, 7, "group[0].members[1].vias", &["unknown key `vias`", "did you mean `via`?", "`mac`"]);
     }
 
     #[test]
@@ -2094,12 +1994,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     fn unknown_key_named_like_a_section() {
         // `group` is a top-level key too; the error is about group[1]'s own.
         let text = format!("{BASE}[[group]]\nname = \"g2\"\ngroup = \"spines\"\n");
-        assert_error(
-            &text,
-            9,
-            "group[1].group",
-            &["unknown key `group`", "`members`"],
-        );
+        assert_error(&text, 9, "group[1].group", &["unknown key `group`", "`members`"]);
         let text = format!("[dataplane]\nport = 1\n{BASE}");
         assert_error(&text, 2, "dataplane.port", &["unknown key `port`"]);
     }
@@ -2107,19 +2002,12 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn unknown_key_in_sub_table_header() {
         let text = format!("{BASE}[dataplane.extra]\na = 1\n");
-        assert_error(
-            &text,
-            7,
-            "dataplane.extra",
-            &["unknown key `extra`", "`hash_seed`"],
-        );
+        assert_error(&text, 7, "dataplane.extra", &["unknown key `extra`", "`hash_seed`"]);
     }
 
     #[test]
     fn syntax_error_inside_inline_table_does_not_blame_the_line_key() {
-        let text = format!(
-            "{BASE}[[group]]\nname = \"g\"\nmembers = [{{ dev = \"eth3\", via = 10.0.3.2 }}]\n"
-        );
+        let text = format!("{BASE}[[group]]\nname = \"g\"\nmembers = [{{ dev = \"eth3\", via = 10.0.3.2 }}]\n");
         let err = parse(&text).unwrap_err();
         assert_eq!(err.line(), Some(9));
         assert_eq!(err.key(), Some(""));
@@ -2135,12 +2023,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn wrong_type_names_key_and_expected_type() {
         let text = format!("{BASE}[[route]]\nprefix = 10\ngroup = \"spines\"\n");
-        assert_error(
-            &text,
-            8,
-            "route[0].prefix",
-            &["expected a string", "double quotes"],
-        );
+        assert_error(&text, 8, "route[0].prefix", &["expected a string", "double quotes"]);
     }
 
     // --- [dataplane] values --------------------------------------------
@@ -2148,24 +2031,14 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn bad_hash_lists_allowed_values() {
         let text = format!("[dataplane]\nhash = \"crc\"\n{BASE}");
-        let msg = assert_error(
-            &text,
-            2,
-            "dataplane.hash",
-            &["\"crc\"", "\"qp\"", "\"five-tuple\""],
-        );
+        let msg = assert_error(&text, 2, "dataplane.hash", &["\"crc\"", "\"qp\"", "\"five-tuple\""]);
         assert!(msg.starts_with("lab.toml:2:8: "), "{msg}");
     }
 
     #[test]
     fn hash_of_wrong_type() {
         let text = format!("[dataplane]\nhash = 5\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.hash",
-            &["expected a string", "\"qp\" or \"five-tuple\""],
-        );
+        assert_error(&text, 2, "dataplane.hash", &["expected a string", "\"qp\" or \"five-tuple\""]);
     }
 
     #[test]
@@ -2177,86 +2050,46 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn bad_xdp_mode() {
         let text = format!("[dataplane]\n\nxdp_mode = \"driver\"\n{BASE}");
-        assert_error(
-            &text,
-            3,
-            "dataplane.xdp_mode",
-            &["\"driver\"", "\"native\"", "\"skb\""],
-        );
+        assert_error(&text, 3, "dataplane.xdp_mode", &["\"driver\"", "\"native\"", "\"skb\""]);
     }
 
     #[test]
     fn negative_hash_seed() {
         let text = format!("[dataplane]\nhash_seed = -1\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.hash_seed",
-            &["-1 is negative", "0 to 4294967295"],
-        );
+        assert_error(&text, 2, "dataplane.hash_seed", &["-1 is negative", "0 to 4294967295"]);
     }
 
     #[test]
     fn hash_seed_too_big_for_u32() {
         let text = format!("[dataplane]\nhash_seed = 4294967296\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.hash_seed",
-            &["4294967296 is too big", "0 to 4294967295"],
-        );
+        assert_error(&text, 2, "dataplane.hash_seed", &["4294967296 is too big", "0 to 4294967295"]);
     }
 
     #[test]
     fn hash_seed_too_big_for_toml() {
         // Beyond i64: toml itself rejects it, we still name the key.
         let text = format!("[dataplane]\nhash_seed = 99999999999999999999\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.hash_seed",
-            &["too large", "0 to 4294967295"],
-        );
+        assert_error(&text, 2, "dataplane.hash_seed", &["too large", "0 to 4294967295"]);
     }
 
     #[test]
     fn hash_seed_of_wrong_type() {
         let text = format!("[dataplane]\nhash_seed = \"1234\"\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.hash_seed",
-            &["expected an integer", "0 to 4294967295"],
-        );
+        assert_error(&text, 2, "dataplane.hash_seed", &["expected an integer", "0 to 4294967295"]);
     }
 
     #[test]
     fn neighbour_refresh_out_of_range() {
         let low = format!("[dataplane]\nneighbour_refresh_ms = 99\n{BASE}");
-        assert_error(
-            &low,
-            2,
-            "dataplane.neighbour_refresh_ms",
-            &["99 is out of range", "100 to 60000"],
-        );
+        assert_error(&low, 2, "dataplane.neighbour_refresh_ms", &["99 is out of range", "100 to 60000"]);
         let high = format!("[dataplane]\n\nneighbour_refresh_ms = 60001\n{BASE}");
-        assert_error(
-            &high,
-            3,
-            "dataplane.neighbour_refresh_ms",
-            &["60001", "100 to 60000"],
-        );
+        assert_error(&high, 3, "dataplane.neighbour_refresh_ms", &["60001", "100 to 60000"]);
     }
 
     #[test]
     fn relative_pin_dir() {
         let text = format!("[dataplane]\npin_dir = \"bpf/rocev2\"\n{BASE}");
-        assert_error(
-            &text,
-            2,
-            "dataplane.pin_dir",
-            &["not an absolute path", "/sys/fs/bpf/rocev2"],
-        );
+        assert_error(&text, 2, "dataplane.pin_dir", &["not an absolute path", "/sys/fs/bpf/rocev2"]);
     }
 
     // --- ports ---------------------------------------------------------
@@ -2283,13 +2116,9 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         assert_error(&long, 8, "port[1].name", &["too long", "15"]);
         let empty = format!("{BASE}[[port]]\nname = \"\"\n");
         assert_error(&empty, 8, "port[1].name", &["interface name is needed"]);
-        let slash = "[[port]]\nname = \"eth1\"\n[[group]]\nname = \"g\"\nmembers = [{ dev = \"eth/2\", via = \"10.0.2.2\" }]\n";
-        assert_error(
-            slash,
-            5,
-            "group[0].members[0].dev",
-            &["\"eth/2\"", "not a valid interface name"],
-        );
+        let slash =
+            "[[port]]\nname = \"eth1\"\n[[group]]\nname = \"g\"\nmembers = [{ dev = \"eth/2\", via = \"10.0.2.2\" }]\n";
+        assert_error(slash, 5, "group[0].members[0].dev", &["\"eth/2\"", "not a valid interface name"]);
     }
 
     #[test]
@@ -2307,52 +2136,31 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn member_with_both_via_and_mac() {
         let text = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [\n  {{ dev = \"eth3\", via = \"10.0.3.2\", mac = \"02:00:00:00:00:03\" }},\n]\n");
-        assert_error(
-            &text,
-            10,
-            "group[1].members[0]",
-            &["both `via` and `mac`", "exactly one"],
-        );
+        assert_error(&text, 10, "group[1].members[0]", &["both `via` and `mac`", "exactly one"]);
     }
 
     #[test]
     fn member_with_neither_via_nor_mac() {
-        let text =
-            format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [\n  {{ dev = \"eth3\" }},\n]\n");
+        let text = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [\n  {{ dev = \"eth3\" }},\n]\n");
         assert_error(&text, 10, "group[1].members[0]", &["needs `via`", "`mac`"]);
     }
 
     #[test]
     fn via_is_not_an_ip() {
-        let text = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [\n  {{ dev = \"eth3\", via = \"10.0.3\" }},\n]\n");
-        let msg = assert_error(
-            &text,
-            10,
-            "group[1].members[0].via",
-            &["\"10.0.3\" is not an IP address"],
-        );
+        let text =
+            format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [\n  {{ dev = \"eth3\", via = \"10.0.3\" }},\n]\n");
+        let msg = assert_error(&text, 10, "group[1].members[0].via", &["\"10.0.3\" is not an IP address"]);
         // Column of the value, after `  { dev = "eth3", via = `.
         assert!(msg.starts_with("lab.toml:10:25: "), "{msg}");
-        let mcast = format!(
-            "{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", via = \"ff02::1\" }}]\n"
-        );
-        assert_error(
-            &mcast,
-            9,
-            "group[1].members[0].via",
-            &["cannot be a next hop"],
-        );
+        let mcast = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", via = \"ff02::1\" }}]\n");
+        assert_error(&mcast, 9, "group[1].members[0].via", &["cannot be a next hop"]);
     }
 
     #[test]
     fn malformed_mac() {
-        for bad in [
-            "02:00:00:00:04",
-            "02:00:00:00:00:04:05",
-            "02-00-00-00-00-04",
-            "02:00:00:00:00:0g",
-            "002:00:00:00:00:04",
-        ] {
+        for bad in
+            ["02:00:00:00:04", "02:00:00:00:00:04:05", "02-00-00-00-00-04", "02:00:00:00:00:0g", "002:00:00:00:00:04"]
+        {
             let text = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"{bad}\" }}]\n");
             assert_error(
                 &text,
@@ -2365,35 +2173,27 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
 
     #[test]
     fn multicast_and_broadcast_mac() {
-        let mcast = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"01:00:5e:00:00:01\" }}]\n");
-        assert_error(
-            &mcast,
-            9,
-            "group[1].members[0].mac",
-            &["multicast", "unicast"],
-        );
-        let bcast = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"FF:FF:FF:FF:FF:FF\" }}]\n");
+        let mcast =
+            format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"01:00:5e:00:00:01\" }}]\n");
+        assert_error(&mcast, 9, "group[1].members[0].mac", &["multicast", "unicast"]);
+        let bcast =
+            format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"FF:FF:FF:FF:FF:FF\" }}]\n");
         assert_error(&bcast, 9, "group[1].members[0].mac", &["broadcast"]);
-        let zero = format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"00:00:00:00:00:00\" }}]\n");
+        let zero =
+            format!("{BASE}[[group]]\nname = \"g2\"\nmembers = [{{ dev = \"eth3\", mac = \"00:00:00:00:00:00\" }}]\n");
         assert_error(&zero, 9, "group[1].members[0].mac", &["all zeros"]);
     }
 
     #[test]
     fn duplicate_group_name_names_the_first() {
-        let text = format!("{BASE}[[group]]\nname = \"spines\"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n");
-        assert_error(
-            &text,
-            8,
-            "group[1].name",
-            &["\"spines\" already exists", "group[0], line 4", "unique"],
-        );
+        let text =
+            format!("{BASE}[[group]]\nname = \"spines\"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n");
+        assert_error(&text, 8, "group[1].name", &["\"spines\" already exists", "group[0], line 4", "unique"]);
     }
 
     #[test]
     fn empty_group_name() {
-        let text = format!(
-            "{BASE}[[group]]\nname = \" \"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n"
-        );
+        let text = format!("{BASE}[[group]]\nname = \" \"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n");
         assert_error(&text, 8, "group[1].name", &["needs a name"]);
     }
 
@@ -2408,35 +2208,23 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     fn group_with_too_many_members() {
         let mut text = format!("{BASE}[[group]]\nname = \"big\"\nmembers = [\n");
         for i in 0..=MAX_MEMBERS_PER_GROUP {
-            text.push_str(&format!(
-                "  {{ dev = \"eth2\", via = \"10.0.{}.{}\" }},\n",
-                i / 200,
-                i % 200 + 1
-            ));
+            text.push_str(&format!("  {{ dev = \"eth2\", via = \"10.0.{}.{}\" }},\n", i / 200, i % 200 + 1));
         }
         text.push_str("]\n");
         // members[0] is on line 10, members[128] 128 lines later.
-        assert_error(
-            &text,
-            10 + 128,
-            "group[1].members[128]",
-            &["too many members", "128"],
-        );
+        assert_error(&text, 10 + 128, "group[1].members[128]", &["too many members", "128"]);
     }
 
     #[test]
     fn too_many_groups() {
         let mut text = String::from("[[port]]\nname = \"eth1\"\n");
         for i in 0..=MAX_GROUPS {
-            text.push_str(&format!("[[group]]\nname = \"g{i}\"\nmembers = [{{ dev = \"eth2\", via = \"10.0.2.2\" }}]\n"));
+            text.push_str(&format!(
+                "[[group]]\nname = \"g{i}\"\nmembers = [{{ dev = \"eth2\", via = \"10.0.2.2\" }}]\n"
+            ));
         }
         // group[i] starts on line 3 + 3 * i.
-        assert_error(
-            &text,
-            3 + 3 * 256,
-            "group[256]",
-            &["too many groups", "256"],
-        );
+        assert_error(&text, 3 + 3 * 256, "group[256]", &["too many groups", "256"]);
     }
 
     // --- routes --------------------------------------------------------
@@ -2454,25 +2242,14 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
             r#"lab.toml:14:10: route[2].prefix: "10.1.0.1/16" has host bits set; did you mean "10.1.0.0/16"?"#
         );
         let v6 = format!("{BASE}[[route]]\nprefix = \"fd00:1::1/64\"\ngroup = \"spines\"\n");
-        assert_error(
-            &v6,
-            8,
-            "route[0].prefix",
-            &["host bits", "did you mean \"fd00:1::/64\"?"],
-        );
+        assert_error(&v6, 8, "route[0].prefix", &["host bits", "did you mean \"fd00:1::/64\"?"]);
     }
 
     #[test]
     fn invalid_prefixes() {
         let cases = [
-            (
-                "10.1.0.0/33",
-                "prefix length \"33\" is not valid for IPv4; use 0 to 32",
-            ),
-            (
-                "fd00::/129",
-                "prefix length \"129\" is not valid for IPv6; use 0 to 128",
-            ),
+            ("10.1.0.0/33", "prefix length \"33\" is not valid for IPv4; use 0 to 32"),
+            ("fd00::/129", "prefix length \"129\" is not valid for IPv6; use 0 to 128"),
             ("10.1.0.0/", "prefix length \"\""),
             ("10.1.0.0/-1", "prefix length \"-1\""),
             ("10.1.0/16", "is not an IP prefix"),
@@ -2490,18 +2267,12 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
             "{BASE}[[group]]\nname = \"leaves\"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n\
              [[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spine\"\n"
         );
-        assert_error(
-            &text,
-            12,
-            "route[0].group",
-            &["no group named \"spine\"", "\"spines\", \"leaves\""],
-        );
+        assert_error(&text, 12, "route[0].group", &["no group named \"spine\"", "\"spines\", \"leaves\""]);
     }
 
     #[test]
     fn route_without_any_group() {
-        let text =
-            "[[port]]\nname = \"eth1\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spines\"\n";
+        let text = "[[port]]\nname = \"eth1\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spines\"\n";
         assert_error(text, 5, "route[0].group", &["no [[group]] is defined"]);
     }
 
@@ -2512,12 +2283,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
              [[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spines\"\n\
              [[route]]\nprefix = \"fd00:0::/16\"\ngroup = \"spines\"\n"
         );
-        assert_error(
-            &text,
-            14,
-            "route[2].prefix",
-            &["fd00::/16 is already routed by route[0] (line 7)"],
-        );
+        assert_error(&text, 14, "route[2].prefix", &["fd00::/16 is already routed by route[0] (line 7)"]);
     }
 
     // --- helpers -------------------------------------------------------
@@ -2526,15 +2292,9 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     fn error_at_formats_runtime_errors() {
         let c = parse_ok(EXAMPLE);
         let e = c.error_at(&c.ports[0].loc, "name", "no interface named eth1");
-        assert_eq!(
-            e.to_string(),
-            "lab.toml:9:8: port[0].name: no interface named eth1"
-        );
+        assert_eq!(e.to_string(), "lab.toml:9:8: port[0].name: no interface named eth1");
         let e = c.error_at(&c.groups[0].members[2].loc, "", "neighbour unreachable");
-        assert_eq!(
-            e.to_string(),
-            "lab.toml:17:3: group[0].members[2]: neighbour unreachable"
-        );
+        assert_eq!(e.to_string(), "lab.toml:17:3: group[0].members[2]: neighbour unreachable");
     }
 
     #[test]
@@ -2658,7 +2418,8 @@ ecn_profile = "lossless"
 
     #[test]
     fn pin_into_a_hash_group_is_refused() {
-        let text = format!("{BASE}\n[[pin]]\nprefix = \"10.1.0.0/16\"\nqp = 5\ngroup = \"spines\"\nmember = \"eth2\"\n");
+        let text =
+            format!("{BASE}\n[[pin]]\nprefix = \"10.1.0.0/16\"\nqp = 5\ngroup = \"spines\"\nmember = \"eth2\"\n");
         assert_error(&text, 11, "pin[0].group", &["policy = \"pinned\""]);
     }
 
@@ -2695,5 +2456,4 @@ ecn_profile = "lossless"
         let text = QOS.replace("qps = \"0x100-0x1ff\"", "qps = \"0x200-0x100\"");
         assert_error(&text, 47, "class[1].qps", &["after it ends"]);
     }
-
 }

@@ -34,9 +34,9 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
-        FlowletKey, GenRewrite, GroupEntry, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, IfindexSlots, RouteCacheEntry, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
+        self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig, FlowletKey, GenRewrite,
+        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry, RouteCacheEntry,
+        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
         MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
@@ -120,7 +120,10 @@ impl Maps {
             }
             Ok(map)
         };
-        fn typed<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(map: aya::maps::Map, name: &str) -> Result<T> {
+        fn typed<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+            map: aya::maps::Map,
+            name: &str,
+        ) -> Result<T> {
             T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
         }
         Ok(Self {
@@ -151,14 +154,10 @@ impl Maps {
 
     /// Opens the maps a running `rocev2 run` pinned under `dir`.
     pub fn open_pinned(dir: &Path) -> Result<Self> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-            dir: &Path,
-            name: &str,
-        ) -> Result<T> {
+        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
             let path = dir.join(name);
-            let data = MapData::from_pin(&path).with_context(|| {
-                format!("cannot open pinned map {} (is `rocev2 run` running?)", path.display())
-            })?;
+            let data = MapData::from_pin(&path)
+                .with_context(|| format!("cannot open pinned map {} (is `rocev2 run` running?)", path.display()))?;
             let map = aya::maps::Map::from_map_data(data)
                 .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
             T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
@@ -474,27 +473,20 @@ impl Maps {
 
     /// Sum over CPUs of one port counter.
     pub fn port_counter(&self, slot: u32, counter: PortCounter) -> Result<u64> {
-        let values = self
-            .port_counters
-            .get(&port_counter_index(slot, counter), 0)
-            .context("cannot read PORT_COUNTERS")?;
+        let values =
+            self.port_counters.get(&port_counter_index(slot, counter), 0).context("cannot read PORT_COUNTERS")?;
         Ok(values.iter().sum())
     }
 
     /// All counters of a port slot, summed over CPUs.
     pub fn port_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
-        PortCounter::ALL
-            .iter()
-            .map(|c| Ok((c.name(), self.port_counter(slot, *c)?)))
-            .collect()
+        PortCounter::ALL.iter().map(|c| Ok((c.name(), self.port_counter(slot, *c)?))).collect()
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.
     pub fn member_stats(&self, group: u32, position: u32) -> Result<MemberStats> {
-        let values = self
-            .member_stats
-            .get(&member_stat_index(group, position), 0)
-            .context("cannot read MEMBER_STATS")?;
+        let values =
+            self.member_stats.get(&member_stat_index(group, position), 0).context("cannot read MEMBER_STATS")?;
         Ok(values.iter().fold(MemberStats::default(), |acc, v| MemberStats {
             packets: acc.packets + v.packets,
             bytes: acc.bytes + v.bytes,
@@ -628,9 +620,8 @@ impl Dataplane {
             let old = XdpLink::try_from(FdLink::from(pinned))
                 .with_context(|| format!("{} is not an XDP link", path.display()))?;
             let program = self.xdp_program(XDP_PROGRAM)?;
-            let id = program
-                .attach_to_link(old)
-                .with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
+            let id =
+                program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
             let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
             self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
             return Ok(true);
@@ -638,7 +629,9 @@ impl Dataplane {
         let program = self.xdp_program(XDP_PROGRAM)?;
         let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
-                XdpMode::Driver => "; the driver may lack native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP",
+                XdpMode::Driver => {
+                    "; the driver may lack native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP"
+                }
                 _ => "",
             };
             anyhow::anyhow!("cannot attach XDP ({}) to {ifname}: {e}{hint}", mode_name(mode))

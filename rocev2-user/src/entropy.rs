@@ -350,7 +350,12 @@ pub fn sweep(base: &Scenario, qps: &[u32]) -> Result<Vec<SweepRow>> {
                 s.validate()?;
                 Ok(simulate(&s))
             };
-            Ok(SweepRow { qps: n, five_tuple: run(SimHash::FiveTuple)?, qp: run(SimHash::Qp)?, flowlet: run(SimHash::Flowlet)? })
+            Ok(SweepRow {
+                qps: n,
+                five_tuple: run(SimHash::FiveTuple)?,
+                qp: run(SimHash::Qp)?,
+                flowlet: run(SimHash::Flowlet)?,
+            })
         })
         .collect()
 }
@@ -434,11 +439,20 @@ pub fn sweep_table(s: &Scenario, rows: &[SweepRow]) -> String {
     let _ = writeln!(
         out,
         "{} hosts -> {} peers, sport {}, {} uplinks, seed {}, {} messages per QP",
-        s.hosts, s.hosts, s.sport.name(), s.uplinks, s.seed, s.messages
+        s.hosts,
+        s.hosts,
+        s.sport.name(),
+        s.uplinks,
+        s.seed,
+        s.messages
     );
     let _ = writeln!(out, "max/mean (1.00 = perfect), Jain's index (1.000 = perfect), idle uplinks");
     let _ = writeln!(out, "  {:>4}  {:^22}  {:^22}  {:^22}", "", "five-tuple", "qp", "flowlet");
-    let _ = writeln!(out, "  {:>4}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}", "QPs", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle");
+    let _ = writeln!(
+        out,
+        "  {:>4}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}",
+        "QPs", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle"
+    );
     for row in rows {
         let mut line = format!("  {:>4}", row.qps);
         for hash in SimHash::ALL {
@@ -470,14 +484,29 @@ fn svg_frame(title: &str, x_label: &str, y_label: &str) -> String {
     let (x0, y0, x1) = (LEFT, H - BOTTOM, W - RIGHT);
     let mut s = String::new();
     let _ = writeln!(s, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(s, r#"<title>{}</title>"#, esc(title));
     let _ = writeln!(s, r#"<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="28" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#, W / 2.0, esc(title));
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="28" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
     let _ = writeln!(s, r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>"#);
     let _ = writeln!(s, r#"<line x1="{x0}" y1="{TOP}" x2="{x0}" y2="{y0}" stroke="black"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, (x0 + x1) / 2.0, H - 18.0, esc(x_label));
-    let _ = writeln!(s, r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">{}</text>"#, (TOP + y0) / 2.0, (TOP + y0) / 2.0, esc(y_label));
+    let _ =
+        writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, (x0 + x1) / 2.0, H - 18.0, esc(x_label));
+    let _ = writeln!(
+        s,
+        r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">{}</text>"#,
+        (TOP + y0) / 2.0,
+        (TOP + y0) / 2.0,
+        esc(y_label)
+    );
     s
 }
 
@@ -498,7 +527,8 @@ fn y_of(v: f64, min: f64, max: f64) -> f64 {
 
 /// Per-uplink share of bytes as bars, with the fair share dashed.
 pub fn single_svg(sc: &Scenario, r: &SimResult) -> String {
-    let title = format!("{} hashing: {} hosts, {} QP(s) each, {} uplinks", sc.hash.name(), sc.hosts, sc.qps, sc.uplinks);
+    let title =
+        format!("{} hashing: {} hosts, {} QP(s) each, {} uplinks", sc.hash.name(), sc.hosts, sc.qps, sc.uplinks);
     let mut s = svg_frame(&title, "uplink", "share of bytes (%)");
     let total: f64 = r.per_uplink.iter().sum();
     let shares: Vec<f64> = r.per_uplink.iter().map(|b| if total > 0.0 { 100.0 * b / total } else { 0.0 }).collect();
@@ -511,14 +541,29 @@ pub fn single_svg(sc: &Scenario, r: &SimResult) -> String {
     for (i, share) in shares.iter().enumerate() {
         let x = LEFT + slot * i as f64;
         let y = y_of(*share, 0.0, top);
-        let _ = writeln!(s, r##"<rect x="{:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#4878d0"><title>uplink {i}: {share:.1}%</title></rect>"##, x + slot * 0.15, slot * 0.7, H - BOTTOM - y);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#4878d0"><title>uplink {i}: {share:.1}%</title></rect>"##,
+            x + slot * 0.15,
+            slot * 0.7,
+            H - BOTTOM - y
+        );
         // Label every uplink when they fit, else every tenth.
         if n <= 32.0 || i % 10 == 0 {
-            let _ = writeln!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{i}</text>"#, x + slot / 2.0, H - BOTTOM + 16.0);
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{i}</text>"#,
+                x + slot / 2.0,
+                H - BOTTOM + 16.0
+            );
         }
     }
     let fy = y_of(fair, 0.0, top);
-    let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{fy:.1}" x2="{}" y2="{fy:.1}" stroke="#d62728" stroke-dasharray="6 4"/>"##, W - RIGHT);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{fy:.1}" x2="{}" y2="{fy:.1}" stroke="#d62728" stroke-dasharray="6 4"/>"##,
+        W - RIGHT
+    );
     let lx = W - RIGHT + 10.0;
     let _ = writeln!(s, r##"<text x="{lx}" y="{:.1}" fill="#d62728">fair share {fair:.1}%</text>"##, fy + 4.0);
     let _ = writeln!(s, r#"<text x="{lx}" y="{}">max/mean {:.2}</text>"#, TOP + 10.0, r.max_over_mean);
@@ -530,7 +575,12 @@ pub fn single_svg(sc: &Scenario, r: &SimResult) -> String {
 
 /// Max/mean against QPs per connection, one line per hash mode.
 pub fn sweep_svg(sc: &Scenario, rows: &[SweepRow]) -> String {
-    let title = format!("Uplink imbalance vs QPs per connection ({} hosts, {} uplinks, sport {})", sc.hosts, sc.uplinks, sc.sport.name());
+    let title = format!(
+        "Uplink imbalance vs QPs per connection ({} hosts, {} uplinks, sport {})",
+        sc.hosts,
+        sc.uplinks,
+        sc.sport.name()
+    );
     let mut s = svg_frame(&title, "QPs per connection", "busiest uplink / mean (max/mean)");
     let worst = rows.iter().flat_map(|r| SimHash::ALL.map(|h| r.get(h).max_over_mean)).fold(1.0, f64::max);
     let top = (worst * 2.0).ceil() / 2.0 + 0.5;
@@ -540,21 +590,38 @@ pub fn sweep_svg(sc: &Scenario, rows: &[SweepRow]) -> String {
     let slot = (W - RIGHT - LEFT) / n;
     let x_of = |i: usize| LEFT + slot * (i as f64 + 0.5);
     for (i, row) in rows.iter().enumerate() {
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#, x_of(i), H - BOTTOM + 16.0, row.qps);
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            x_of(i),
+            H - BOTTOM + 16.0,
+            row.qps
+        );
     }
     let colours = ["#d62728", "#4878d0", "#2ca02c"];
     for (k, hash) in SimHash::ALL.into_iter().enumerate() {
-        let points: Vec<String> =
-            rows.iter().enumerate().map(|(i, r)| format!("{:.1},{:.1}", x_of(i), y_of(r.get(hash).max_over_mean, 1.0, top))).collect();
+        let points: Vec<String> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("{:.1},{:.1}", x_of(i), y_of(r.get(hash).max_over_mean, 1.0, top)))
+            .collect();
         let c = colours[k];
         let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#, points.join(" "));
         for (i, r) in rows.iter().enumerate() {
             let v = r.get(hash).max_over_mean;
-            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"><title>{} with {} QPs: max/mean {v:.2}</title></circle>"#, x_of(i), y_of(v, 1.0, top), hash.name(), r.qps);
+            let _ = writeln!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"><title>{} with {} QPs: max/mean {v:.2}</title></circle>"#,
+                x_of(i),
+                y_of(v, 1.0, top),
+                hash.name(),
+                r.qps
+            );
         }
         let ly = TOP + 10.0 + 20.0 * k as f64;
         let lx = W - RIGHT + 10.0;
-        let _ = writeln!(s, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/>"#, lx + 20.0);
+        let _ =
+            writeln!(s, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/>"#, lx + 20.0);
         let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, lx + 26.0, ly + 4.0, hash.name());
     }
     s.push_str("</svg>\n");

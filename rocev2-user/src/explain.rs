@@ -150,7 +150,10 @@ pub enum Verdict {
     /// No route for the destination: XDP_PASS, the kernel stack handles it.
     NoRoute,
     /// Routed to a group with no usable member: the kernel handles it.
-    NoMember { route: Prefix, group: String },
+    NoMember {
+        route: Prefix,
+        group: String,
+    },
     Forward(Box<Forwarding>),
 }
 
@@ -187,11 +190,9 @@ pub fn prefix_contains(prefix: &Prefix, addr: IpAddr) -> bool {
 fn member_text(m: &crate::config::Member) -> String {
     match m.next_hop {
         NextHop::Via(ip) => format!("dev {} via {ip}", m.dev),
-        NextHop::Mac(mac) => format!(
-            "dev {} mac {}",
-            m.dev,
-            mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-        ),
+        NextHop::Mac(mac) => {
+            format!("dev {} mac {}", m.dev, mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"))
+        }
     }
 }
 
@@ -201,7 +202,13 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
     let mut notes = Vec::new();
     let done = |verdict, notes| Explanation { packet: *packet, verdict, notes };
     let Some(key) = packet.flow_key() else {
-        return done(Verdict::Invalid(format!("source {} and destination {} are of different IP families", packet.src, packet.dst)), notes);
+        return done(
+            Verdict::Invalid(format!(
+                "source {} and destination {} are of different IP families",
+                packet.src, packet.dst
+            )),
+            notes,
+        );
     };
     if packet.dest_qp.is_some() && !packet.is_roce() {
         notes.push("--qp ignored: only UDP to port 4791 (RoCEv2) carries a BTH".to_string());
@@ -222,17 +229,17 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         match (live, live_group) {
             (Some(l), Some(g)) => {
                 notes.push(format!(
-                    "members: live list of the running `rocev2 run` (pid {}, pin_dir {}): {} of {} configured member(s) up",
-                    l.pid,
-                    l.pin_dir.display(),
-                    g.member_count,
-                    group.members.len()
-                ));
+                "members: live list of the running `rocev2 run` (pid {}, pin_dir {}): {} of {} configured member(s) up",
+                l.pid,
+                l.pin_dir.display(),
+                g.member_count,
+                group.members.len()
+            ));
                 if l.seed != config.dataplane.hash_seed {
                     notes.push(format!(
-                        "the running dataplane uses seed {}, not the file's {} (restart `rocev2 run` to apply the file)",
-                        l.seed, config.dataplane.hash_seed
-                    ));
+                    "the running dataplane uses seed {}, not the file's {} (restart `rocev2 run` to apply the file)",
+                    l.seed, config.dataplane.hash_seed
+                ));
                 }
                 if g.hash != group.hash {
                     notes.push(format!(
@@ -246,13 +253,15 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
             }
             (Some(l), None) => {
                 notes.push(format!(
-                    "members: the running `rocev2 run` (pid {}) has no group {}; assuming all configured members are up",
-                    l.pid, group.name
-                ));
+                "members: the running `rocev2 run` (pid {}) has no group {}; assuming all configured members are up",
+                l.pid, group.name
+            ));
                 configured(config, group)
             }
             (None, _) => {
-                notes.push("members: no live `rocev2 run` for this config; assuming all configured members are up".to_string());
+                notes.push(
+                    "members: no live `rocev2 run` for this config; assuming all configured members are up".to_string(),
+                );
                 configured(config, group)
             }
         };
@@ -260,7 +269,9 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         return done(Verdict::NoMember { route: route.prefix, group: group.name.clone() }, notes);
     }
     if packet.is_roce() && packet.dest_qp.is_none() && mode == HashMode::Qp {
-        notes.push("no --qp given: hashed with DestQP 0x000000; real RoCEv2 packets carry their QP's number".to_string());
+        notes.push(
+            "no --qp given: hashed with DestQP 0x000000; real RoCEv2 packets carry their QP's number".to_string(),
+        );
     }
     let hash = member_hash(&key, mode, seed);
     let position = pick_member(hash, member_count);
@@ -319,7 +330,15 @@ impl fmt::Display for Explanation {
         };
         let ports = matches!(p.protocol, IPPROTO_TCP | IPPROTO_UDP);
         if ports {
-            writeln!(f, "packet: {} {}:{} -> {}:{}{roce}", proto_name(p.protocol), p.src, p.src_port, p.dst, p.dst_port)?;
+            writeln!(
+                f,
+                "packet: {} {}:{} -> {}:{}{roce}",
+                proto_name(p.protocol),
+                p.src,
+                p.src_port,
+                p.dst,
+                p.dst_port
+            )?;
         } else {
             writeln!(f, "packet: {} {} -> {} (no ports: hashed with ports 0)", proto_name(p.protocol), p.src, p.dst)?;
         }
@@ -555,13 +574,17 @@ group = "spines"
         let (hash, position) = expected(&p, HashMode::Qp, 4);
         assert_eq!((f.hash, f.position, f.member_count), (hash, position, 4));
         assert_eq!(f.source, MemberSource::Configured);
-        let names = ["dev u1 via 10.0.1.2", "dev u2 via 10.0.2.2", "dev u3 via fd00:3::2", "dev u4 mac 02:00:00:00:00:04"];
+        let names =
+            ["dev u1 via 10.0.1.2", "dev u2 via 10.0.2.2", "dev u3 via fd00:3::2", "dev u4 mac 02:00:00:00:00:04"];
         assert_eq!(f.member, names[position as usize]);
 
         // Outside 10.1/16 the /8 route to the five-tuple group applies.
         let e = explain(&c, None, &roce("10.0.0.1", "10.2.0.1", 0x123));
         let f = forwarding(&e);
-        assert_eq!((f.route.to_string().as_str(), f.group.as_str(), f.mode), ("10.0.0.0/8", "legacy", HashMode::FiveTuple));
+        assert_eq!(
+            (f.route.to_string().as_str(), f.group.as_str(), f.mode),
+            ("10.0.0.0/8", "legacy", HashMode::FiveTuple)
+        );
         assert!(f.also_matched.is_empty());
         assert_eq!(f.dest_qp_hashed, None);
     }
@@ -571,10 +594,22 @@ group = "spines"
         // Concrete numbers, so a change of hash, key layout or seed handling shows.
         let e = explain(&config(), None, &roce("10.0.0.1", "10.1.0.1", 0x123));
         let f = forwarding(&e);
-        assert_eq!(f.hash, member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(0x123), HashMode::Qp, 1234));
+        assert_eq!(
+            f.hash,
+            member_hash(
+                &FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(0x123),
+                HashMode::Qp,
+                1234
+            )
+        );
         assert_eq!(f.position, pick_member(f.hash, 4));
         let text = e.to_string();
-        assert!(text.contains("10.1.0.1 matches route 10.1.0.0/16 (longest prefix; also matches 10.0.0.0/8) -> group spines"), "{text}");
+        assert!(
+            text.contains(
+                "10.1.0.1 matches route 10.1.0.0/16 (longest prefix; also matches 10.0.0.0/8) -> group spines"
+            ),
+            "{text}"
+        );
         assert!(text.contains("qp hashing: five-tuple + DestQP 0x000123, seed 1234"), "{text}");
         assert!(text.contains(&format!("member {} of 4 (0-based)", f.position)), "{text}");
         assert!(text.contains("assuming all configured members are up"), "{text}");
@@ -614,7 +649,10 @@ group = "spines"
         let f = forwarding(&e);
         assert_eq!(f.dest_qp_hashed, None);
         assert_eq!(f.key.dest_qp, 0);
-        assert_eq!(f.hash, member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4792), HashMode::Qp, 1234));
+        assert_eq!(
+            f.hash,
+            member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4792), HashMode::Qp, 1234)
+        );
         assert!(e.notes.iter().any(|n| n.contains("--qp ignored")));
         // Other protocols hash with ports 0.
         let icmp = PacketFields { protocol: 1, ..p };
@@ -643,7 +681,11 @@ group = "spines"
                 index: 0,
                 hash: HashMode::Qp,
                 member_count: 3,
-                members: vec!["dev u1 via 10.0.1.2".into(), "dev u3 via fd00:3::2".into(), "dev u4 mac 02:00:00:00:00:04".into()],
+                members: vec![
+                    "dev u1 via 10.0.1.2".into(),
+                    "dev u3 via fd00:3::2".into(),
+                    "dev u4 mac 02:00:00:00:00:04".into(),
+                ],
             }],
         };
         let p = roce("10.0.0.1", "10.1.0.1", 0x321);

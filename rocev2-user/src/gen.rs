@@ -334,7 +334,8 @@ fn splitmix64(state: &mut u64) -> u64 {
 /// Parses aa:bb:cc:dd:ee:ff.
 pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let parts: Vec<&str> = s.trim().split(':').collect();
-    let bad = || anyhow::anyhow!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. 02:00:00:00:00:01");
+    let bad =
+        || anyhow::anyhow!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. 02:00:00:00:00:01");
     if parts.len() != 6 {
         return Err(bad());
     }
@@ -389,7 +390,10 @@ pub fn device_mac(dev: &str) -> Result<[u8; 6]> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
     /// Packet `index` of a WRITE message of `of` packets.
-    Write { index: u32, of: u32 },
+    Write {
+        index: u32,
+        of: u32,
+    },
     Cts,
     Ack,
     Cnp,
@@ -516,7 +520,8 @@ impl FrameSource {
         // How far each QP's request PSN and MSN move per pass.
         let psn_step = ops.iter().filter(|op| matches!(op, Op::Write { .. } | Op::Cts | Op::Ack)).count() as u32
             - u32::from(args.traffic == TrafficKind::Mix); // mix: the ACK acks the CTS, no PSN of its own
-        let msn_step = ops.iter().filter(|op| matches!(op, Op::Write { index: 0, .. } | Op::Cts | Op::Ack)).count() as u32
+        let msn_step = ops.iter().filter(|op| matches!(op, Op::Write { index: 0, .. } | Op::Cts | Op::Ack)).count()
+            as u32
             - u32::from(args.traffic == TrafficKind::Mix);
 
         let mut rng = args.seed;
@@ -561,7 +566,11 @@ impl FrameSource {
                         if index == of - 1 {
                             msn[q] = (msn[q] + 1) & PSN_MASK;
                         }
-                        let ext = if index == 0 { reth(message_bytes.min(u64::from(u32::MAX)) as u32).to_vec() } else { Vec::new() };
+                        let ext = if index == 0 {
+                            reth(message_bytes.min(u64::from(u32::MAX)) as u32).to_vec()
+                        } else {
+                            Vec::new()
+                        };
                         (ext, args.payload, true, false)
                     }
                     Op::Cts => {
@@ -968,7 +977,8 @@ struct Sent {
 }
 
 fn send_packets(args: &GenArgs, source: &mut FrameSource, limit: u64, deadline: Option<Duration>) -> Result<Sent> {
-    let socket = PacketSocket::open(&args.dev).with_context(|| format!("cannot open a packet socket on {:?}", args.dev))?;
+    let socket =
+        PacketSocket::open(&args.dev).with_context(|| format!("cannot open a packet socket on {:?}", args.dev))?;
     let start = Instant::now();
     let mut bucket = args.rate.map(|r| TokenBucket::new(r, BURST));
     let (mut sent, mut bytes) = (0u64, 0u64);
@@ -999,7 +1009,13 @@ fn xdp_md(frame_len: usize, ifindex: u32) -> [u8; 24] {
     out
 }
 
-fn send_live(args: &GenArgs, src_mac: [u8; 6], source: &mut FrameSource, limit: u64, deadline: Option<Duration>) -> Result<Sent> {
+fn send_live(
+    args: &GenArgs,
+    src_mac: [u8; 6],
+    source: &mut FrameSource,
+    limit: u64,
+    deadline: Option<Duration>,
+) -> Result<Sent> {
     let name = std::ffi::CString::new(args.dev.as_str()).context("--dev contains a NUL byte")?;
     // SAFETY: `name` is a valid NUL-terminated string.
     let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -1162,7 +1178,8 @@ mod tests {
                 assert_eq!(p.bth.dest_qp, 0x100 + (i % 3) as u32);
                 let n = (i / 3) as u32; // packet number within the QP
                 assert_eq!(p.bth.psn, n);
-                let want = [opcode::WRITE_FIRST, opcode::WRITE_MIDDLE, opcode::WRITE_MIDDLE, opcode::WRITE_LAST][(n % 4) as usize];
+                let want = [opcode::WRITE_FIRST, opcode::WRITE_MIDDLE, opcode::WRITE_MIDDLE, opcode::WRITE_LAST]
+                    [(n % 4) as usize];
                 assert_eq!(p.bth.opcode, want);
                 assert_eq!(p.bth.ack_req, n % 4 == 3);
                 assert_eq!(p.payload_len, 101 + if n.is_multiple_of(4) { RETH_LEN } else { 0 });
@@ -1207,9 +1224,10 @@ mod tests {
                 let pass = FrameSource::new(&a, SRC_MAC).unwrap().pass_len() as u64;
                 let frames = build_frames(&a, SRC_MAC, pass * 3).unwrap();
                 check_valid(&frames);
-                let psn_per_pass = (frames[..pass as usize].iter().filter(|f| parse_roce(f).unwrap().bth.dest_qp == 0x100))
-                    .filter(|f| parse_roce(f).unwrap().bth.opcode != opcode::ACK || kind == TrafficKind::Ack)
-                    .count() as u32;
+                let psn_per_pass =
+                    (frames[..pass as usize].iter().filter(|f| parse_roce(f).unwrap().bth.dest_qp == 0x100))
+                        .filter(|f| parse_roce(f).unwrap().bth.opcode != opcode::ACK || kind == TrafficKind::Ack)
+                        .count() as u32;
                 let mut b = a.clone();
                 b.first_psn = 2 * psn_per_pass;
                 let fresh = build_frames(&b, SRC_MAC, pass).unwrap();
@@ -1288,11 +1306,21 @@ mod tests {
         a.message_packets = 2;
         let frames = build_frames(&a, SRC_MAC, 8).unwrap();
         check_valid(&frames);
-        let got: Vec<(u8, u32)> = frames.iter().map(|f| parse_roce(f).unwrap()).map(|p| (p.bth.opcode, p.bth.psn)).collect();
+        let got: Vec<(u8, u32)> =
+            frames.iter().map(|f| parse_roce(f).unwrap()).map(|p| (p.bth.opcode, p.bth.psn)).collect();
         use opcode::*;
         assert_eq!(
             got,
-            [(WRITE_FIRST, 0), (WRITE_LAST, 1), (WRITE_ONLY_IMM, 2), (ACK, 2), (WRITE_FIRST, 3), (WRITE_LAST, 4), (WRITE_ONLY_IMM, 5), (ACK, 5)]
+            [
+                (WRITE_FIRST, 0),
+                (WRITE_LAST, 1),
+                (WRITE_ONLY_IMM, 2),
+                (ACK, 2),
+                (WRITE_FIRST, 3),
+                (WRITE_LAST, 4),
+                (WRITE_ONLY_IMM, 5),
+                (ACK, 5)
+            ]
         );
         assert_eq!(aeth_msn(&frames[3]), 2);
         assert_eq!(aeth_msn(&frames[7]), 4);
@@ -1310,18 +1338,22 @@ mod tests {
         let mut a = args(TrafficKind::Write);
         a.qps = 16;
         a.sport = SportModel::Nic;
-        let ports: Vec<u16> = build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
+        let ports: Vec<u16> =
+            build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
         for (q, p) in ports.iter().enumerate() {
             assert_eq!(*p, nic_sport(0x100 + q as u32, 0x100 + q as u32));
         }
         a.sport = SportModel::Random;
-        let r1: Vec<u16> = build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
-        let r2: Vec<u16> = build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
+        let r1: Vec<u16> =
+            build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
+        let r2: Vec<u16> =
+            build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
         assert_eq!(r1, r2, "same seed, same ports");
         assert!(r1.iter().all(|p| *p >= 0xC000));
         assert!(r1.iter().collect::<std::collections::HashSet<_>>().len() > 8);
         a.seed = 2;
-        let r3: Vec<u16> = build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
+        let r3: Vec<u16> =
+            build_frames(&a, SRC_MAC, 16).unwrap().iter().map(|f| parse_roce(f).unwrap().src_port).collect();
         assert_ne!(r1, r3);
     }
 

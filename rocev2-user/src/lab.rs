@@ -442,7 +442,13 @@ fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<(
             report.ipv6 += 1;
         }
         report.qps.insert(p.bth.dest_qp);
-        report.seen.push(Seen { dest_qp: p.bth.dest_qp, psn: p.bth.psn, opcode: p.bth.opcode, dscp: p.dscp, ecn: p.ecn });
+        report.seen.push(Seen {
+            dest_qp: p.bth.dest_qp,
+            psn: p.bth.psn,
+            opcode: p.bth.opcode,
+            dscp: p.dscp,
+            ecn: p.ecn,
+        });
         if p.ttl_or_hop_limit != SENT_TTL - 1 {
             report.bad_ttl += 1;
         }

@@ -144,7 +144,10 @@ impl LabRecord {
         let text = match fs::read(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                bail!("no lab named {name:?} ({} does not exist); start one with `rocev2 lab up --name {name}`", path.display())
+                bail!(
+                    "no lab named {name:?} ({} does not exist); start one with `rocev2 lab up --name {name}`",
+                    path.display()
+                )
             }
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };
@@ -200,10 +203,7 @@ pub struct LabPlan {
 }
 
 pub fn validate_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.len() > MAX_NAME
-        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    {
+    if name.is_empty() || name.len() > MAX_NAME || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
         bail!("lab name {name:?} must be 1-{MAX_NAME} characters of a-z and 0-9");
     }
     Ok(())
@@ -265,7 +265,10 @@ impl LabPlan {
             bail!("--links-per-spine must be 1..={MAX_LINKS_PER_SPINE}, not {links}");
         }
         if spines * links > MAX_MEMBERS {
-            bail!("{spines} spines x {links} links = {} uplinks, more than a group's {MAX_MEMBERS} members", spines * links);
+            bail!(
+                "{spines} spines x {links} links = {} uplinks, more than a group's {MAX_MEMBERS} members",
+                spines * links
+            );
         }
         if hosts + spines * links > MAX_PORTS {
             bail!(
@@ -334,7 +337,8 @@ impl LabPlan {
             });
             ports.push(format!("h{i}"));
             let via = if fam.v4() { format!("10.0.{i}.1") } else { format!("fd00:{i}::1") };
-            let _ = write!(groups, "\n[[group]]\nname = \"host{i}\"\nmembers = [{{ dev = \"h{i}\", via = \"{via}\" }}]\n");
+            let _ =
+                write!(groups, "\n[[group]]\nname = \"host{i}\"\nmembers = [{{ dev = \"h{i}\", via = \"{via}\" }}]\n");
             if fam.v4() {
                 let _ = write!(routes, "\n[[route]]\nprefix = \"10.0.{i}.0/24\"\ngroup = \"host{i}\"\n");
             }
@@ -344,7 +348,8 @@ impl LabPlan {
         }
 
         // The RTSW: no kernel forwarding, connected routes only.
-        namespaces.insert(0, NsPlan { name: rtsw.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: vec![] });
+        namespaces
+            .insert(0, NsPlan { name: rtsw.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: vec![] });
 
         // Spines and their links.
         let mut spine_members = String::new();
@@ -438,7 +443,15 @@ impl LabPlan {
         }
         text.push_str(&routes);
 
-        Ok(Self { name: name.to_owned(), family: fam, namespaces, links: veths, config_path, config_text: text, pin_dir })
+        Ok(Self {
+            name: name.to_owned(),
+            family: fam,
+            namespaces,
+            links: veths,
+            config_path,
+            config_text: text,
+            pin_dir,
+        })
     }
 
     /// The commands to try the lab, one per line.
@@ -509,10 +522,24 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
         let mut ifaces = Vec::new();
         for l in &plan.links {
             if l.a_ns == ns.name {
-                ifaces.push(format!("{} {} {} <-> {}/{}", l.a_if, mac_text(l.a_mac), l.a_addrs.join(" "), l.b_ns, l.b_if));
+                ifaces.push(format!(
+                    "{} {} {} <-> {}/{}",
+                    l.a_if,
+                    mac_text(l.a_mac),
+                    l.a_addrs.join(" "),
+                    l.b_ns,
+                    l.b_if
+                ));
             }
             if l.b_ns == ns.name {
-                ifaces.push(format!("{} {} {} <-> {}/{}", l.b_if, mac_text(l.b_mac), l.b_addrs.join(" "), l.a_ns, l.a_if));
+                ifaces.push(format!(
+                    "{} {} {} <-> {}/{}",
+                    l.b_if,
+                    mac_text(l.b_mac),
+                    l.b_addrs.join(" "),
+                    l.a_ns,
+                    l.a_if
+                ));
             }
         }
         if !ns.lo_addrs.is_empty() {
@@ -594,11 +621,7 @@ fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
 }
 
 fn netns_pids(ns: &str) -> Vec<libc::pid_t> {
-    ip(&["netns", "pids", ns])
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
+    ip(&["netns", "pids", ns]).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
 
 /// Stops what runs in `ns` (SIGTERM, so a dataplane detaches and unpins;
@@ -758,7 +781,8 @@ mod tests {
         let plan = LabPlan::new(&args("lab", 2, 2, 2, LabFamily::Both)).unwrap();
         let names: Vec<&str> = plan.namespaces.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["lab-rtsw", "lab-h1", "lab-h2", "lab-s1", "lab-s2", "lab-dst"]);
-        let config = Config::parse(&plan.config_text, &plan.config_path).unwrap_or_else(|e| panic!("{e}\n{}", plan.config_text));
+        let config =
+            Config::parse(&plan.config_text, &plan.config_path).unwrap_or_else(|e| panic!("{e}\n{}", plan.config_text));
         let ports: Vec<&str> = config.ports.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(ports, ["h1", "h2", "s1l1", "s1l2", "s2l1", "s2l2"]);
         let spines = &config.groups[0];
@@ -795,7 +819,11 @@ mod tests {
 
     #[test]
     fn labcmd_multipath_routes() {
-        let r = route_args(false, "10.0.0.0/8", &[("10.100.17.1".into(), "r1".into()), ("10.100.18.1".into(), "r2".into())]);
+        let r = route_args(
+            false,
+            "10.0.0.0/8",
+            &[("10.100.17.1".into(), "r1".into()), ("10.100.18.1".into(), "r2".into())],
+        );
         assert_eq!(r.join(" "), "route add 10.0.0.0/8 nexthop via 10.100.17.1 dev r1 nexthop via 10.100.18.1 dev r2");
         let r = route_args(true, "fd01::/64", &[("fdc8:1::2".into(), "dst".into())]);
         assert_eq!(r.join(" "), "-6 route add fd01::/64 via fdc8:1::2 dev dst");

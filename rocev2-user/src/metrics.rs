@@ -65,9 +65,7 @@ fn port_metric(counter: PortCounter) -> (String, Option<&'static str>) {
 
 fn help_for(metric: &str, counter: PortCounter) -> String {
     match metric {
-        "rocev2_port_pass_total" => {
-            "Frames handed to the kernel stack (XDP_PASS), by reason.".into()
-        }
+        "rocev2_port_pass_total" => "Frames handed to the kernel stack (XDP_PASS), by reason.".into(),
         "rocev2_port_drop_total" => "Frames dropped by the dataplane, by reason.".into(),
         _ => {
             let mut h = counter.help().to_owned();
@@ -101,11 +99,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         for port in &snapshot.ports {
             let value = port.counters.get(counter.name()).copied().unwrap_or(0);
             let labels = match reason {
-                Some(r) => format!(
-                    "port=\"{}\",reason=\"{}\"",
-                    escape_label(&port.name),
-                    escape_label(r)
-                ),
+                Some(r) => format!("port=\"{}\",reason=\"{}\"", escape_label(&port.name), escape_label(r)),
                 None => format!("port=\"{}\"", escape_label(&port.name)),
             };
             families[idx].2.push((labels, value));
@@ -123,12 +117,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             escape_label(&m.next_hop)
         )
     };
-    let members = || {
-        snapshot
-            .groups
-            .iter()
-            .flat_map(|g| g.members.iter().map(move |m| (g, m)))
-    };
+    let members = || snapshot.groups.iter().flat_map(|g| g.members.iter().map(move |m| (g, m)));
     family(
         &mut out,
         "rocev2_member_packets_total",
@@ -149,14 +138,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         "gauge",
         "Usable members of a next-hop group.",
         snapshot.groups.iter().map(|g| {
-            (
-                format!(
-                    "group=\"{}\",hash=\"{}\"",
-                    escape_label(&g.name),
-                    escape_label(&g.hash)
-                ),
-                g.members.len() as u64,
-            )
+            (format!("group=\"{}\",hash=\"{}\"", escape_label(&g.name), escape_label(&g.hash)), g.members.len() as u64)
         }),
     );
     if !snapshot.egress.is_empty() {
@@ -167,10 +149,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
                 &format!("rocev2_egress_{}_total", c.name()),
                 "counter",
                 &format!("{}.", c.help()),
-                snapshot
-                    .egress
-                    .iter()
-                    .map(|e| (port(e), e.counters.get(c.name()).copied().unwrap_or(0))),
+                snapshot.egress.iter().map(|e| (port(e), e.counters.get(c.name()).copied().unwrap_or(0))),
             );
         }
         family(
@@ -185,15 +164,11 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             "rocev2_egress_queue_high_water_bytes",
             "gauge",
             "Deepest the virtual queue has been.",
-            snapshot
-                .egress
-                .iter()
-                .map(|e| (port(e), e.queue_high_water_bytes)),
+            snapshot.egress.iter().map(|e| (port(e), e.queue_high_water_bytes)),
         );
     }
     if !snapshot.classes.is_empty() {
-        let class =
-            |c: &crate::stats::ClassSnapshot| format!("class=\"{}\"", escape_label(&c.name));
+        let class = |c: &crate::stats::ClassSnapshot| format!("class=\"{}\"", escape_label(&c.name));
         family(
             &mut out,
             "rocev2_class_packets_total",
@@ -228,13 +203,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
 
 /// One metric family: its HELP and TYPE lines, then a sample per
 /// (labels, value); empty labels print the bare metric name.
-fn family(
-    out: &mut String,
-    metric: &str,
-    kind: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = (String, u64)>,
-) {
+fn family(out: &mut String, metric: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, u64)>) {
     let _ = writeln!(out, "# HELP {metric} {help}");
     let _ = writeln!(out, "# TYPE {metric} {kind}");
     for (labels, value) in samples {
@@ -258,14 +227,8 @@ pub fn scrape(pin_dir: &Path) -> Result<String> {
 /// sender is dropped). Each scrape reads [`RunState`] and the maps pinned
 /// under `pin_dir`. Any other path or method gets 404. The address is bound
 /// as given: pass a non-loopback one only if the counters may be public.
-pub async fn serve(
-    addr: SocketAddr,
-    pin_dir: PathBuf,
-    shutdown: watch::Receiver<bool>,
-) -> Result<()> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+pub async fn serve(addr: SocketAddr, pin_dir: PathBuf, shutdown: watch::Receiver<bool>) -> Result<()> {
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))?;
     serve_listener(listener, pin_dir, shutdown).await
 }
 
@@ -316,26 +279,16 @@ impl MetricsServer {
     /// Binds `addr` (port 0 picks a free port; see [`Self::local_addr`]) and
     /// serves `GET /metrics` for the instance pinned at `pin_dir`.
     pub fn start(addr: SocketAddr, pin_dir: PathBuf) -> Result<Self> {
-        let listener = std::net::TcpListener::bind(addr)
-            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        let listener =
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("rocev2-metrics".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async move {
-                    serve_listener(TcpListener::from_std(listener)?, pin_dir, rx).await
-                })
-            })?;
-        Ok(Self {
-            addr,
-            shutdown,
-            thread: Some(thread),
-        })
+        let thread = std::thread::Builder::new().name("rocev2-metrics".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async move { serve_listener(TcpListener::from_std(listener)?, pin_dir, rx).await })
+        })?;
+        Ok(Self { addr, shutdown, thread: Some(thread) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -350,9 +303,7 @@ impl MetricsServer {
     fn finish(&mut self) -> Result<()> {
         let _ = self.shutdown.send(true);
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|_| anyhow::anyhow!("the metrics server thread panicked"))?,
+            Some(t) => t.join().map_err(|_| anyhow::anyhow!("the metrics server thread panicked"))?,
             None => Ok(()),
         }
     }
@@ -366,10 +317,7 @@ impl Drop for MetricsServer {
 
 /// Method and path of a request head; None until the head is complete.
 fn request_line(head: &[u8]) -> Option<(String, String)> {
-    let end = head
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .or_else(|| head.windows(2).position(|w| w == b"\n\n"))?;
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| head.windows(2).position(|w| w == b"\n\n"))?;
     let text = String::from_utf8_lossy(&head[..end]);
     let mut parts = text.lines().next()?.split_whitespace();
     Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
@@ -383,11 +331,7 @@ pub fn respond(
 ) -> (&'static str, &'static str, String) {
     let path = path.split('?').next().unwrap_or("");
     if method != "GET" || path != "/metrics" {
-        return (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "not found: try GET /metrics\n".into(),
-        );
+        return ("404 Not Found", "text/plain; charset=utf-8", "not found: try GET /metrics\n".into());
     }
     match scrape() {
         Ok(body) => ("200 OK", CONTENT_TYPE, body),
@@ -436,7 +380,11 @@ async fn handle(stream: TcpStream, pin_dir: &Path) -> Result<()> {
             break line;
         }
         if head.len() > MAX_REQUEST {
-            write_all(&stream, b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await?;
+            write_all(
+                &stream,
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            )
+            .await?;
             return Ok(());
         }
     };
@@ -464,27 +412,14 @@ mod tests {
         }
         Snapshot {
             ports: vec![
-                PortSnapshot {
-                    name: "p0".into(),
-                    ifindex: 2,
-                    counters: counters.clone(),
-                },
-                PortSnapshot {
-                    name: "we\"ird\\name".into(),
-                    ifindex: 3,
-                    counters,
-                },
+                PortSnapshot { name: "p0".into(), ifindex: 2, counters: counters.clone() },
+                PortSnapshot { name: "we\"ird\\name".into(), ifindex: 3, counters },
             ],
             groups: vec![GroupSnapshot {
                 name: "spines".into(),
                 hash: "qp".into(),
                 members: vec![
-                    MemberSnapshot {
-                        dev: "u1".into(),
-                        next_hop: "via 10.0.1.2".into(),
-                        packets: 7,
-                        bytes: 700,
-                    },
+                    MemberSnapshot { dev: "u1".into(), next_hop: "via 10.0.1.2".into(), packets: 7, bytes: 700 },
                     MemberSnapshot {
                         dev: "u2".into(),
                         next_hop: "mac 02:00:00:00:00:02".into(),
@@ -496,18 +431,11 @@ mod tests {
             egress: vec![crate::stats::EgressSnapshot {
                 name: "u1".into(),
                 rate_bytes_per_sec: 1_250_000_000,
-                counters: rocev2_common::counters::EgressCounter::ALL
-                    .iter()
-                    .map(|c| (c.name(), 5))
-                    .collect(),
+                counters: rocev2_common::counters::EgressCounter::ALL.iter().map(|c| (c.name(), 5)).collect(),
                 queue_bytes: 1500,
                 queue_high_water_bytes: 90_000,
             }],
-            classes: vec![crate::stats::ClassSnapshot {
-                name: "control".into(),
-                packets: 3,
-                bytes: 180,
-            }],
+            classes: vec![crate::stats::ClassSnapshot { name: "control".into(), packets: 3, bytes: 180 }],
             flowlet_entries: 4,
         }
     }
@@ -515,10 +443,7 @@ mod tests {
     #[test]
     fn egress_class_and_flowlet_metrics() {
         let text = render_prometheus(&snapshot());
-        assert!(
-            text.contains("rocev2_egress_ecn_marked_total{port=\"u1\"} 5"),
-            "{text}"
-        );
+        assert!(text.contains("rocev2_egress_ecn_marked_total{port=\"u1\"} 5"), "{text}");
         assert!(text.contains("rocev2_egress_queue_high_water_bytes{port=\"u1\"} 90000"));
         assert!(text.contains("rocev2_class_packets_total{class=\"control\"} 3"));
         assert!(text.contains("rocev2_flowlet_entries 4"));
@@ -531,43 +456,25 @@ mod tests {
     fn prometheus_text_has_help_type_and_escaped_samples() {
         let text = render_prometheus(&snapshot());
         let rx = 10 + PortCounter::RxPackets as u64;
-        assert!(
-            text.contains(&format!(
-                "rocev2_port_rx_packets_total{{port=\"p0\"}} {rx}\n"
-            )),
-            "{text}"
-        );
+        assert!(text.contains(&format!("rocev2_port_rx_packets_total{{port=\"p0\"}} {rx}\n")), "{text}");
         let fwd = 10 + PortCounter::Forwarded as u64;
-        assert!(
-            text.contains(&format!(
-                "rocev2_port_forwarded_packets_total{{port=\"p0\"}} {fwd}\n"
-            )),
-            "{text}"
-        );
+        assert!(text.contains(&format!("rocev2_port_forwarded_packets_total{{port=\"p0\"}} {fwd}\n")), "{text}");
         let nr = 10 + PortCounter::PassNoRoute as u64;
-        assert!(
-            text.contains(&format!(
-                "rocev2_port_pass_total{{port=\"p0\",reason=\"no_route\"}} {nr}\n"
-            )),
-            "{text}"
-        );
+        assert!(text.contains(&format!("rocev2_port_pass_total{{port=\"p0\",reason=\"no_route\"}} {nr}\n")), "{text}");
         let runt = 10 + PortCounter::DropRunt as u64;
+        assert!(text.contains(&format!("rocev2_port_drop_total{{port=\"p0\",reason=\"runt\"}} {runt}\n")), "{text}");
+        assert!(text.contains("rocev2_port_rx_packets_total{port=\"we\\\"ird\\\\name\"}"), "{text}");
         assert!(
-            text.contains(&format!(
-                "rocev2_port_drop_total{{port=\"p0\",reason=\"runt\"}} {runt}\n"
-            )),
+            text.contains("rocev2_member_packets_total{group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"} 7\n"),
             "{text}"
         );
         assert!(
-            text.contains("rocev2_port_rx_packets_total{port=\"we\\\"ird\\\\name\"}"),
+            text.contains(
+                "rocev2_member_bytes_total{group=\"spines\",member=\"u2\",next_hop=\"mac 02:00:00:00:00:02\"} 900\n"
+            ),
             "{text}"
         );
-        assert!(text.contains("rocev2_member_packets_total{group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"} 7\n"), "{text}");
-        assert!(text.contains("rocev2_member_bytes_total{group=\"spines\",member=\"u2\",next_hop=\"mac 02:00:00:00:00:02\"} 900\n"), "{text}");
-        assert!(
-            text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"),
-            "{text}"
-        );
+        assert!(text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"), "{text}");
 
         // Every family has exactly one HELP and one TYPE line, before its samples,
         // and every sample line is `name{labels} integer`.
@@ -576,14 +483,8 @@ mod tests {
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let name = rest.split(' ').next().unwrap();
-                assert!(
-                    seen_type.insert(name.to_owned()),
-                    "two TYPE lines for {name}"
-                );
-                assert!(
-                    rest.ends_with(" counter") || rest.ends_with(" gauge"),
-                    "{line}"
-                );
+                assert!(seen_type.insert(name.to_owned()), "two TYPE lines for {name}");
+                assert!(rest.ends_with(" counter") || rest.ends_with(" gauge"), "{line}");
             } else if line.starts_with("# HELP ") {
             } else {
                 let name = &line[..line.find(['{', ' ']).unwrap()];
@@ -599,10 +500,7 @@ mod tests {
         // counters and two queue gauges, a class (packets and bytes), and
         // the two flowlet-table samples.
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
-        assert_eq!(
-            samples,
-            2 * PortCounter::ALL.len() + 2 + 2 + 1 + egress + 2 + 2
-        );
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 1 + egress + 2 + 2);
     }
 
     #[test]
@@ -619,10 +517,7 @@ mod tests {
         assert_eq!(respond("POST", "/metrics", ok).0, "404 Not Found");
         let failed = respond("GET", "/metrics", || anyhow::bail!("no state"));
         assert!(failed.0.starts_with("503") && failed.2.contains("no state"));
-        assert_eq!(
-            request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Some(("GET".into(), "/metrics".into()))
-        );
+        assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(("GET".into(), "/metrics".into())));
         assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), None);
     }
 }

@@ -24,9 +24,7 @@ use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
 use rtnetlink::packet_route::{
     address::AddressAttribute,
     link::{LinkAttribute, LinkFlags, LinkInfo as LinkInfoAttr, LinkMessage},
-    neighbour::{
-        NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
-    },
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState},
     nsid::{NsidAttribute, NsidMessage},
     AddressFamily, RouteNetlinkMessage,
 };
@@ -98,10 +96,9 @@ impl Netlink {
     /// Opens the connection in the current thread's network namespace and
     /// spawns its driver on the current tokio runtime.
     pub fn new() -> Result<Self> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .context("Netlink::new must be called inside a tokio runtime")?;
-        let (connection, handle, _) =
-            rtnetlink::new_connection().context("opening an rtnetlink socket")?;
+        let runtime =
+            tokio::runtime::Handle::try_current().context("Netlink::new must be called inside a tokio runtime")?;
+        let (connection, handle, _) = rtnetlink::new_connection().context("opening an rtnetlink socket")?;
         runtime.spawn(connection);
         Ok(Self { handle })
     }
@@ -112,12 +109,7 @@ impl Netlink {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ {
             bail!("no interface named {name} (not a valid interface name)");
         }
-        let mut replies = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute();
+        let mut replies = self.handle.link().get().match_name(name.to_string()).execute();
         match replies.try_next().await {
             Ok(Some(message)) => Ok(link_info(message)),
             Ok(None) => bail!("no interface named {name}"),
@@ -144,11 +136,7 @@ impl Netlink {
     pub async fn local_addresses(&self) -> Result<Vec<IpAddr>> {
         let mut replies = self.handle.address().get().execute();
         let mut addresses = Vec::new();
-        while let Some(message) = replies
-            .try_next()
-            .await
-            .context("listing local addresses")?
-        {
+        while let Some(message) = replies.try_next().await.context("listing local addresses")? {
             // On point-to-point links IFA_ADDRESS is the remote end and
             // IFA_LOCAL ours; elsewhere (and always for IPv6) only
             // IFA_ADDRESS may be present.
@@ -171,12 +159,7 @@ impl Netlink {
 
     /// The MAC of `addr` on `ifindex`, resolving it if the kernel has no
     /// usable entry, waiting at most `timeout`.
-    pub async fn resolve_neighbour(
-        &self,
-        ifindex: u32,
-        addr: IpAddr,
-        timeout: Duration,
-    ) -> Result<[u8; 6]> {
+    pub async fn resolve_neighbour(&self, ifindex: u32, addr: IpAddr, timeout: Duration) -> Result<[u8; 6]> {
         let deadline = Instant::now() + timeout;
         loop {
             match self.neighbour(ifindex, addr).await? {
@@ -190,15 +173,9 @@ impl Netlink {
             }
             let now = Instant::now();
             if now >= deadline {
-                let device = self
-                    .link_name(ifindex)
-                    .await
-                    .unwrap_or_else(|_| format!("ifindex {ifindex}"));
+                let device = self.link_name(ifindex).await.unwrap_or_else(|_| format!("ifindex {ifindex}"));
                 let protocol = if addr.is_ipv4() { "ARP" } else { "NDP" };
-                bail!(
-                    "neighbour {addr} on {device} did not answer {protocol} within {}",
-                    DisplayDuration(timeout)
-                );
+                bail!("neighbour {addr} on {device} did not answer {protocol} within {}", DisplayDuration(timeout));
             }
             tokio::time::sleep(NEIGHBOUR_POLL.min(deadline - now)).await;
         }
@@ -213,10 +190,7 @@ impl Netlink {
     /// when it expires, re-probe a STALE one and resolve a missing one.
     pub async fn refresh_neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<Option<[u8; 6]>> {
         self.trigger_resolution(ifindex, addr).await?;
-        Ok(self
-            .neighbour(ifindex, addr)
-            .await?
-            .and_then(|entry| entry.usable_mac()))
+        Ok(self.neighbour(ifindex, addr).await?.and_then(|entry| entry.usable_mac()))
     }
 
     /// The kernel's entry for `addr` on `ifindex`, if any (RTM_GETNEIGH for
@@ -225,9 +199,7 @@ impl Netlink {
         let mut message = NeighbourMessage::default();
         message.header.family = address_family(addr);
         message.header.ifindex = ifindex;
-        message
-            .attributes
-            .push(NeighbourAttribute::Destination(neighbour_address(addr)));
+        message.attributes.push(NeighbourAttribute::Destination(neighbour_address(addr)));
         let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(message));
         request.header.flags = NLM_F_REQUEST;
 
@@ -240,10 +212,7 @@ impl Netlink {
                         NeighbourAttribute::LinkLocalAddress(mac) => mac.as_slice().try_into().ok(),
                         _ => None,
                     });
-                    return Ok(Some(Neighbour {
-                        state: entry.header.state,
-                        mac,
-                    }));
+                    return Ok(Some(Neighbour { state: entry.header.state, mac }));
                 }
                 NetlinkPayload::Error(e) if e.raw_code() == -libc::ENOENT => return Ok(None),
                 NetlinkPayload::Error(e) => return Err(e.to_io()).with_context(context),
@@ -316,12 +285,8 @@ fn link_info(message: LinkMessage) -> LinkInfo {
         }
     }
     if info.kind.as_deref() == Some("veth") {
-        info.veth_peer = peer_ifindex
-            .filter(|&index| index != 0)
-            .map(|ifindex| VethPeer {
-                ifindex,
-                netnsid: peer_netnsid,
-            });
+        info.veth_peer =
+            peer_ifindex.filter(|&index| index != 0).map(|ifindex| VethPeer { ifindex, netnsid: peer_netnsid });
     }
     info
 }
@@ -346,10 +311,7 @@ fn poke_with_datagram(device: &str, ifindex: u32, addr: IpAddr) -> Result<()> {
     let (local, remote): (SocketAddr, SocketAddr) = match addr {
         IpAddr::V4(_) => (([0, 0, 0, 0], 0).into(), (addr, DISCARD_PORT).into()),
         // Link-local IPv6 addresses are meaningless without the interface.
-        IpAddr::V6(v6) => (
-            ([0u16; 8], 0).into(),
-            SocketAddrV6::new(v6, DISCARD_PORT, 0, ifindex).into(),
-        ),
+        IpAddr::V6(v6) => (([0u16; 8], 0).into(), SocketAddrV6::new(v6, DISCARD_PORT, 0, ifindex).into()),
     };
     let socket = UdpSocket::bind(local).context("opening a UDP socket")?;
     // SAFETY: a valid socket, and a pointer/length pair naming `device`.
@@ -363,12 +325,9 @@ fn poke_with_datagram(device: &str, ifindex: u32, addr: IpAddr) -> Result<()> {
         )
     };
     if rc != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("binding a UDP socket to {device}"));
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("binding a UDP socket to {device}"));
     }
-    socket
-        .send_to(&[], remote)
-        .with_context(|| format!("sending a datagram to {remote}"))?;
+    socket.send_to(&[], remote).with_context(|| format!("sending a datagram to {remote}"))?;
     Ok(())
 }
 
@@ -413,16 +372,12 @@ pub fn ensure_veth_peer_napi(link: &LinkInfo) -> Result<PeerNapi> {
             enable_gro(peer.ifindex, &netns.display().to_string())
         })
         .context("spawning the thread that enters the peer namespace")?;
-    worker
-        .join()
-        .map_err(|_| anyhow!("the thread that enters the peer namespace panicked"))?
-        .with_context(context)
+    worker.join().map_err(|_| anyhow!("the thread that enters the peer namespace panicked"))?.with_context(context)
 }
 
 /// Turns GRO on for `ifindex` in the calling thread's namespace.
 fn enable_gro(ifindex: u32, netns: &str) -> Result<PeerNapi> {
-    let name = ifindex_to_name(ifindex)
-        .with_context(|| format!("finding the name of ifindex {ifindex} in {netns}"))?;
+    let name = ifindex_to_name(ifindex).with_context(|| format!("finding the name of ifindex {ifindex} in {netns}"))?;
     if ethtool::gro(&name)? {
         return Ok(PeerNapi::AlreadyOn);
     }
@@ -431,10 +386,7 @@ fn enable_gro(ifindex: u32, netns: &str) -> Result<PeerNapi> {
     if !ethtool::gro(&name)? {
         bail!("the kernel kept GRO off on {name} in {netns}");
     }
-    Ok(PeerNapi::EnabledGro {
-        peer_name: name,
-        netns: netns.to_string(),
-    })
+    Ok(PeerNapi::EnabledGro { peer_name: name, netns: netns.to_string() })
 }
 
 fn ifindex_to_name(ifindex: u32) -> Result<String> {
@@ -518,18 +470,14 @@ impl SyncRtnetlink {
         use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
         let mut socket = Socket::new(NETLINK_ROUTE).context("opening an rtnetlink socket")?;
         socket.bind_auto().context("binding an rtnetlink socket")?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .context("connecting an rtnetlink socket")?;
+        socket.connect(&SocketAddr::new(0, 0)).context("connecting an rtnetlink socket")?;
         Ok(Self(socket))
     }
 
     /// The id our namespace has for the namespace `ns` refers to, if any.
     fn nsid_of(&self, ns: &File) -> Result<Option<i32>> {
         let mut message = NsidMessage::default();
-        message
-            .attributes
-            .push(NsidAttribute::Fd(ns.as_raw_fd() as u32));
+        message.attributes.push(NsidAttribute::Fd(ns.as_raw_fd() as u32));
         let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetNsId(message));
         request.header.flags = NLM_F_REQUEST;
         request.finalize();
@@ -537,12 +485,9 @@ impl SyncRtnetlink {
         request.serialize(&mut buf);
         self.0.send(&buf, 0).context("sending RTM_GETNSID")?;
 
-        let (reply, _) = self
-            .0
-            .recv_from_full()
-            .context("receiving the RTM_GETNSID reply")?;
-        let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply)
-            .context("parsing the RTM_GETNSID reply")?;
+        let (reply, _) = self.0.recv_from_full().context("receiving the RTM_GETNSID reply")?;
+        let reply =
+            NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply).context("parsing the RTM_GETNSID reply")?;
         match reply.payload {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(message)) => {
                 Ok(message.attributes.iter().find_map(|a| match a {
@@ -573,15 +518,13 @@ mod ethtool {
     }
 
     pub(super) fn gro(device: &str) -> Result<bool> {
-        let value = ioctl(device, ETHTOOL_GGRO, 0)
-            .with_context(|| format!("reading the GRO setting of {device}"))?;
+        let value = ioctl(device, ETHTOOL_GGRO, 0).with_context(|| format!("reading the GRO setting of {device}"))?;
         Ok(value != 0)
     }
 
     pub(super) fn set_gro(device: &str, on: bool) -> Result<()> {
-        ioctl(device, ETHTOOL_SGRO, on.into()).with_context(|| {
-            format!("turning GRO {} on {device}", if on { "on" } else { "off" })
-        })?;
+        ioctl(device, ETHTOOL_SGRO, on.into())
+            .with_context(|| format!("turning GRO {} on {device}", if on { "on" } else { "off" }))?;
         Ok(())
     }
 
@@ -637,21 +580,11 @@ mod tests {
         /// fd00:`net`::1/64 on `va`, .2 / ::2 on `vb`.
         fn new(tag: &str, net: u8) -> Self {
             let pid = std::process::id();
-            let pair = Self {
-                a: format!("rocev2-nl-{pid}-{tag}-a"),
-                b: format!("rocev2-nl-{pid}-{tag}-b"),
-            };
+            let pair = Self { a: format!("rocev2-nl-{pid}-{tag}-a"), b: format!("rocev2-nl-{pid}-{tag}-b") };
             for ns in [&pair.a, &pair.b] {
                 ip(&["netns", "add", ns]);
                 // Without this NDP waits ~2s for link-local DAD on fresh links.
-                ip(&[
-                    "netns",
-                    "exec",
-                    ns,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.default.accept_dad=0",
-                ]);
+                ip(&["netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"]);
             }
             let (a, b) = (pair.a.as_str(), pair.b.as_str());
             ip(&[
@@ -673,15 +606,7 @@ mod tests {
                 b,
             ]);
             for (ns, dev, host) in [(a, "va", 1), (b, "vb", 2)] {
-                ip(&[
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("10.{net}.0.{host}/24"),
-                    "dev",
-                    dev,
-                ]);
+                ip(&["-n", ns, "addr", "add", &format!("10.{net}.0.{host}/24"), "dev", dev]);
                 let v6 = format!("fd00:{net}::{host}/64");
                 ip(&["-n", ns, "addr", "add", &v6, "dev", dev, "nodad"]);
                 ip(&["-n", ns, "link", "set", dev, "up"]);
@@ -722,10 +647,8 @@ mod tests {
         let path = PathBuf::from("/run/netns").join(ns);
         std::thread::spawn(move || {
             enter_netns(&path).expect("entering the test namespace");
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("building a tokio runtime");
+            let runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("building a tokio runtime");
             runtime.block_on(f())
         })
         .join()
@@ -750,10 +673,7 @@ mod tests {
         assert_eq!(va.kind.as_deref(), Some("veth"));
         let peer = va.veth_peer.expect("veth peer");
         assert_eq!(peer.ifindex, vb.ifindex);
-        assert!(
-            peer.netnsid.is_some(),
-            "peer in another namespace must carry an nsid"
-        );
+        assert!(peer.netnsid.is_some(), "peer in another namespace must carry an nsid");
         assert_eq!(vb.mac, MAC_B);
         let missing = missing.expect_err("nosuchdev0 must not exist");
         assert_eq!(missing.to_string(), "no interface named nosuchdev0");
@@ -765,22 +685,10 @@ mod tests {
             return;
         }
         let pair = VethPair::new("addr", 202);
-        let addresses = in_netns(&pair.a, || async {
-            Netlink::new()?.local_addresses().await
-        })
-        .expect("addresses");
-        assert!(
-            addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 1))),
-            "{addresses:?}"
-        );
-        assert!(
-            addresses.contains(&"fd00:202::1".parse().unwrap()),
-            "{addresses:?}"
-        );
-        assert!(
-            !addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 2))),
-            "{addresses:?}"
-        );
+        let addresses = in_netns(&pair.a, || async { Netlink::new()?.local_addresses().await }).expect("addresses");
+        assert!(addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 1))), "{addresses:?}");
+        assert!(addresses.contains(&"fd00:202::1".parse().unwrap()), "{addresses:?}");
+        assert!(!addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 2))), "{addresses:?}");
     }
 
     #[test]
@@ -797,45 +705,23 @@ mod tests {
 
             assert_eq!(netlink.neighbour(va.ifindex, peer_v4).await.unwrap(), None);
             let timeout = Duration::from_secs(3);
-            let mac = netlink
-                .resolve_neighbour(va.ifindex, peer_v4, timeout)
-                .await
-                .expect("ARP");
+            let mac = netlink.resolve_neighbour(va.ifindex, peer_v4, timeout).await.expect("ARP");
             assert_eq!(mac, MAC_B);
-            let mac = netlink
-                .resolve_neighbour(va.ifindex, peer_v6, timeout)
-                .await
-                .expect("NDP");
+            let mac = netlink.resolve_neighbour(va.ifindex, peer_v6, timeout).await.expect("NDP");
             assert_eq!(mac, MAC_B);
-            let refreshed = netlink
-                .refresh_neighbour(va.ifindex, peer_v4)
-                .await
-                .expect("refresh");
+            let refreshed = netlink.refresh_neighbour(va.ifindex, peer_v4).await.expect("refresh");
             assert_eq!(refreshed, Some(MAC_B));
 
             // Nobody has .99: a clear error, on time.
             let started = Instant::now();
             let error = netlink
-                .resolve_neighbour(
-                    va.ifindex,
-                    "10.203.0.99".parse().unwrap(),
-                    Duration::from_secs(1),
-                )
+                .resolve_neighbour(va.ifindex, "10.203.0.99".parse().unwrap(), Duration::from_secs(1))
                 .await
                 .expect_err("10.203.0.99 must not resolve");
-            assert!(
-                started.elapsed() < Duration::from_millis(1500),
-                "took {:?}",
-                started.elapsed()
-            );
-            assert_eq!(
-                error.to_string(),
-                "neighbour 10.203.0.99 on va did not answer ARP within 1s"
-            );
+            assert!(started.elapsed() < Duration::from_millis(1500), "took {:?}", started.elapsed());
+            assert_eq!(error.to_string(), "neighbour 10.203.0.99 on va did not answer ARP within 1s");
             // A missing entry is created and resolution started, not reported.
-            let absent = netlink
-                .refresh_neighbour(va.ifindex, "10.203.0.98".parse().unwrap())
-                .await;
+            let absent = netlink.refresh_neighbour(va.ifindex, "10.203.0.98".parse().unwrap()).await;
             assert_eq!(absent.expect("refresh of an absent entry"), None);
         });
     }
@@ -844,17 +730,11 @@ mod tests {
     async fn wait_for_usable_entry(netlink: &Netlink, ifindex: u32, addr: IpAddr) -> [u8; 6] {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
-            let entry = netlink
-                .neighbour(ifindex, addr)
-                .await
-                .expect("neighbour get");
+            let entry = netlink.neighbour(ifindex, addr).await.expect("neighbour get");
             if let Some(mac) = entry.as_ref().and_then(Neighbour::usable_mac) {
                 return mac;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{addr} never became usable: {entry:?}"
-            );
+            assert!(Instant::now() < deadline, "{addr} never became usable: {entry:?}");
             tokio::time::sleep(NEIGHBOUR_POLL).await;
         }
     }
@@ -869,27 +749,18 @@ mod tests {
         in_netns(&pair.a, || async {
             let netlink = Netlink::new().expect("Netlink::new");
             let va = netlink.link("va").await.expect("link va");
-            for (addr, via_ntf_use) in [
-                ("10.205.0.2", true),
-                ("fd00:205::2", true),
-                ("10.205.0.2", false),
-                ("fd00:205::2", false),
-            ] {
+            for (addr, via_ntf_use) in
+                [("10.205.0.2", true), ("fd00:205::2", true), ("10.205.0.2", false), ("fd00:205::2", false)]
+            {
                 let addr: IpAddr = addr.parse().unwrap();
                 ip(&["neigh", "flush", "dev", "va"]);
                 assert_eq!(netlink.neighbour(va.ifindex, addr).await.unwrap(), None);
                 if via_ntf_use {
-                    netlink
-                        .use_neighbour(va.ifindex, addr)
-                        .await
-                        .expect("NTF_USE");
+                    netlink.use_neighbour(va.ifindex, addr).await.expect("NTF_USE");
                 } else {
                     poke_with_datagram("va", va.ifindex, addr).expect("datagram");
                 }
-                assert_eq!(
-                    wait_for_usable_entry(&netlink, va.ifindex, addr).await,
-                    MAC_B
-                );
+                assert_eq!(wait_for_usable_entry(&netlink, va.ifindex, addr).await, MAC_B);
             }
         });
     }
@@ -906,9 +777,7 @@ mod tests {
                 .output()
                 .expect("running ethtool");
             let out = String::from_utf8_lossy(&out.stdout).into_owned();
-            out.lines()
-                .find(|l| l.starts_with("generic-receive-offload:"))
-                .map(str::to_string)
+            out.lines().find(|l| l.starts_with("generic-receive-offload:")).map(str::to_string)
         };
         assert_eq!(gro_of_vb().as_deref(), Some("generic-receive-offload: off"));
 
@@ -916,18 +785,11 @@ mod tests {
             let netlink = Netlink::new().expect("Netlink::new");
             let va = netlink.link("va").await.expect("link va");
             let lo = netlink.link("lo").await.expect("link lo");
-            (
-                ensure_veth_peer_napi(&va),
-                ensure_veth_peer_napi(&va),
-                ensure_veth_peer_napi(&lo),
-            )
+            (ensure_veth_peer_napi(&va), ensure_veth_peer_napi(&va), ensure_veth_peer_napi(&lo))
         });
         assert_eq!(
             first.expect("first call"),
-            PeerNapi::EnabledGro {
-                peer_name: "vb".into(),
-                netns: format!("/run/netns/{}", pair.b)
-            }
+            PeerNapi::EnabledGro { peer_name: "vb".into(), netns: format!("/run/netns/{}", pair.b) }
         );
         assert_eq!(second.expect("second call"), PeerNapi::AlreadyOn);
         assert_eq!(lo.expect("lo"), PeerNapi::NotVeth);
@@ -940,25 +802,16 @@ mod tests {
             return;
         }
         let pair = VethPair::new("gro1", 206);
-        ip(&[
-            "-n", &pair.a, "link", "add", "vc", "type", "veth", "peer", "name", "vd",
-        ]);
+        ip(&["-n", &pair.a, "link", "add", "vc", "type", "veth", "peer", "name", "vd"]);
         let (vc, result) = in_netns(&pair.a, || async {
-            let vc = Netlink::new()
-                .expect("Netlink::new")
-                .link("vc")
-                .await
-                .expect("link vc");
+            let vc = Netlink::new().expect("Netlink::new").link("vc").await.expect("link vc");
             let result = ensure_veth_peer_napi(&vc);
             (vc, result)
         });
         assert_eq!(vc.veth_peer.and_then(|p| p.netnsid), None);
         assert_eq!(
             result.expect("ensure_veth_peer_napi"),
-            PeerNapi::EnabledGro {
-                peer_name: "vd".into(),
-                netns: "current network namespace".into()
-            }
+            PeerNapi::EnabledGro { peer_name: "vd".into(), netns: "current network namespace".into() }
         );
     }
 }

@@ -27,16 +27,9 @@ pub fn ip(args: &[&str]) -> anyhow::Result<String> {
 
 fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     let cmdline = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("cannot run `{cmdline}`"))?;
+    let out = Command::new(program).args(args).output().with_context(|| format!("cannot run `{cmdline}`"))?;
     if !out.status.success() {
-        bail!(
-            "`{cmdline}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("`{cmdline}` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     String::from_utf8(out.stdout).with_context(|| format!("`{cmdline}` printed non-UTF-8"))
 }
@@ -126,12 +119,9 @@ pub struct Netns {
 impl Netns {
     /// Creates namespace `name` with its loopback up.
     pub fn create(name: &str) -> anyhow::Result<Self> {
-        ip(&["netns", "add", name])
-            .with_context(|| format!("creating network namespace {name:?}"))?;
+        ip(&["netns", "add", name]).with_context(|| format!("creating network namespace {name:?}"))?;
         // Guard first, so a failure below still removes the namespace.
-        let ns = Self {
-            name: name.to_owned(),
-        };
+        let ns = Self { name: name.to_owned() };
         ip(&["-n", name, "link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -153,19 +143,13 @@ impl Drop for Netns {
         // Processes left inside (a lab's daemons) would keep the namespace
         // and its interfaces alive after the delete.
         if let Ok(pids) = ip(&["netns", "pids", &self.name]) {
-            for pid in pids
-                .split_whitespace()
-                .filter_map(|p| p.parse::<libc::pid_t>().ok())
-            {
+            for pid in pids.split_whitespace().filter_map(|p| p.parse::<libc::pid_t>().ok()) {
                 // SAFETY: plain syscall on a pid listed as inside our namespace.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
         if let Err(e) = ip(&["netns", "del", &self.name]) {
-            eprintln!(
-                "warning: cannot delete network namespace {}: {e:#}",
-                self.name
-            );
+            eprintln!("warning: cannot delete network namespace {}: {e:#}", self.name);
         }
     }
 }
@@ -184,10 +168,7 @@ pub fn unique_name(prefix: &str) -> String {
 }
 
 fn mac_string(mac: [u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 fn add_addrs(ns: &Netns, ifname: &str, addrs: &[&str]) -> anyhow::Result<()> {
@@ -257,9 +238,7 @@ mod tests {
 
     #[test]
     fn unique_names_are_short_and_distinct() {
-        let names: Vec<String> = (0..1000)
-            .map(|_| unique_name("a-rather-long-prefix"))
-            .collect();
+        let names: Vec<String> = (0..1000).map(|_| unique_name("a-rather-long-prefix")).collect();
         assert!(names.iter().all(|n| n.len() <= IFNAME_MAX), "{names:?}");
         let set: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(set.len(), names.len());
@@ -288,10 +267,7 @@ mod tests {
         assert!(link.contains("02:00:00:00:0a:01"), "{link}");
         assert!(link.contains("state UP") || link.contains(",UP"), "{link}");
         let addrs = ip(&["-n", a.name(), "-o", "addr", "show", "dev", &a_if]).unwrap();
-        assert!(
-            addrs.contains("198.51.100.1/24") && addrs.contains("fd00:51::1/64"),
-            "{addrs}"
-        );
+        assert!(addrs.contains("198.51.100.1/24") && addrs.contains("fd00:51::1/64"), "{addrs}");
         let peer = ip(&["-n", b.name(), "-o", "link", "show", &b_if]).unwrap();
         assert!(peer.contains("02:00:00:00:0b:02"), "{peer}");
 
@@ -299,21 +275,14 @@ mod tests {
         let b_if2 = b_if.clone();
         let seen = in_netns(b.name(), move || Ok(ifindex(&b_if2))).unwrap();
         assert_ne!(seen, 0);
-        assert_eq!(
-            ifindex(&b_if),
-            0,
-            "calling thread must stay in its namespace"
-        );
+        assert_eq!(ifindex(&b_if), 0, "calling thread must stay in its namespace");
 
         let list = netns_list();
         assert!(list.contains(&names.0) && list.contains(&names.1), "{list}");
         drop(a);
         drop(b);
         let list = netns_list();
-        assert!(
-            !list.contains(&names.0) && !list.contains(&names.1),
-            "{list}"
-        );
+        assert!(!list.contains(&names.0) && !list.contains(&names.1), "{list}");
     }
 
     #[test]
@@ -336,10 +305,7 @@ mod tests {
         let ns = Netns::create(&unique_name("nte")).unwrap();
         let err = ns.exec(&["ip", "link", "show", "nosuchdev0"]).unwrap_err();
         let msg = format!("{err:#}");
-        assert!(
-            msg.contains("nosuchdev0") && msg.contains("does not exist"),
-            "{msg}"
-        );
+        assert!(msg.contains("nosuchdev0") && msg.contains("does not exist"), "{msg}");
 
         let err = Netns::create(ns.name()).unwrap_err();
         assert!(format!("{err:#}").contains(ns.name()), "{err:#}");
@@ -351,15 +317,10 @@ mod tests {
     fn in_netns_passes_on_panics_and_results() {
         let ns = Netns::create(&unique_name("ntr")).unwrap();
         assert_eq!(in_netns(ns.name(), || Ok(41 + 1)).unwrap(), 42);
-        let err = in_netns(ns.name(), || -> anyhow::Result<()> {
-            bail!("inner failure")
-        })
-        .unwrap_err();
+        let err = in_netns(ns.name(), || -> anyhow::Result<()> { bail!("inner failure") }).unwrap_err();
         assert_eq!(err.to_string(), "inner failure");
         let name = ns.name().to_owned();
-        let panicked = std::panic::catch_unwind(move || {
-            in_netns(&name, || -> anyhow::Result<()> { panic!("boom") })
-        });
+        let panicked = std::panic::catch_unwind(move || in_netns(&name, || -> anyhow::Result<()> { panic!("boom") }));
         assert!(panicked.is_err());
     }
 }

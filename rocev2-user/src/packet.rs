@@ -17,9 +17,8 @@
 use std::net::IpAddr;
 
 use etherparse::{
-    EtherType, Ethernet2Header, IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header,
-    LinkExtSlice, LinkSlice, NetSlice, SingleVlanHeader, SlicedPacket, TcpHeader, TransportSlice,
-    UdpHeader, VlanId, VlanPcp,
+    EtherType, Ethernet2Header, IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header, LinkExtSlice,
+    LinkSlice, NetSlice, SingleVlanHeader, SlicedPacket, TcpHeader, TransportSlice, UdpHeader, VlanId, VlanPcp,
 };
 use rocev2_common::{
     bth::{Bth, BTH_LEN, ICRC_LEN, ROCEV2_UDP_PORT},
@@ -181,8 +180,7 @@ impl Envelope {
                     source: src.octets(),
                     destination: dst.octets(),
                 };
-                h.set_payload_length(l4_len)
-                    .expect("frame too large for IPv6");
+                h.set_payload_length(l4_len).expect("frame too large for IPv6");
                 h.set_dscp(dscp);
                 h.set_ecn(ecn);
                 IpHeader::V6(h)
@@ -199,11 +197,7 @@ impl Envelope {
         let eth = Ethernet2Header {
             source: self.src_mac,
             destination: self.dst_mac,
-            ether_type: if self.vlan.is_some() {
-                EtherType::VLAN_TAGGED_FRAME
-            } else {
-                ip_type
-            },
+            ether_type: if self.vlan.is_some() { EtherType::VLAN_TAGGED_FRAME } else { ip_type },
         };
         let mut out = Vec::with_capacity(64 + l4.len());
         out.extend_from_slice(&eth.to_bytes());
@@ -285,9 +279,7 @@ pub fn build_roce_frame(spec: &RoceFrameSpec) -> Vec<u8> {
     let crc = icrc_of(&ip.to_bytes(), &udp);
     udp[udp_len - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
     if let IpHeader::V6(h) = &ip {
-        let sum = udp_header
-            .calc_checksum_ipv6(h, &udp[UDP_HEADER_LEN..])
-            .expect("UDP payload fits");
+        let sum = udp_header.calc_checksum_ipv6(h, &udp[UDP_HEADER_LEN..]).expect("UDP payload fits");
         udp[6..8].copy_from_slice(&sum.to_be_bytes());
     }
     envelope.frame(&ip, &udp)
@@ -370,16 +362,11 @@ struct Located<'a> {
 }
 
 fn locate(frame: &[u8]) -> Result<Located<'_>, PacketError> {
-    let sliced =
-        SlicedPacket::from_ethernet(frame).map_err(|e| PacketError::Malformed(e.to_string()))?;
+    let sliced = SlicedPacket::from_ethernet(frame).map_err(|e| PacketError::Malformed(e.to_string()))?;
     if !matches!(sliced.link, Some(LinkSlice::Ethernet2(_))) {
         return Err(PacketError::NotEthernet);
     }
-    if sliced
-        .link_exts
-        .iter()
-        .any(|e| matches!(e, LinkExtSlice::Macsec(_)))
-    {
+    if sliced.link_exts.iter().any(|e| matches!(e, LinkExtSlice::Macsec(_))) {
         return Err(PacketError::UnsupportedLinkExt);
     }
     let (net_start, payload_start) = match &sliced.net {
@@ -411,11 +398,7 @@ fn locate(frame: &[u8]) -> Result<Located<'_>, PacketError> {
     let offset = |p: *const u8| p as usize - frame.as_ptr() as usize;
     let ip_header = &frame[offset(net_start)..offset(payload_start)];
     let udp = udp.slice();
-    Ok(Located {
-        sliced,
-        ip_header,
-        udp,
-    })
+    Ok(Located { sliced, ip_header, udp })
 }
 
 impl Located<'_> {
@@ -488,26 +471,12 @@ pub fn parse_roce(frame: &[u8]) -> Result<ParsedRoce, PacketError> {
             let h = v4.header();
             let ok = internet_checksum(h.slice()) == 0;
             let (src, dst) = (h.source_addr().into(), h.destination_addr().into());
-            (
-                src,
-                dst,
-                h.ttl(),
-                h.dcp().value(),
-                h.ecn().value(),
-                Some(ok),
-            )
+            (src, dst, h.ttl(), h.dcp().value(), h.ecn().value(), Some(ok))
         }
         Some(NetSlice::Ipv6(v6)) => {
             let h = v6.header();
             let (src, dst) = (h.source_addr().into(), h.destination_addr().into());
-            (
-                src,
-                dst,
-                h.hop_limit(),
-                h.dscp().value(),
-                h.ecn().value(),
-                None,
-            )
+            (src, dst, h.hop_limit(), h.dscp().value(), h.ecn().value(), None)
         }
         _ => return Err(PacketError::NotIp),
     };
@@ -587,16 +556,10 @@ mod tests {
     fn sample_specs() -> Vec<RoceFrameSpec> {
         let mut specs = Vec::new();
         for (i, base) in [v4_spec(), v6_spec()].into_iter().enumerate() {
-            for (j, &(vlan, payload_len)) in [
-                (None, 0),
-                (Some(100), 1),
-                (None, 2),
-                (Some(4094), 3),
-                (None, 4096),
-                (Some(7), 4093),
-            ]
-            .iter()
-            .enumerate()
+            for (j, &(vlan, payload_len)) in
+                [(None, 0), (Some(100), 1), (None, 2), (Some(4094), 3), (None, 4096), (Some(7), 4093)]
+                    .iter()
+                    .enumerate()
             {
                 let mut s = base.clone();
                 s.vlan = vlan;
@@ -631,31 +594,14 @@ mod tests {
             let pad = (4 - spec.payload_len % 4) % 4;
             let udp_len = 8 + BTH_LEN + spec.payload_len + pad + ICRC_LEN;
             assert_eq!(f.len(), ip + 20 + udp_len);
-            assert_eq!(
-                internet_checksum(&f[ip..ip + 20]),
-                0,
-                "IPv4 header checksum"
-            );
-            assert_eq!(
-                u16::from_be_bytes([f[ip + 2], f[ip + 3]]) as usize,
-                20 + udp_len
-            );
+            assert_eq!(internet_checksum(&f[ip..ip + 20]), 0, "IPv4 header checksum");
+            assert_eq!(u16::from_be_bytes([f[ip + 2], f[ip + 3]]) as usize, 20 + udp_len);
             assert_eq!(f[ip + 6] & 0x40, 0x40, "DF set");
             assert_eq!(f[ip + 9], 17);
             let udp = ip + 20;
-            assert_eq!(
-                u16::from_be_bytes([f[udp + 2], f[udp + 3]]),
-                ROCEV2_UDP_PORT
-            );
-            assert_eq!(
-                u16::from_be_bytes([f[udp + 4], f[udp + 5]]) as usize,
-                udp_len
-            );
-            assert_eq!(
-                f[udp + 6..udp + 8],
-                [0, 0],
-                "IPv4 RoCE sends UDP checksum 0"
-            );
+            assert_eq!(u16::from_be_bytes([f[udp + 2], f[udp + 3]]), ROCEV2_UDP_PORT);
+            assert_eq!(u16::from_be_bytes([f[udp + 4], f[udp + 5]]) as usize, udp_len);
+            assert_eq!(f[udp + 6..udp + 8], [0, 0], "IPv4 RoCE sends UDP checksum 0");
             assert_eq!((f[udp + 9] >> 4) & 3, pad as u8, "BTH pad count");
             assert_eq!((BTH_LEN + spec.payload_len + pad) % 4, 0);
         }
@@ -668,20 +614,13 @@ mod tests {
             let ip = eth_ip_offset(&f);
             let udp_len = f.len() - ip - 40;
             assert_eq!(u16::from_be_bytes([f[ip + 4], f[ip + 5]]) as usize, udp_len);
-            assert_eq!(
-                u16::from_be_bytes([f[ip + 44], f[ip + 45]]) as usize,
-                udp_len
-            );
+            assert_eq!(u16::from_be_bytes([f[ip + 44], f[ip + 45]]) as usize, udp_len);
             // Pseudo-header + UDP datagram sums to zero when the checksum is right.
             let mut pseudo = f[ip + 8..ip + 40].to_vec();
             pseudo.extend_from_slice(&(udp_len as u32).to_be_bytes());
             pseudo.extend_from_slice(&[0, 0, 0, 17]);
             pseudo.extend_from_slice(&f[ip + 40..]);
-            assert_ne!(
-                f[ip + 46..ip + 48],
-                [0, 0],
-                "IPv6 UDP checksum is mandatory"
-            );
+            assert_ne!(f[ip + 46..ip + 48], [0, 0], "IPv6 UDP checksum is mandatory");
             assert_eq!(internet_checksum(&pseudo), 0, "IPv6 UDP checksum");
         }
     }
@@ -729,14 +668,8 @@ mod tests {
     fn parse_rejects_non_roce_and_broken_frames() {
         let spec = v4_spec();
         let f = build_roce_frame(&spec);
-        assert!(matches!(
-            parse_roce(&f[..30]),
-            Err(PacketError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_roce(&f[..f.len() - 1]),
-            Err(PacketError::Malformed(_))
-        ));
+        assert!(matches!(parse_roce(&f[..30]), Err(PacketError::Malformed(_))));
+        assert!(matches!(parse_roce(&f[..f.len() - 1]), Err(PacketError::Malformed(_))));
         let udp = build_udp_frame(&spec.plain(1234, 53, 40));
         assert_eq!(parse_roce(&udp), Err(PacketError::NotRoce(53)));
         let tcp = build_tcp_frame(&spec.plain(1234, ROCEV2_UDP_PORT, 40));
@@ -755,10 +688,7 @@ mod tests {
             for vlan in [None, Some(5)] {
                 let mut spec = base.plain(40000, 80, 33);
                 spec.vlan = vlan;
-                for (f, tcp) in [
-                    (build_udp_frame(&spec), false),
-                    (build_tcp_frame(&spec), true),
-                ] {
+                for (f, tcp) in [(build_udp_frame(&spec), false), (build_tcp_frame(&spec), true)] {
                     let s = SlicedPacket::from_ethernet(&f).unwrap();
                     assert_eq!(s.vlan_ids().first().map(|v| v.value()), vlan);
                     match (s.transport.unwrap(), tcp) {
@@ -821,12 +751,8 @@ mod tests {
             let bth = f.len() - 4 - base.payload_len - BTH_LEN;
             reserved[bth + 4] |= 0x3F;
             assert_eq!(icrc(&reserved).unwrap(), crc);
-            let protected: [fn(&mut RoceFrameSpec); 4] = [
-                |s| s.bth.dest_qp ^= 1,
-                |s| s.bth.psn ^= 1,
-                |s| s.src_port ^= 1,
-                |s| s.bth.opcode = opcode::SEND_LAST,
-            ];
+            let protected: [fn(&mut RoceFrameSpec); 4] =
+                [|s| s.bth.dest_qp ^= 1, |s| s.bth.psn ^= 1, |s| s.src_port ^= 1, |s| s.bth.opcode = opcode::SEND_LAST];
             for change in protected {
                 let mut s = base.clone();
                 change(&mut s);
@@ -894,10 +820,7 @@ mod tests {
 
     fn unhex(s: &str) -> Vec<u8> {
         let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
-        digits
-            .chunks(2)
-            .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
-            .collect()
+        digits.chunks(2).map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
     }
 
     fn hex(b: &[u8]) -> String {
@@ -978,10 +901,7 @@ sys.exit(1 if bad else 0)
     /// pyenv or venv `python3` earlier on PATH does not see.
     fn python_with_scapy() -> Option<&'static str> {
         ["python3", "/usr/bin/python3"].into_iter().find(|py| {
-            Command::new(py)
-                .args(["-c", "import scapy.contrib.roce"])
-                .output()
-                .is_ok_and(|o| o.status.success())
+            Command::new(py).args(["-c", "import scapy.contrib.roce"]).output().is_ok_and(|o| o.status.success())
         })
     }
 
@@ -1002,12 +922,7 @@ sys.exit(1 if bad else 0)
         let path = std::env::temp_dir().join(format!("rocev2-scapy-{}.hex", std::process::id()));
         let text: String = frames.iter().map(|f| hex(f) + "\n").collect();
         std::fs::write(&path, text).unwrap();
-        let out = Command::new(python)
-            .arg("-c")
-            .arg(SCAPY_SCRIPT)
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = Command::new(python).arg("-c").arg(SCAPY_SCRIPT).arg(&path).output().unwrap();
         let _ = std::fs::remove_file(&path);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);

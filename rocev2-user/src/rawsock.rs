@@ -31,12 +31,7 @@ fn os_err(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-fn setsockopt_int(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
+fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: `value` outlives the call and its size is passed with it.
     let rc = unsafe {
         libc::setsockopt(
@@ -58,9 +53,8 @@ impl PacketSocket {
     /// Opens a packet socket on `ifname` (needs CAP_NET_RAW in the current
     /// network namespace). Only frames of that interface are ever queued.
     pub fn open(ifname: &str) -> io::Result<Self> {
-        let name = CString::new(ifname).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "interface name contains NUL")
-        })?;
+        let name = CString::new(ifname)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name contains NUL"))?;
         // SAFETY: `name` is a valid NUL-terminated string.
         let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
         if ifindex == 0 {
@@ -119,23 +113,16 @@ impl PacketSocket {
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         loop {
             // SAFETY: `frame` is valid for reads of its length.
-            let n =
-                unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
             if n >= 0 {
                 if n as usize != frame.len() {
-                    return Err(io::Error::other(format!(
-                        "sent {n} of {} bytes",
-                        frame.len()
-                    )));
+                    return Err(io::Error::other(format!("sent {n} of {} bytes", frame.len())));
                 }
                 return Ok(());
             }
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("send {} bytes: {e}", frame.len()),
-                ));
+                return Err(io::Error::new(e.kind(), format!("send {} bytes: {e}", frame.len())));
             }
         }
     }
@@ -154,11 +141,7 @@ impl PacketSocket {
             if left.is_zero() {
                 return Ok(None);
             }
-            let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // Round up so a sub-millisecond remainder does not busy-loop.
             let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
             // SAFETY: one valid pollfd.
@@ -177,19 +160,13 @@ impl PacketSocket {
         loop {
             // Leave room in front of the frame for a VLAN tag to reinsert.
             if buf.len() < VLAN_TAG_LEN + ETH_ADDRS_LEN {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "receive buffer too small",
-                ));
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "receive buffer too small"));
             }
             let room = buf.len() - VLAN_TAG_LEN;
             // SAFETY: all-zero is valid for these C structs.
             let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
             let mut cmsg_buf = [0u64; 8]; // 64 bytes, 8-aligned: one auxdata cmsg
-            let mut iov = libc::iovec {
-                iov_base: buf[VLAN_TAG_LEN..].as_mut_ptr().cast(),
-                iov_len: room,
-            };
+            let mut iov = libc::iovec { iov_base: buf[VLAN_TAG_LEN..].as_mut_ptr().cast(), iov_len: room };
             let mut msg: libc::msghdr = unsafe { zeroed() };
             msg.msg_name = (&mut addr as *mut libc::sockaddr_ll).cast();
             msg.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -200,13 +177,7 @@ impl PacketSocket {
 
             // MSG_TRUNC: return the real frame length, to detect truncation.
             // SAFETY: msg points at live buffers of the sizes given.
-            let n = unsafe {
-                libc::recvmsg(
-                    self.fd.as_raw_fd(),
-                    &mut msg,
-                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                )
-            };
+            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
@@ -224,10 +195,7 @@ impl PacketSocket {
             if n > room || total > buf.len() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!(
-                        "frame of {total} bytes does not fit a {}-byte buffer",
-                        buf.len()
-                    ),
+                    format!("frame of {total} bytes does not fit a {}-byte buffer", buf.len()),
                 ));
             }
             if n < ETH_ADDRS_LEN {
@@ -242,10 +210,7 @@ impl PacketSocket {
                     buf[ETH_ADDRS_LEN..ETH_ADDRS_LEN + 2].copy_from_slice(&tpid.to_be_bytes());
                     buf[ETH_ADDRS_LEN + 2..ETH_ADDRS_LEN + 4].copy_from_slice(&tci.to_be_bytes());
                 }
-                None => buf.copy_within(
-                    VLAN_TAG_LEN + ETH_ADDRS_LEN..VLAN_TAG_LEN + n,
-                    ETH_ADDRS_LEN,
-                ),
+                None => buf.copy_within(VLAN_TAG_LEN + ETH_ADDRS_LEN..VLAN_TAG_LEN + n, ETH_ADDRS_LEN),
             }
             return Ok(Some(total));
         }
@@ -260,16 +225,11 @@ fn vlan_from_cmsgs(msg: &libc::msghdr) -> Option<(u16, u16)> {
         let mut cmsg = libc::CMSG_FIRSTHDR(msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_PACKET && (*cmsg).cmsg_type == libc::PACKET_AUXDATA {
-                let aux: libc::tpacket_auxdata =
-                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                let aux: libc::tpacket_auxdata = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
                 if aux.tp_status & libc::TP_STATUS_VLAN_VALID == 0 {
                     return None;
                 }
-                let tpid = if aux.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                    aux.tp_vlan_tpid
-                } else {
-                    0x8100
-                };
+                let tpid = if aux.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 { aux.tp_vlan_tpid } else { 0x8100 };
                 return Some((tpid, aux.tp_vlan_tci));
             }
             cmsg = libc::CMSG_NXTHDR(msg, cmsg);
@@ -345,9 +305,7 @@ mod tests {
             Ok(got)
         })
         .unwrap();
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("receiver ready");
+        ready_rx.recv_timeout(Duration::from_secs(5)).expect("receiver ready");
 
         let to_send = sent.clone();
         in_netns(a.name(), move || {
@@ -359,10 +317,7 @@ mod tests {
             // Our own frames must not come back to us as received.
             let mut buf = vec![0u8; 2048];
             while let Some(n) = sock.recv(&mut buf, Duration::from_millis(200))? {
-                assert!(
-                    parse_roce(&buf[..n]).is_err(),
-                    "own transmitted frame was received"
-                );
+                assert!(parse_roce(&buf[..n]).is_err(), "own transmitted frame was received");
             }
             Ok(())
         })

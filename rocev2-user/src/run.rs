@@ -210,7 +210,12 @@ impl Runner {
         } else {
             Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?
         };
-        let state = RunState { pid: std::process::id(), config: config.path.clone(), netns: netns.clone(), ..Default::default() };
+        let state = RunState {
+            pid: std::process::id(),
+            config: config.path.clone(),
+            netns: netns.clone(),
+            ..Default::default()
+        };
         let mut runner = Runner {
             config: config.clone(),
             netns,
@@ -306,7 +311,8 @@ impl Runner {
         for (i, profile) in config.ecn_profiles.iter().enumerate() {
             maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
         }
-        let new_egress: Vec<(String, u32)> = config.egress.iter().zip(&links.egress).map(|(e, l)| (e.dev.clone(), l.ifindex)).collect();
+        let new_egress: Vec<(String, u32)> =
+            config.egress.iter().zip(&links.egress).map(|(e, l)| (e.dev.clone(), l.ifindex)).collect();
         for (_, ifindex) in self.egress.iter().filter(|old| !new_egress.contains(old)) {
             maps.remove_egress(*ifindex);
         }
@@ -329,11 +335,15 @@ impl Runner {
                 .iter()
                 .zip(group_links)
                 .map(|(m, link)| {
-                    old.and_then(|o| o.iter().find(|x| x.dev == m.dev && x.next_hop == m.next_hop && x.ifindex == link.ifindex).cloned())
-                        .unwrap_or_else(|| {
-                            let place = format!("{}:{}: {}", config.path.display(), m.loc.line, m.loc.key);
-                            MemberLive::from_link(place, &m.dev, m.next_hop, link)
-                        })
+                    old.and_then(|o| {
+                        o.iter()
+                            .find(|x| x.dev == m.dev && x.next_hop == m.next_hop && x.ifindex == link.ifindex)
+                            .cloned()
+                    })
+                    .unwrap_or_else(|| {
+                        let place = format!("{}:{}: {}", config.path.display(), m.loc.line, m.loc.key);
+                        MemberLive::from_link(place, &m.dev, m.next_hop, link)
+                    })
                 })
                 .collect();
             members.insert(group.name.clone(), list);
@@ -389,7 +399,8 @@ impl Runner {
             }
             println!("rocev2: stopped forwarding on {}", old.name);
         }
-        for port in new_ports.iter().filter(|n| !self.ports.iter().any(|o| o.name == n.name && o.ifindex == n.ifindex)) {
+        for port in new_ports.iter().filter(|n| !self.ports.iter().any(|o| o.name == n.name && o.ifindex == n.ifindex))
+        {
             match self.config.dataplane.attach {
                 Attach::Xdp => {
                     if self.dataplane.attach(&port.name, port.ifindex, self.mode)? {
@@ -551,7 +562,11 @@ impl Runner {
             .egress
             .iter()
             .enumerate()
-            .map(|(slot, e)| EgressState { name: e.dev.clone(), slot: slot as u32, rate_bytes_per_sec: e.rate_bytes_per_sec })
+            .map(|(slot, e)| EgressState {
+                name: e.dev.clone(),
+                slot: slot as u32,
+                rate_bytes_per_sec: e.rate_bytes_per_sec,
+            })
             .collect();
         self.state.classes = c.classes.iter().map(|c| c.name.clone()).collect();
         self.state.write(&c.dataplane.pin_dir)
@@ -596,19 +611,24 @@ async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
     let hint = "; `ip link` lists the interfaces (of this network namespace: rocev2 --netns NAME runs in another)";
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
-        let link = netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}{hint}")))?;
+        let link =
+            netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}{hint}")))?;
         links.ports.push(link);
     }
     for group in &config.groups {
         let mut list = Vec::new();
         for member in &group.members {
-            let link = netlink.link(&member.dev).await.map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}{hint}")))?;
+            let link = netlink
+                .link(&member.dev)
+                .await
+                .map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}{hint}")))?;
             list.push(link);
         }
         links.members.push(list);
     }
     for e in &config.egress {
-        let link = netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
+        let link =
+            netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
         links.egress.push(link);
     }
     Ok(links)
@@ -616,8 +636,11 @@ async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
 
 /// Resolves, concurrently, every `via` member without a MAC yet.
 async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String, Vec<MemberLive>>) {
-    let todo: Vec<&mut MemberLive> =
-        members.values_mut().flatten().filter(|m| m.dst_mac.is_none() && matches!(m.next_hop, NextHop::Via(_))).collect();
+    let todo: Vec<&mut MemberLive> = members
+        .values_mut()
+        .flatten()
+        .filter(|m| m.dst_mac.is_none() && matches!(m.next_hop, NextHop::Via(_)))
+        .collect();
     let started = Instant::now();
     let results = futures::future::join_all(todo.iter().map(|m| {
         let NextHop::Via(ip) = m.next_hop else { unreachable!("filtered above") };

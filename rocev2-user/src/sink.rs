@@ -216,7 +216,20 @@ impl SinkReport {
         );
         s.push_str(&format!(
             "  {:<22} {:<22} {:>8} {:>9} {:>11} {:>8} {:>6} {:>6} {:>17} {:>9} {:>11} {:>5} {:>8} {:>6}\n",
-            "SRC", "DST", "QP", "PACKETS", "BYTES", "DATA", "ACK", "CNP", "PSN FIRST..LAST", "REORDERED", "GAPS(MISS)", "DUP", "BADICRC", "CE"
+            "SRC",
+            "DST",
+            "QP",
+            "PACKETS",
+            "BYTES",
+            "DATA",
+            "ACK",
+            "CNP",
+            "PSN FIRST..LAST",
+            "REORDERED",
+            "GAPS(MISS)",
+            "DUP",
+            "BADICRC",
+            "CE"
         ));
         for q in self.qps.iter().take(TABLE_ROWS) {
             let ip = |a: Option<IpAddr>| a.map_or("-".to_string(), |a| a.to_string());
@@ -404,8 +417,12 @@ impl Sink {
         if let Some(d) = args.duration {
             anyhow::ensure!(d.is_finite() && d > 0.0, "--duration must be a positive number of seconds");
         }
-        anyhow::ensure!(args.idle_exit.is_finite() && args.idle_exit > 0.0, "--idle-exit must be a positive number of seconds");
-        let socket = PacketSocket::open(&args.dev).with_context(|| format!("cannot open a packet socket on {:?}", args.dev))?;
+        anyhow::ensure!(
+            args.idle_exit.is_finite() && args.idle_exit > 0.0,
+            "--idle-exit must be a positive number of seconds"
+        );
+        let socket =
+            PacketSocket::open(&args.dev).with_context(|| format!("cannot open a packet socket on {:?}", args.dev))?;
         Ok(Self { socket, args: args.clone() })
     }
 
@@ -429,7 +446,11 @@ impl Sink {
             // Idle is judged only when a receive found no RoCEv2 frame, so
             // frames queued while this thread was not scheduled still count.
             let idle_now = || last.is_some_and(|t: Instant| t.elapsed() >= idle);
-            let Some(n) = self.socket.recv(&mut buf, Duration::from_millis(100)).with_context(|| format!("receiving on {}", self.args.dev))? else {
+            let Some(n) = self
+                .socket
+                .recv(&mut buf, Duration::from_millis(100))
+                .with_context(|| format!("receiving on {}", self.args.dev))?
+            else {
                 if idle_now() {
                     break;
                 }
@@ -500,12 +521,32 @@ mod tests {
                 dscp: 26,
                 ecn: 3,
                 src_port: 0xC000,
-                bth: Bth { opcode: op, solicited: false, pad_count: 0, pkey: 0xFFFF, fecn: false, becn: op == opcode::CNP, dest_qp: qp, ack_req: false, psn },
+                bth: Bth {
+                    opcode: op,
+                    solicited: false,
+                    pad_count: 0,
+                    pkey: 0xFFFF,
+                    fecn: false,
+                    becn: op == opcode::CNP,
+                    dest_qp: qp,
+                    ack_req: false,
+                    psn,
+                },
                 payload_len: 16,
             })
         };
         let mut t = Tally::default();
-        for (qp, psn, op) in [(1, 0, 7), (1, 2, 7), (1, 1, 7), (1, 3, 7), (2, 0, 7), (2, 0, 7), (1, 0, opcode::CNP), (1, 0, opcode::CNP), (1, 9, opcode::ACK)] {
+        for (qp, psn, op) in [
+            (1, 0, 7),
+            (1, 2, 7),
+            (1, 1, 7),
+            (1, 3, 7),
+            (2, 0, 7),
+            (2, 0, 7),
+            (1, 0, opcode::CNP),
+            (1, 0, opcode::CNP),
+            (1, 9, opcode::ACK),
+        ] {
             t.frame(&frame(qp, psn, op));
         }
         let mut bad = frame(2, 1, 7);

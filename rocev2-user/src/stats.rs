@@ -120,7 +120,8 @@ impl Snapshot {
         if !self.egress.is_empty() {
             out.push_str("\nEGRESS            RATE            QUEUE  HIGH-WATER  COUNTERS\n");
             for e in &self.egress {
-                let counters: Vec<String> = e.counters.iter().filter(|(_, v)| **v != 0).map(|(k, v)| format!("{k}={v}")).collect();
+                let counters: Vec<String> =
+                    e.counters.iter().filter(|(_, v)| **v != 0).map(|(k, v)| format!("{k}={v}")).collect();
                 out.push_str(&format!(
                     "{:<17} {:>8.2} Gbit/s {:>7} {:>11}  {}\n",
                     e.name,

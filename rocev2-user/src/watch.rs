@@ -44,7 +44,11 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
             Ok(now) => now,
             Err(e) => {
                 let mut stdout = std::io::stdout().lock();
-                write!(stdout, "{CLEAR}rocev2 stats --watch  pin_dir {}\n\nwaiting for `rocev2 run`: {e:#}\n", pin_dir.display())?;
+                write!(
+                    stdout,
+                    "{CLEAR}rocev2 stats --watch  pin_dir {}\n\nwaiting for `rocev2 run`: {e:#}\n",
+                    pin_dir.display()
+                )?;
                 stdout.flush()?;
                 continue;
             }
@@ -78,11 +82,7 @@ fn counter(counters: &std::collections::BTreeMap<&'static str, u64>, name: &str)
 
 /// Sum of every counter whose name starts with `prefix`.
 fn sum_prefix(counters: &std::collections::BTreeMap<&'static str, u64>, prefix: &str) -> u64 {
-    PortCounter::ALL
-        .iter()
-        .filter(|c| c.name().starts_with(prefix))
-        .map(|c| counter(counters, c.name()))
-        .sum()
+    PortCounter::ALL.iter().filter(|c| c.name().starts_with(prefix)).map(|c| counter(counters, c.name())).sum()
 }
 
 /// Per-second rates between two snapshots: per port rx/forwarded/passed/
@@ -93,7 +93,8 @@ pub fn render_rates(prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> Strin
     let secs = elapsed.as_secs_f64().max(1e-9);
     let rate = |new: u64, old: u64| new.saturating_sub(old) as f64 / secs;
     let mut out = String::new();
-    let _ = writeln!(out, "{:<16} {:>12} {:>12} {:>12} {:>12}", "PORT", "RX pps", "FORWARD pps", "PASS pps", "DROP pps");
+    let _ =
+        writeln!(out, "{:<16} {:>12} {:>12} {:>12} {:>12}", "PORT", "RX pps", "FORWARD pps", "PASS pps", "DROP pps");
     for port in &now.ports {
         let old = prev.ports.iter().find(|p| p.name == port.name);
         let get = |f: &dyn Fn(&std::collections::BTreeMap<&'static str, u64>) -> u64| {
@@ -178,9 +179,19 @@ mod tests {
     #[test]
     fn rates_are_per_second_with_shares_and_bars() {
         use PortCounter::*;
-        let prev = snapshot(&[(RxPackets, 1000), (Forwarded, 900), (PassNotIp, 50), (DropRunt, 5)], &[("u1", 100), ("u2", 100)]);
+        let prev = snapshot(
+            &[(RxPackets, 1000), (Forwarded, 900), (PassNotIp, 50), (DropRunt, 5)],
+            &[("u1", 100), ("u2", 100)],
+        );
         let now = snapshot(
-            &[(RxPackets, 3000), (Forwarded, 2700), (PassNotIp, 150), (PassLocal, 100), (DropRunt, 5), (DropBadIpHeader, 10)],
+            &[
+                (RxPackets, 3000),
+                (Forwarded, 2700),
+                (PassNotIp, 150),
+                (PassLocal, 100),
+                (DropRunt, 5),
+                (DropBadIpHeader, 10),
+            ],
             &[("u1", 1600), ("u2", 400), ("u33", 0)],
         );
         let text = render_rates(&prev, &now, Duration::from_secs(2));
@@ -206,7 +217,10 @@ mod tests {
         let p0: Vec<&str> = text.lines().find(|l| l.starts_with("p0")).unwrap().split_whitespace().collect();
         assert_eq!(p0[1], "0", "{text}");
         // u2 is new: counted from zero, 20 packets in 0.5 s.
-        assert!(text.lines().any(|l| l.trim_start().starts_with("u2 ") && l.contains(" 40 ") && l.contains("100.0%")), "{text}");
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with("u2 ") && l.contains(" 40 ") && l.contains("100.0%")),
+            "{text}"
+        );
         // Zero elapsed time must not divide by zero into inf/NaN text.
         let text = render_rates(&now, &now, Duration::ZERO);
         assert!(!text.contains("inf") && !text.contains("NaN"), "{text}");

@@ -115,12 +115,8 @@ pub fn two_group_dataplane(seed: u32, members: &[MemberSpec], routes: &[(&str, u
 
 fn with_two_groups(mut dp: Dataplane, seed: u32, members: &[MemberSpec], routes: &[(&str, u32)]) -> Dataplane {
     dp.maps.set_hash_seed(seed).unwrap();
-    dp.maps
-        .publish_group(QP_GROUP, HashMode::Qp, members)
-        .unwrap();
-    dp.maps
-        .publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, members)
-        .unwrap();
+    dp.maps.publish_group(QP_GROUP, HashMode::Qp, members).unwrap();
+    dp.maps.publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, members).unwrap();
     sync_routes(&mut dp, routes);
     dp
 }

@@ -25,9 +25,9 @@ pub fn require_root() {
 /// The `rocev2` binary the netns tests start (`cargo xtask test` builds it
 /// and sets ROCEV2_BIN).
 pub fn rocev2_bin() -> PathBuf {
-    let path = std::env::var_os("ROCEV2_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/rocev2")
-    });
+    let path = std::env::var_os("ROCEV2_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/rocev2"));
     assert!(
         path.exists(),
         "{} does not exist: build it first (`cargo xtask test` does) or set ROCEV2_BIN",

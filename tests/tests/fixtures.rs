@@ -17,7 +17,7 @@ use rocev2_common::{
 use rocev2_tests::{
     action_name,
     fixture::{
-        bth, dst6, expected_forward, leaf_member, members, roce_spec, seeded_dataplane, fix_ipv4_checksum, src6,
+        bth, dst6, expected_forward, fix_ipv4_checksum, leaf_member, members, roce_spec, seeded_dataplane, src6,
         with_ipv4_options, DST4, DST4_FIVE_TUPLE, HOST_MAC, LOCAL4, PORT_MAC, PORT_SLOT, QP_GROUP, SRC4, UNROUTED4,
     },
     test_run, XDP_DROP, XDP_PASS, XDP_REDIRECT,
@@ -129,7 +129,11 @@ fn rows() -> Vec<Row> {
 
     // --- to the kernel stack ---------------------------------------------
     let pass = |name, frame, counter| Row { name, frame, action: XDP_PASS, counter, expect: Expect::Unchanged };
-    rows.push(pass("TTL 1 goes to the kernel for ICMP", build_roce_frame(&roce_v4(DST4, 1, qp)), PortCounter::PassTtlExpired));
+    rows.push(pass(
+        "TTL 1 goes to the kernel for ICMP",
+        build_roce_frame(&roce_v4(DST4, 1, qp)),
+        PortCounter::PassTtlExpired,
+    ));
     rows.push(pass("TTL 0", build_roce_frame(&roce_v4(DST4, 0, qp)), PortCounter::PassTtlExpired));
     rows.push(pass(
         "IPv6 hop limit 1",
@@ -145,7 +149,11 @@ fn rows() -> Vec<Row> {
     ));
     rows.push(pass("first fragment (MF set)", ipv4_fragment(0x2000), PortCounter::PassFragment));
     rows.push(pass("later fragment (offset set)", ipv4_fragment(0x00B9), PortCounter::PassFragment));
-    rows.push(pass("IPv4 with options (4 NOPs), RoCE", with_nop_options(build_roce_frame(&roce_v4(DST4, 64, qp))), PortCounter::PassIpv4Options));
+    rows.push(pass(
+        "IPv4 with options (4 NOPs), RoCE",
+        with_nop_options(build_roce_frame(&roce_v4(DST4, 64, qp))),
+        PortCounter::PassIpv4Options,
+    ));
     rows.push(pass("IPv6 with a hop-by-hop extension header", ipv6_with_hop_by_hop(), PortCounter::PassIpv6ExtHeader));
     rows.push(pass("ARP", arp_request(), PortCounter::PassNotIp));
     let mut multicast = build_roce_frame(&roce_v4(DST4, 64, qp));
@@ -308,7 +316,12 @@ fn member_counters_follow_the_hash() {
 fn a_half_updated_group_entry_still_forwards() {
     let four = members();
     let mut dp = seeded_dataplane(&[]);
-    for (list, what) in [(&four[..3], "a member leaves"), (&four[..], "it comes back"), (&four[..2], "two leave"), (&four[..], "both come back")] {
+    for (list, what) in [
+        (&four[..3], "a member leaves"),
+        (&four[..], "it comes back"),
+        (&four[..2], "two leave"),
+        (&four[..], "both come back"),
+    ] {
         let old = dp.maps.group(QP_GROUP).unwrap();
         dp.maps.publish_group(QP_GROUP, HashMode::Qp, list).unwrap();
         let new = dp.maps.group(QP_GROUP).unwrap();
@@ -366,7 +379,8 @@ fn route_changes_take_effect_for_cached_destinations() {
     );
     let with = |extra: &[(&'static str, u32)]| base.iter().chain(extra).copied().collect::<Vec<_>>();
     // The cached destination's prefix becomes local, then disappears.
-    let local: Vec<_> = base.iter().map(|(p, g)| if *p == "10.1.0.0/16" { (*p, ROUTE_LOCAL) } else { (*p, *g) }).collect();
+    let local: Vec<_> =
+        base.iter().map(|(p, g)| if *p == "10.1.0.0/16" { (*p, ROUTE_LOCAL) } else { (*p, *g) }).collect();
     sync_routes(&mut dp, &local);
     assert_eq!(send(&mut dp, DST4), XDP_PASS, "now local");
     let unrouted: Vec<_> = base.iter().filter(|(p, _)| *p != "10.1.0.0/16").copied().collect();
@@ -392,8 +406,12 @@ fn route_changes_take_effect_for_cached_destinations() {
 /// other forwards to it for a second.
 #[test]
 fn re_adding_an_egress_device_never_fails_a_redirect() {
+    use rocev2_user::{
+        dataplane::Maps,
+        gen::{allowed_cpus, CpuPin},
+        netns::unique_name,
+    };
     use std::sync::atomic::{AtomicBool, Ordering};
-    use rocev2_user::{dataplane::Maps, gen::{allowed_cpus, CpuPin}, netns::unique_name};
 
     let cpus = allowed_cpus().unwrap();
     assert!(cpus.len() >= 2, "needs two CPUs to race a map update against forwarding, has {cpus:?}");

@@ -3,12 +3,7 @@
 //! order, with valid ICRCs and the requested ECN codepoint. Plus an
 //! independent check of the generator's frames with scapy.
 
-use std::{
-    net::IpAddr,
-    process::Command,
-    sync::mpsc,
-    time::Duration,
-};
+use std::{net::IpAddr, process::Command, sync::mpsc, time::Duration};
 
 use rocev2_common::bth::opcode;
 use rocev2_tests::require_root;
@@ -264,7 +259,11 @@ fn live_frames_remove_the_holds_of_killed_gens() {
     assert_eq!(report.packets, 8);
 
     let links = p.gen_ns.exec(&["ip", "-o", "link", "show"]).unwrap();
-    let has = |name: &str| links.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|n| n.trim_end_matches(':').split('@').next() == Some(name)));
+    let has = |name: &str| {
+        links.lines().any(|l| {
+            l.split_whitespace().nth(1).is_some_and(|n| n.trim_end_matches(':').split('@').next() == Some(name))
+        })
+    };
     assert!(!has(&orphan) && !has(&format!("{orphan}p")), "the killed gen's hold is still there:\n{links}");
     assert!(has(&kept), "the running process's hold was deleted:\n{links}");
     // This gen's own hold went with it.
@@ -322,7 +321,12 @@ for line in open(sys.argv[1]):
     let path = std::env::temp_dir().join(format!("rocev2-gen-scapy-{}.hex", std::process::id()));
     let hex: String = frames.iter().map(|f| f.iter().map(|b| format!("{b:02x}")).collect::<String>() + "\n").collect();
     std::fs::write(&path, hex).unwrap();
-    let out = Command::new("/usr/bin/python3").arg("-c").arg(SCRIPT).arg(&path).output().expect("run /usr/bin/python3 (apt-get install python3-scapy)");
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(&path)
+        .output()
+        .expect("run /usr/bin/python3 (apt-get install python3-scapy)");
     let _ = std::fs::remove_file(&path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "scapy failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));

@@ -112,7 +112,10 @@ fn counters(lab: &EcmpLab, maps: &[(&str, &Maps)]) -> Counters {
 fn received(before: &Counters, after: &Counters) -> i64 {
     let d = |k: String| after[&k] - before[&k];
     (1..=UPLINKS)
-        .map(|i| d(format!("up{i}.rx_queue_0_xdp_packets")) - (d(format!("u{i}.tx_packets")) - d(format!("u{i}.tx_queue_0_xdp_xmit"))))
+        .map(|i| {
+            d(format!("up{i}.rx_queue_0_xdp_packets"))
+                - (d(format!("u{i}.tx_packets")) - d(format!("u{i}.tx_queue_0_xdp_xmit")))
+        })
         .sum()
 }
 
@@ -188,7 +191,12 @@ fn hitless_at_a_high_packet_rate() {
         let sender = lab.sender.name().to_string();
         let flag = stop.clone();
         let stream = thread::spawn(move || -> anyhow::Result<GenReport> {
-            let mut args = GenArgs::new("snd0", &format_mac(&rocev2_user::lab::SWITCH_PORT_MAC), "10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap());
+            let mut args = GenArgs::new(
+                "snd0",
+                &format_mac(&rocev2_user::lab::SWITCH_PORT_MAC),
+                "10.0.0.1".parse().unwrap(),
+                DEST_V4.parse().unwrap(),
+            );
             args.mode = GenMode::LiveFrames;
             args.qps = 64;
             args.payload = 64;
@@ -239,7 +247,9 @@ fn hitless_at_a_high_packet_rate() {
             if w.pps >= MIN_PPS || w.received != w.sent as i64 || attempt == MAX_ATTEMPTS {
                 return w;
             }
-            println!("MEASURED: {what}: below 1 Mpps without loss; attempt {attempt} of {MAX_ATTEMPTS}, measuring again");
+            println!(
+                "MEASURED: {what}: below 1 Mpps without loss; attempt {attempt} of {MAX_ATTEMPTS}, measuring again"
+            );
             attempt += 1;
         }
     };
@@ -288,7 +298,14 @@ fn hitless_at_a_high_packet_rate() {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let group_packets = |s: &serde_json::Value, name: &str| -> u64 {
-        s["groups"].as_array().unwrap().iter().filter(|g| g["name"] == name).flat_map(|g| g["members"].as_array().unwrap().iter()).map(|m| m["packets"].as_u64().unwrap()).sum()
+        s["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["name"] == name)
+            .flat_map(|g| g["members"].as_array().unwrap().iter())
+            .map(|m| m["packets"].as_u64().unwrap())
+            .sum()
     };
     windows.push(window("reloads adding, retargeting and removing a route", &mut || {
         std::fs::write(&config, &with_pair).unwrap();
@@ -316,14 +333,30 @@ fn hitless_at_a_high_packet_rate() {
         let second = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
         assert!(second.output().contains("took over p0"), "{}", second.output());
         // Printed per attempt: a retried window shows every takeover.
-        println!("MEASURED: handover: the new rocev2 run took over {:.2} s after SIGUSR1 to the old one", started.elapsed().as_secs_f64());
+        println!(
+            "MEASURED: handover: the new rocev2 run took over {:.2} s after SIGUSR1 to the old one",
+            started.elapsed().as_secs_f64()
+        );
         first = Some(second);
     }));
     first.take().unwrap().stop().unwrap();
 
     for w in &windows {
-        assert!(w.pps >= MIN_PPS, "{}: the stream ran at {:.3} Mpps, below the 1 Mpps this test is about (a busy machine?)", w.what, w.pps / 1e6);
-        assert_eq!(w.received, w.sent as i64, "{}: lost {} of {} packets at {:.2} Mpps", w.what, w.sent as i64 - w.received, w.sent, w.pps / 1e6);
+        assert!(
+            w.pps >= MIN_PPS,
+            "{}: the stream ran at {:.3} Mpps, below the 1 Mpps this test is about (a busy machine?)",
+            w.what,
+            w.pps / 1e6
+        );
+        assert_eq!(
+            w.received,
+            w.sent as i64,
+            "{}: lost {} of {} packets at {:.2} Mpps",
+            w.what,
+            w.sent as i64 - w.received,
+            w.sent,
+            w.pps / 1e6
+        );
     }
 }
 

@@ -36,14 +36,16 @@ use rocev2_common::{
 use rocev2_tests::{
     action_name,
     fixture::{
-        bth, dst6, expected_forward, l3_offset, leaf_member, roce_spec, seeded_dataplane, fix_ipv4_checksum, src6,
+        bth, dst6, expected_forward, fix_ipv4_checksum, l3_offset, leaf_member, roce_spec, seeded_dataplane, src6,
         with_ipv4_options, DST4, DST4_FIVE_TUPLE, FIVE_TUPLE_GROUP, LOCAL4, PORT_SLOT, QP_GROUP, SRC4, UNROUTED4,
     },
     test_run, XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
     dataplane::Dataplane,
-    packet::{build_roce_frame, build_tcp_frame, build_udp_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec},
+    packet::{
+        build_roce_frame, build_tcp_frame, build_udp_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec,
+    },
 };
 
 // Seeding: `seeded_dataplane`, the leaf of tests/src/fixture.rs, as in
@@ -485,7 +487,11 @@ fn rows() -> Vec<Row> {
         t.pass(format!("IPv4 TCP header of {n} bytes"), f, PassL4Truncated);
     }
     t.fwd("TCP to port 4791 is not RoCE", build_tcp_frame(&spec4(DST4, 64).plain(40000, 4791, 20)), Forwarded);
-    t.fwd("UDP from port 4791 (to 5000) is not RoCE", build_udp_frame(&spec4(DST4, 64).plain(4791, 5000, 20)), Forwarded);
+    t.fwd(
+        "UDP from port 4791 (to 5000) is not RoCE",
+        build_udp_frame(&spec4(DST4, 64).plain(4791, 5000, 20)),
+        Forwarded,
+    );
     for proto in [1u8, 47, 132, 255] {
         let mut f = udp4(9, 16);
         f[23] = proto;
@@ -547,7 +553,11 @@ fn rows() -> Vec<Row> {
     t.fwd("IPv4 TTL 255", build_roce_frame(&spec4(DST4, 255)), ForwardedRoce);
     t.fwd("IPv6 hop limit 2", build_roce_frame(&spec6(dst6(), 2)), ForwardedRoce);
     for dst in [Ipv4Addr::new(224, 0, 0, 1), Ipv4Addr::new(239, 1, 1, 1), Ipv4Addr::BROADCAST, Ipv4Addr::UNSPECIFIED] {
-        t.pass(format!("IPv4 destination {dst} with a unicast MAC (no route)"), build_roce_frame(&spec4(dst, 64)), PassNoRoute);
+        t.pass(
+            format!("IPv4 destination {dst} with a unicast MAC (no route)"),
+            build_roce_frame(&spec4(dst, 64)),
+            PassNoRoute,
+        );
     }
     t.pass(
         "IPv6 destination ff02::1 with a unicast MAC (no route)",
@@ -626,7 +636,8 @@ fn check_row(dp: &mut Dataplane, row: &Row) -> Vec<String> {
     }
     let want = expected_deltas(row);
     if out.deltas != want {
-        let show = |d: &[(PortCounter, u64)]| d.iter().map(|(c, n)| format!("{}+{n}", c.name())).collect::<Vec<_>>().join(" ");
+        let show =
+            |d: &[(PortCounter, u64)]| d.iter().map(|(c, n)| format!("{}+{n}", c.name())).collect::<Vec<_>>().join(" ");
         problems.push(format!("counters moved: {} (want {})", show(&out.deltas), show(&want)));
     }
     match row.kind {
@@ -782,7 +793,11 @@ fn default_route_special_destinations() {
     ];
     let mut rows = Table::default();
     for dst in dsts4 {
-        rows.fwd(format!("default route: IPv4 destination {dst}"), build_roce_frame(&spec4(dst, 64)), PortCounter::ForwardedRoce);
+        rows.fwd(
+            format!("default route: IPv4 destination {dst}"),
+            build_roce_frame(&spec4(dst, 64)),
+            PortCounter::ForwardedRoce,
+        );
     }
     for dst in ["ff02::1", "::1", "::"] {
         rows.fwd(
@@ -837,7 +852,10 @@ fn jumbo_frames() {
         assert_ne!(r.action, XDP_ABORTED, "{len} bytes v6={v6}");
         assert_eq!(r.action, XDP_REDIRECT, "{len} bytes v6={v6}: {what}; {moved}");
         assert_eq!(r.output.len(), len, "the whole frame comes back");
-        assert!(moved.contains(&format!("rx_bytes+{len}")) && moved.contains("forwarded_roce+1"), "{len} bytes: {moved}");
+        assert!(
+            moved.contains(&format!("rx_bytes+{len}")) && moved.contains("forwarded_roce+1"),
+            "{len} bytes: {moved}"
+        );
         let out = rocev2_user::packet::parse_roce(&r.output).unwrap();
         assert!(out.icrc_ok && out.ipv4_checksum_ok != Some(false), "{len} bytes: ICRC and checksum valid");
     }

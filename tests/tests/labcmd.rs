@@ -12,8 +12,8 @@ use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     config::Config,
     lab::DataplaneProcess,
-    netns,
     labcmd::{self, record_path, LabFamily, LabUpArgs},
+    netns,
 };
 
 /// A lab name unique to this process and call: 1-8 of [a-z0-9].
@@ -93,24 +93,44 @@ fn echo(dst: IpAddr, seq: u16) -> anyhow::Result<()> {
         let c = checksum(&packet);
         packet[2..4].copy_from_slice(&c.to_be_bytes());
     } // The kernel fills in the ICMPv6 checksum on raw sockets.
-    // SAFETY: plain socket syscalls on a descriptor owned by this function.
+      // SAFETY: plain socket syscalls on a descriptor owned by this function.
     unsafe {
         let fd = libc::socket(domain, libc::SOCK_RAW, proto);
         anyhow::ensure!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
         let tv = libc::timeval { tv_sec: 0, tv_usec: 200_000 };
-        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv as *const _ as *const _, std::mem::size_of_val(&tv) as u32);
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const _,
+            std::mem::size_of_val(&tv) as u32,
+        );
         let sent = match dst {
             IpAddr::V4(a) => {
                 let mut sa: libc::sockaddr_in = std::mem::zeroed();
                 sa.sin_family = libc::AF_INET as u16;
                 sa.sin_addr.s_addr = u32::from_ne_bytes(a.octets());
-                libc::sendto(fd, packet.as_ptr() as *const _, packet.len(), 0, &sa as *const _ as *const _, std::mem::size_of_val(&sa) as u32)
+                libc::sendto(
+                    fd,
+                    packet.as_ptr() as *const _,
+                    packet.len(),
+                    0,
+                    &sa as *const _ as *const _,
+                    std::mem::size_of_val(&sa) as u32,
+                )
             }
             IpAddr::V6(a) => {
                 let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
                 sa.sin6_family = libc::AF_INET6 as u16;
                 sa.sin6_addr.s6_addr = a.octets();
-                libc::sendto(fd, packet.as_ptr() as *const _, packet.len(), 0, &sa as *const _ as *const _, std::mem::size_of_val(&sa) as u32)
+                libc::sendto(
+                    fd,
+                    packet.as_ptr() as *const _,
+                    packet.len(),
+                    0,
+                    &sa as *const _ as *const _,
+                    std::mem::size_of_val(&sa) as u32,
+                )
             }
         };
         if sent < 0 {
@@ -128,7 +148,8 @@ fn echo(dst: IpAddr, seq: u16) -> anyhow::Result<()> {
             let data = &buf[..n as usize];
             // Raw IPv4 sockets see the IP header; IPv6 ones do not.
             let icmp = if dst.is_ipv4() { &data[usize::from(data[0] & 0xf) * 4..] } else { data };
-            if icmp.len() >= 8 && icmp[0] == reply && icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes() {
+            if icmp.len() >= 8 && icmp[0] == reply && icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes()
+            {
                 libc::close(fd);
                 return Ok(());
             }
@@ -151,7 +172,10 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
         assert!(list.contains(ns.as_str()), "{ns} missing from `ip netns list`:\n{list}");
     }
     let config_path = Path::new("/run/rocev2").join(format!("lab-{name}")).join("rtsw.toml");
-    assert!(printed.contains(&format!("rocev2 --netns {name}-rtsw run --config {}", config_path.display())), "{printed}");
+    assert!(
+        printed.contains(&format!("rocev2 --netns {name}-rtsw run --config {}", config_path.display())),
+        "{printed}"
+    );
     assert!(printed.contains(&format!("rocev2 lab down --name {name}")), "{printed}");
     assert!(printed.contains("gen --dev eth0 --dst-mac 02:52:32:10:00:01"), "{printed}");
 
@@ -175,8 +199,8 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     }
     assert!(status.contains("10.0.1.1/24") && !status.contains("dataplane attached"), "{status}");
 
-    let dataplane = DataplaneProcess::start(&rocev2_bin(), &format!("{name}-rtsw"), &config_path)
-        .expect("rocev2 run on the RTSW");
+    let dataplane =
+        DataplaneProcess::start(&rocev2_bin(), &format!("{name}-rtsw"), &config_path).expect("rocev2 run on the RTSW");
     let pings = [
         ping(&format!("{name}-h1"), "10.1.0.1"),
         ping(&format!("{name}-h2"), "fd01::1"),

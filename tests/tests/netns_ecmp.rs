@@ -76,12 +76,7 @@ fn five_tuple_hashing_piles_one_source_port_onto_one_uplink() {
     for family in [Family::V4, Family::V6] {
         let (report, stats, _) = run_lab("five-tuple", &[family]);
         assert_packets_intact(&report);
-        assert_eq!(
-            report.active_uplinks(),
-            1,
-            "{family:?}: one five-tuple must use one uplink:\n{}",
-            report.render()
-        );
+        assert_eq!(report.active_uplinks(), 1, "{family:?}: one five-tuple must use one uplink:\n{}", report.render());
         assert_eq!(member_packets(&stats).iter().sum::<u64>(), report.sent);
     }
 }
@@ -100,7 +95,15 @@ fn entropy_simulator_matches_the_dataplane_counters() {
     require_root();
     const PACKETS: u32 = 5;
     for (hash, sim_hash) in [("qp", SimHash::Qp), ("five-tuple", SimHash::FiveTuple)] {
-        let scenario = Scenario { hosts: 1, qps: 48, sport: SportModel::Nic, uplinks: UPLINKS as u32, hash: sim_hash, seed: 1234, messages: 1 };
+        let scenario = Scenario {
+            hosts: 1,
+            qps: 48,
+            sport: SportModel::Nic,
+            uplinks: UPLINKS as u32,
+            hash: sim_hash,
+            seed: 1234,
+            messages: 1,
+        };
         let predicted = simulate(&scenario);
         let lab = EcmpLab::create(UPLINKS).unwrap();
         let config = lab.write_config(hash).unwrap();

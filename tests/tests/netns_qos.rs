@@ -18,7 +18,13 @@ fn bth(op: u8, qp: u32, psn: u32) -> Bth {
 
 /// Runs `rocev2 run` with the lab's qp config plus `extra` TOML (appended;
 /// `group_keys` go into the [[group]] table) and sends `bursts`.
-fn run(lab: &EcmpLab, group_keys: &str, extra: &str, bursts: Vec<Vec<Vec<u8>>>, pause: Duration) -> (LabReport, String) {
+fn run(
+    lab: &EcmpLab,
+    group_keys: &str,
+    extra: &str,
+    bursts: Vec<Vec<Vec<u8>>>,
+    pause: Duration,
+) -> (LabReport, String) {
     let base = lab.config("qp");
     let text = base.replacen("name = \"spines\"\n", &format!("name = \"spines\"\n{group_keys}\n"), 1) + extra;
     let config = lab.write_config_text("test", &text).unwrap();
@@ -54,7 +60,13 @@ fn flowlets_move_between_bursts_and_never_inside_one() {
                 .collect()
         })
         .collect();
-    let (report, output) = run(&lab, "policy = \"flowlet\"\nflowlet_gap_us = 5000\nflowlet_boundary = true", "", bursts, Duration::from_millis(40));
+    let (report, output) = run(
+        &lab,
+        "policy = \"flowlet\"\nflowlet_gap_us = 5000\nflowlet_boundary = true",
+        "",
+        bursts,
+        Duration::from_millis(40),
+    );
     assert_eq!(report.received(), report.sent, "{}", report.render());
     let mut paths = std::collections::BTreeSet::new();
     for b in 0..12u32 {
@@ -75,7 +87,9 @@ fn flowlets_move_between_bursts_and_never_inside_one() {
 const ECN_CONFIG: &str = "\n[[ecn_profile]]\nname = \"test\"\nkmin = \"10KB\"\nkmax = \"40KB\"\npmax = 1.0\n";
 
 fn egress_sections(lab: &EcmpLab) -> String {
-    (1..=lab.uplinks.len()).map(|i| format!("\n[[egress]]\ndev = \"u{i}\"\nrate = \"8Mbit\"\necn_profile = \"test\"\n")).collect()
+    (1..=lab.uplinks.len())
+        .map(|i| format!("\n[[egress]]\ndev = \"u{i}\"\nrate = \"8Mbit\"\necn_profile = \"test\"\n"))
+        .collect()
 }
 
 #[test]
@@ -86,7 +100,9 @@ fn ecn_marks_ect_above_the_port_rate_and_nothing_below() {
     // Over the rate: 300 x 1 kB back to back on one QP (one uplink), ECT(0)
     // and Not-ECT interleaved.
     let burst: Vec<Vec<u8>> = (0..300u32)
-        .map(|i| lab_frame(Family::V4, bth(opcode::WRITE_MIDDLE, 0x55, i), if i % 2 == 0 { ECT0 } else { NOT_ECT }, 1024))
+        .map(|i| {
+            lab_frame(Family::V4, bth(opcode::WRITE_MIDDLE, 0x55, i), if i % 2 == 0 { ECT0 } else { NOT_ECT }, 1024)
+        })
         .collect();
     let (report, output) = run(&lab, "", &extra, vec![burst], Duration::ZERO);
     assert_eq!(report.received(), report.sent, "{}", report.render());
@@ -98,7 +114,8 @@ fn ecn_marks_ect_above_the_port_rate_and_nothing_below() {
     assert!(output.contains("ecn_marked"), "run's final counters show marking:\n{output}");
 
     // Under the rate: 40 x 1 kB at 50 packets/s (50 kB/s): nothing marked.
-    let slow: Vec<Vec<Vec<u8>>> = (0..40u32).map(|i| vec![lab_frame(Family::V4, bth(opcode::WRITE_MIDDLE, 0x56, i), ECT0, 1024)]).collect();
+    let slow: Vec<Vec<Vec<u8>>> =
+        (0..40u32).map(|i| vec![lab_frame(Family::V4, bth(opcode::WRITE_MIDDLE, 0x56, i), ECT0, 1024)]).collect();
     let (report, _) = run(&lab, "", &extra, slow, Duration::from_millis(20));
     assert_eq!(report.received(), report.sent);
     let marked: usize = report.uplinks.iter().flat_map(|u| u.seen.iter()).filter(|s| s.ecn == CE).count();
@@ -113,8 +130,14 @@ fn control_classes_get_their_dscp_and_the_high_priority_htb_class() {
     for i in 1..=UPLINKS {
         let dev = format!("u{i}");
         lab.in_switch(&["tc", "qdisc", "add", "dev", &dev, "root", "handle", "1:", "htb", "default", "20"]).unwrap();
-        lab.in_switch(&["tc", "class", "add", "dev", &dev, "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit", "prio", "0"]).unwrap();
-        lab.in_switch(&["tc", "class", "add", "dev", &dev, "parent", "1:", "classid", "1:20", "htb", "rate", "1gbit", "prio", "1"]).unwrap();
+        lab.in_switch(&[
+            "tc", "class", "add", "dev", &dev, "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit", "prio", "0",
+        ])
+        .unwrap();
+        lab.in_switch(&[
+            "tc", "class", "add", "dev", &dev, "parent", "1:", "classid", "1:20", "htb", "rate", "1gbit", "prio", "1",
+        ])
+        .unwrap();
     }
     let classes = "\n[[class]]\nname = \"control\"\nopcodes = [0x11, 0x81]\nset_dscp = 48\npriority = \"1:10\"\necn_exempt = true\n\n[[class]]\nname = \"cts\"\nopcodes = [0x0B]\nmax_payload = 64\nset_dscp = 46\npriority = \"1:10\"\n";
     let base = lab.config("qp").replace("xdp_mode = \"native\"\n", "xdp_mode = \"native\"\nattach = \"tc\"\n");
@@ -125,7 +148,8 @@ fn control_classes_get_their_dscp_and_the_high_priority_htb_class() {
         frames.push(lab_frame(Family::V4, bth(opcode::ACK, 0x200 + qp, 1), ECT0, 4)); // ACK + AETH
         frames.push(lab_frame(Family::V4, bth(opcode::CNP, 0x200 + qp, 0), ECT0, 16));
         frames.push(lab_frame(Family::V4, bth(opcode::WRITE_ONLY_IMM, 0x200 + qp, 2), ECT0, 20)); // CTS-like
-        frames.push(lab_frame(Family::V4, bth(opcode::WRITE_ONLY, 0x200 + qp, 3), ECT0, 1024)); // data
+        frames.push(lab_frame(Family::V4, bth(opcode::WRITE_ONLY, 0x200 + qp, 3), ECT0, 1024));
+        // data
     }
     let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
     dataplane.stop().unwrap();
@@ -216,7 +240,9 @@ fn set_tos(socket: &std::net::UdpSocket, tos: u32) {
     use std::os::fd::AsRawFd;
     let tos = tos as libc::c_int;
     // SAFETY: valid socket and option value.
-    unsafe { libc::setsockopt(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, (&tos as *const libc::c_int).cast(), 4) };
+    unsafe {
+        libc::setsockopt(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, (&tos as *const libc::c_int).cast(), 4)
+    };
 }
 
 /// (opcode, DSCP, ECN) of RoCEv2 UDP datagrams captured on up0.

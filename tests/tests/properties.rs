@@ -28,7 +28,10 @@ use rocev2_common::{
 };
 use rocev2_tests::{
     action_name,
-    fixture::{self, group_members, two_group_dataplane, with_ipv4_options, FIVE_TUPLE_GROUP, HOST_MAC, PORT_MAC, PORT_SLOT, QP_GROUP},
+    fixture::{
+        self, group_members, two_group_dataplane, with_ipv4_options, FIVE_TUPLE_GROUP, HOST_MAC, PORT_MAC, PORT_SLOT,
+        QP_GROUP,
+    },
     test_run, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
@@ -63,7 +66,16 @@ struct Case {
 }
 
 fn arb_bth() -> impl Strategy<Value = Bth> {
-    (any::<u8>(), any::<bool>(), any::<u16>(), any::<bool>(), any::<bool>(), 0u32..0x100_0000, any::<bool>(), 0u32..0x100_0000)
+    (
+        any::<u8>(),
+        any::<bool>(),
+        any::<u16>(),
+        any::<bool>(),
+        any::<bool>(),
+        0u32..0x100_0000,
+        any::<bool>(),
+        0u32..0x100_0000,
+    )
         .prop_map(|(opcode, solicited, pkey, fecn, becn, dest_qp, ack_req, psn)| Bth {
             opcode,
             solicited,
@@ -92,35 +104,37 @@ fn arb_case() -> impl Strategy<Value = Case> {
         0usize..=2048,
         (prop_oneof![Just(0usize), 1usize..=10], any::<[u8; 40]>()),
     )
-        .prop_map(|(v6, src, host, five_tuple, vlan, ttl, dscp, ecn, src_port, bth, payload_len, (option_words, opts))| {
-            let (src_ip, dst_ip): (IpAddr, IpAddr) = if v6 {
-                let mut dst = [0u8; 16];
-                dst[0..2].copy_from_slice(&[0xfd, if five_tuple { 2 } else { 1 }]);
-                dst[14..16].copy_from_slice(&host.to_be_bytes());
-                (Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into())
-            } else {
-                let h = host.to_be_bytes();
-                (
-                    Ipv4Addr::new(src[0], src[1], src[2], src[3]).into(),
-                    Ipv4Addr::new(10, if five_tuple { 2 } else { 1 }, h[0], h[1]).into(),
-                )
-            };
-            let options = if v6 { Vec::new() } else { opts[..option_words * 4].to_vec() };
-            let spec = RoceFrameSpec {
-                src_mac: HOST_MAC,
-                dst_mac: PORT_MAC,
-                vlan,
-                src_ip,
-                dst_ip,
-                ttl,
-                dscp,
-                ecn,
-                src_port,
-                bth,
-                payload_len,
-            };
-            Case { spec, options, five_tuple }
-        })
+        .prop_map(
+            |(v6, src, host, five_tuple, vlan, ttl, dscp, ecn, src_port, bth, payload_len, (option_words, opts))| {
+                let (src_ip, dst_ip): (IpAddr, IpAddr) = if v6 {
+                    let mut dst = [0u8; 16];
+                    dst[0..2].copy_from_slice(&[0xfd, if five_tuple { 2 } else { 1 }]);
+                    dst[14..16].copy_from_slice(&host.to_be_bytes());
+                    (Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into())
+                } else {
+                    let h = host.to_be_bytes();
+                    (
+                        Ipv4Addr::new(src[0], src[1], src[2], src[3]).into(),
+                        Ipv4Addr::new(10, if five_tuple { 2 } else { 1 }, h[0], h[1]).into(),
+                    )
+                };
+                let options = if v6 { Vec::new() } else { opts[..option_words * 4].to_vec() };
+                let spec = RoceFrameSpec {
+                    src_mac: HOST_MAC,
+                    dst_mac: PORT_MAC,
+                    vlan,
+                    src_ip,
+                    dst_ip,
+                    ttl,
+                    dscp,
+                    ecn,
+                    src_port,
+                    bth,
+                    payload_len,
+                };
+                Case { spec, options, five_tuple }
+            },
+        )
 }
 
 fn ip_offset(c: &Case) -> usize {
@@ -183,11 +197,7 @@ fn check(dp: &mut Dataplane, c: &Case) -> Result<(), TestCaseError> {
     prop_assert_eq!(p.src_mac, m.src_mac);
     // Byte for byte: only MACs, TTL/hop limit and the IPv4 checksum differ.
     let l3 = ip_offset(c);
-    let variant: Vec<usize> = if c.spec.src_ip.is_ipv4() {
-        vec![l3 + 8, l3 + 10, l3 + 11]
-    } else {
-        vec![l3 + 7]
-    };
+    let variant: Vec<usize> = if c.spec.src_ip.is_ipv4() { vec![l3 + 8, l3 + 10, l3 + 11] } else { vec![l3 + 7] };
     for (i, (a, b)) in input.iter().zip(out).enumerate() {
         if i >= 12 && !variant.contains(&i) {
             prop_assert_eq!(a, b, "byte {} changed", i);
@@ -211,7 +221,10 @@ fn forwarded_roce_keeps_its_invariants() {
     let counter = |c| dp.maps.port_counter(PORT_SLOT, c).unwrap();
     let (fwd, options) = (counter(PortCounter::ForwardedRoce), counter(PortCounter::PassIpv4Options));
     assert!(fwd + options >= u64::from(cases), "{fwd} forwarded and {options} with options passed for {cases} cases");
-    assert!(fwd > u64::from(cases) / 2 && options > 0, "{fwd} forwarded, {options} with options passed: both kinds were generated");
+    assert!(
+        fwd > u64::from(cases) / 2 && options > 0,
+        "{fwd} forwarded, {options} with options passed: both kinds were generated"
+    );
 }
 
 /// packet::parse_roce / icrc / invariant_bytes_equal (rocev2-user, not in
@@ -229,7 +242,11 @@ fn userspace_decoder_never_panics() {
             Ok(())
         })
         .unwrap();
-    let mutated = (arb_case(), proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8), any::<prop::sample::Index>());
+    let mutated = (
+        arb_case(),
+        proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        any::<prop::sample::Index>(),
+    );
     runner
         .run(&mutated, |(c, edits, cut)| {
             let mut f = frame_of(&c);

@@ -51,7 +51,12 @@ fn with_ecn(dp: &mut Dataplane, flags: u32) {
 
 fn seed_queue(dp: &mut Dataplane, depth: u64) {
     let now = monotonic_ns();
-    dp.maps.set_virtual_queue(EGRESS_SLOT, VirtualQueue { depth_bytes: depth, last_update_ns: now, high_water_bytes: depth }).unwrap();
+    dp.maps
+        .set_virtual_queue(
+            EGRESS_SLOT,
+            VirtualQueue { depth_bytes: depth, last_update_ns: now, high_water_bytes: depth },
+        )
+        .unwrap();
 }
 
 /// CLOCK_MONOTONIC, the clock bpf_ktime_get_ns reads.
@@ -78,7 +83,13 @@ fn write(qp: u32, ecn: u8) -> Vec<u8> {
 /// ICRC-covered bytes are untouched; returns the decoded output.
 fn forward(dp: &mut Dataplane, input: &[u8]) -> rocev2_user::packet::ParsedRoce {
     let run = test_run(dp, input).unwrap();
-    assert_eq!(run.action, XDP_REDIRECT, "forwarded ({}); pass counters: {:?}", rocev2_tests::action_name(run.action), dp.maps.port_counters(PORT_SLOT).unwrap().into_iter().filter(|(_, v)| *v > 0).collect::<Vec<_>>());
+    assert_eq!(
+        run.action,
+        XDP_REDIRECT,
+        "forwarded ({}); pass counters: {:?}",
+        rocev2_tests::action_name(run.action),
+        dp.maps.port_counters(PORT_SLOT).unwrap().into_iter().filter(|(_, v)| *v > 0).collect::<Vec<_>>()
+    );
     assert!(invariant_bytes_equal(input, &run.output), "ICRC-covered bytes unchanged");
     let out = parse_roce(&run.output).unwrap();
     assert!(out.icrc_ok, "ICRC still valid");
@@ -154,14 +165,20 @@ fn not_ect_is_counted_not_marked_or_dropped_by_policy() {
 }
 
 fn control_class(set_dscp: u32) -> ClassEntry {
-    let mut c = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT, set_dscp, ..Default::default() };
+    let mut c =
+        ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT, set_dscp, ..Default::default() };
     add_opcode(&mut c.opcodes, opcode::ACK);
     add_opcode(&mut c.opcodes, opcode::CNP);
     c
 }
 
 fn cts_class(set_dscp: u32) -> ClassEntry {
-    let mut c = ClassEntry { flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP, set_dscp, max_payload: 64, ..Default::default() };
+    let mut c = ClassEntry {
+        flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP,
+        set_dscp,
+        max_payload: 64,
+        ..Default::default()
+    };
     add_opcode(&mut c.opcodes, opcode::WRITE_ONLY_IMM);
     c
 }
@@ -202,7 +219,13 @@ fn no_egress_config_means_no_marking() {
 }
 
 fn flowlet(gap_ns: u64, flags: u32) -> GroupPolicy {
-    GroupPolicy { policy: POLICY_FLOWLET, flowlet_gap_ns: gap_ns, flowlet_choice: FlowletChoice::Rehash as u32, flowlet_flags: flags, ..GroupPolicy::hash(HashMode::Qp) }
+    GroupPolicy {
+        policy: POLICY_FLOWLET,
+        flowlet_gap_ns: gap_ns,
+        flowlet_choice: FlowletChoice::Rehash as u32,
+        flowlet_flags: flags,
+        ..GroupPolicy::hash(HashMode::Qp)
+    }
 }
 
 fn member_of(out: &rocev2_user::packet::ParsedRoce) -> u8 {
@@ -262,7 +285,9 @@ fn pins_win_and_fall_back_when_the_member_is_down() {
     assert_eq!(port(&dp, PortCounter::PinHit), 8);
     forward(&mut dp, &write(0x43, ECT0));
     assert_eq!(port(&dp, PortCounter::PinFallback), 1, "unpinned QP hashes");
-    dp.maps.set_pin(&prefix, 0x42, PinEntry { group: GROUP, position: PIN_MEMBER_DOWN, generation, _reserved: 0 }).unwrap();
+    dp.maps
+        .set_pin(&prefix, 0x42, PinEntry { group: GROUP, position: PIN_MEMBER_DOWN, generation, _reserved: 0 })
+        .unwrap();
     forward(&mut dp, &write(0x42, ECT0));
     assert_eq!(port(&dp, PortCounter::PinFallback), 2, "pinned member down: hash instead");
 }
@@ -302,10 +327,25 @@ fn large_and_small_ifindexes_find_their_port_and_egress_queue() {
     require_root();
     let ns = Netns::create(&unique_name("ifx")).unwrap();
     let big = MAX_DIRECT_IFINDEX + 3_616; // 20,000
-    // Each device is one end of a veth whose other end gets index + 100.
+                                          // Each device is one end of a veth whose other end gets index + 100.
     for (name, index) in [("in_big", big), ("out_big", big + 1), ("in_small", 7), ("out_small", 8)] {
         let (index, peer) = (index.to_string(), (index + 100).to_string());
-        ns.exec(&["ip", "link", "add", name, "index", &index, "type", "veth", "peer", "name", &format!("{name}_p"), "index", &peer]).unwrap();
+        ns.exec(&[
+            "ip",
+            "link",
+            "add",
+            name,
+            "index",
+            &index,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("{name}_p"),
+            "index",
+            &peer,
+        ])
+        .unwrap();
         ns.exec(&["ip", "link", "set", name, "up"]).unwrap();
     }
     for (ingress, egress, port_slot, egress_slot) in [(big, big + 1, 5, 3), (7, 8, 6, 4)] {
@@ -314,10 +354,17 @@ fn large_and_small_ifindexes_find_their_port_and_egress_queue() {
         let members = [MemberSpec { ifindex: egress, src_mac: [2, 0, 0, 0, 0, 1], dst_mac: [2, 0, 0, 0, 0, 2] }];
         dp.maps.publish_group_with(GROUP, &GroupPolicy::hash(HashMode::Qp), &members).unwrap();
         sync_routes(&mut dp, &[("10.1.0.0/16", GROUP)]);
-        dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: KMIN, kmax_bytes: KMAX, pmax_scaled: u32::MAX, flags: 0 }).unwrap();
+        dp.maps
+            .set_ecn_profile(0, EcnProfile { kmin_bytes: KMIN, kmax_bytes: KMAX, pmax_scaled: u32::MAX, flags: 0 })
+            .unwrap();
         dp.maps.set_egress(egress, egress_slot, 1, 0).unwrap();
         let now = monotonic_ns();
-        dp.maps.set_virtual_queue(egress_slot, VirtualQueue { depth_bytes: KMAX + 1, last_update_ns: now, high_water_bytes: KMAX + 1 }).unwrap();
+        dp.maps
+            .set_virtual_queue(
+                egress_slot,
+                VirtualQueue { depth_bytes: KMAX + 1, last_update_ns: now, high_water_bytes: KMAX + 1 },
+            )
+            .unwrap();
         let input = write(1, ECT0);
         let output = in_netns_scoped(ns.name(), || {
             // Device-map entries and the test run's ingress device resolve
@@ -337,7 +384,11 @@ fn large_and_small_ifindexes_find_their_port_and_egress_queue() {
             Ok(out)
         })
         .unwrap();
-        assert_eq!(dp.maps.port_counter(port_slot, PortCounter::RxPackets).unwrap(), 1, "ingress {ingress} counted in slot {port_slot}");
+        assert_eq!(
+            dp.maps.port_counter(port_slot, PortCounter::RxPackets).unwrap(),
+            1,
+            "ingress {ingress} counted in slot {port_slot}"
+        );
         assert_eq!(dp.maps.port_counter(0, PortCounter::RxPackets).unwrap(), 0, "nothing in the unregistered slot");
         assert_eq!(parse_roce(&output).unwrap().ecn, CE, "egress {egress} queue found and marking");
         assert_eq!(dp.maps.egress_counter(egress_slot, EgressCounter::Marked).unwrap(), 1);

@@ -34,7 +34,14 @@ fn stream_frames() -> Vec<Vec<u8>> {
 fn assert_no_loss(report: &LabReport, what: &str) {
     println!("MEASURED: {what}: sent {}, received {}", report.sent, report.received());
     assert!(report.sent > 0, "{what}: nothing was sent");
-    assert_eq!(report.received(), report.sent, "{what}: lost {} of {} packets\n{}", report.sent.saturating_sub(report.received()), report.sent, report.render());
+    assert_eq!(
+        report.received(),
+        report.sent,
+        "{what}: lost {} of {} packets\n{}",
+        report.sent.saturating_sub(report.received()),
+        report.sent,
+        report.render()
+    );
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
@@ -57,10 +64,9 @@ fn reload_changes_members_and_routes_without_loss() {
     std::thread::sleep(Duration::from_millis(500));
 
     // Remove member u4, add an unrelated route, change the seed.
-    let smaller = full
-        .replace("  { dev = \"u4\", via = \"10.0.4.2\" },\n", "")
-        .replace("hash_seed = 1234", "hash_seed = 99")
-        + "\n[[route]]\nprefix = \"10.9.0.0/16\"\ngroup = \"spines\"\n";
+    let smaller =
+        full.replace("  { dev = \"u4\", via = \"10.0.4.2\" },\n", "").replace("hash_seed = 1234", "hash_seed = 99")
+            + "\n[[route]]\nprefix = \"10.9.0.0/16\"\ngroup = \"spines\"\n";
     assert_ne!(smaller, full, "the edit must change the config");
     std::fs::write(&config, &smaller).unwrap();
     let out = rocev2(&["reload", "--config", config.to_str().unwrap()]);
@@ -69,7 +75,8 @@ fn reload_changes_members_and_routes_without_loss() {
     std::thread::sleep(Duration::from_millis(500));
 
     // A broken config is refused and the running one stays.
-    std::fs::write(&config, "[[port]]\nname = \"p0\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"nope\"\n").unwrap();
+    std::fs::write(&config, "[[port]]\nname = \"p0\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"nope\"\n")
+        .unwrap();
     let out = rocev2(&["reload", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
     assert!(!out.status.success(), "a bad config must fail the reload");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -159,7 +166,11 @@ fn a_failed_uplink_leaves_its_group_and_comes_back() {
     }
     let back_after = up_at.elapsed();
     dataplane.stop().unwrap();
-    println!("MEASURED: uplink failure -> member removed in {} ms; link back -> member restored in {} ms", removed_after.as_millis(), back_after.as_millis());
+    println!(
+        "MEASURED: uplink failure -> member removed in {} ms; link back -> member restored in {} ms",
+        removed_after.as_millis(),
+        back_after.as_millis()
+    );
     assert!(removed_after < Duration::from_millis(500), "removal took {removed_after:?}");
 }
 
@@ -168,7 +179,9 @@ fn a_full_route_table_is_a_clear_error() {
     require_root();
     let mut dp = Dataplane::load(None).unwrap();
     let wanted: std::collections::BTreeMap<_, _> = (0..rocev2_common::maps::MAX_ROUTES_V4 + 1)
-        .map(|i| (rocev2_user::config::Prefix::V4 { addr: std::net::Ipv4Addr::from(0x0A00_0000 + (i << 8)), len: 24 }, 0u32))
+        .map(|i| {
+            (rocev2_user::config::Prefix::V4 { addr: std::net::Ipv4Addr::from(0x0A00_0000 + (i << 8)), len: 24 }, 0u32)
+        })
         .collect();
     let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
     let msg = format!("{err:#}");
@@ -211,7 +224,8 @@ fn pins_are_root_only() {
 fn jumbo_frames_are_forwarded_intact() {
     require_root();
     let lab = EcmpLab::create(2).unwrap();
-    let set_mtu = |ns: &rocev2_user::netns::Netns, dev: &str| ns.exec(&["ip", "link", "set", "dev", dev, "mtu", "9000"]).unwrap();
+    let set_mtu =
+        |ns: &rocev2_user::netns::Netns, dev: &str| ns.exec(&["ip", "link", "set", "dev", dev, "mtu", "9000"]).unwrap();
     set_mtu(&lab.sender, "snd0");
     set_mtu(&lab.switch, "p0");
     for (i, up) in lab.uplinks.iter().enumerate() {
@@ -246,12 +260,20 @@ fn runtime_config_mistakes_name_file_line_key_and_fix() {
     let lab = EcmpLab::create(2).unwrap();
     let bad_dev = lab.config("qp").replace("dev = \"u2\"", "dev = \"u9\"");
     let config = lab.write_config_text("bad-dev", &bad_dev).unwrap();
-    let out = Command::new(rocev2_bin()).args(["--netns", lab.switch.name(), "run", "--config"]).arg(&config).output().unwrap();
+    let out = Command::new(rocev2_bin())
+        .args(["--netns", lab.switch.name(), "run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     let line = bad_dev.lines().position(|l| l.contains("u9")).unwrap() + 1;
     assert!(!out.status.success());
     assert!(err.contains(&format!("{}:{line}:", config.display())), "file and line: {err}");
-    assert!(err.contains("group[0].members[1].dev") && err.contains("no interface named \"u9\"") || err.contains("no interface named u9"), "key and problem: {err}");
+    assert!(
+        err.contains("group[0].members[1].dev") && err.contains("no interface named \"u9\"")
+            || err.contains("no interface named u9"),
+        "key and problem: {err}"
+    );
     assert!(err.contains("ip link"), "a fix: {err}");
 
     let silent = lab.config("qp").replace("via = \"10.0.1.2\"", "via = \"10.0.1.99\"");
@@ -275,7 +297,12 @@ fn live_frames_through_the_dataplane_are_all_forwarded() {
     let config = lab.write_config("qp").unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
     const SENT: u64 = 20_000;
-    let mut args = GenArgs::new("snd0", "02:52:32:00:00:fe", "10.0.0.1".parse().unwrap(), rocev2_user::lab::DEST_V4.parse().unwrap());
+    let mut args = GenArgs::new(
+        "snd0",
+        "02:52:32:00:00:fe",
+        "10.0.0.1".parse().unwrap(),
+        rocev2_user::lab::DEST_V4.parse().unwrap(),
+    );
     args.mode = GenMode::LiveFrames;
     args.qps = 16;
     args.count = Some(SENT);

@@ -155,10 +155,8 @@ struct Totals {
 /// `test result: ok. N passed; M failed; K ignored; ...` lines.
 fn run_counting_tests(cmd: &mut Command) -> Result<Totals> {
     use std::io::{BufRead as _, BufReader};
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let mut child =
+        cmd.stdout(std::process::Stdio::piped()).spawn().with_context(|| format!("cannot start {cmd:?}"))?;
     let mut totals = Totals::default();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
@@ -195,8 +193,7 @@ const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy"];
 
 fn setup() -> Result<()> {
     let mut apt = Apt::default();
-    let mut missing_tools: Vec<&str> =
-        TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
+    let mut missing_tools: Vec<&str> = TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
     let need_linker = !bpf_linker_ok();
     if need_linker {
         missing_tools.extend(LLVM_PACKAGES.iter().copied().filter(|p| !apt.installed(p)));
@@ -245,9 +242,8 @@ impl Apt {
 
 fn ensure_nightly_rust_src() -> Result<()> {
     let sysroot = output("rustc", &["+nightly", "--print", "sysroot"]);
-    let has_src = sysroot
-        .as_deref()
-        .is_some_and(|s| Path::new(s.trim()).join("lib/rustlib/src/rust/library/core").exists());
+    let has_src =
+        sysroot.as_deref().is_some_and(|s| Path::new(s.trim()).join("lib/rustlib/src/rust/library/core").exists());
     if has_src {
         return Ok(());
     }
@@ -256,7 +252,15 @@ fn ensure_nightly_rust_src() -> Result<()> {
     }
     eprintln!("xtask: installing the nightly toolchain's rust-src component");
     if sysroot.is_none() {
-        run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]))
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))
     } else {
         run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
     }
@@ -270,7 +274,15 @@ fn install_bpf_linker() -> Result<()> {
     eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about 80 s)");
     let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
     run(cargo()
-        .args(["install", "bpf-linker", "--version", &format!("~{BPF_LINKER_VERSION}"), "--no-default-features", "--features", "llvm-22"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            &format!("~{BPF_LINKER_VERSION}"),
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ])
         .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
         .env("PATH", path))?;
     if !bpf_linker_ok() {
