@@ -45,6 +45,7 @@ counters! { PortCounter {
     PassIpv6ExtHeader => "pass_ipv6_ext_header", "IPv6 extension header: to the kernel";
     PassL4Truncated => "pass_l4_truncated", "TCP/UDP header cut short: to the kernel";
     PassNoMember => "pass_no_member", "route's group has no usable member: to the kernel";
+    PassKernelRoute => "pass_kernel_route", "a learned kernel route rocev2 leaves to the kernel (blackhole/unreachable, encapsulation, a device XDP cannot send to, a connected subnet's unknown host)";
     DropRunt => "drop_runt", "frame shorter than its Ethernet/VLAN header";
     DropBadIpHeader => "drop_bad_ip_header", "IP header truncated, bad version or length";
     DropBadIpv4Checksum => "drop_bad_ipv4_checksum", "IPv4 header checksum wrong on a packet to forward (the kernel drops these too)";

@@ -5,7 +5,10 @@
 //! The decision is a pure function so the XDP program, the entropy
 //! simulator and the tests run the same code.
 
-use crate::hash::{flow_hash, pick_member, FlowKey};
+use crate::{
+    buckets::{member_for, BucketTable},
+    hash::{flow_hash, FlowKey},
+};
 
 /// How a new flowlet picks its member.
 #[repr(u32)]
@@ -94,9 +97,15 @@ pub fn decide(
 /// number folded into the seed, so successive flowlets of one flow land on
 /// independent members.
 #[inline(always)]
-pub fn rehash_position(key: &FlowKey, seed: u32, flowlet_id: u32, member_count: u32) -> u32 {
-    let seed = seed ^ flowlet_id.wrapping_mul(0x9E37_79B9);
-    pick_member(flow_hash(key, seed), member_count)
+pub fn rehash_position(key: &FlowKey, seed: u32, flowlet_id: u32, table: &BucketTable) -> u32 {
+    member_for(table, rehash_hash(key, seed, flowlet_id))
+}
+
+/// The hash a new flowlet is placed with: the flow hash under a seed that
+/// changes with the flowlet number.
+#[inline(always)]
+pub fn rehash_hash(key: &FlowKey, seed: u32, flowlet_id: u32) -> u32 {
+    flow_hash(key, seed ^ flowlet_id.wrapping_mul(0x9E37_79B9))
 }
 
 #[cfg(test)]
@@ -146,7 +155,7 @@ mod tests {
         let key = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(5);
         let mut seen = [0u32; 4];
         for id in 0..400 {
-            seen[rehash_position(&key, 1, id, 4) as usize] += 1;
+            seen[rehash_position(&key, 1, id, &crate::buckets::even_table(4)) as usize] += 1;
         }
         assert!(seen.iter().all(|n| *n > 60), "{seen:?}");
     }

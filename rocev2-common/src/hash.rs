@@ -135,6 +135,29 @@ pub fn member_hash(key: &FlowKey, mode: HashMode, seed: u32) -> u32 {
     }
 }
 
+/// The seed `hash_seed = "auto"` gives: MurmurHash3's mixing over the
+/// box's port MAC addresses (in any order: the smallest first). MAC
+/// addresses are unique per box and stable across restarts, so each switch
+/// of a fabric gets its own seed, and keeps it. Never 0, so an auto seed
+/// is never mistaken for the default.
+pub fn auto_seed(macs: impl IntoIterator<Item = [u8; 6]>) -> u32 {
+    let mut sorted = [[0u8; 6]; 64];
+    let mut n = 0;
+    for mac in macs {
+        if n < sorted.len() && mac != [0; 6] {
+            sorted[n] = mac;
+            n += 1;
+        }
+    }
+    sorted[..n].sort_unstable();
+    let mut h = 0x5eed_u32;
+    for mac in &sorted[..n] {
+        h = mix(h, u32::from_le_bytes([mac[0], mac[1], mac[2], mac[3]]));
+        h = mix(h, u32::from(mac[4]) | (u32::from(mac[5]) << 8));
+    }
+    finalize(h, (n * 6) as u32).max(1)
+}
+
 /// Maps a hash onto `0..count` without division (Lemire's multiply-shift):
 /// uniform for a uniform hash, and cheap in eBPF. `count` must be non-zero.
 #[inline(always)]
@@ -194,6 +217,16 @@ mod tests {
             used[pick_member(member_hash(&roce_key(0x100 + qp), HashMode::Qp, 1), 4) as usize] = true;
         }
         assert_eq!(used, [true; 4]);
+    }
+
+    #[test]
+    fn auto_seed_depends_on_the_set_of_macs_only() {
+        let a = [2, 0, 0, 0, 0, 1];
+        let b = [2, 0, 0, 0, 0, 2];
+        assert_eq!(auto_seed([a, b]), auto_seed([b, a]));
+        assert_ne!(auto_seed([a, b]), auto_seed([a]));
+        assert_ne!(auto_seed([a]), auto_seed([b]));
+        assert_ne!(auto_seed([]), 0);
     }
 
     #[test]

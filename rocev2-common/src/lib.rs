@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod bth;
+pub mod buckets;
 pub mod checksum;
 pub mod class;
 pub mod counters;

@@ -26,6 +26,7 @@ pub mod names {
     pub const IFINDEX_SLOTS: &str = "IFINDEX_SLOTS";
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
+    pub const BUCKETS: &str = "BUCKETS";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -41,6 +42,7 @@ pub mod names {
         IFINDEX_SLOTS,
         EGRESS_BY_SLOT,
         ROUTE_CACHE,
+        BUCKETS,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -64,6 +66,8 @@ pub const MAX_MEMBERS_PER_GROUP: u32 = 128;
 /// and published with one group-entry update.
 pub const MEMBER_BANKS: u32 = 2;
 pub const MAX_MEMBERS: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP * MEMBER_BANKS;
+/// Entries of BUCKETS: one bucket table per group and bank.
+pub const BUCKET_TABLES: u32 = MAX_GROUPS * MEMBER_BANKS;
 /// Port slots for counters; slot 0 collects frames from interfaces the
 /// control program did not register (should stay at zero).
 pub const MAX_PORTS: u32 = 64;
@@ -84,6 +88,10 @@ pub const MAX_PINS: u32 = 65_536;
 
 /// Route target that means "one of this box's own addresses": hand to the kernel.
 pub const ROUTE_LOCAL: u32 = u32::MAX;
+
+/// Route target that means "the kernel serves this prefix" (a learned
+/// route rocev2 cannot or should not forward itself).
+pub const ROUTE_KERNEL: u32 = u32::MAX - 2;
 
 /// Slots per CPU of the destination cache in front of the route tries.
 pub const ROUTE_CACHE_SLOTS: u32 = 256;
@@ -126,6 +134,13 @@ pub const fn port_counter_index(slot: u32, counter: PortCounter) -> u32 {
 #[inline(always)]
 pub const fn member_index(group: u32, bank: u32, position: u32) -> u32 {
     (group * MEMBER_BANKS + bank) * MAX_MEMBERS_PER_GROUP + position
+}
+
+/// Index into BUCKETS: the bucket table of `group` in `bank` (each bank
+/// of members has its own table, published with it).
+#[inline(always)]
+pub const fn bucket_table_index(group: u32, bank: u32) -> u32 {
+    group * MEMBER_BANKS + bank
 }
 
 /// Index into MEMBER_STATS: stable across bank switches.

@@ -7,6 +7,7 @@
 use proptest::prelude::*;
 use rocev2_common::{
     bth::{self, Bth, BTH_LEN},
+    buckets,
     checksum::{internet_checksum, update_u16},
     class::{self, ClassEntry, ClassFields, RoceFields},
     ecn::{self, EcnProfile},
@@ -128,7 +129,7 @@ proptest! {
 
     #[test]
     fn rehash_position_in_range(key in arb_key(), seed in any::<u32>(), id in any::<u32>(), count in 1u32..=128) {
-        prop_assert!(flowlet::rehash_position(&key, seed, id, count) < count);
+        prop_assert!(flowlet::rehash_position(&key, seed, id, &buckets::even_table(count)) < count);
     }
 
     #[test]
@@ -299,4 +300,28 @@ fn reference_matches(c: &ClassEntry, f: &ClassFields) -> bool {
     (c.flags & class::CLASS_MATCH_OPCODE == 0 || opcode_set.contains(&r.opcode))
         && (c.flags & class::CLASS_MATCH_QP == 0 || (c.qp_min..=c.qp_max).contains(&r.dest_qp))
         && (c.flags & class::CLASS_MATCH_PAYLOAD == 0 || r.payload_len <= c.max_payload)
+}
+
+proptest! {
+    /// Whatever the weights and whichever members leave, a bucket whose
+    /// member stays usable never moves, and every share is exact.
+    #[test]
+    fn rebalance_moves_only_departed_members_buckets(
+        weights in proptest::collection::vec(1u32..=8, 1..=16),
+        gone in proptest::collection::vec(any::<bool>(), 16),
+    ) {
+        let mut table = [0u8; 256];
+        buckets::fill(&weights, &mut table);
+        let before = table;
+        let after_weights: Vec<u32> = weights.iter().zip(&gone).map(|(w, g)| if *g { 0 } else { *w }).collect();
+        buckets::rebalance(&mut table, &after_weights, buckets::Rebalance::Gradual(0));
+        for (b, a) in before.iter().zip(&table) {
+            if after_weights[usize::from(*b)] > 0 {
+                prop_assert_eq!(b, a);
+            }
+        }
+        if after_weights.iter().any(|w| *w > 0) {
+            prop_assert!(table.iter().all(|m| after_weights[usize::from(*m)] > 0));
+        }
+    }
 }

@@ -15,7 +15,7 @@ use rocev2_common::{
     hash::{ipv4_words, ipv6_words, FlowKey},
     maps::{
         member_index, route_cache_slot, GroupEntry, RouteEntry, CACHED_NO_ROUTE, MAX_MEMBERS_PER_GROUP, MEMBER_UP,
-        PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED, ROUTE_LOCAL,
+        PIN_MEMBER_DOWN, POLICY_FLOWLET, POLICY_PINNED, ROUTE_KERNEL, ROUTE_LOCAL,
     },
 };
 
@@ -138,6 +138,7 @@ fn route_group(target: u32) -> Result<u32, Outcome> {
     match target {
         CACHED_NO_ROUTE => Err(pass(PortCounter::PassNoRoute)),
         ROUTE_LOCAL => Err(pass(PortCounter::PassLocal)),
+        ROUTE_KERNEL => Err(pass(PortCounter::PassKernelRoute)),
         group => Ok(group),
     }
 }
@@ -203,6 +204,9 @@ fn decide(
     // virtual queue; only flowlet groups need it this early.
     let now = if group.policy == POLICY_FLOWLET { unsafe { bpf_ktime_get_ns() } } else { 0 };
     let position = select::choose_position(slot_group, group, key, pin_boundary, now);
+    if position >= MAX_MEMBERS_PER_GROUP {
+        return Err(no_member);
+    }
     let member = MEMBERS.get(member_index(group_id, group.bank & 1, position)).ok_or(no_member)?;
     if member.flags & MEMBER_UP == 0 {
         return Err(no_member);

@@ -29,6 +29,11 @@ pub static GROUPS: Array<GroupEntry> = Array::with_max_entries(MAX_GROUPS, 0);
 #[map]
 pub static MEMBERS: Array<MemberEntry> = Array::with_max_entries(MAX_MEMBERS, 0);
 
+/// Bucket tables (rocev2_common::buckets): the flow hash picks a bucket,
+/// the bucket names the member position.
+#[map]
+pub static BUCKETS: Array<rocev2_common::buckets::BucketTable> = Array::with_max_entries(BUCKET_TABLES, 0);
+
 /// Ports with an ifindex of MAX_DIRECT_IFINDEX or more (see port_slot).
 #[map]
 pub static PORTS: HashMap<u32, PortEntry> = HashMap::with_max_entries(MAX_PORTS, 0);

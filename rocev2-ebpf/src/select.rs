@@ -1,15 +1,18 @@
 //! Member choice by group policy: hash, flowlet, or pinned path.
 
 use rocev2_common::{
+    buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
-    hash::{member_hash, pick_member, FlowKey, HashMode},
-    maps::{member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED},
+    hash::{member_hash, FlowKey, HashMode},
+    maps::{
+        bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED,
+    },
 };
 
 use crate::{
     counters,
-    maps::{egress_entry, CONFIG, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
+    maps::{egress_entry, BUCKETS, CONFIG, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
 };
 
 /// Returned in place of a pin when there is none.
@@ -44,10 +47,22 @@ pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_b
             }
             _ => {
                 counters::add(slot, PortCounter::PinFallback, 1);
-                pick_member(member_hash(key, HashMode::Qp, seed), count)
+                member_of(group_id, group, member_hash(key, HashMode::Qp, seed))
             }
         },
-        _ => pick_member(member_hash(key, mode, seed), count),
+        _ => member_of(group_id, group, member_hash(key, mode, seed)),
+    }
+}
+
+/// The member position a hash names through the group's live bucket
+/// table; NO_MEMBER (past every position) when there is none. Its own BPF
+/// function: inlined at each of its five call sites, the map keys' stack
+/// slots pushed the call chain past the verifier's 512 bytes.
+#[inline(never)]
+fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
+    match BUCKETS.get(bucket_table_index(group_id, group.bank & 1)) {
+        Some(table) => member_for(table, hash),
+        None => u32::from(NO_MEMBER),
     }
 }
 
@@ -62,7 +77,7 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
     let (seed, ends_message) = (seed_boundary as u32, seed_boundary >> 32 != 0);
     let count = group.member_count;
     let Some(scratch) = FLOWLET_SCRATCH.get_ptr_mut(0) else {
-        return flowlet::rehash_position(key, seed, 0, count);
+        return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));
     };
     // SAFETY: per-CPU scratch value, ours for this program run.
     let scratch = unsafe { &mut *scratch };
@@ -88,7 +103,7 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
             counters::add(slot, PortCounter::FlowletNew, 1);
             let position = match FlowletChoice::from_u32(group.flowlet_choice) {
                 FlowletChoice::LeastLoaded => less_loaded_of_two(group_id, group, key, seed, flowlet_id, now),
-                FlowletChoice::Rehash => flowlet::rehash_position(key, seed, flowlet_id, count),
+                FlowletChoice::Rehash => member_of(group_id, group, flowlet::rehash_hash(key, seed, flowlet_id)),
             };
             match existing_ref {
                 None => counters::add(slot, PortCounter::FlowletInserted, 1),
@@ -133,9 +148,8 @@ fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_bou
 /// (a scan of all members would be a loop the verifier cannot afford).
 #[inline(always)]
 fn less_loaded_of_two(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: u32, flowlet_id: u32, now: u64) -> u32 {
-    let count = group.member_count;
-    let a = flowlet::rehash_position(key, seed, flowlet_id, count);
-    let b = flowlet::rehash_position(key, seed ^ 0x5bd1_e995, flowlet_id, count);
+    let a = member_of(group_id, group, flowlet::rehash_hash(key, seed, flowlet_id));
+    let b = member_of(group_id, group, flowlet::rehash_hash(key, seed ^ 0x5bd1_e995, flowlet_id));
     if a == b {
         return a;
     }

@@ -38,6 +38,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rocev2_common::buckets::Rebalance;
 use rocev2_common::hash::HashMode;
 use rocev2_common::maps::{MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, PIN_DIR};
 use serde::Deserialize;
@@ -72,6 +73,38 @@ pub struct Config {
     /// `[[class]]`: priority classes in match order (a default `control`
     /// class for ACK and CNP when the file defines none).
     pub classes: Vec<Class>,
+    /// `[routing]`: where routes come from besides `[[route]]`.
+    pub routing: Routing,
+    /// `[[route_policy]]`: how groups learned from kernel routes behave,
+    /// by prefix (the most specific match wins).
+    pub route_policies: Vec<RoutePolicy>,
+}
+
+/// The `[routing]` table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// `source = "kernel"`: mirror a kernel routing table (what FRR, BIRD
+    /// or `ip route` fill) next to the `[[route]]`s; `None` = config only.
+    pub kernel_table: Option<KernelTable>,
+}
+
+/// Which kernel routing table to follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelTable {
+    /// A table number (`"main"` = 254).
+    Id(u32),
+    /// The table of a VRF device, looked up by name at start.
+    Vrf(String),
+}
+
+/// One `[[route_policy]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutePolicy {
+    pub prefix: Prefix,
+    pub hash: HashMode,
+    pub policy: Policy,
+    pub rebalance: Rebalance,
+    pub loc: Location,
 }
 
 /// Where the forwarding program runs.
@@ -163,7 +196,7 @@ pub struct Class {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dataplane {
     pub hash: HashMode,
-    pub hash_seed: u32,
+    pub hash_seed: HashSeed,
     pub xdp_mode: XdpMode,
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
@@ -174,13 +207,24 @@ impl Default for Dataplane {
     fn default() -> Self {
         Self {
             hash: HashMode::Qp,
-            hash_seed: 0,
+            hash_seed: HashSeed::Fixed(0),
             xdp_mode: XdpMode::Native,
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
             attach: Attach::Xdp,
         }
     }
+}
+
+/// `dataplane.hash_seed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashSeed {
+    Fixed(u32),
+    /// `"auto"`: derived at start from the MAC addresses of the box's
+    /// `[[port]]` interfaces, which are stable and unique per box, so every
+    /// switch of a fabric hashes differently (no polarization between
+    /// tiers) and keeps its seed across restarts.
+    Auto,
 }
 
 /// How the XDP program is attached.
@@ -209,6 +253,8 @@ pub struct Group {
     /// The group's `hash` override, or else `dataplane.hash`.
     pub hash: HashMode,
     pub policy: Policy,
+    /// How a member that comes back gets its buckets back.
+    pub rebalance: Rebalance,
     pub members: Vec<Member>,
     /// Points at the `[[group]]` header.
     pub loc: Location,
@@ -220,6 +266,8 @@ pub struct Member {
     /// The egress interface.
     pub dev: String,
     pub next_hop: NextHop,
+    /// Share of the group's buckets relative to the other members (1..=65535).
+    pub weight: u32,
     /// Points at the member's `{ ... }`.
     pub loc: Location,
 }
@@ -289,6 +337,32 @@ impl Prefix {
             Prefix::V4 { addr, .. } => IpAddr::V4(addr),
             Prefix::V6 { addr, .. } => IpAddr::V6(addr),
         }
+    }
+
+    /// The prefix of `len` bits containing `addr` (host bits cleared);
+    /// `None` when `len` is too long for the family.
+    pub fn of(addr: IpAddr, len: u8) -> Option<Prefix> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (len <= max).then(|| Prefix::masked(addr, len))
+    }
+
+    /// Whether `addr` lies in this prefix.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        addr.is_ipv4() == self.addr().is_ipv4() && Prefix::masked(addr, self.prefix_len()) == *self
+    }
+
+    /// Whether `other` lies inside this prefix (or is it).
+    pub fn covers(&self, other: &Prefix) -> bool {
+        other.prefix_len() >= self.prefix_len() && self.contains(other.addr())
+    }
+}
+
+impl std::str::FromStr for Prefix {
+    type Err = String;
+
+    /// `10.1.0.0/16`, `fd00::/48`, or a bare address (a host prefix).
+    fn from_str(s: &str) -> Result<Prefix, String> {
+        parse_prefix(s)
     }
 }
 
@@ -418,6 +492,30 @@ struct RawFile {
     egress: Vec<Spanned<RawEgress>>,
     #[serde(default)]
     class: Option<Vec<Spanned<RawClass>>>,
+    #[serde(default)]
+    routing: Option<Spanned<RawRouting>>,
+    #[serde(default)]
+    route_policy: Vec<Spanned<RawRoutePolicy>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    source: Option<Spanned<String>>,
+    table: Option<Spanned<toml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoutePolicy {
+    prefix: Spanned<String>,
+    hash: Option<Spanned<String>>,
+    policy: Option<Spanned<String>>,
+    flowlet_gap_us: Option<Spanned<i64>>,
+    flowlet_choice: Option<Spanned<String>>,
+    flowlet_boundary: Option<Spanned<bool>>,
+    flowlet_table_size: Option<Spanned<i64>>,
+    rebalance: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -466,7 +564,7 @@ struct RawClass {
 #[serde(deny_unknown_fields)]
 struct RawDataplane {
     hash: Option<Spanned<String>>,
-    hash_seed: Option<Spanned<i64>>,
+    hash_seed: Option<Spanned<toml::Value>>,
     xdp_mode: Option<Spanned<String>>,
     pin_dir: Option<Spanned<String>>,
     neighbour_refresh_ms: Option<Spanned<i64>>,
@@ -489,6 +587,7 @@ struct RawGroup {
     flowlet_choice: Option<Spanned<String>>,
     flowlet_boundary: Option<Spanned<bool>>,
     flowlet_table_size: Option<Spanned<i64>>,
+    rebalance: Option<Spanned<String>>,
     members: Spanned<Vec<Spanned<RawMember>>>,
 }
 
@@ -498,6 +597,7 @@ struct RawMember {
     dev: Spanned<String>,
     via: Option<Spanned<String>>,
     mac: Option<Spanned<String>>,
+    weight: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -558,6 +658,11 @@ impl Source<'_> {
             Some(raw) => self.classes(raw, &ecn_profiles)?,
             None => vec![default_control_class()],
         };
+        let routing = match &raw.routing {
+            Some(r) => self.routing(r)?,
+            None => Routing::default(),
+        };
+        let route_policies = self.route_policies(raw.route_policy, dataplane.hash)?;
         Ok(Config {
             path: self.path.to_path_buf(),
             dataplane,
@@ -568,7 +673,109 @@ impl Source<'_> {
             ecn_profiles,
             egress,
             classes,
+            routing,
+            route_policies,
         })
+    }
+
+    fn routing(&self, raw: &Spanned<RawRouting>) -> Result<Routing, ConfigError> {
+        let r = raw.get_ref();
+        let kernel = match &r.source {
+            Some(v) => self.check("routing.source", v, |s| match s.as_str() {
+                "kernel" => Ok(true),
+                "config" => Ok(false),
+                other => Err(format!(
+                    "{other:?} is not a route source; use \"kernel\" (follow a kernel routing table, as FRR or BIRD fill it) or \"config\" ([[route]] only)"
+                )),
+            })?,
+            None => false,
+        };
+        let table = match &r.table {
+            None => KernelTable::Id(crate::routing::fib::RT_TABLE_MAIN),
+            Some(v) => self.check("routing.table", v, |t| match t {
+                toml::Value::String(s) if s == "main" => Ok(KernelTable::Id(crate::routing::fib::RT_TABLE_MAIN)),
+                toml::Value::String(s) if !s.is_empty() => {
+                    check_ifname(s)?;
+                    Ok(KernelTable::Vrf(s.clone()))
+                }
+                toml::Value::Integer(n) if (1..=i64::from(u32::MAX)).contains(n) && *n != 255 => {
+                    Ok(KernelTable::Id(*n as u32))
+                }
+                other => Err(format!(
+                    "{other} is not a routing table; use \"main\", a table number (1 to {}, not 255: the local table), or a VRF device name",
+                    u32::MAX
+                )),
+            })?,
+        };
+        if r.table.is_some() && !kernel {
+            return Err(self.err(
+                "routing.table",
+                r.table.as_ref().map_or(raw.span(), |t| t.span()),
+                "only applies to source = \"kernel\"; add that or remove `table`",
+            ));
+        }
+        Ok(Routing { kernel_table: kernel.then_some(table) })
+    }
+
+    fn route_policies(
+        &self,
+        raw: Vec<Spanned<RawRoutePolicy>>,
+        default_hash: HashMode,
+    ) -> Result<Vec<RoutePolicy>, ConfigError> {
+        let mut out: Vec<RoutePolicy> = Vec::with_capacity(raw.len());
+        for (i, r) in raw.into_iter().enumerate() {
+            let key = format!("route_policy[{i}]");
+            let span = r.span();
+            let r = r.into_inner();
+            let prefix = self.check(format!("{key}.prefix"), &r.prefix, |s| parse_prefix(s))?;
+            if let Some(first) = out.iter().find(|p| p.prefix == prefix) {
+                return Err(self.err(
+                    format!("{key}.prefix"),
+                    r.prefix.span(),
+                    format!("{prefix} already has a policy ({}, line {}); remove one", first.loc.key, first.loc.line),
+                ));
+            }
+            let hash = match &r.hash {
+                Some(v) => self.check(format!("{key}.hash"), v, |s| parse_hash(s))?,
+                None => default_hash,
+            };
+            let rebalance = self.rebalance(&key, r.rebalance.as_ref())?;
+            // The same policy keys as a [[group]]'s, checked by the same code.
+            let as_group = RawGroup {
+                name: Spanned::new(span.clone(), String::new()),
+                hash: None,
+                policy: r.policy,
+                flowlet_gap_us: r.flowlet_gap_us,
+                flowlet_choice: r.flowlet_choice,
+                flowlet_boundary: r.flowlet_boundary,
+                flowlet_table_size: r.flowlet_table_size,
+                rebalance: None,
+                members: Spanned::new(span.clone(), Vec::new()),
+            };
+            let policy = self.policy(&key, &as_group)?;
+            if policy == Policy::Pinned {
+                return Err(self.err(
+                    format!("{key}.policy"),
+                    as_group.policy.as_ref().map_or(span.clone(), |p| p.span()),
+                    "pinned is not available for learned routes yet; use \"hash\" or \"flowlet\"",
+                ));
+            }
+            out.push(RoutePolicy { prefix, hash, policy, rebalance, loc: self.loc(key, span) });
+        }
+        Ok(out)
+    }
+
+    fn rebalance(&self, key: &str, raw: Option<&Spanned<String>>) -> Result<Rebalance, ConfigError> {
+        match raw {
+            None => Ok(Rebalance::Immediate),
+            Some(v) => self.check(format!("{key}.rebalance"), v, |s| match s.as_str() {
+                "immediate" => Ok(Rebalance::Immediate),
+                "gradual" => Ok(Rebalance::Gradual(GRADUAL_BUCKETS_PER_STEP)),
+                other => Err(format!(
+                    "{other:?} is not a rebalance mode; use \"immediate\" (a returning member gets its buckets back at once) or \"gradual\" (one bucket every 100 ms)"
+                )),
+            }),
+        }
     }
 
     fn dataplane(&self, raw: &RawDataplane) -> Result<Dataplane, ConfigError> {
@@ -577,11 +784,16 @@ impl Source<'_> {
             dp.hash = self.check("dataplane.hash", v, |s| parse_hash(s))?;
         }
         if let Some(v) = &raw.hash_seed {
-            dp.hash_seed = self.check("dataplane.hash_seed", v, |&n| {
-                u32::try_from(n).map_err(|_| {
-                    let what = if n < 0 { "is negative" } else { "is too big" };
-                    format!("{n} {what}; the seed is a whole number from 0 to {}", u32::MAX)
-                })
+            dp.hash_seed = self.check("dataplane.hash_seed", v, |v| match v {
+                toml::Value::Integer(n) => u32::try_from(*n).map(HashSeed::Fixed).map_err(|_| {
+                    let what = if *n < 0 { "is negative" } else { "is too big" };
+                    format!("{n} {what}; the seed is a whole number from 0 to {}, or \"auto\"", u32::MAX)
+                }),
+                toml::Value::String(s) if s == "auto" => Ok(HashSeed::Auto),
+                other => Err(format!(
+                    "{other} is not a seed; use a whole number from 0 to {} or \"auto\" (derived from this box's port MACs, different on every switch)",
+                    u32::MAX
+                )),
             })?;
         }
         if let Some(v) = &raw.xdp_mode {
@@ -703,8 +915,9 @@ impl Source<'_> {
                 None => default_hash,
             };
             let policy = self.policy(&key, g_ref)?;
+            let rebalance = self.rebalance(&key, g_ref.rebalance.as_ref())?;
             let members = self.members(&key, &g_ref.members)?;
-            groups.push(Group { name, hash, policy, members, loc: self.loc(key, g.span()) });
+            groups.push(Group { name, hash, policy, rebalance, members, loc: self.loc(key, g.span()) });
         }
         Ok(groups)
     }
@@ -753,7 +966,17 @@ impl Source<'_> {
                     ))
                 }
             };
-            members.push(Member { dev: m_ref.dev.get_ref().clone(), next_hop, loc: self.loc(m_key, m.span()) });
+            let weight = match &m_ref.weight {
+                Some(w) => self.check(format!("{m_key}.weight"), w, |&n| {
+                    if (1..=65_535).contains(&n) {
+                        Ok(n as u32)
+                    } else {
+                        Err(format!("{n} is out of range; a weight is 1 to 65535 (a member's share of the group's buckets relative to the others)"))
+                    }
+                })?,
+                None => 1,
+            };
+            members.push(Member { dev: m_ref.dev.get_ref().clone(), next_hop, weight, loc: self.loc(m_key, m.span()) });
         }
         Ok(members)
     }
@@ -793,6 +1016,11 @@ impl Source<'_> {
         Ok(routes)
     }
 }
+
+/// Buckets a `rebalance = "gradual"` group hands back per control-loop
+/// step (the link check, every 100 ms): 10 buckets a second, so a member
+/// of an 8-way group (32 of 256 buckets) is back in 3.2 s.
+pub const GRADUAL_BUCKETS_PER_STEP: u32 = 1;
 
 /// Default and allowed range of a flowlet group's gap and table size.
 const DEFAULT_FLOWLET_GAP_US: i64 = 50;
@@ -1808,7 +2036,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         let c = parse_ok(EXAMPLE);
         assert_eq!(c.path, Path::new("lab.toml"));
         assert_eq!(c.dataplane.hash, HashMode::Qp);
-        assert_eq!(c.dataplane.hash_seed, 1234);
+        assert_eq!(c.dataplane.hash_seed, HashSeed::Fixed(1234));
         assert_eq!(c.dataplane.xdp_mode, XdpMode::Native);
         assert_eq!(c.dataplane.pin_dir, Path::new("/sys/fs/bpf/rocev2"));
         assert_eq!(c.dataplane.neighbour_refresh, Duration::from_millis(1000));
@@ -1846,7 +2074,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         let c = parse_ok(BASE);
         assert_eq!(c.dataplane, Dataplane::default());
         assert_eq!(c.dataplane.hash, HashMode::Qp);
-        assert_eq!(c.dataplane.hash_seed, 0);
+        assert_eq!(c.dataplane.hash_seed, HashSeed::Fixed(0));
         assert_eq!(c.dataplane.xdp_mode, XdpMode::Native);
         assert_eq!(c.dataplane.pin_dir, Path::new(PIN_DIR));
         assert_eq!(c.dataplane.neighbour_refresh, Duration::from_millis(1000));
@@ -1863,7 +2091,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         let c = parse_ok(&text);
         assert_eq!(c.dataplane.hash, HashMode::FiveTuple);
         assert_eq!(c.dataplane.xdp_mode, XdpMode::Skb);
-        assert_eq!(c.dataplane.hash_seed, u32::MAX);
+        assert_eq!(c.dataplane.hash_seed, HashSeed::Fixed(u32::MAX));
         assert_eq!(c.dataplane.neighbour_refresh, Duration::from_millis(100));
         assert_eq!(c.dataplane.pin_dir, Path::new("/sys/fs/bpf/other"));
         assert_eq!(c.groups[0].hash, HashMode::FiveTuple);
@@ -2075,7 +2303,7 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     #[test]
     fn hash_seed_of_wrong_type() {
         let text = format!("[dataplane]\nhash_seed = \"1234\"\n{BASE}");
-        assert_error(&text, 2, "dataplane.hash_seed", &["expected an integer", "0 to 4294967295"]);
+        assert_error(&text, 2, "dataplane.hash_seed", &["is not a seed", "0 to 4294967295", "\"auto\""]);
     }
 
     #[test]

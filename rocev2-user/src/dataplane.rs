@@ -28,16 +28,17 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use rocev2_common::{
+    buckets::{even_table, BucketTable, NO_MEMBER},
     class::{ClassEntry, MAX_CLASSES},
     counters::{EgressCounter, PortCounter},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        self, member_index, member_stat_index, names, port_counter_index, DataplaneConfig, FlowletKey, GenRewrite,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortEntry, RouteCacheEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
-        MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
+        self, bucket_table_index, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
+        FlowletKey, GenRewrite, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6,
+        PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
+        MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
 
@@ -79,6 +80,7 @@ pub struct Maps {
     ifindex_slots: Array<MapData, IfindexSlots>,
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
+    buckets: Array<MapData, BucketTable>,
 }
 
 /// How a group chooses members (everything in GroupEntry but the members).
@@ -97,6 +99,24 @@ impl GroupPolicy {
     /// Plain hashing in `mode`.
     pub fn hash(mode: HashMode) -> Self {
         Self { hash: mode, policy: POLICY_HASH, flowlet_gap_ns: 0, flowlet_choice: 0, flowlet_flags: 0 }
+    }
+}
+
+/// The dataplane's encoding of a group policy (config groups and learned
+/// groups alike).
+pub fn policy_of(hash: HashMode, policy: &crate::config::Policy) -> GroupPolicy {
+    use crate::config::Policy;
+    use rocev2_common::maps::{FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED};
+    match policy {
+        Policy::Hash => GroupPolicy::hash(hash),
+        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(hash) },
+        Policy::Flowlet(f) => GroupPolicy {
+            policy: POLICY_FLOWLET,
+            flowlet_gap_ns: f.gap.as_nanos() as u64,
+            flowlet_choice: f.choice as u32,
+            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 },
+            ..GroupPolicy::hash(hash)
+        },
     }
 }
 
@@ -149,6 +169,7 @@ impl Maps {
             ifindex_slots: typed(take(names::IFINDEX_SLOTS)?, names::IFINDEX_SLOTS)?,
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
+            buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
         })
     }
 
@@ -185,6 +206,7 @@ impl Maps {
             ifindex_slots: open(dir, names::IFINDEX_SLOTS)?,
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
+            buckets: open(dir, names::BUCKETS)?,
         })
     }
 
@@ -383,9 +405,17 @@ impl Maps {
         .with_context(|| format!("cannot remove route {prefix}"))
     }
 
-    /// Publishes a hash group (see [`Maps::publish_group_with`]).
+    /// Publishes a hash group whose members share its buckets evenly (see
+    /// [`Maps::publish_group_with`]).
     pub fn publish_group(&mut self, group: u32, mode: HashMode, members: &[MemberSpec]) -> Result<()> {
         self.publish_group_with(group, &GroupPolicy::hash(mode), members).map(|_| ())
+    }
+
+    /// Publishes a group whose members share its buckets evenly (see
+    /// [`Maps::publish_group_buckets`]).
+    pub fn publish_group_with(&mut self, group: u32, policy: &GroupPolicy, members: &[MemberSpec]) -> Result<u32> {
+        let table = even_table(members.len() as u32);
+        self.publish_group_buckets(group, policy, members, &table)
     }
 
     /// Publishes a group's member list: written to the idle bank, then made
@@ -403,7 +433,16 @@ impl Maps {
     /// switch: the idle bank repeats the new members past their end, and
     /// the live bank's unused positions up to the new count get the new
     /// members. A torn read then still picks a usable member.
-    pub fn publish_group_with(&mut self, group: u32, policy: &GroupPolicy, members: &[MemberSpec]) -> Result<u32> {
+    ///
+    /// `buckets` names, for each bucket, an index into `members`; it is
+    /// written with the members into the idle bank.
+    pub fn publish_group_buckets(
+        &mut self,
+        group: u32,
+        policy: &GroupPolicy,
+        members: &[MemberSpec],
+        buckets: &BucketTable,
+    ) -> Result<u32> {
         if group >= MAX_GROUPS {
             bail!("group index {group} out of range (max {MAX_GROUPS})");
         }
@@ -437,6 +476,10 @@ impl Maps {
                 }
             }
         }
+        if let Some(bad) = buckets.iter().find(|m| usize::from(**m) >= members.len() && **m != NO_MEMBER) {
+            bail!("bucket table names member {bad} of a group of {}", members.len());
+        }
+        self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
         let generation = current.generation.wrapping_add(1).max(1);
         let entry = GroupEntry {
             member_count: new_count,
@@ -461,6 +504,26 @@ impl Maps {
     /// states a packet can observe in the middle of a publish.
     pub fn set_group_entry(&mut self, group: u32, entry: GroupEntry) -> Result<()> {
         self.groups.set(group, entry, 0).context("cannot write GROUPS")
+    }
+
+    /// The route target the live tables give `addr` (longest prefix
+    /// match): a group index, ROUTE_LOCAL, ROUTE_KERNEL, or `None`.
+    pub fn route_target(&self, addr: IpAddr) -> Result<Option<u32>> {
+        let found = match addr {
+            IpAddr::V4(a) => self.routes_v4.get(&Key::new(32, a.octets()), 0),
+            IpAddr::V6(a) => self.routes_v6.get(&Key::new(128, a.octets()), 0),
+        };
+        match found {
+            Ok(entry) => Ok(Some(entry.group)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).context("cannot look up the route tables"),
+        }
+    }
+
+    /// The live bucket table of a group.
+    pub fn bucket_table(&self, group: u32) -> Result<BucketTable> {
+        let entry = self.group(group)?;
+        self.buckets.get(&bucket_table_index(group, entry.bank & 1), 0).context("cannot read BUCKETS")
     }
 
     /// Live members of a group, in position order.
@@ -729,6 +792,33 @@ impl Dataplane {
             self.maps.bump_route_generation()?;
         }
         removed
+    }
+
+    /// Applies route changes (`None` = remove), then bumps the route
+    /// generation once: the incremental path for learned routes, where a
+    /// full [`Dataplane::sync_routes`] over 100,000 prefixes per change
+    /// would cost milliseconds.
+    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let applied: Result<()> = changes.iter().try_for_each(|(prefix, target)| {
+            match target {
+                Some(t) if self.installed_routes.get(prefix) != Some(t) => {
+                    self.maps.set_route(prefix, *t)?;
+                    self.installed_routes.insert(*prefix, *t);
+                }
+                Some(_) => {}
+                None => {
+                    if self.installed_routes.remove(prefix).is_some() {
+                        self.maps.remove_route(prefix)?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        self.maps.bump_route_generation()?;
+        applied
     }
 
     /// Attaches a tc program (clsact) to `ifname`: the forwarding program on

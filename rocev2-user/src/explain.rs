@@ -4,7 +4,7 @@
 //! prefix match over the configured routes, the group's hash mode, the
 //! dataplane seed, the flow key built exactly as `rocev2-ebpf`'s
 //! `forward.rs` builds it, and `rocev2_common::hash::member_hash` /
-//! `pick_member` (the code the kernel runs). When a `rocev2 run` for the
+//! `rocev2_common::buckets::member_for` (the code the kernel runs). When a `rocev2 run` for the
 //! config is live, the member list, group hash mode and seed come from its
 //! pinned maps and state file, because members that are down have left the
 //! group and every position after them has shifted.
@@ -16,11 +16,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    buckets::{fill, member_for, pick_bucket, BucketTable, BUCKETS_PER_GROUP, NO_MEMBER},
+    hash::{member_hash, FlowKey, HashMode},
     maps::{names, DataplaneConfig},
 };
 
-use crate::config::{Config, NextHop, Prefix, Route};
+use crate::{
+    config::{Config, HashSeed, NextHop, Prefix, Route},
+    dataplane::Maps,
+};
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -100,6 +104,8 @@ pub struct LiveGroup {
     pub member_count: u32,
     /// Descriptions of the live members, in position order.
     pub members: Vec<String>,
+    /// The live bucket table (bucket -> position).
+    pub buckets: BucketTable,
 }
 
 /// The live state of a running dataplane.
@@ -110,6 +116,9 @@ pub struct Live {
     /// The seed in the dataplane's CONFIG map.
     pub seed: u32,
     pub groups: Vec<LiveGroup>,
+    /// For the packet's destination: the route target in the live route
+    /// tables, when it is a learned route (`[routing] source = "kernel"`).
+    pub learned_target: Option<u32>,
 }
 
 /// Where the member list came from.
@@ -135,6 +144,8 @@ pub struct Forwarding {
     /// The DestQP that went into the hash (qp mode, RoCEv2 only).
     pub dest_qp_hashed: Option<u32>,
     pub hash: u32,
+    /// The bucket the hash falls in (its top byte).
+    pub bucket: u32,
     /// 0-based position in the group.
     pub position: u32,
     pub member_count: u32,
@@ -215,7 +226,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
     }
     let hits = matching_routes(&config.routes, packet.dst);
     let Some(route) = hits.first() else {
-        return done(Verdict::NoRoute, notes);
+        return explain_learned(config, live, packet, &key, notes);
     };
     let also_matched = hits[1..].iter().map(|r| r.prefix).collect();
     let Some(group) = config.groups.get(route.group_index as usize) else {
@@ -225,46 +236,54 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
 
     // The kernel's view when one is running, else the file's, all members up.
     let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
-    let (mode, seed, source, member_count, members): (HashMode, u32, MemberSource, u32, Vec<String>) =
-        match (live, live_group) {
-            (Some(l), Some(g)) => {
-                notes.push(format!(
+    let (mode, seed, source, member_count, members, buckets): (
+        HashMode,
+        u32,
+        MemberSource,
+        u32,
+        Vec<String>,
+        BucketTable,
+    ) = match (live, live_group) {
+        (Some(l), Some(g)) => {
+            notes.push(format!(
                 "members: live list of the running `rocev2 run` (pid {}, pin_dir {}): {} of {} configured member(s) up",
                 l.pid,
                 l.pin_dir.display(),
                 g.member_count,
                 group.members.len()
             ));
-                if l.seed != config.dataplane.hash_seed {
+            if let HashSeed::Fixed(file_seed) = config.dataplane.hash_seed {
+                if l.seed != file_seed {
                     notes.push(format!(
-                    "the running dataplane uses seed {}, not the file's {} (restart `rocev2 run` to apply the file)",
-                    l.seed, config.dataplane.hash_seed
-                ));
+                            "the running dataplane uses seed {}, not the file's {file_seed} (reload `rocev2 run` to apply the file)",
+                            l.seed
+                        ));
                 }
-                if g.hash != group.hash {
-                    notes.push(format!(
-                        "the running dataplane hashes group {} with {}, not the file's {}",
-                        group.name,
-                        mode_name(g.hash),
-                        mode_name(group.hash)
-                    ));
-                }
-                (g.hash, l.seed, MemberSource::Live, g.member_count, g.members.clone())
             }
-            (Some(l), None) => {
+            if g.hash != group.hash {
                 notes.push(format!(
+                    "the running dataplane hashes group {} with {}, not the file's {}",
+                    group.name,
+                    mode_name(g.hash),
+                    mode_name(group.hash)
+                ));
+            }
+            (g.hash, l.seed, MemberSource::Live, g.member_count, g.members.clone(), g.buckets)
+        }
+        (Some(l), None) => {
+            notes.push(format!(
                 "members: the running `rocev2 run` (pid {}) has no group {}; assuming all configured members are up",
                 l.pid, group.name
             ));
-                configured(config, group)
-            }
-            (None, _) => {
-                notes.push(
-                    "members: no live `rocev2 run` for this config; assuming all configured members are up".to_string(),
-                );
-                configured(config, group)
-            }
-        };
+            configured(config, group, &mut notes)
+        }
+        (None, _) => {
+            notes.push(
+                "members: no live `rocev2 run` for this config; assuming all configured members are up".to_string(),
+            );
+            configured(config, group, &mut notes)
+        }
+    };
     if member_count == 0 {
         return done(Verdict::NoMember { route: route.prefix, group: group.name.clone() }, notes);
     }
@@ -274,7 +293,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         );
     }
     let hash = member_hash(&key, mode, seed);
-    let position = pick_member(hash, member_count);
+    let position = member_for(&buckets, hash);
     let member = members
         .get(position as usize)
         .cloned()
@@ -291,6 +310,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
             key,
             dest_qp_hashed,
             hash,
+            bucket: pick_bucket(hash),
             position,
             member_count,
             member,
@@ -300,9 +320,85 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
     )
 }
 
-fn configured(config: &Config, group: &crate::config::Group) -> (HashMode, u32, MemberSource, u32, Vec<String>) {
+/// A destination no `[[route]]` covers: a running dataplane that follows
+/// the kernel's routes may have learned one.
+fn explain_learned(
+    config: &Config,
+    live: Option<&Live>,
+    packet: &PacketFields,
+    key: &FlowKey,
+    mut notes: Vec<String>,
+) -> Explanation {
+    let done = |verdict, notes| Explanation { packet: *packet, verdict, notes };
+    let (Some(l), Some(target)) = (live, live.and_then(|l| l.learned_target)) else {
+        if config.routing.kernel_table.is_some() && live.is_none() {
+            notes.push("routes are learned from the kernel; with no live `rocev2 run` they are unknown".into());
+        }
+        return done(Verdict::NoRoute, notes);
+    };
+    let route = Prefix::host(packet.dst);
+    let Some(g) = l.groups.iter().find(|g| g.index == target) else {
+        notes.push(format!(
+            "the live route tables send {} to the kernel (a learned route rocev2 does not forward: counter pass_kernel_route, or the box's own address)",
+            packet.dst
+        ));
+        return done(Verdict::NoRoute, notes);
+    };
+    notes.push("route: learned from the kernel routing table; `ip route get` names the prefix".into());
+    if g.member_count == 0 {
+        return done(Verdict::NoMember { route, group: g.name.clone() }, notes);
+    }
+    let hash = member_hash(key, g.hash, l.seed);
+    let position = member_for(&g.buckets, hash);
+    done(
+        Verdict::Forward(Box::new(Forwarding {
+            route,
+            also_matched: Vec::new(),
+            group: g.name.clone(),
+            group_index: g.index,
+            mode: g.hash,
+            seed: l.seed,
+            key: *key,
+            dest_qp_hashed: (g.hash == HashMode::Qp && packet.is_roce()).then_some(key.dest_qp),
+            hash,
+            bucket: pick_bucket(hash),
+            position,
+            member_count: g.member_count,
+            member: g.members.get(position as usize).cloned().unwrap_or_else(|| format!("position {position}")),
+            source: MemberSource::Live,
+        })),
+        notes,
+    )
+}
+
+fn configured(
+    config: &Config,
+    group: &crate::config::Group,
+    notes: &mut Vec<String>,
+) -> (HashMode, u32, MemberSource, u32, Vec<String>, BucketTable) {
     let members: Vec<String> = group.members.iter().map(member_text).collect();
-    (group.hash, config.dataplane.hash_seed, MemberSource::Configured, members.len() as u32, members)
+    let weights: Vec<u32> = group.members.iter().map(|m| m.weight).collect();
+    let mut buckets = [NO_MEMBER; BUCKETS_PER_GROUP as usize];
+    fill(&weights, &mut buckets);
+    (group.hash, file_seed(config, notes), MemberSource::Configured, members.len() as u32, members, buckets)
+}
+
+/// The seed a file asks for; `"auto"` is worked out from this box's port
+/// MACs the way `run` does.
+pub fn file_seed(config: &Config, notes: &mut Vec<String>) -> u32 {
+    match config.dataplane.hash_seed {
+        HashSeed::Fixed(seed) => seed,
+        HashSeed::Auto => {
+            let macs: Vec<[u8; 6]> = config.ports.iter().filter_map(|p| crate::netns::interface_mac(&p.name)).collect();
+            let seed = rocev2_common::hash::auto_seed(macs.iter().copied());
+            notes.push(format!(
+                "seed: hash_seed = \"auto\" from the MACs of {} of {} port(s) here: {seed}",
+                macs.len(),
+                config.ports.len()
+            ));
+            seed
+        }
+    }
 }
 
 pub fn mode_name(mode: HashMode) -> &'static str {
@@ -371,8 +467,8 @@ impl fmt::Display for Explanation {
                 writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", mode_name(fw.mode), fw.seed, fw.hash)?;
                 writeln!(
                     f,
-                    "member: {:#010x} x {} >> 32 = position {} -> member {} of {} (0-based): {}",
-                    fw.hash, fw.member_count, fw.position, fw.position, fw.member_count, fw.member
+                    "member: bucket {} of {BUCKETS_PER_GROUP} (hash >> 24) -> member {} of {} (0-based): {}",
+                    fw.bucket, fw.position, fw.member_count, fw.member
                 )?;
                 writeln!(
                     f,
@@ -412,7 +508,6 @@ pub fn parse_proto(text: &str) -> Result<u8> {
 
 /// Reads a running dataplane's state for `config`, or says why there is none.
 pub fn read_live(config: &Config) -> Result<Live> {
-    use crate::dataplane::Maps;
     use crate::state::RunState;
     let pin_dir = &config.dataplane.pin_dir;
     let state = RunState::read(pin_dir)?;
@@ -431,6 +526,7 @@ pub fn read_live(config: &Config) -> Result<Live> {
                 index: g.index,
                 hash: HashMode::from_u32(entry.hash_mode).unwrap_or(HashMode::FiveTuple),
                 member_count: entry.member_count,
+                buckets: maps.bucket_table(g.index)?,
                 members: g
                     .members
                     .iter()
@@ -442,7 +538,7 @@ pub fn read_live(config: &Config) -> Result<Live> {
             })
         })
         .collect::<Result<_>>()?;
-    Ok(Live { pin_dir: pin_dir.clone(), pid: state.pid, seed, groups })
+    Ok(Live { pin_dir: pin_dir.clone(), pid: state.pid, seed, groups, learned_target: None })
 }
 
 /// The seed in the pinned CONFIG map (it may differ from an edited file).
@@ -476,7 +572,12 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
         dest_qp: args.qp,
     };
     let (live, why_not) = match read_live(&config) {
-        Ok(l) => (Some(l), None),
+        Ok(mut l) => {
+            if config.routing.kernel_table.is_some() {
+                l.learned_target = Maps::open_pinned(&config.dataplane.pin_dir)?.route_target(args.dst)?;
+            }
+            (Some(l), None)
+        }
         Err(e) => (None, Some(format!("{e:#}"))),
     };
     let mut explanation = explain(&config, live.as_ref(), &packet);
@@ -558,7 +659,7 @@ group = "spines"
     fn expected(p: &PacketFields, mode: HashMode, count: u32) -> (u32, u32) {
         let key = p.flow_key().unwrap();
         let hash = member_hash(&key, mode, 1234);
-        (hash, pick_member(hash, count))
+        (hash, member_for(&rocev2_common::buckets::even_table(count), hash))
     }
 
     #[test]
@@ -602,7 +703,7 @@ group = "spines"
                 1234
             )
         );
-        assert_eq!(f.position, pick_member(f.hash, 4));
+        assert_eq!(f.position, member_for(&rocev2_common::buckets::even_table(4), f.hash));
         let text = e.to_string();
         assert!(
             text.contains(
@@ -686,7 +787,9 @@ group = "spines"
                     "dev u3 via fd00:3::2".into(),
                     "dev u4 mac 02:00:00:00:00:04".into(),
                 ],
+                buckets: rocev2_common::buckets::even_table(3),
             }],
+            learned_target: None,
         };
         let p = roce("10.0.0.1", "10.1.0.1", 0x321);
         let e = explain(&config(), Some(&live), &p);

@@ -16,6 +16,7 @@ pub mod netns;
 pub mod packet;
 pub mod privileges;
 pub mod rawsock;
+pub mod routing;
 pub mod run;
 pub mod sink;
 pub mod state;

@@ -437,6 +437,9 @@ mod tests {
             }],
             classes: vec![crate::stats::ClassSnapshot { name: "control".into(), packets: 3, bytes: 180 }],
             flowlet_entries: 4,
+            seed: 0,
+            seed_auto: false,
+            learned: None,
         }
     }
 

@@ -121,6 +121,32 @@ impl Netlink {
     }
 
     /// Name of the interface with index `ifindex`.
+    /// The routing table of VRF device `name` (`[routing] table = "NAME"`).
+    pub async fn vrf_table(&self, name: &str) -> Result<u32> {
+        use rtnetlink::packet_route::link::{InfoData, InfoVrf};
+        let mut links = self.handle.link().get().match_name(name.to_string()).execute();
+        let message = links
+            .try_next()
+            .await
+            .map_err(|e| anyhow!("no interface named {name:?} for [routing] table: {e}"))?
+            .with_context(|| format!("no interface named {name:?} for [routing] table"))?;
+        for attribute in message.attributes {
+            if let LinkAttribute::LinkInfo(infos) = attribute {
+                for info in infos {
+                    if let LinkInfoAttr::Data(InfoData::Vrf(vrf)) = info {
+                        if let Some(id) = vrf.iter().find_map(|v| match v {
+                            InfoVrf::TableId(id) => Some(*id),
+                            _ => None,
+                        }) {
+                            return Ok(id);
+                        }
+                    }
+                }
+            }
+        }
+        bail!("{name:?} is not a VRF device; [routing] table takes \"main\", a number or a VRF's name")
+    }
+
     async fn link_name(&self, ifindex: u32) -> Result<String> {
         let mut replies = self.handle.link().get().match_index(ifindex).execute();
         let message = replies
@@ -255,7 +281,7 @@ impl Netlink {
     }
 }
 
-fn link_info(message: LinkMessage) -> LinkInfo {
+pub(crate) fn link_info(message: LinkMessage) -> LinkInfo {
     let mut info = LinkInfo {
         name: String::new(),
         ifindex: message.header.index,

@@ -17,13 +17,17 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
-use rocev2_common::maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN};
+use rocev2_common::{
+    buckets::{BucketTable, Rebalance},
+    maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN},
+};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Attach, Config, Group, NextHop, Policy, Prefix, XdpMode},
-    dataplane::{local_routes, Dataplane, GroupPolicy, MemberSpec},
+    config::{Attach, Config, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
+    dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
     netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
+    routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
     state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
     stats::Snapshot,
 };
@@ -123,7 +127,14 @@ struct Runner {
     /// unchanged group is not published again: a publish switches banks
     /// and bumps the generation, which makes every flowlet of the group
     /// start over.
-    published: BTreeMap<u32, (GroupPolicy, Vec<MemberSpec>)>,
+    published: BTreeMap<u32, (GroupPolicy, Vec<MemberSpec>, BucketTable)>,
+    /// Bucket tables of the config groups by member identity, so a member
+    /// that fails moves only its own flows.
+    tables: BTreeMap<String, ResilientTable<(String, NextHop)>>,
+    /// The kernel route mirror, with `[routing] source = "kernel"`.
+    kernel: Option<KernelRoutes>,
+    /// The hash seed in use (resolved from `hash_seed = "auto"`).
+    seed: u32,
     /// The class list installed, so an unchanged one is not rewritten
     /// (rewriting empties the live list for a moment).
     classes: Option<Vec<rocev2_common::class::ClassEntry>>,
@@ -170,6 +181,9 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = sigusr1.recv() => break true,
             _ = sighup.recv() => runner.reload_from_file().await,
             _ = link_tick.tick() => runner.refresh(false).await?,
+            started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
+                runner.apply_kernel_changes(started?).await?;
+            }
             _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
         std::io::stdout().flush().ok();
@@ -228,16 +242,38 @@ impl Runner {
             local: Vec::new(),
             pins: BTreeSet::new(),
             published: BTreeMap::new(),
+            tables: BTreeMap::new(),
+            kernel: None,
+            seed: 0,
             classes: None,
             mode,
             state,
         };
+        if let Some(table) = &config.routing.kernel_table {
+            let id = match table {
+                KernelTable::Id(id) => *id,
+                KernelTable::Vrf(name) => runner.netlink.vrf_table(name).await?,
+            };
+            runner.kernel = Some(KernelRoutes::start(id)?);
+        }
         runner.apply(config, links).await?;
+        runner.resolve_learned_next_hops().await?;
         let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
         for ifname in runner.dataplane.drop_stale_links(&keep)? {
             println!("rocev2: detached the previous run's program from {ifname} (no longer a [[port]])");
         }
         let c = &runner.config;
+        if let Some(k) = &runner.kernel {
+            let s = &k.stats;
+            println!(
+                "rocev2: following kernel table {}: {} prefixes forwarded ({} host entries) over {} learned groups, {} left to the kernel",
+                s.table,
+                s.routes,
+                s.hosts,
+                s.groups,
+                s.to_kernel.values().sum::<usize>()
+            );
+        }
         println!(
             "rocev2: forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
             runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
@@ -292,6 +328,9 @@ impl Runner {
         if old.xdp_mode != newd.xdp_mode {
             fixed.push("dataplane.xdp_mode");
         }
+        if self.config.routing != new.routing {
+            fixed.push("[routing]");
+        }
         if self.config.flowlet_table_size() != new.flowlet_table_size() {
             fixed.push("flowlet_table_size (the table is sized at load time)");
         }
@@ -306,8 +345,12 @@ impl Runner {
     /// published atomically), then routes (new ones added before stale
     /// ones go), then ports attach or detach.
     async fn apply(&mut self, config: Config, links: Links) -> Result<()> {
+        self.seed = match config.dataplane.hash_seed {
+            HashSeed::Fixed(seed) => seed,
+            HashSeed::Auto => rocev2_common::hash::auto_seed(links.ports.iter().map(|l| l.mac)),
+        };
         let maps = &mut self.dataplane.maps;
-        maps.set_hash_seed(config.dataplane.hash_seed)?;
+        maps.set_hash_seed(self.seed)?;
         for (i, profile) in config.ecn_profiles.iter().enumerate() {
             maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
         }
@@ -350,35 +393,39 @@ impl Runner {
         }
         resolve_new_neighbours(&self.netlink, &mut members).await;
         for link in links.members.iter().flatten() {
-            self.dataplane.maps.add_egress_dev(link.ifindex)?;
-            match ensure_veth_peer_napi(link) {
-                Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
-                    "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
-                    link.name, link.name
-                ),
-                Ok(_) => {}
-                Err(e) => eprintln!(
-                    "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
-                    link.name
-                ),
-            }
+            prepare_egress(&mut self.dataplane, link)?;
         }
 
-        // Group slots by name; new groups take free slots.
+        // Group slots by name; new groups take free slots (not those of
+        // learned groups).
+        let learned_slots = self.kernel.as_ref().map(KernelRoutes::slots).unwrap_or_default();
         let mut slots: BTreeMap<String, u32> =
             config.groups.iter().filter_map(|g| self.slots.get(&g.name).map(|s| (g.name.clone(), *s))).collect();
         for g in &config.groups {
             if !slots.contains_key(&g.name) {
-                let free = (0..MAX_GROUPS).find(|s| !slots.values().any(|t| t == s)).context("no free group slot")?;
+                let free = (0..MAX_GROUPS)
+                    .find(|s| !slots.values().any(|t| t == s) && !learned_slots.contains(s))
+                    .context("no free group slot")?;
                 slots.insert(g.name.clone(), free);
             }
         }
+        let policies_changed =
+            self.config.route_policies != config.route_policies || self.config.dataplane.hash != config.dataplane.hash;
         self.config = config;
         self.slots = slots;
         self.members = members;
         self.publish_groups()?;
         self.local = self.netlink.local_addresses().await.context("cannot list local addresses")?;
+        if let Some(kernel) = &mut self.kernel {
+            if policies_changed {
+                kernel.mark_all_dirty();
+            }
+        }
+        self.sync_kernel().await?;
         self.dataplane.sync_routes(&self.wanted_routes())?;
+        if let Some(kernel) = &mut self.kernel {
+            kernel.release_unused();
+        }
 
         // Ports: register new ones, then attach; detach removed ones.
         let new_ports: Vec<PortState> = self
@@ -440,15 +487,27 @@ impl Runner {
             let members = &self.members[&group.name];
             let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
             let policy = group_policy(group);
-            let generation = if self.published.get(&slot) == Some(&(policy, usable.clone())) {
+            // Bucket table by member identity: only a failed member's
+            // buckets move, and a returning one's come back per `rebalance`.
+            let wanted: Vec<((String, NextHop), u32)> = members
+                .iter()
+                .zip(&group.members)
+                .map(|(m, c)| ((m.dev.clone(), m.next_hop), if m.usable().is_some() { c.weight } else { 0 }))
+                .collect();
+            let table = self.tables.entry(group.name.clone()).or_default();
+            table.update(&wanted, group.rebalance);
+            let is_usable: Vec<bool> = members.iter().map(|m| m.usable().is_some()).collect();
+            let buckets = table.positions(&is_usable);
+            let state = (policy, usable, buckets);
+            let generation = if self.published.get(&slot) == Some(&state) {
                 self.dataplane.maps.group(slot)?.generation
             } else {
                 let generation = self
                     .dataplane
                     .maps
-                    .publish_group_with(slot, &policy, &usable)
+                    .publish_group_buckets(slot, &state.0, &state.1, &state.2)
                     .with_context(|| format!("cannot publish group {}", group.name))?;
-                self.published.insert(slot, (policy, usable));
+                self.published.insert(slot, state);
                 generation
             };
             // Position of each configured member among the usable ones.
@@ -472,6 +531,72 @@ impl Runner {
             self.dataplane.maps.remove_pin(prefix, *qp)?;
         }
         self.pins = pins;
+        self.tables.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name));
+        Ok(())
+    }
+
+    /// At start: asks the kernel to resolve every learned next hop it has
+    /// no neighbour entry for (concurrently, up to FIRST_RESOLVE_TIMEOUT),
+    /// then applies what that changed, so `ready` means forwarding.
+    async fn resolve_learned_next_hops(&mut self) -> Result<()> {
+        let Some(kernel) = &self.kernel else { return Ok(()) };
+        let todo = kernel.unresolved();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let netlink = &self.netlink;
+        let results = futures::future::join_all(
+            todo.iter().map(|(ifindex, addr)| netlink.resolve_neighbour(*ifindex, *addr, FIRST_RESOLVE_TIMEOUT)),
+        )
+        .await;
+        for ((_, addr), result) in todo.iter().zip(results) {
+            if let Err(e) = result {
+                eprintln!("rocev2: warning: learned next hop {addr}: {e:#}; its members stay out of their groups until it answers");
+            }
+        }
+        if let Some(kernel) = &mut self.kernel {
+            kernel.absorb_pending()?;
+        }
+        self.apply_kernel_changes(Instant::now()).await
+    }
+
+    /// Plans the learned routes, prepares new egress links, publishes the
+    /// learned groups; returns the route changes to install.
+    async fn sync_kernel(&mut self) -> Result<Vec<(Prefix, Option<u32>)>> {
+        let Some(kernel) = &mut self.kernel else { return Ok(Vec::new()) };
+        let reserved: BTreeSet<u32> = self.slots.values().copied().collect();
+        let (policies, default) = learned_policies(&self.config);
+        let plan = kernel.plan(policies, &reserved);
+        for (ifindex, name) in kernel.links_to_prepare() {
+            match self.netlink.link(&name).await {
+                Ok(link) => {
+                    prepare_egress(&mut self.dataplane, &link)?;
+                    kernel.mark_prepared(ifindex);
+                }
+                Err(e) => eprintln!("rocev2: warning: learned next hop on {name}: {e:#}"),
+            }
+        }
+        kernel.publish_plan(&mut self.dataplane.maps, policies, default, &plan)?;
+        Ok(plan.changes)
+    }
+
+    /// A batch of kernel route, nexthop, link, neighbour or address
+    /// changes has been read into the mirror: publish what changed and
+    /// install the route changes. Config routes and the box's own addresses
+    /// keep precedence over learned routes for the same prefix.
+    async fn apply_kernel_changes(&mut self, started: Instant) -> Result<()> {
+        let changes = self.sync_kernel().await?;
+        let Some(kernel) = &mut self.kernel else { return Ok(()) };
+        let local: BTreeSet<Prefix> = self.local.iter().map(|a| Prefix::host(*a)).collect();
+        let configured: BTreeSet<Prefix> = self.config.routes.iter().map(|r| r.prefix).collect();
+        let changes: Vec<(Prefix, Option<u32>)> =
+            changes.into_iter().filter(|(p, _)| !local.contains(p) && !configured.contains(p)).collect();
+        self.dataplane.update_routes(&changes)?;
+        kernel.release_unused();
+        if !changes.is_empty() || kernel.published_any() {
+            kernel.finished_batch(started);
+            self.write_state()?;
+        }
         Ok(())
     }
 
@@ -510,9 +635,35 @@ impl Runner {
                 changed = true;
             }
         }
-        if changed {
+        // A gradual rebalance moves a few buckets per tick until done.
+        let settling = self.config.groups.iter().any(|g| {
+            matches!(g.rebalance, Rebalance::Gradual(_))
+                && self.tables.get(&g.name).is_some_and(|t| {
+                    let wanted: Vec<((String, NextHop), u32)> = self.members[&g.name]
+                        .iter()
+                        .zip(&g.members)
+                        .map(|(m, c)| ((m.dev.clone(), m.next_hop), if m.usable().is_some() { c.weight } else { 0 }))
+                        .collect();
+                    t.settling(&wanted)
+                })
+        });
+        if changed || settling {
             self.publish_groups()?;
             self.write_state()?;
+        }
+        if let Some(kernel) = &mut self.kernel {
+            if kernel.settling() {
+                let (policies, default) = learned_policies(&self.config);
+                kernel.republish(&mut self.dataplane.maps, policies, default)?;
+            }
+            if neighbours {
+                // XDP-forwarded traffic bypasses the kernel's neighbour code:
+                // keep the learned next hops' entries fresh, and ask for the
+                // ones not resolved yet (their answer arrives as an event).
+                for (ifindex, addr) in kernel.next_hops_to_refresh() {
+                    let _ = self.netlink.refresh_neighbour(ifindex, addr).await;
+                }
+            }
         }
         if neighbours {
             if let Ok(local) = self.netlink.local_addresses().await {
@@ -526,12 +677,10 @@ impl Runner {
     /// Configured routes plus host routes for every local address (which
     /// win: traffic for the box itself is never forwarded).
     fn wanted_routes(&self) -> BTreeMap<Prefix, u32> {
-        let mut routes: BTreeMap<Prefix, u32> = self
-            .config
-            .routes
-            .iter()
-            .map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name]))
-            .collect();
+        let mut routes: BTreeMap<Prefix, u32> = self.kernel.as_ref().map(|k| k.routes.clone()).unwrap_or_default();
+        routes.extend(
+            self.config.routes.iter().map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name])),
+        );
         routes.extend(local_routes(&self.local));
         routes
     }
@@ -558,6 +707,12 @@ impl Runner {
                     .collect(),
             })
             .collect();
+        if let Some(kernel) = &self.kernel {
+            self.state.groups.extend(kernel.group_states(hash_name));
+            self.state.learned = Some(kernel.stats.clone());
+        }
+        self.state.seed = self.seed;
+        self.state.seed_auto = c.dataplane.hash_seed == HashSeed::Auto;
         self.state.egress = c
             .egress
             .iter()
@@ -571,6 +726,24 @@ impl Runner {
         self.state.classes = c.classes.iter().map(|c| c.name.clone()).collect();
         self.state.write(&c.dataplane.pin_dir)
     }
+}
+
+/// Makes `link` a redirect target: in the device map, and for a veth, NAPI
+/// on its peer (XDP redirects into a veth are dropped without it).
+fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo) -> Result<()> {
+    dataplane.maps.add_egress_dev(link.ifindex)?;
+    match ensure_veth_peer_napi(link) {
+        Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
+            "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
+            link.name, link.name
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
+            link.name
+        ),
+    }
+    Ok(())
 }
 
 /// Nice level of a takeover's program load. 19 kept the most CPU for the
@@ -663,18 +836,14 @@ async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String
 
 /// The dataplane's view of a configured group policy.
 pub fn group_policy(group: &Group) -> GroupPolicy {
-    use rocev2_common::maps::{FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED};
-    match group.policy {
-        Policy::Hash => GroupPolicy::hash(group.hash),
-        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(group.hash) },
-        Policy::Flowlet(f) => GroupPolicy {
-            policy: POLICY_FLOWLET,
-            flowlet_gap_ns: f.gap.as_nanos() as u64,
-            flowlet_choice: f.choice as u32,
-            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 },
-            ..GroupPolicy::hash(group.hash)
-        },
-    }
+    policy_of(group.hash, &group.policy)
+}
+
+/// The `[[route_policy]]`s and the default for learned groups no policy
+/// covers: `[dataplane] hash`, plain hashing, immediate rebalance.
+fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedPolicy) {
+    let default = LearnedPolicy { hash: config.dataplane.hash, policy: Policy::Hash, rebalance: Rebalance::Immediate };
+    (&config.route_policies, default)
 }
 
 pub fn hash_name(mode: rocev2_common::hash::HashMode) -> &'static str {

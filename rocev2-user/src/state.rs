@@ -33,6 +33,14 @@ pub struct RunState {
     pub reloads: u64,
     #[serde(default)]
     pub last_reload: String,
+    /// The hash seed in use, and whether it was derived (`hash_seed = "auto"`).
+    #[serde(default)]
+    pub seed: u32,
+    #[serde(default)]
+    pub seed_auto: bool,
+    /// With `[routing] source = "kernel"`: what was learned from the kernel.
+    #[serde(default)]
+    pub learned: Option<crate::routing::LearnedStats>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

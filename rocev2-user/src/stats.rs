@@ -19,6 +19,11 @@ pub struct Snapshot {
     /// Flows in the flowlet table now.
     #[serde(default)]
     pub flowlet_entries: u64,
+    /// The hash seed in use; `seed_auto` when derived (`hash_seed = "auto"`).
+    pub seed: u32,
+    pub seed_auto: bool,
+    /// With `[routing] source = "kernel"`: learned routes and groups.
+    pub learned: Option<crate::routing::LearnedStats>,
 }
 
 /// An egress port's marking counters and virtual queue.
@@ -102,7 +107,16 @@ impl Snapshot {
             classes.push(ClassSnapshot { name: name.clone(), packets: s.packets, bytes: s.bytes });
         }
         let flowlet_entries = maps.flowlet_entries() as u64;
-        Ok(Self { ports, groups, egress, classes, flowlet_entries })
+        Ok(Self {
+            ports,
+            groups,
+            egress,
+            classes,
+            flowlet_entries,
+            seed: state.seed,
+            seed_auto: state.seed_auto,
+            learned: state.learned.clone(),
+        })
     }
 
     /// Flows that left the flowlet table to make room (LRU evictions): flows
@@ -144,6 +158,26 @@ impl Snapshot {
                 "\nflowlet table: {} flows, {} evicted (LRU)\n",
                 self.flowlet_entries,
                 self.flowlet_evictions()
+            ));
+        }
+        out.push_str(&format!(
+            "\nhash seed: {}{}\n",
+            self.seed,
+            if self.seed_auto { " (auto: from the port MACs)" } else { "" }
+        ));
+        if let Some(l) = &self.learned {
+            let to_kernel: Vec<String> = l.to_kernel.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            out.push_str(&format!(
+                "kernel table {}: {} prefixes forwarded ({} host entries), {} learned groups, to the kernel: {}; {} messages, {} resyncs, apply p50 {} us p99 {} us\n",
+                l.table,
+                l.routes,
+                l.hosts,
+                l.groups,
+                if to_kernel.is_empty() { "none".to_string() } else { to_kernel.join(", ") },
+                l.messages,
+                l.resyncs,
+                l.apply_us_p50,
+                l.apply_us_p99
             ));
         }
         out

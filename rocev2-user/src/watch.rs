@@ -173,6 +173,9 @@ mod tests {
             egress: Vec::new(),
             classes: Vec::new(),
             flowlet_entries: 0,
+            seed: 0,
+            seed_auto: false,
+            learned: None,
         }
     }
 

@@ -11,8 +11,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rocev2_common::{
     bth::Bth,
+    buckets::{even_table, member_for},
     checksum::internet_checksum,
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    hash::{member_hash, FlowKey, HashMode},
     maps::ROUTE_LOCAL,
 };
 use rocev2_user::{
@@ -209,7 +210,7 @@ pub fn with_ipv4_options(mut f: Vec<u8>, options: &[u8]) -> Vec<u8> {
 /// `count` members hashing in `mode` with `seed` (rocev2-common's hash, the
 /// code the program runs).
 pub fn predicted_member(key: &FlowKey, mode: HashMode, seed: u32, count: u32) -> usize {
-    pick_member(member_hash(key, mode, seed), count) as usize
+    member_for(&even_table(count), member_hash(key, mode, seed)) as usize
 }
 
 /// [`predicted_member`] in one of the leaf's groups.

@@ -188,8 +188,9 @@ fn run_counting_tests(cmd: &mut Command) -> Result<Totals> {
 const BPF_LINKER_VERSION: &str = "0.13";
 const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Runtime tools: `ip` for namespaces, `ethtool` for veth GRO, scapy as an
-/// independent RoCEv2/ICRC decoder in the tests.
-const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy"];
+/// independent RoCEv2/ICRC decoder in the tests, FRR (zebra + bgpd) as the
+/// routing daemon of the kernel-routes tests.
+const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy", "frr"];
 
 fn setup() -> Result<()> {
     let mut apt = Apt::default();

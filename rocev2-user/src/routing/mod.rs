@@ -1,0 +1,552 @@
+//! Routes from the routing daemon: `[routing] source = "kernel"` makes
+//! `rocev2 run` mirror a kernel routing table (what FRR's zebra, BIRD or
+//! `ip route` fill) into the dataplane and follow every change.
+//!
+//! - [`fib`]: the mirrored table and what each prefix becomes;
+//! - [`kernel`]: the netlink socket, the dumps and message decoding;
+//! - [`groups`]: bucket tables by member identity, learned groups.
+//!
+//! What a kernel route becomes:
+//! - a route with next hops (RTA_MULTIPATH, a gateway, or a nexthop
+//!   object) -> a learned group `nh:...`; equal sets of next hops (under
+//!   the same `[[route_policy]]`) share one group;
+//! - a blackhole/unreachable/prohibit route, an encapsulation, a device
+//!   XDP cannot send to, a connected subnet -> ROUTE_KERNEL: the packet goes
+//!   to the kernel (`pass_kernel_route`), and `stats` counts the prefixes
+//!   by reason;
+//! - every usable neighbour on a connected subnet -> a host entry (/32,
+//!   /128) with a one-member group, so traffic down to the rack's own hosts
+//!   is forwarded in XDP too.
+//!
+//! Config `[[route]]`s win over learned routes for the same prefix, and
+//! the box's own addresses win over both.
+
+pub mod fib;
+pub mod groups;
+pub mod kernel;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use rocev2_common::{
+    buckets::{BucketTable, Rebalance},
+    hash::HashMode,
+    maps::{MAX_GROUPS, ROUTE_KERNEL},
+};
+
+use self::{
+    fib::{Fib, Hop, KernelReason, Target},
+    groups::{HopId, LearnedGroups},
+    kernel::{Change, EventSocket},
+};
+use crate::{
+    config::{Policy, Prefix, RoutePolicy},
+    dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
+};
+
+/// What [`KernelRoutes::plan`] worked out.
+pub struct Plan {
+    /// Route changes to install: target, or `None` to remove.
+    pub changes: Vec<(Prefix, Option<u32>)>,
+    fresh_groups: BTreeSet<u32>,
+    neighbours: bool,
+}
+
+/// What a learned prefix is installed as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Installed {
+    Group((Vec<Hop>, Option<usize>)),
+    Kernel(KernelReason),
+}
+
+/// Counts for `stats` and the metrics.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct LearnedStats {
+    /// The kernel table followed.
+    pub table: u32,
+    /// Prefixes forwarded in XDP over learned groups (host entries included).
+    pub routes: usize,
+    /// Of those, host entries made from the neighbour table.
+    pub hosts: usize,
+    /// Prefixes left to the kernel, by reason.
+    pub to_kernel: BTreeMap<String, usize>,
+    /// Learned groups.
+    pub groups: usize,
+    /// Netlink messages applied.
+    pub messages: u64,
+    /// Full re-reads of the kernel's tables (start, socket overflow).
+    pub resyncs: u64,
+    /// Time the last batch of changes took from its first message read to
+    /// the dataplane updated, in microseconds.
+    pub last_apply_us: u64,
+    /// Median and 99th percentile of that time over the last 1,000 batches
+    /// that changed a route or a group, and how many there were.
+    pub apply_us_p50: u64,
+    pub apply_us_p99: u64,
+    pub apply_samples: u64,
+}
+
+/// The kernel route mirror of a running `rocev2 run`.
+pub struct KernelRoutes {
+    table: u32,
+    socket: EventSocket,
+    pub fib: Fib,
+    pub groups: LearnedGroups,
+    installed: HashMap<Prefix, Installed>,
+    /// Host entries from the neighbour table, as last computed.
+    hosts: BTreeMap<Prefix, Hop>,
+    /// Prefix -> route target (group slot or ROUTE_KERNEL).
+    pub routes: BTreeMap<Prefix, u32>,
+    /// What each learned group slot holds, to publish only real changes.
+    published: HashMap<u32, (GroupPolicy, Vec<MemberSpec>, BucketTable)>,
+    published_in_sync: bool,
+    /// Links prepared for redirects (in the device map, veth peer NAPI on).
+    prepared: std::collections::HashSet<u32>,
+    dirty: BTreeSet<Prefix>,
+    /// Apply times of recent batches (µs), for the percentiles in stats.
+    apply_times: std::collections::VecDeque<u64>,
+    all_dirty: bool,
+    neighbours_dirty: bool,
+    pub stats: LearnedStats,
+}
+
+/// The policy settings for one learned group.
+#[derive(Clone, Copy, Debug)]
+pub struct LearnedPolicy {
+    pub hash: HashMode,
+    pub policy: Policy,
+    pub rebalance: Rebalance,
+}
+
+impl KernelRoutes {
+    /// Subscribes to changes, then reads the whole table (subscribing
+    /// first, so nothing that happens during the dump is missed).
+    pub fn start(table: u32) -> Result<Self> {
+        let socket = EventSocket::open()?;
+        let mut me = Self {
+            table,
+            socket,
+            fib: Fib::default(),
+            groups: LearnedGroups::default(),
+            installed: HashMap::new(),
+            hosts: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            published: HashMap::new(),
+            published_in_sync: false,
+            prepared: Default::default(),
+            dirty: BTreeSet::new(),
+            apply_times: std::collections::VecDeque::new(),
+            all_dirty: false,
+            neighbours_dirty: false,
+            stats: LearnedStats { table, ..Default::default() },
+        };
+        me.resync()?;
+        Ok(me)
+    }
+
+    /// Reads every table again (at start, and when the socket overflowed
+    /// and events were lost).
+    pub fn resync(&mut self) -> Result<()> {
+        kernel::dump_all(&mut self.fib, self.table).context("cannot read the kernel's routing state")?;
+        self.stats.resyncs += 1;
+        self.all_dirty = true;
+        self.neighbours_dirty = true;
+        Ok(())
+    }
+
+    /// Applies whatever netlink messages are waiting, without waiting.
+    pub fn absorb_pending(&mut self) -> Result<()> {
+        for datagram in self.socket.ready_now().context("cannot read kernel route events")? {
+            for (message_type, message) in kernel::messages(&datagram) {
+                self.absorb(message_type, message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the next batch of netlink messages and applies them to
+    /// the mirror. Returns when the caller should [`KernelRoutes::sync`].
+    pub async fn next_batch(&mut self) -> Result<Instant> {
+        let batch = self.socket.receive().await;
+        let started = Instant::now();
+        match batch {
+            Ok(datagrams) => {
+                for datagram in &datagrams {
+                    for (message_type, message) in kernel::messages(datagram) {
+                        self.absorb(message_type, message);
+                    }
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                eprintln!("rocev2: warning: the kernel's route events overflowed the socket; reading the tables again");
+                self.resync()?;
+            }
+            Err(e) => return Err(e).context("cannot read kernel route events"),
+        }
+        Ok(started)
+    }
+
+    fn absorb(&mut self, message_type: u16, message: &[u8]) {
+        self.stats.messages += 1;
+        let links_before = self.fib.links.len();
+        match kernel::apply(&mut self.fib, self.table, message_type, message) {
+            Change::Route { route, .. } => {
+                self.dirty.insert(route.prefix);
+                // A connected subnet changes which neighbours are hosts.
+                self.neighbours_dirty = true;
+            }
+            Change::Nexthop(id) => self.dirty.extend(self.fib.prefixes_using_object(id)),
+            Change::Link(_) => {
+                // A link that appears or goes can make routes servable or not.
+                if self.fib.links.len() != links_before {
+                    self.all_dirty = true;
+                }
+                self.neighbours_dirty = true;
+            }
+            Change::Neighbour | Change::Address => self.neighbours_dirty = true,
+            Change::None => {}
+        }
+    }
+
+    /// Whether the last [`KernelRoutes::sync`] published a group.
+    pub fn published_any(&self) -> bool {
+        self.published_in_sync
+    }
+
+    /// Works out what the changes read so far mean: which prefixes point
+    /// where, making the groups they need. Then the caller prepares the
+    /// egress links ([`KernelRoutes::links_to_prepare`]), publishes
+    /// ([`KernelRoutes::publish_plan`]), installs `plan.changes` (`None` =
+    /// remove) and calls [`KernelRoutes::release_unused`].
+    pub fn plan(&mut self, policies: &[RoutePolicy], reserved_slots: &BTreeSet<u32>) -> Plan {
+        let mut todo: BTreeSet<Prefix> = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.all_dirty) {
+            todo.extend(self.fib.routes.keys().copied());
+            todo.extend(self.installed.keys().copied());
+        }
+        if self.neighbours_dirty {
+            let hosts = self.fib.host_entries();
+            for (p, h) in hosts.iter() {
+                if self.hosts.get(p) != Some(h) {
+                    todo.insert(*p);
+                }
+            }
+            todo.extend(self.hosts.keys().filter(|p| !hosts.contains_key(p)).copied());
+            self.hosts = hosts;
+        }
+        let mut changes = Vec::new();
+        let mut fresh_groups = BTreeSet::new();
+        for prefix in todo {
+            let target =
+                self.fib.target(&prefix).or_else(|| self.hosts.get(&prefix).map(|h| Target::Hops(vec![h.clone()])));
+            let old = self.installed.get(&prefix).cloned();
+            let new = match target {
+                None => None,
+                Some(Target::Kernel(reason)) => Some(Installed::Kernel(reason)),
+                Some(Target::Hops(hops)) => {
+                    let policy = policy_index(policies, &prefix);
+                    Some(Installed::Group((hops, policy)))
+                }
+            };
+            if new == old {
+                continue;
+            }
+            let new = match new {
+                Some(Installed::Group(key)) => {
+                    let inherit = match &old {
+                        Some(Installed::Group(k)) => Some(k.clone()),
+                        _ => None,
+                    };
+                    let used: BTreeSet<u32> = self.groups.by_key.values().map(|g| g.slot).collect();
+                    let links = &self.fib.links;
+                    let made = self.groups.get_or_make(
+                        &key.0,
+                        key.1,
+                        inherit.as_ref(),
+                        |h| links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
+                        || (0..MAX_GROUPS).find(|s| !reserved_slots.contains(s) && !used.contains(s)),
+                    );
+                    match made {
+                        Some(group) => {
+                            group.prefixes += 1;
+                            if group.prefixes == 1 {
+                                fresh_groups.insert(group.slot);
+                            }
+                            Some(Installed::Group(key))
+                        }
+                        None => Some(Installed::Kernel(KernelReason::GroupTableFull)),
+                    }
+                }
+                other => other,
+            };
+            if let Some(Installed::Group(k)) = &old {
+                if let Some(g) = self.groups.by_key.get_mut(k) {
+                    g.prefixes = g.prefixes.saturating_sub(1);
+                }
+            }
+            let route = match &new {
+                Some(Installed::Group(k)) => Some(self.groups.by_key[k].slot),
+                Some(Installed::Kernel(_)) => Some(ROUTE_KERNEL),
+                None => None,
+            };
+            match (route, &new) {
+                (Some(target), Some(n)) => {
+                    self.routes.insert(prefix, target);
+                    self.installed.insert(prefix, n.clone());
+                }
+                _ => {
+                    self.routes.remove(&prefix);
+                    self.installed.remove(&prefix);
+                }
+            }
+            changes.push((prefix, route));
+        }
+        let neighbours = std::mem::take(&mut self.neighbours_dirty);
+        Plan { changes, fresh_groups, neighbours }
+    }
+
+    /// Egress links of learned next hops that have not been prepared for
+    /// XDP redirects yet (device map, veth peer NAPI): (ifindex, name).
+    pub fn links_to_prepare(&self) -> Vec<(u32, String)> {
+        let mut out: Vec<(u32, String)> = self
+            .groups
+            .by_key
+            .values()
+            .filter(|g| g.prefixes > 0)
+            .flat_map(|g| g.hops.iter())
+            .filter(|h| !self.prepared.contains(&h.oif))
+            .filter_map(|h| self.fib.links.get(&h.oif).map(|l| (h.oif, l.name.clone())))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// `ifindex` can now take redirects; its members become usable.
+    pub fn mark_prepared(&mut self, ifindex: u32) {
+        self.prepared.insert(ifindex);
+    }
+
+    /// Publishes the groups the plan made and, when neighbours or links
+    /// changed, every group whose members changed, before any route
+    /// points at them.
+    pub fn publish_plan(
+        &mut self,
+        maps: &mut Maps,
+        policies: &[RoutePolicy],
+        default: LearnedPolicy,
+        plan: &Plan,
+    ) -> Result<()> {
+        self.published_in_sync = false;
+        self.publish(maps, policies, default, |slot| plan.neighbours || plan.fresh_groups.contains(&slot))?;
+        self.count();
+        Ok(())
+    }
+
+    /// Republishes every learned group (a gradual rebalance step, a link
+    /// that changed state).
+    pub fn republish(&mut self, maps: &mut Maps, policies: &[RoutePolicy], default: LearnedPolicy) -> Result<()> {
+        self.publish(maps, policies, default, |_| true)
+    }
+
+    fn publish(
+        &mut self,
+        maps: &mut Maps,
+        policies: &[RoutePolicy],
+        default: LearnedPolicy,
+        consider: impl Fn(u32) -> bool,
+    ) -> Result<()> {
+        for group in self.groups.by_key.values_mut().filter(|g| g.prefixes > 0 && consider(g.slot)) {
+            let settings = group.policy.and_then(|i| policies.get(i)).map_or(default, |p| LearnedPolicy {
+                hash: p.hash,
+                policy: p.policy,
+                rebalance: p.rebalance,
+            });
+            let specs: Vec<Option<MemberSpec>> =
+                group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
+            let wanted: Vec<(HopId, u32)> = group
+                .hops
+                .iter()
+                .zip(&specs)
+                .map(|(h, s)| ((h.oif, h.neighbour), if s.is_some() { h.weight } else { 0 }))
+                .collect();
+            group.table.update(&wanted, settings.rebalance);
+            let usable: Vec<bool> = specs.iter().map(Option::is_some).collect();
+            let members: Vec<MemberSpec> = specs.into_iter().flatten().collect();
+            let buckets = group.table.positions(&usable);
+            let policy = policy_of(settings.hash, &settings.policy);
+            let state = (policy, members, buckets);
+            if self.published.get(&group.slot) != Some(&state) {
+                maps.publish_group_buckets(group.slot, &state.0, &state.1, &state.2)
+                    .with_context(|| format!("cannot publish learned group {}", group.name))?;
+                self.published.insert(group.slot, state);
+                self.published_in_sync = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees learned groups no prefix uses any more (after the routes that
+    /// pointed at them were changed).
+    pub fn release_unused(&mut self) {
+        let published = &mut self.published;
+        self.groups.by_key.retain(|_, g| {
+            if g.prefixes == 0 {
+                published.remove(&g.slot);
+            }
+            g.prefixes > 0
+        });
+        self.stats.groups = self.groups.by_key.len();
+    }
+
+    /// Whether a gradual rebalance is still moving buckets.
+    pub fn settling(&self) -> bool {
+        self.groups.by_key.values().any(|g| {
+            let wanted: Vec<(HopId, u32)> = g
+                .hops
+                .iter()
+                .map(|h| {
+                    (
+                        (h.oif, h.neighbour),
+                        if member_spec(&self.fib, &self.prepared, h).is_some() { h.weight } else { 0 },
+                    )
+                })
+                .collect();
+            g.table.settling(&wanted)
+        })
+    }
+
+    /// Next hops whose neighbour is not resolved (for the caller to ask
+    /// the kernel to resolve).
+    pub fn unresolved(&self) -> Vec<(u32, std::net::IpAddr)> {
+        let mut out: Vec<(u32, std::net::IpAddr)> = self
+            .groups
+            .by_key
+            .values()
+            .flat_map(|g| g.hops.iter())
+            .filter(|h| self.fib.links.get(&h.oif).is_some_and(|l| l.up))
+            .filter(|h| !self.fib.neighbours.contains_key(&(h.oif, h.neighbour)))
+            .map(|h| (h.oif, h.neighbour))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn count(&mut self) {
+        let mut to_kernel: BTreeMap<String, usize> = BTreeMap::new();
+        let mut routes = 0;
+        for installed in self.installed.values() {
+            match installed {
+                Installed::Group(_) => routes += 1,
+                Installed::Kernel(reason) => *to_kernel.entry(reason.name().to_string()).or_default() += 1,
+            }
+        }
+        self.stats.routes = routes;
+        self.stats.hosts =
+            self.hosts.keys().filter(|p| self.fib.target(p).is_none() && self.installed.contains_key(p)).count();
+        self.stats.to_kernel = to_kernel;
+        self.stats.groups = self.groups.by_key.values().filter(|g| g.prefixes > 0).count();
+    }
+
+    /// Records how long a batch that changed the dataplane took (first
+    /// message read to dataplane updated).
+    pub fn finished_batch(&mut self, started: Instant) {
+        let us = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        self.stats.last_apply_us = us;
+        self.stats.apply_samples += 1;
+        if self.apply_times.len() == 1000 {
+            self.apply_times.pop_front();
+        }
+        self.apply_times.push_back(us);
+        let mut sorted: Vec<u64> = self.apply_times.iter().copied().collect();
+        sorted.sort_unstable();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        self.stats.apply_us_p50 = at(0.5);
+        self.stats.apply_us_p99 = at(0.99);
+    }
+
+    /// Makes the next sync look at every prefix again (the policies changed).
+    pub fn mark_all_dirty(&mut self) {
+        self.all_dirty = true;
+    }
+
+    /// Next hops whose neighbour entries `run` keeps fresh: all of them
+    /// (XDP-forwarded traffic does not refresh the kernel's entries), the
+    /// unresolved ones first.
+    pub fn next_hops_to_refresh(&self) -> Vec<(u32, std::net::IpAddr)> {
+        let mut out = self.unresolved();
+        let mut rest: Vec<(u32, std::net::IpAddr)> = self
+            .groups
+            .by_key
+            .values()
+            .filter(|g| g.prefixes > 0)
+            .flat_map(|g| g.hops.iter().map(|h| (h.oif, h.neighbour)))
+            .filter(|k| !out.contains(k))
+            .collect();
+        rest.sort();
+        rest.dedup();
+        out.extend(rest);
+        out
+    }
+
+    /// The learned groups as `rocev2 stats` lists them, live members in
+    /// position order.
+    pub fn group_states(&self, hash_name: fn(HashMode) -> &'static str) -> Vec<crate::state::GroupState> {
+        let mut out: Vec<crate::state::GroupState> = self
+            .groups
+            .by_key
+            .values()
+            .filter(|g| g.prefixes > 0)
+            .map(|g| crate::state::GroupState {
+                name: g.name.clone(),
+                index: g.slot,
+                hash: hash_name(self.published.get(&g.slot).map_or(HashMode::Qp, |p| p.0.hash)).to_string(),
+                members: g
+                    .hops
+                    .iter()
+                    .filter_map(|h| member_spec(&self.fib, &self.prepared, h).map(|m| (h, m)))
+                    .map(|(h, m)| crate::state::MemberState {
+                        dev: self.fib.links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
+                        next_hop: format!("via {}", h.neighbour),
+                        mac: crate::run::format_mac(&m.dst_mac),
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Slots in use by learned groups.
+    pub fn slots(&self) -> BTreeSet<u32> {
+        self.groups.by_key.values().map(|g| g.slot).collect()
+    }
+}
+
+/// The dataplane member for a learned next hop, if it is usable now: its
+/// link is up with an Ethernet address and its neighbour is resolved.
+fn member_spec(fib: &Fib, prepared: &std::collections::HashSet<u32>, hop: &Hop) -> Option<MemberSpec> {
+    if !prepared.contains(&hop.oif) {
+        return None;
+    }
+    let link = fib.links.get(&hop.oif).filter(|l| l.up)?;
+    let dst_mac = *fib.neighbours.get(&(hop.oif, hop.neighbour))?;
+    Some(MemberSpec { ifindex: hop.oif, src_mac: link.mac?, dst_mac })
+}
+
+/// The most specific `[[route_policy]]` covering `prefix`.
+fn policy_index(policies: &[RoutePolicy], prefix: &Prefix) -> Option<usize> {
+    policies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.prefix.covers(prefix))
+        .max_by_key(|(_, p)| p.prefix.prefix_len())
+        .map(|(i, _)| i)
+}
+
+/// How long to wait between gradual rebalance steps.
+pub const REBALANCE_STEP: Duration = Duration::from_millis(100);

@@ -1,0 +1,256 @@
+//! Routes from a real routing daemon: FRR (zebra + bgpd) on a leaf and on
+//! four spines, eBGP with `maximum-paths`, and `rocev2 run` on the leaf
+//! with `[routing] source = "kernel"`. Zebra installs the multipath route
+//! as a nexthop object; rocev2 follows it.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use rocev2_tests::{
+    frr::{leaf_config, spine_config, Frr},
+    require_root, rocev2_bin,
+};
+use rocev2_user::{
+    dataplane::Maps,
+    lab::{lab_frames, EcmpLab, Family, LabReport},
+};
+
+const SPINES: usize = 4;
+const QPS: u32 = 64;
+const LEAF_ASN: u32 = 65000;
+
+fn spine_asn(i: usize) -> u32 {
+    65100 + i as u32
+}
+
+/// The lab's switch config with routes learned from the kernel instead of
+/// `[[route]]`s.
+fn kernel_config(lab: &EcmpLab, hash: &str, extra: &str) -> String {
+    format!(
+        "[dataplane]\nhash = \"{hash}\"\nhash_seed = 1234\npin_dir = \"{}\"\n\n[routing]\nsource = \"kernel\"\n\n[[port]]\nname = \"p0\"\n{extra}",
+        lab.pin_dir().display()
+    )
+}
+
+/// FRR on every spine (advertising the lab's destination prefix over
+/// IPv4 or IPv6 sessions) and on the leaf, converged.
+fn start_bgp(lab: &EcmpLab, family: Family) -> (Vec<Frr>, Frr) {
+    let (prefix, leaf_of, spine_of): (&str, fn(usize) -> String, fn(usize) -> String) = match family {
+        Family::V4 => ("10.1.0.0/16", |i| format!("10.0.{i}.1"), |i| format!("10.0.{i}.2")),
+        Family::V6 => ("fd01::/64", |i| format!("fd00:{i}::1"), |i| format!("fd00:{i}::2")),
+    };
+    let mut spines = Vec::new();
+    for (i, ns) in lab.uplinks.iter().enumerate() {
+        let i = i + 1;
+        let config = spine_config(spine_asn(i), &format!("10.0.{i}.2"), &leaf_of(i), LEAF_ASN, &[prefix]);
+        spines.push(Frr::start(ns.name(), &config).expect("start FRR on a spine"));
+    }
+    let peers: Vec<(String, u32)> = (1..=lab.uplinks.len()).map(|i| (spine_of(i), spine_asn(i))).collect();
+    let leaf = Frr::start(lab.switch.name(), &leaf_config(LEAF_ASN, "10.0.0.254", &peers)).expect("start FRR");
+    let n = lab.uplinks.len();
+    leaf.wait_route(prefix, &format!("{n} paths"), |t| t.matches(" via ").count() == n, Duration::from_secs(30))
+        .expect("BGP converges");
+    (spines, leaf)
+}
+
+fn assert_intact(report: &LabReport) {
+    assert_eq!(report.received(), report.sent, "every packet arrives once:\n{}", report.render());
+    for u in &report.uplinks {
+        assert_eq!((u.bad_ttl, u.bad_ipv4_checksum, u.bad_icrc, u.reordered), (0, 0, 0, 0), "up{}", u.uplink);
+    }
+}
+
+/// Which uplink each QP took.
+fn uplink_of_each_qp(report: &LabReport) -> BTreeMap<u32, usize> {
+    let mut out = BTreeMap::new();
+    for u in &report.uplinks {
+        for qp in &u.qps {
+            assert!(out.insert(*qp, u.uplink).is_none(), "QP {qp:#x} split over two uplinks");
+        }
+    }
+    out
+}
+
+/// The member count the live dataplane gives the destination's group.
+fn live_members(pin_dir: &Path, dst: &str) -> Option<u32> {
+    let maps = Maps::open_pinned(pin_dir).ok()?;
+    let slot = maps.route_target(dst.parse().unwrap()).ok()??;
+    maps.group(slot).ok().map(|g| g.member_count)
+}
+
+fn wait_live_members(pin_dir: &Path, dst: &str, want: u32) -> Duration {
+    let start = Instant::now();
+    while live_members(pin_dir, dst) != Some(want) {
+        assert!(start.elapsed() < Duration::from_secs(20), "the dataplane never reached {want} members for {dst}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    start.elapsed()
+}
+
+fn stats_json(pin_dir: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(rocev2_bin())
+        .arg("stats")
+        .arg("--json")
+        .arg("--pin-dir")
+        .arg(pin_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The main case: 64 QPs on one source port spread over all four
+/// BGP paths; a spine withdraws the prefix and only its QPs move; it
+/// advertises again and they come back.
+#[test]
+fn bgp_multipath_spreads_qps_and_a_withdrawal_moves_only_that_spines_qps() {
+    require_root();
+    let lab = EcmpLab::create(SPINES).unwrap();
+    let (spines, _leaf) = start_bgp(&lab, Family::V4);
+    let config = lab.write_config_text("kernel", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("rocev2 run with kernel routes");
+    let pin_dir = lab.pin_dir();
+    assert_eq!(live_members(&pin_dir, "10.1.0.1"), Some(4), "learned group with 4 members:\n{}", dataplane.output());
+
+    let frames = lab_frames(QPS, 4, &[Family::V4]);
+    let before = lab.send_bursts_and_capture(vec![frames.clone()], Duration::ZERO).unwrap();
+    assert_intact(&before);
+    assert_eq!(before.active_uplinks(), SPINES, "64 QPs use all four BGP paths:\n{}", before.render());
+    let placed = uplink_of_each_qp(&before);
+
+    // Spine 3 withdraws the prefix: zebra points the route at a new
+    // nexthop group of three; rocev2 follows.
+    spines[2]
+        .vtysh(&["configure terminal", "router bgp 65103", "address-family ipv4 unicast", "no network 10.1.0.0/16"])
+        .unwrap();
+    let took = wait_live_members(&pin_dir, "10.1.0.1", 3);
+    let after = lab.send_bursts_and_capture(vec![frames.clone()], Duration::ZERO).unwrap();
+    assert_intact(&after);
+    assert_eq!(after.uplinks[2].packets, 0, "nothing goes to the withdrawn spine:\n{}", after.render());
+    let moved: Vec<(u32, usize, usize)> = uplink_of_each_qp(&after)
+        .into_iter()
+        .filter(|(qp, up)| placed[qp] != *up)
+        .map(|(qp, up)| (qp, placed[&qp], up))
+        .collect();
+    assert!(!moved.is_empty());
+    assert!(moved.iter().all(|(_, from, _)| *from == 3), "only spine 3's QPs move (buckets): {moved:?}");
+    println!("withdrawal followed in {took:?} (polled from the test); {} QPs moved, all from spine 3", moved.len());
+
+    // It advertises again: four members, and the QPs go back where they were.
+    spines[2]
+        .vtysh(&["configure terminal", "router bgp 65103", "address-family ipv4 unicast", "network 10.1.0.0/16"])
+        .unwrap();
+    wait_live_members(&pin_dir, "10.1.0.1", 4);
+    let back = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
+    assert_intact(&back);
+    assert_eq!(uplink_of_each_qp(&back), placed, "a returning path gets its own buckets back");
+
+    let stats = stats_json(&pin_dir);
+    let learned = &stats["learned"];
+    assert!(learned["apply_samples"].as_u64().unwrap() >= 2, "{learned}");
+    println!(
+        "kernel event -> dataplane: p50 {} us, p99 {} us over {} batches",
+        learned["apply_us_p50"], learned["apply_us_p99"], learned["apply_samples"]
+    );
+    let output = dataplane.stop().unwrap();
+    assert!(output.contains("following kernel table 254"), "{output}");
+}
+
+/// IPv6 sessions and an IPv6 prefix: the same, for the other family.
+#[test]
+fn bgp_ipv6_routes_are_followed() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let (_spines, _leaf) = start_bgp(&lab, Family::V6);
+    let config = lab.write_config_text("kernel6", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    assert_eq!(live_members(&lab.pin_dir(), "fd01::1"), Some(2), "{}", dataplane.output());
+    let report = lab.send_bursts_and_capture(vec![lab_frames(QPS, 2, &[Family::V6])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    assert_eq!(report.active_uplinks(), 2, "{}", report.render());
+    dataplane.stop().unwrap();
+}
+
+/// Weights from `ip nexthop ... weight` split 256 QPs in proportion.
+#[test]
+fn nexthop_object_weights_split_traffic_in_proportion() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = |args: &[&str]| lab.in_switch(&[&["ip"], args].concat()).unwrap();
+    sw(&["nexthop", "add", "id", "101", "via", "10.0.1.2", "dev", "u1"]);
+    sw(&["nexthop", "add", "id", "102", "via", "10.0.2.2", "dev", "u2"]);
+    sw(&["nexthop", "add", "id", "110", "group", "101,1/102,3"]);
+    sw(&["route", "add", "10.1.0.0/16", "nhid", "110"]);
+    let config = lab.write_config_text("weights", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let report = lab.send_bursts_and_capture(vec![lab_frames(256, 1, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    let share = report.uplinks[1].packets as f64 / report.sent as f64;
+    assert!((share - 0.75).abs() <= 0.075, "weight 3 of 4 should carry 75% +-10%: {:.3}\n{}", share, report.render());
+    // The group is named after its members and weights.
+    let stats = stats_json(&lab.pin_dir());
+    let names: Vec<&str> = stats["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
+    assert!(names.contains(&"nh:u1+u2*3"), "{names:?}");
+    dataplane.stop().unwrap();
+}
+
+/// A blackhole route inside a forwarded prefix goes to the kernel, counted,
+/// and a route added, changed and removed under `run` is followed.
+#[test]
+fn route_changes_are_followed_and_unservable_routes_go_to_the_kernel() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = |args: &[&str]| lab.in_switch(&[&["ip"], args].concat()).unwrap();
+    let config = lab.write_config_text("changes", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let pin_dir = lab.pin_dir();
+    assert_eq!(live_members(&pin_dir, "10.1.0.1"), None, "no route yet");
+    sw(&["route", "add", "10.1.0.0/16", "via", "10.0.1.2", "dev", "u1"]);
+    wait_live_members(&pin_dir, "10.1.0.1", 1);
+    let one = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&one);
+    assert_eq!(one.uplinks[0].packets, one.sent, "{}", one.render());
+    sw(&[
+        "route",
+        "replace",
+        "10.1.0.0/16",
+        "nexthop",
+        "via",
+        "10.0.1.2",
+        "dev",
+        "u1",
+        "nexthop",
+        "via",
+        "10.0.2.2",
+        "dev",
+        "u2",
+    ]);
+    wait_live_members(&pin_dir, "10.1.0.1", 2);
+    sw(&["route", "add", "blackhole", "10.1.0.0/24"]);
+    let start = Instant::now();
+    loop {
+        let maps = Maps::open_pinned(&pin_dir).unwrap();
+        if maps.route_target("10.1.0.1".parse().unwrap()).unwrap() == Some(rocev2_common::maps::ROUTE_KERNEL) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "blackhole route not followed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let to_kernel = lab.send_bursts_and_capture(vec![lab_frames(4, 1, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_eq!(to_kernel.received(), 0, "the blackhole is the kernel's: nothing forwarded");
+    let stats = stats_json(&pin_dir);
+    assert_eq!(stats["learned"]["to_kernel"]["reject"], 1, "{}", stats["learned"]);
+    let port = &stats["ports"][0]["counters"];
+    assert_eq!(port["pass_kernel_route"], 4, "{port}");
+    sw(&["route", "del", "blackhole", "10.1.0.0/24"]);
+    sw(&["route", "del", "10.1.0.0/16"]);
+    let start = Instant::now();
+    while live_members(&pin_dir, "10.1.0.1").is_some() {
+        assert!(start.elapsed() < Duration::from_secs(10), "route removal not followed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    dataplane.stop().unwrap();
+}
