@@ -10,6 +10,7 @@
 //! 3. Control plane: loading 100,000 routes, a group change taking effect,
 //!    memory of the maps.
 
+mod kernel_routes;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
@@ -1052,9 +1053,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut notes = Vec::new();
     let p1 = part1(args, &mut control, &mut reading)?;
     let p2 = part2(args, &mut notes)?;
+    let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
+    let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
     rows.extend(p2);
+    rows.extend(p4);
     rows.extend(control);
     let table = render_table(&rows);
     println!("Machine: {machine}\n\n{table}");

@@ -287,10 +287,17 @@ pub fn lab_frame(family: Family, bth: Bth, ecn: u8, payload_len: usize) -> Vec<u
 
 /// Like [`lab_frame`] from UDP source port `src_port`.
 pub fn lab_frame_from_port(family: Family, bth: Bth, ecn: u8, payload_len: usize, src_port: u16) -> Vec<u8> {
-    let (src, dst): (IpAddr, IpAddr) = match family {
-        Family::V4 => ("10.0.0.1".parse().unwrap(), DEST_V4.parse().unwrap()),
-        Family::V6 => ("fd00::1".parse().unwrap(), DEST_V6.parse().unwrap()),
+    let dst: IpAddr = match family {
+        Family::V4 => DEST_V4.parse().unwrap(),
+        Family::V6 => DEST_V6.parse().unwrap(),
     };
+    lab_frame_to(dst, bth, ecn, payload_len, src_port)
+}
+
+/// A frame from the sender to any destination `dst` (the sender's address
+/// of `dst`'s family as the source).
+pub fn lab_frame_to(dst: IpAddr, bth: Bth, ecn: u8, payload_len: usize, src_port: u16) -> Vec<u8> {
+    let src: IpAddr = if dst.is_ipv4() { "10.0.0.1".parse().unwrap() } else { "fd00::1".parse().unwrap() };
     build_roce_frame(&RoceFrameSpec {
         src_mac: SENDER_MAC,
         dst_mac: SWITCH_PORT_MAC,
@@ -522,6 +529,21 @@ impl DataplaneProcess {
                 bail!("rocev2 run did not become ready ({exited:?}); its output:\n{log}");
             }
         }
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the process with SIGKILL, as a crash would: nothing is
+    /// detached or unpinned.
+    pub fn kill(mut self) -> String {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+        self.output()
     }
 
     /// Everything the process printed so far.

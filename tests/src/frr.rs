@@ -79,6 +79,11 @@ impl Frr {
         Ok(())
     }
 
+    /// The frr.conf this instance was started with.
+    pub fn config(&self) -> String {
+        std::fs::read_to_string(self.dir.join("frr.conf")).unwrap_or_default()
+    }
+
     /// Runs vtysh commands (`-c` each) against this instance.
     pub fn vtysh(&self, commands: &[&str]) -> Result<String> {
         let dir = self.dir.display().to_string();
@@ -177,5 +182,22 @@ pub fn leaf_config(asn: u32, router_id: &str, spines: &[(String, u32)]) -> Strin
     }
     format!(
         "frr defaults datacenter\nhostname leaf\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp ebgp-requires-policy\n bgp bestpath as-path multipath-relax\n{neighbours} !\n address-family ipv4 unicast\n{activate4}  maximum-paths 8\n exit-address-family\n !\n address-family ipv6 unicast\n{activate6}  maximum-paths 8\n exit-address-family\n!\n"
+    )
+}
+
+/// The frr.conf of a switch with BGP unnumbered sessions (RFC 5549: IPv4
+/// routes over IPv6 link-local next hops) on `interfaces`, advertising
+/// `prefixes` and installing up to 8 equal paths.
+pub fn unnumbered_config(asn: u32, router_id: &str, interfaces: &[&str], prefixes: &[&str]) -> String {
+    let mut neighbours = String::new();
+    for i in interfaces {
+        neighbours.push_str(&format!(" neighbor {i} interface remote-as external\n neighbor {i} timers 1 3\n"));
+    }
+    let mut networks = String::new();
+    for p in prefixes {
+        networks.push_str(&format!("  network {p}\n"));
+    }
+    format!(
+        "frr defaults datacenter\nhostname u{asn}\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp ebgp-requires-policy\n no bgp network import-check\n bgp bestpath as-path multipath-relax\n{neighbours} !\n address-family ipv4 unicast\n{networks}  maximum-paths 8\n exit-address-family\n!\n"
     )
 }

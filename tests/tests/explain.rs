@@ -91,7 +91,7 @@ fn explain_names_the_member_the_kernel_picks() {
         let (src, dst): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..300u32 {
-            let (sport, qp) = (0xC000 | (i % 7) as u16, 0x00_0100 + i * 37);
+            let (sport, qp) = (0xC000 | (i % 31) as u16, 0x00_0100 + i * 37);
             let packet = PacketFields { src, dst, protocol: 17, src_port: sport, dst_port: 4791, dest_qp: Some(qp) };
             let e = explain(&config, None, &packet);
             let Verdict::Forward(f) = &e.verdict else { panic!("{dst} qp {qp}: {e}") };
@@ -102,7 +102,7 @@ fn explain_names_the_member_the_kernel_picks() {
             assert!(f.member.ends_with(&format!("02:bb:00:00:{group:02x}:{:02x}", f.position)), "{}", f.member);
             seen.insert(f.position);
         }
-        // qp groups spread over every member; the five-tuple group only by sport (7 ports).
+        // qp groups spread over every member; the five-tuple group only by sport (31 ports).
         assert_eq!(seen.len(), config.groups[group as usize].members.len(), "{dst}: {seen:?}");
     }
 }

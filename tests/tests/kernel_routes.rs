@@ -10,12 +10,12 @@ use std::{
 };
 
 use rocev2_tests::{
-    frr::{leaf_config, spine_config, Frr},
+    frr::{leaf_config, spine_config, unnumbered_config, Frr},
     require_root, rocev2_bin,
 };
 use rocev2_user::{
     dataplane::Maps,
-    lab::{lab_frames, EcmpLab, Family, LabReport},
+    lab::{lab_frame_to, lab_frames, EcmpLab, Family, LabReport},
 };
 
 const SPINES: usize = 4;
@@ -38,10 +38,14 @@ fn kernel_config(lab: &EcmpLab, hash: &str, extra: &str) -> String {
 /// FRR on every spine (advertising the lab's destination prefix over
 /// IPv4 or IPv6 sessions) and on the leaf, converged.
 fn start_bgp(lab: &EcmpLab, family: Family) -> (Vec<Frr>, Frr) {
-    let (prefix, leaf_of, spine_of): (&str, fn(usize) -> String, fn(usize) -> String) = match family {
-        Family::V4 => ("10.1.0.0/16", |i| format!("10.0.{i}.1"), |i| format!("10.0.{i}.2")),
-        Family::V6 => ("fd01::/64", |i| format!("fd00:{i}::1"), |i| format!("fd00:{i}::2")),
+    // Uplink i's subnet is 10.0.i.0/24 and fd00:i::/64: the leaf is .1, the spine .2.
+    let prefix = if family == Family::V4 { "10.1.0.0/16" } else { "fd01::/64" };
+    let subnet = |i: usize, end: u8| match family {
+        Family::V4 => format!("10.0.{i}.{end}"),
+        Family::V6 => format!("fd00:{i}::{end}"),
     };
+    let leaf_of = |i| subnet(i, 1);
+    let spine_of = |i| subnet(i, 2);
     let mut spines = Vec::new();
     for (i, ns) in lab.uplinks.iter().enumerate() {
         let i = i + 1;
@@ -253,4 +257,130 @@ fn route_changes_are_followed_and_unservable_routes_go_to_the_kernel() {
         std::thread::sleep(Duration::from_millis(5));
     }
     dataplane.stop().unwrap();
+}
+
+/// BGP unnumbered: IPv4 routes whose next hops are the spines' IPv6
+/// link-local addresses (`via inet6 fe80::...`).
+#[test]
+fn bgp_unnumbered_ipv4_over_ipv6_link_local_next_hops() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let mut spines = Vec::new();
+    for (i, ns) in lab.uplinks.iter().enumerate() {
+        let config = unnumbered_config(spine_asn(i + 1), &format!("10.0.{}.2", i + 1), &["up0"], &["10.1.0.0/16"]);
+        spines.push(Frr::start(ns.name(), &config).unwrap());
+    }
+    let leaf = Frr::start(lab.switch.name(), &unnumbered_config(LEAF_ASN, "10.0.0.254", &["u1", "u2"], &[])).unwrap();
+    let route = leaf
+        .wait_route(
+            "10.1.0.0/16",
+            "2 IPv6 link-local paths",
+            |t| t.matches("via inet6 fe80").count() == 2,
+            Duration::from_secs(40),
+        )
+        .unwrap();
+    let config = lab.write_config_text("unnumbered", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    assert_eq!(live_members(&lab.pin_dir(), "10.1.0.1"), Some(2), "{route}\n{}", dataplane.output());
+    let report = lab.send_bursts_and_capture(vec![lab_frames(QPS, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    assert_eq!(report.active_uplinks(), 2, "{}", report.render());
+    dataplane.stop().unwrap();
+}
+
+/// A host on a connected subnet (here the far end of u1, 10.0.1.2) gets a
+/// host entry from the neighbour table, so its RoCE traffic is forwarded
+/// in XDP: the port counters say `forwarded`, not `pass_*`.
+#[test]
+fn connected_hosts_are_forwarded_in_xdp() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let config = lab.write_config_text("hosts", &kernel_config(&lab, "qp", "")).unwrap();
+    // The switch learns its neighbour the ordinary way.
+    lab.in_switch(&[
+        "ip",
+        "neigh",
+        "replace",
+        "10.0.1.2",
+        "lladdr",
+        "02:52:32:02:00:01",
+        "dev",
+        "u1",
+        "nud",
+        "reachable",
+    ])
+    .unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let pin_dir = lab.pin_dir();
+    assert_eq!(live_members(&pin_dir, "10.0.1.2"), Some(1), "{}", dataplane.output());
+    let dst = "10.0.1.2".parse().unwrap();
+    let frames: Vec<Vec<u8>> = (0..20)
+        .map(|psn| {
+            lab_frame_to(
+                dst,
+                rocev2_common::bth::Bth::new(rocev2_common::bth::opcode::WRITE_MIDDLE, 0x42, psn),
+                2,
+                128,
+                0xC000,
+            )
+        })
+        .collect();
+    let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    assert_eq!(report.uplinks[0].packets, 20, "{}", report.render());
+    let stats = stats_json(&pin_dir);
+    let counters = &stats["ports"][0]["counters"];
+    assert_eq!(counters["forwarded"], 20, "{counters}");
+    assert_eq!(stats["learned"]["hosts"], 1, "{}", stats["learned"]);
+    // The neighbour goes away: so does the host entry (the subnet's route
+    // sends the host to the kernel again).
+    lab.in_switch(&["ip", "neigh", "del", "10.0.1.2", "dev", "u1"]).unwrap();
+    let start = Instant::now();
+    loop {
+        let maps = Maps::open_pinned(&pin_dir).unwrap();
+        if maps.route_target(dst).unwrap() == Some(rocev2_common::maps::ROUTE_KERNEL) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "host entry not removed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    dataplane.stop().unwrap();
+}
+
+/// `kill -9` of `rocev2 run` while FRR keeps running: the next `run` takes
+/// over the attached programs and reads the kernel table afresh; then FRR
+/// itself restarts (routes withdrawn and learned again) and is followed.
+#[test]
+fn a_killed_run_is_taken_over_and_an_frr_restart_is_followed() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let (_spines, leaf) = start_bgp(&lab, Family::V4);
+    let config = lab.write_config_text("takeover", &kernel_config(&lab, "qp", "")).unwrap();
+    let first = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    first.kill();
+    let second = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    assert!(second.output().contains("took over p0"), "{}", second.output());
+    let pin_dir = lab.pin_dir();
+    assert_eq!(live_members(&pin_dir, "10.1.0.1"), Some(2));
+    let report = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+
+    // FRR restarts: the leaf's daemons die (zebra leaves its routes), a new
+    // zebra removes them at start, bgpd learns them again.
+    let messages_before = stats_json(&pin_dir)["learned"]["messages"].as_u64().unwrap();
+    let leaf_conf = leaf.config();
+    drop(leaf);
+    let leaf = Frr::start(lab.switch.name(), &leaf_conf).unwrap();
+    leaf.wait_route("10.1.0.0/16", "2 paths", |t| t.matches(" via ").count() == 2, Duration::from_secs(30)).unwrap();
+    wait_live_members(&pin_dir, "10.1.0.1", 2);
+    // The new zebra swept the old routes and installed new ones: rocev2
+    // saw those messages.
+    let start = Instant::now();
+    while stats_json(&pin_dir)["learned"]["messages"].as_u64().unwrap() < messages_before + 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the FRR restart's route messages never arrived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let report = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    second.stop().unwrap();
 }

@@ -241,7 +241,7 @@ impl Fib {
             if p.encap {
                 return Target::Kernel(KernelReason::Encap);
             }
-            if !self.links.get(&p.oif).is_some_and(|l| l.mac.is_some()) {
+            if !self.can_send_on(p.oif) {
                 return Target::Kernel(KernelReason::Device);
             }
             let Some(gateway) = p.gateway else { return Target::Kernel(KernelReason::Connected) };
@@ -257,6 +257,12 @@ impl Fib {
             }
         }
         Target::Hops(merged)
+    }
+
+    /// Whether XDP can redirect an Ethernet frame to this link: it is
+    /// known and has an Ethernet address.
+    fn can_send_on(&self, ifindex: u32) -> bool {
+        self.links.get(&ifindex).is_some_and(|l| l.mac.is_some())
     }
 
     /// Connected subnets: (prefix, oif) of every route whose best path has
@@ -286,7 +292,7 @@ impl Fib {
         let connected = self.connected();
         let mut out = BTreeMap::new();
         for &(oif, addr) in self.neighbours.keys() {
-            if self.local.contains(&addr) || !self.links.get(&oif).is_some_and(|l| l.mac.is_some()) {
+            if self.local.contains(&addr) || !self.can_send_on(oif) {
                 continue;
             }
             let host = Prefix::host(addr);

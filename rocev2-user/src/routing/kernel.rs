@@ -327,7 +327,10 @@ fn link_of(m: LinkMessage) -> Link {
     Link { name: info.name, mac, up: info.up && info.carrier }
 }
 
-fn neighbour_of(m: &NeighbourMessage) -> Option<((u32, IpAddr), Option<[u8; 6]>)> {
+/// A neighbour entry: (ifindex, address) and its MAC if it is usable.
+type NeighbourEntry = ((u32, IpAddr), Option<[u8; 6]>);
+
+fn neighbour_of(m: &NeighbourMessage) -> Option<NeighbourEntry> {
     let mut addr = None;
     let mut mac = None;
     for a in &m.attributes {
@@ -484,7 +487,7 @@ mod tests {
         let mut out = (len as u16).to_ne_bytes().to_vec();
         out.extend(kind.to_ne_bytes());
         out.extend(value);
-        while out.len() % 4 != 0 {
+        while !out.len().is_multiple_of(4) {
             out.push(0);
         }
         out
