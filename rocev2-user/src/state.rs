@@ -92,8 +92,13 @@ impl RunState {
 
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let path = state_path(pin_dir);
-        let text = fs::read(&path).with_context(|| {
-            format!("cannot read {} (is `rocev2 run` running with pin_dir {}?)", path.display(), pin_dir.display())
+        let text = fs::read(&path).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                "permission denied: run it as root".to_string()
+            } else {
+                format!("is `rocev2 run` running with pin_dir {}?", pin_dir.display())
+            };
+            anyhow::Error::new(e).context(format!("cannot read {} ({hint})", path.display()))
         })?;
         serde_json::from_slice(&text).with_context(|| format!("{} is not valid rocev2 state", path.display()))
     }
