@@ -48,10 +48,15 @@ enum Command {
         #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
         metrics_addr: Option<std::net::SocketAddr>,
     },
-    /// Validate a config file without loading anything.
+    /// Validate a config file without loading anything: its syntax and
+    /// values, and that every interface it names exists here (in the
+    /// namespace given by --netns).
     Check {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Check only the file, not the interfaces: for a config meant for another box.
+        #[arg(long)]
+        offline: bool,
     },
     /// Print the counters of a running `rocev2 run`.
     Stats {
@@ -167,10 +172,19 @@ fn real_main(cli: Cli) -> Result<()> {
                 ),
             }
         }
-        Command::Check { config } => {
+        Command::Check { config, offline } => {
             let config = Config::load(&config)?;
+            let interfaces = if offline {
+                "interfaces not looked up (--offline)".to_string()
+            } else {
+                runtime.block_on(async {
+                    let netlink = rocev2_user::netlink::Netlink::new()?;
+                    run::resolve_links(&netlink, &config).await
+                })?;
+                format!("interfaces found in {}", netns::describe_current())
+            };
             println!(
-                "{}: OK ({} ports, {} groups, {} members, {} routes)",
+                "{}: OK ({} ports, {} groups, {} members, {} routes; {interfaces})",
                 config.path.display(),
                 config.ports.len(),
                 config.groups.len(),
