@@ -547,6 +547,8 @@ impl Runner {
                 name: group.name.clone(),
                 index: self.slots[&group.name],
                 hash: hash_name(group.hash).to_string(),
+                policy: GroupState::policy_name(group),
+                flowlet: GroupState::flowlet_knobs(group),
                 members: self.members[&group.name]
                     .iter()
                     .filter(|m| m.usable().is_some())
