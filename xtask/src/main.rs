@@ -113,12 +113,14 @@ fn require_root(why: &str) -> Result<()> {
 
 fn build(release: bool) -> Result<()> {
     let mut cmd = cargo();
-    // Default members: everything but the eBPF crate, which build.rs builds.
+    // Default members: everything but the eBPF crate, which build.rs builds
+    // (its own output goes to target/*/build/rocev2-user-*/out/ebpf-build.log).
     cmd.args(["build", "--bins"]);
     if release {
         cmd.arg("--release");
     }
-    run(&mut cmd)
+    let what = if release { "build (release, with the eBPF programs)" } else { "build (with the eBPF programs)" };
+    stage(what, || run(&mut cmd))
 }
 
 fn test(args: &[String]) -> Result<()> {
