@@ -101,7 +101,7 @@ pub fn describe_current() -> String {
     if id("/proc/1/ns/net") == Some(current) {
         return "the host's network namespace".to_string();
     }
-    "the network namespace rocev2 was started in (not one `ip netns list` names)".to_string()
+    "the network namespace rocev2 was started in".to_string()
 }
 
 /// Moves the calling thread into network namespace `name` for good; call it
