@@ -30,7 +30,16 @@ const TOOLCHAIN: &str = "nightly";
 /// Lines of the log a failure shows.
 const TAIL: usize = 40;
 
-fn main() -> Result<()> {
+fn main() {
+    // Printed by hand: an `Err` from main would add a backtrace whenever
+    // RUST_BACKTRACE is set, burying the one line that matters.
+    if let Err(e) = build() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn build() -> Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
