@@ -1885,7 +1885,7 @@ fn explain(message: &str, key: &str) -> String {
     if let Some(unknown) = unknown_key(message) {
         let valid: Vec<&str> = message.split('`').skip(3).step_by(2).collect();
         let mut out = format!("unknown key `{unknown}`");
-        if let Some(close) = valid.iter().find(|v| edit_distance(unknown, v) <= 2) {
+        if let Some(close) = closest_match(unknown, valid.iter().copied()) {
             out.push_str(&format!(" (did you mean `{close}`?)"));
         }
         if valid.is_empty() {
@@ -1942,6 +1942,33 @@ fn value_hint(key: &str, wrong_type: bool) -> Option<String> {
 
 fn one_line(message: &str) -> String {
     message.trim().lines().map(str::trim).collect::<Vec<_>>().join("; ")
+}
+
+/// The candidate `word` most likely meant, for "did you mean": the nearest
+/// within two edits (`polcy` -> `policy`, `flowlet_gap_ms` ->
+/// `flowlet_gap_us`), else the only one that is `word` with its unit or
+/// qualifier left off (`flowlet_gap` -> `flowlet_gap_us`).
+pub fn closest_match<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let candidates: Vec<&str> = candidates.into_iter().collect();
+    let nearest = candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c);
+    nearest.or_else(|| {
+        // A missing suffix: the word plus `_something`, or the word is
+        // the candidate's first part (at least 4 characters, so `a` does
+        // not match everything).
+        let mut prefixed = candidates
+            .iter()
+            .filter(|c| word.len() >= 4 && c.len() > word.len() && c.starts_with(word))
+            .filter(|c| matches!(c.as_bytes()[word.len()], b'_' | b'-'));
+        match (prefixed.next(), prefixed.next()) {
+            (Some(only), None) => Some(*only),
+            _ => None,
+        }
+    })
 }
 
 /// Levenshtein distance, for "did you mean" on misspelled keys.
@@ -2535,6 +2562,24 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
         // Past the end and inside a character stay in bounds.
         assert_eq!(line_col(text, 100), (3, 1));
         assert_eq!(line_col(text, 3), (2, 1));
+    }
+
+    #[test]
+    fn did_you_mean_counts_a_missing_unit_suffix() {
+        let keys = ["name", "policy", "flowlet_gap_us", "flowlet_choice", "flowlet_boundary", "hash_seed"];
+        assert_eq!(closest_match("flowlet_gap", keys), Some("flowlet_gap_us"));
+        assert_eq!(closest_match("polcy", keys), Some("policy"));
+        assert_eq!(closest_match("hash_sed", keys), Some("hash_seed"));
+        assert_eq!(closest_match("flowlet_gap_ms", keys), Some("flowlet_gap_us"));
+        // Ambiguous (three keys begin with `flowlet_`) or unrelated: no guess.
+        assert_eq!(closest_match("flowlet", keys), None);
+        assert_eq!(closest_match("color", keys), None);
+    }
+
+    #[test]
+    fn a_key_without_its_unit_gets_did_you_mean() {
+        let text = "[[port]]\nname = \"eth1\"\n\n[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap = 500\nmembers = [{ dev = \"eth2\", mac = \"02:00:00:00:00:02\" }]\n";
+        assert_error(text, 7, "group[0].flowlet_gap", &["unknown key `flowlet_gap` (did you mean `flowlet_gap_us`?)"]);
     }
 
     #[test]

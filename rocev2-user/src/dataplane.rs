@@ -177,8 +177,16 @@ impl Maps {
     pub fn open_pinned(dir: &Path) -> Result<Self> {
         fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
             let path = dir.join(name);
-            let data = MapData::from_pin(&path)
-                .with_context(|| format!("cannot open pinned map {} (is `rocev2 run` running?)", path.display()))?;
+            let data = MapData::from_pin(&path).map_err(|e| {
+                let e = anyhow::Error::new(e);
+                // A permission error is not a missing `run`: say so.
+                let hint = if crate::privileges::is_permission_error(&e) {
+                    "permission denied: run it as root"
+                } else {
+                    "is `rocev2 run` running?"
+                };
+                e.context(format!("cannot open pinned map {} ({hint})", path.display()))
+            })?;
             let map = aya::maps::Map::from_map_data(data)
                 .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
             T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))

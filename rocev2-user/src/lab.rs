@@ -626,7 +626,8 @@ pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
         let dataplane = lab.start_dataplane(&rocev2, &config)?;
         let report = lab.send_and_capture(qps, packets_per_qp, &[Family::V4, Family::V6])?;
         dataplane.stop()?;
-        println!("hash = \"{hash}\"  (config {})", config.display());
+        // The config is a temporary file that goes with the lab: not shown.
+        println!("hash = \"{hash}\"");
         print!("{}", report.render());
         println!();
         results.push((hash, report));
@@ -640,5 +641,6 @@ pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
         );
     }
     println!("\nQP hashing (Meta's E-ECMP) spreads the QPs that five-tuple hashing piles onto one uplink.");
+    println!("The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (README, Tutorial).");
     Ok(())
 }

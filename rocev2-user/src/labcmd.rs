@@ -56,6 +56,17 @@ pub enum LabCommand {
     Status(LabNameArgs),
 }
 
+impl LabCommand {
+    /// The subcommand as typed, for messages: `lab up`, `lab down`, `lab status`.
+    pub fn as_typed(&self) -> &'static str {
+        match self {
+            Self::Up(_) => "lab up",
+            Self::Down(_) => "lab down",
+            Self::Status(_) => "lab status",
+        }
+    }
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabUpArgs {
     /// Prefix of every namespace and file the lab makes: 1-8 of [a-z0-9].

@@ -13,6 +13,7 @@ use rocev2_user::{
     gen::{self, GenArgs},
     labcmd::{self, LabCommand},
     netns,
+    privileges::{self, Need},
     run::{self, RunOptions},
     sink::{self, SinkArgs},
     state::RunState,
@@ -47,10 +48,15 @@ enum Command {
         #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
         metrics_addr: Option<std::net::SocketAddr>,
     },
-    /// Validate a config file without loading anything.
+    /// Validate a config file without loading anything: its syntax and
+    /// values, and that every interface it names exists here (in the
+    /// namespace given by --netns).
     Check {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Check only the file, not the interfaces: for a config meant for another box.
+        #[arg(long)]
+        offline: bool,
     },
     /// Print the counters of a running `rocev2 run`.
     Stats {
@@ -144,6 +150,7 @@ fn real_main(cli: Cli) -> Result<()> {
     // Enter the namespace before the runtime starts threads, so every
     // thread (and every netlink socket) lives in it.
     if let Some(name) = &cli.netns {
+        privileges::require("--netns", Need::EnterNamespace)?;
         netns::enter_process(name)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -165,10 +172,19 @@ fn real_main(cli: Cli) -> Result<()> {
                 ),
             }
         }
-        Command::Check { config } => {
+        Command::Check { config, offline } => {
             let config = Config::load(&config)?;
+            let interfaces = if offline {
+                "interfaces not looked up (--offline)".to_string()
+            } else {
+                runtime.block_on(async {
+                    let netlink = rocev2_user::netlink::Netlink::new()?;
+                    run::resolve_links(&netlink, &config).await
+                })?;
+                format!("interfaces found in {}", netns::describe_current())
+            };
             println!(
-                "{}: OK ({} ports, {} groups, {} members, {} routes)",
+                "{}: OK ({} ports, {} groups, {} members, {} routes; {interfaces})",
                 config.path.display(),
                 config.ports.len(),
                 config.groups.len(),
@@ -182,6 +198,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 (None, Some(dir)) => dir,
                 (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
             };
+            privileges::require("stats", Need::PinnedMaps(&pin_dir))?;
             if watch {
                 if !(interval > 0.0 && interval.is_finite()) {
                     anyhow::bail!("--interval must be a positive number of seconds, not {interval}");
@@ -198,6 +215,8 @@ fn real_main(cli: Cli) -> Result<()> {
             }
         }
         Command::Demo { qps, packets_per_qp, uplinks } => {
+            privileges::require("demo", Need::Namespaces)?;
+            privileges::require("demo", Need::LoadXdp)?;
             rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Reload { config, pin_dir } => {
@@ -206,14 +225,23 @@ fn real_main(cli: Cli) -> Result<()> {
                 (None, Some(dir)) => dir,
                 (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
             };
+            privileges::require("reload", Need::PinnedMaps(&pin_dir))?;
             let outcome = run::request_reload(&pin_dir, std::time::Duration::from_secs(30))?;
             println!("rocev2: reloaded {}", outcome.display());
         }
-        Command::Lab { command } => labcmd::run(&command)?,
+        Command::Lab { command } => {
+            privileges::require(command.as_typed(), Need::Namespaces)?;
+            labcmd::run(&command)?
+        }
         Command::Gen(args) => {
+            privileges::require("gen", Need::RawSockets)?;
+            if args.mode == gen::GenMode::LiveFrames {
+                privileges::require("gen --mode live-frames", Need::LoadXdp)?;
+            }
             gen::run(&args)?;
         }
         Command::Sink(args) => {
+            privileges::require("sink", Need::RawSockets)?;
             sink::run(&args)?;
         }
         Command::Entropy(args) => entropy::run(&args)?,

@@ -9,7 +9,8 @@
 //! - `rocev2_port_drop_total{port,reason}`: reason is the counter name without `drop_`
 //! - `rocev2_member_packets_total{group,member,next_hop}`, `rocev2_member_bytes_total{...}`
 //!
-//! plus the gauge `rocev2_group_members{group,hash}`.
+//! plus the gauges `rocev2_group_members{group,hash}` and
+//! `rocev2_group_policy{group,policy,hash,flowlet_*}` (always 1).
 
 use std::{
     fmt::Write as _,
@@ -139,6 +140,29 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         "Usable members of a next-hop group.",
         snapshot.groups.iter().map(|g| {
             (format!("group=\"{}\",hash=\"{}\"", escape_label(&g.name), escape_label(&g.hash)), g.members.len() as u64)
+        }),
+    );
+    family(
+        &mut out,
+        "rocev2_group_policy",
+        "gauge",
+        "A next-hop group's policy and its knobs, as labels (always 1).",
+        snapshot.groups.iter().map(|g| {
+            let mut labels = format!(
+                "group=\"{}\",policy=\"{}\",hash=\"{}\"",
+                escape_label(&g.name),
+                escape_label(&g.policy),
+                escape_label(&g.hash)
+            );
+            if let Some(f) = &g.flowlet {
+                labels.push_str(&format!(
+                    ",flowlet_gap_us=\"{}\",flowlet_choice=\"{}\",flowlet_boundary=\"{}\"",
+                    f.gap_us,
+                    escape_label(&f.choice),
+                    f.boundary
+                ));
+            }
+            (labels, 1)
         }),
     );
     if !snapshot.egress.is_empty() {
@@ -418,6 +442,13 @@ mod tests {
             groups: vec![GroupSnapshot {
                 name: "spines".into(),
                 hash: "qp".into(),
+                policy: "flowlet".into(),
+                flowlet: Some(crate::state::FlowletKnobs {
+                    gap_us: 500,
+                    choice: "least-loaded".into(),
+                    boundary: true,
+                    table_size: 4096,
+                }),
                 members: vec![
                     MemberSnapshot { dev: "u1".into(), next_hop: "via 10.0.1.2".into(), packets: 7, bytes: 700 },
                     MemberSnapshot {
@@ -478,6 +509,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"), "{text}");
+        assert!(
+            text.contains(
+                "rocev2_group_policy{group=\"spines\",policy=\"flowlet\",hash=\"qp\",flowlet_gap_us=\"500\",flowlet_choice=\"least-loaded\",flowlet_boundary=\"true\"} 1\n"
+            ),
+            "{text}"
+        );
 
         // Every family has exactly one HELP and one TYPE line, before its samples,
         // and every sample line is `name{labels} integer`.
@@ -499,11 +536,11 @@ mod tests {
         }
         let help = text.lines().filter(|l| l.starts_with("# HELP")).count();
         assert_eq!(help, seen_type.len());
-        // Ports, members (packets and bytes), group gauge, one egress port's
-        // counters and two queue gauges, a class (packets and bytes), and
-        // the two flowlet-table samples.
+        // Ports, members (packets and bytes), group gauges (members and
+        // policy), one egress port's counters and two queue gauges, a
+        // class (packets and bytes), and the two flowlet-table samples.
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 1 + egress + 2 + 2);
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2);
     }
 
     #[test]

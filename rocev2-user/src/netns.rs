@@ -35,8 +35,73 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 fn open_netns(name: &str) -> anyhow::Result<File> {
-    let path = format!("/run/netns/{name}");
-    File::open(&path).with_context(|| format!("network namespace {name:?} not found ({path})"))
+    let path = format!("{NETNS_DIR}/{name}");
+    File::open(&path).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        if !std::path::Path::new(&path).exists() {
+            return e.context(format!("network namespace {name:?} not found ({path}){}", suggest_netns(name)));
+        }
+        e.context(format!("cannot open network namespace {name:?} ({path})"))
+    })
+}
+
+/// Where `ip netns` keeps its named namespaces.
+const NETNS_DIR: &str = "/run/netns";
+
+/// The names `ip netns list` shows.
+pub fn names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(NETNS_DIR)
+        .map(|dir| dir.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// "; did you mean \"lab-rtsw\"?" for a mistyped name, or the list of
+/// namespaces there are.
+fn suggest_netns(name: &str) -> String {
+    let names = names();
+    if let Some(close) = crate::config::closest_match(name, names.iter().map(String::as_str)) {
+        return format!("; did you mean {close:?}?");
+    }
+    match names.len() {
+        0 => "; there are no named network namespaces (`ip netns list`)".to_string(),
+        1..=8 => format!("; `ip netns list` shows {}", names.join(", ")),
+        n => format!("; `ip netns list` shows {n} namespaces"),
+    }
+}
+
+/// The end of a "no interface named X" message: where rocev2 looked, and
+/// how to list what is there.
+pub fn interface_hint() -> String {
+    let place = describe_current();
+    match place.strip_prefix("network namespace ") {
+        Some(quoted) => {
+            let name = quoted.trim_matches('"');
+            format!("; looked in {place} (`ip -n {name} link` lists its interfaces)")
+        }
+        None => format!(
+            "; looked in {place} (`ip link` lists its interfaces; `rocev2 --netns NAME` looks in namespace NAME)"
+        ),
+    }
+}
+
+/// Where this thread's network namespace is, for messages: `network
+/// namespace "lab-rtsw"` when it is a named one, `the host's network
+/// namespace` when it is that of PID 1.
+pub fn describe_current() -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let Some(current) = id("/proc/thread-self/ns/net") else {
+        return "the current network namespace".to_string();
+    };
+    if let Some(name) = names().into_iter().find(|n| id(&format!("{NETNS_DIR}/{n}")) == Some(current)) {
+        return format!("network namespace {name:?}");
+    }
+    if id("/proc/1/ns/net") == Some(current) {
+        return "the host's network namespace".to_string();
+    }
+    "the network namespace rocev2 was started in".to_string()
 }
 
 /// Moves the calling thread into network namespace `name` for good; call it

@@ -696,6 +696,8 @@ impl Runner {
                 name: group.name.clone(),
                 index: self.slots[&group.name],
                 hash: hash_name(group.hash).to_string(),
+                policy: GroupState::policy_name(group),
+                flowlet: GroupState::flowlet_knobs(group),
                 members: self.members[&group.name]
                     .iter()
                     .filter(|m| m.usable().is_some())
@@ -772,16 +774,16 @@ fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32) -> Res
 }
 
 /// The links a config names, looked up in config order.
-struct Links {
-    ports: Vec<LinkInfo>,
-    members: Vec<Vec<LinkInfo>>,
-    egress: Vec<LinkInfo>,
+pub struct Links {
+    pub ports: Vec<LinkInfo>,
+    pub members: Vec<Vec<LinkInfo>>,
+    pub egress: Vec<LinkInfo>,
 }
 
 /// Looks up every interface the config names; a missing one is an error
-/// at its place in the file, with where to look.
-async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let hint = "; `ip link` lists the interfaces (of this network namespace: rocev2 --netns NAME runs in another)";
+/// at its place in the file, naming the namespace it looked in.
+pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
+    let hint = crate::netns::interface_hint();
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
         let link =

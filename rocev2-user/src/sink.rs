@@ -205,7 +205,7 @@ impl SinkReport {
 
     pub fn render(&self) -> String {
         let mut s = format!(
-            "rocev2 sink on {}: {} RoCEv2 packets ({} bytes) from {} QPs in {:.3} s ({:.0} pps); {} other frames ignored\n",
+            "rocev2 sink on {}: {} RoCEv2 packets ({} bytes) from {} QPs in {:.3} s from the first to the last ({:.0} pps); {} other frames ignored\n",
             self.dev,
             self.packets,
             self.bytes,

@@ -62,8 +62,73 @@ pub struct GroupState {
     pub name: String,
     pub index: u32,
     pub hash: String,
+    /// "hash", "flowlet" or "pinned"; empty in a state file written before
+    /// the policy was recorded (shown as plain hashing).
+    #[serde(default)]
+    pub policy: String,
+    /// A flowlet group's knobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flowlet: Option<FlowletKnobs>,
     /// Members in position order, as live in the dataplane.
     pub members: Vec<MemberState>,
+}
+
+/// The `flowlet_*` settings of a flowlet group, as in the config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowletKnobs {
+    pub gap_us: u64,
+    /// "rehash" or "least-loaded".
+    pub choice: String,
+    /// `flowlet_boundary`: move only after a packet that ends a message.
+    pub boundary: bool,
+    pub table_size: u32,
+}
+
+impl GroupState {
+    /// "hash", "flowlet" or "pinned": a config group's policy.
+    pub fn policy_name(group: &crate::config::Group) -> String {
+        use crate::config::Policy;
+        match group.policy {
+            Policy::Hash => "hash",
+            Policy::Flowlet(_) => "flowlet",
+            Policy::Pinned => "pinned",
+        }
+        .to_string()
+    }
+
+    /// A config group's flowlet knobs, if it is a flowlet group.
+    pub fn flowlet_knobs(group: &crate::config::Group) -> Option<FlowletKnobs> {
+        let crate::config::Policy::Flowlet(f) = group.policy else { return None };
+        Some(FlowletKnobs {
+            gap_us: f.gap.as_micros() as u64,
+            choice: match f.choice {
+                rocev2_common::flowlet::FlowletChoice::Rehash => "rehash".into(),
+                rocev2_common::flowlet::FlowletChoice::LeastLoaded => "least-loaded".into(),
+            },
+            boundary: f.at_message_boundary,
+            table_size: f.table_size,
+        })
+    }
+}
+
+/// A group's policy and knobs in a few words, for the `GROUP` lines of
+/// `stats` and `stats --watch`: `hash qp`, `hash qp, flowlet gap 500us`,
+/// `pinned, else hash qp`.
+pub fn describe_policy(hash: &str, policy: &str, flowlet: Option<&FlowletKnobs>) -> String {
+    match (policy, flowlet) {
+        ("flowlet", Some(f)) => {
+            let mut text = format!("hash {hash}, flowlet gap {}us", f.gap_us);
+            if f.choice != "rehash" {
+                text.push_str(&format!(", {}", f.choice));
+            }
+            if f.boundary {
+                text.push_str(", at message ends");
+            }
+            text
+        }
+        ("pinned", _) => format!("pinned, else hash {hash}"),
+        _ => format!("hash {hash}"),
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -100,8 +165,13 @@ impl RunState {
 
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let path = state_path(pin_dir);
-        let text = fs::read(&path).with_context(|| {
-            format!("cannot read {} (is `rocev2 run` running with pin_dir {}?)", path.display(), pin_dir.display())
+        let text = fs::read(&path).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                "permission denied: run it as root".to_string()
+            } else {
+                format!("is `rocev2 run` running with pin_dir {}?", pin_dir.display())
+            };
+            anyhow::Error::new(e).context(format!("cannot read {} ({hint})", path.display()))
         })?;
         serde_json::from_slice(&text).with_context(|| format!("{} is not valid rocev2 state", path.display()))
     }
@@ -146,5 +216,33 @@ impl RunLock {
 impl Drop for RunLock {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_file_from_before_the_policy_was_recorded_still_reads() {
+        let old = r#"{"pid": 7, "config": "/etc/leaf.toml", "netns": null, "ports": [],
+            "groups": [{"name": "spines", "index": 0, "hash": "qp", "members": []}]}"#;
+        let state: RunState = serde_json::from_str(old).unwrap();
+        let g = &state.groups[0];
+        assert_eq!((g.policy.as_str(), g.flowlet.as_ref()), ("", None));
+        assert_eq!(describe_policy(&g.hash, &g.policy, g.flowlet.as_ref()), "hash qp");
+    }
+
+    #[test]
+    fn the_policy_reads_in_a_few_words() {
+        let knobs = FlowletKnobs { gap_us: 500, choice: "rehash".into(), boundary: false, table_size: 65536 };
+        assert_eq!(describe_policy("qp", "flowlet", Some(&knobs)), "hash qp, flowlet gap 500us");
+        let knobs = FlowletKnobs { choice: "least-loaded".into(), boundary: true, ..knobs };
+        assert_eq!(
+            describe_policy("five-tuple", "flowlet", Some(&knobs)),
+            "hash five-tuple, flowlet gap 500us, least-loaded, at message ends"
+        );
+        assert_eq!(describe_policy("qp", "pinned", None), "pinned, else hash qp");
+        assert_eq!(describe_policy("five-tuple", "hash", None), "hash five-tuple");
     }
 }

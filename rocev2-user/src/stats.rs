@@ -55,7 +55,19 @@ pub struct PortSnapshot {
 pub struct GroupSnapshot {
     pub name: String,
     pub hash: String,
+    /// "hash", "flowlet" or "pinned".
+    pub policy: String,
+    /// A flowlet group's knobs (gap, choice, boundary, table size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flowlet: Option<crate::state::FlowletKnobs>,
     pub members: Vec<MemberSnapshot>,
+}
+
+impl GroupSnapshot {
+    /// `hash qp, flowlet gap 500us`: the policy and its knobs.
+    pub fn describe(&self) -> String {
+        crate::state::describe_policy(&self.hash, &self.policy, self.flowlet.as_ref())
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -88,7 +100,13 @@ impl Snapshot {
                     bytes: s.bytes,
                 });
             }
-            groups.push(GroupSnapshot { name: group.name.clone(), hash: group.hash.clone(), members });
+            groups.push(GroupSnapshot {
+                name: group.name.clone(),
+                hash: group.hash.clone(),
+                policy: if group.policy.is_empty() { "hash".into() } else { group.policy.clone() },
+                flowlet: group.flowlet.clone(),
+                members,
+            });
         }
         let mut egress = Vec::new();
         for e in &state.egress {
@@ -201,7 +219,7 @@ impl Snapshot {
         }
         for group in &self.groups {
             let total: u64 = group.members.iter().map(|m| m.packets).sum();
-            out.push_str(&format!("\nGROUP {} (hash {})\n", group.name, group.hash));
+            out.push_str(&format!("\nGROUP {} ({})\n", group.name, group.describe()));
             out.push_str("  MEMBER            NEXT HOP                     PACKETS        BYTES  SHARE\n");
             for m in &group.members {
                 let share = if total == 0 { 0.0 } else { 100.0 * m.packets as f64 / total as f64 };

@@ -123,7 +123,7 @@ pub fn render_rates(prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> Strin
             })
             .collect();
         let total: f64 = rates.iter().sum();
-        let _ = writeln!(out, "\nGROUP {} (hash {})  {total:.0} pps", group.name, group.hash);
+        let _ = writeln!(out, "\nGROUP {} ({})  {total:.0} pps", group.name, group.describe());
         let _ = writeln!(out, "  {:<16} {:<26} {:>12} {:>6}", "MEMBER", "NEXT HOP", "pps", "SHARE");
         for (m, r) in group.members.iter().zip(&rates) {
             let share = if total > 0.0 { r / total } else { 0.0 };
@@ -168,6 +168,13 @@ mod tests {
             groups: vec![GroupSnapshot {
                 name: "spines".into(),
                 hash: "qp".into(),
+                policy: "flowlet".into(),
+                flowlet: Some(crate::state::FlowletKnobs {
+                    gap_us: 500,
+                    choice: "rehash".into(),
+                    boundary: false,
+                    table_size: 65536,
+                }),
                 members: members.iter().map(|(d, p)| member(d, *p)).collect(),
             }],
             egress: Vec::new(),
@@ -202,7 +209,7 @@ mod tests {
         let cols: Vec<&str> = p0.split_whitespace().collect();
         // rx +2000, forwarded +1800, pass +200, drop +10 over 2 s.
         assert_eq!(cols, ["p0", "1000", "900", "100", "5"], "{text}");
-        assert!(text.contains("GROUP spines (hash qp)  900 pps"), "{text}");
+        assert!(text.contains("GROUP spines (hash qp, flowlet gap 500us)  900 pps"), "{text}");
         let u1 = text.lines().find(|l| l.trim_start().starts_with("u1 ")).unwrap();
         assert!(u1.contains(" 750 ") && u1.contains("83.3%"), "{u1}");
         assert!(u1.ends_with(&format!(" {}", "#".repeat(25))), "{u1}");

@@ -274,7 +274,11 @@ fn runtime_config_mistakes_name_file_line_key_and_fix() {
             || err.contains("no interface named u9"),
         "key and problem: {err}"
     );
-    assert!(err.contains("ip link"), "a fix: {err}");
+    let sw = lab.switch.name();
+    assert!(
+        err.contains(&format!("looked in network namespace \"{sw}\" (`ip -n {sw} link`")),
+        "where and a fix: {err}"
+    );
 
     let silent = lab.config("qp").replace("via = \"10.0.1.2\"", "via = \"10.0.1.99\"");
     let config = lab.write_config_text("silent", &silent).unwrap();

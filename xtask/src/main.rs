@@ -113,12 +113,14 @@ fn require_root(why: &str) -> Result<()> {
 
 fn build(release: bool) -> Result<()> {
     let mut cmd = cargo();
-    // Default members: everything but the eBPF crate, which build.rs builds.
+    // Default members: everything but the eBPF crate, which build.rs builds
+    // (its own output goes to target/*/build/rocev2-user-*/out/ebpf-build.log).
     cmd.args(["build", "--bins"]);
     if release {
         cmd.arg("--release");
     }
-    run(&mut cmd)
+    let what = if release { "build (release, with the eBPF programs)" } else { "build (with the eBPF programs)" };
+    stage(what, || run(&mut cmd))
 }
 
 fn test(args: &[String]) -> Result<()> {
@@ -129,6 +131,7 @@ fn test(args: &[String]) -> Result<()> {
         }
         eprintln!("xtask: warning: not root, the privileged tests will fail; run `sudo cargo xtask test`");
     }
+    lint()?;
     // The netns tests start the real binary; build it first.
     build(false)?;
     let mut cmd = cargo();
@@ -142,6 +145,29 @@ fn test(args: &[String]) -> Result<()> {
         bail!("no test ran");
     }
     Ok(())
+}
+
+/// The gates before any test: the tree is formatted (rustfmt.toml) and
+/// clippy has nothing to say about any target of any crate.
+fn lint() -> Result<()> {
+    stage("formatting (cargo fmt --check)", || {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))
+            .context("the tree is not formatted: run `cargo fmt --all` and commit the result")
+    })?;
+    stage("lints (cargo clippy -D warnings)", || {
+        run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+            .context("clippy found something: fix it (the messages are above)")
+    })
+}
+
+/// Runs one step, then prints one line with its outcome and time.
+fn stage(what: &str, step: impl FnOnce() -> Result<()>) -> Result<()> {
+    let start = std::time::Instant::now();
+    eprintln!("xtask: {what} ...");
+    let result = step();
+    let outcome = if result.is_ok() { "ok" } else { "FAILED" };
+    eprintln!("xtask: {what}: {outcome} ({:.1} s)", start.elapsed().as_secs_f64());
+    result
 }
 
 #[derive(Default)]
@@ -203,6 +229,7 @@ fn setup() -> Result<()> {
         apt.install(&missing_tools)?;
     }
     ensure_nightly_rust_src()?;
+    ensure_lint_tools()?;
     if need_linker {
         install_bpf_linker()?;
     }
@@ -265,6 +292,29 @@ fn ensure_nightly_rust_src() -> Result<()> {
     } else {
         run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
     }
+}
+
+/// `cargo xtask test` runs rustfmt and clippy first; a toolchain installed
+/// with rustup's minimal profile has neither.
+fn ensure_lint_tools() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let missing: Vec<&str> = [("fmt", "rustfmt"), ("clippy", "clippy")]
+        .into_iter()
+        .filter(|(sub, _)| !succeeds(&cargo, &[sub, "--version"]))
+        .map(|(_, component)| component)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !succeeds("rustup", &["--version"]) {
+        bail!(
+            "missing {}: install them for this toolchain (rustup component add {})",
+            missing.join(" and "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing the {} component(s)", missing.join(" and "));
+    run(Command::new("rustup").args(["component", "add"]).args(&missing))
 }
 
 fn bpf_linker_ok() -> bool {

@@ -1,0 +1,388 @@
+//! The README's tutorial, run as written: its commands, taken from the
+//! README's `sh` blocks, run in a lab of this test's own (its name
+//! substituted for "lab"), and what they print is compared with the
+//! README's `text` blocks, numbers masked and `…` lines standing for any
+//! lines. A change that makes the tutorial stale fails here.
+
+use std::{
+    io::{Read as _, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use rocev2_tests::{require_root, rocev2_bin};
+
+/// The tutorial: from its heading to the next section.
+fn tutorial() -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let start = readme.find("## Tutorial").expect("README has a Tutorial section");
+    let end = readme[start..].find("\n## Tools").map_or(readme.len(), |e| start + e);
+    readme[start..end].to_string()
+}
+
+#[derive(Debug)]
+enum Block {
+    /// One command per entry, `\` continuations joined.
+    Sh(Vec<String>),
+    Text(Vec<String>),
+}
+
+fn blocks(text: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let kind = line.trim();
+        if kind != "```sh" && kind != "```text" {
+            continue;
+        }
+        let body: Vec<String> = lines.by_ref().take_while(|l| l.trim() != "```").map(str::to_string).collect();
+        if kind == "```text" {
+            out.push(Block::Text(body));
+            continue;
+        }
+        let mut commands = Vec::new();
+        let mut current = String::new();
+        for l in body {
+            if let Some(part) = l.strip_suffix('\\') {
+                current.push_str(part);
+                continue;
+            }
+            current.push_str(&l);
+            if !current.trim().is_empty() {
+                commands.push(std::mem::take(&mut current));
+            }
+            current.clear();
+        }
+        out.push(Block::Sh(commands));
+    }
+    out
+}
+
+/// Walks the tutorial's blocks in order, so each command and each expected
+/// output is the next one the README has.
+struct Readme {
+    blocks: Vec<Block>,
+    cursor: usize,
+    name: String,
+}
+
+impl Readme {
+    /// Replaces the README's lab name with ours.
+    fn ours(&self, text: &str) -> String {
+        let n = &self.name;
+        let mut text = text
+            .replace("lab-lab", &format!("lab-{n}"))
+            .replace("rocev2-lab", &format!("rocev2-{n}"))
+            .replace("Lab \"lab\"", &format!("Lab \"{n}\""))
+            .replace("--name lab", &format!("--name {n}"));
+        for node in ["rtsw", "h1", "h2", "s1", "s2", "dst"] {
+            text = text.replace(&format!("lab-{node}"), &format!("{n}-{node}"));
+        }
+        text
+    }
+
+    /// The next command that contains `needle`.
+    fn command(&mut self, needle: &str) -> String {
+        for i in self.cursor..self.blocks.len() {
+            if let Block::Sh(commands) = &self.blocks[i] {
+                if let Some(c) = commands.iter().find(|c| c.contains(needle)) {
+                    self.cursor = i;
+                    let mut c = self.ours(c);
+                    // `lab up`/`lab down` use the default name; ours is given.
+                    if c.starts_with("rocev2 lab ") {
+                        let command = c.split('#').next().unwrap_or_default().trim_end();
+                        c = format!("{command} --name {}", self.name);
+                    }
+                    return c;
+                }
+            }
+        }
+        panic!("no command with {needle:?} in the README's tutorial after block {}", self.cursor);
+    }
+
+    /// The next output block that contains `needle`.
+    fn output(&mut self, needle: &str) -> Vec<String> {
+        for i in self.cursor..self.blocks.len() {
+            if let Block::Text(lines) = &self.blocks[i] {
+                if lines.iter().any(|l| l.contains(needle)) {
+                    self.cursor = i + 1;
+                    return lines.iter().map(|l| self.ours(l)).collect();
+                }
+            }
+        }
+        panic!("no output block with {needle:?} in the README's tutorial after block {}", self.cursor);
+    }
+}
+
+/// Numbers masked (each run of digits is one `0`), bars and repeated
+/// spaces dropped: what stays the same from run to run.
+fn mask(line: &str) -> String {
+    let mut out = String::new();
+    let mut in_digits = false;
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('0');
+            }
+            in_digits = true;
+            continue;
+        }
+        in_digits = false;
+        if c != '#' {
+            out.push(c);
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether `expected` appears in `actual` as consecutive lines, where an
+/// expected line `…` stands for any number of lines.
+fn appears(expected: &[String], actual: &[String]) -> bool {
+    fn from(e: &[String], a: &[String]) -> bool {
+        match e.split_first() {
+            None => true,
+            Some((first, rest)) if first == "…" => (0..=a.len()).any(|k| from(rest, &a[k..])),
+            Some((first, rest)) => a.first().is_some_and(|l| l == first) && from(rest, &a[1..]),
+        }
+    }
+    let e: Vec<String> = expected.iter().map(|l| mask(l)).collect();
+    let a: Vec<String> = actual.iter().map(|l| mask(l)).collect();
+    (0..=a.len()).any(|start| from(&e, &a[start..]))
+}
+
+fn assert_shows(what: &str, expected: &[String], actual: &str) {
+    let actual: Vec<String> = actual.lines().map(str::to_string).collect();
+    assert!(
+        appears(expected, &actual),
+        "{what}: the README shows\n{}\nbut the command printed\n{}",
+        expected.join("\n"),
+        actual.join("\n")
+    );
+}
+
+fn path_with_rocev2() -> String {
+    let dir: PathBuf = rocev2_bin().parent().unwrap().to_path_buf();
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+fn sh(command: &str) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!("exec {command}")).env("PATH", path_with_rocev2());
+    cmd
+}
+
+/// Runs a foreground command of the tutorial; it must succeed.
+fn run(command: &str) -> String {
+    let out: Output = sh(command).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "`{command}` failed ({}):\n{stdout}{stderr}", out.status);
+    stdout
+}
+
+/// A command running in another terminal: output collected as it comes.
+struct Background {
+    child: Child,
+    output: Arc<Mutex<String>>,
+    readers: Vec<thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(command: &str) -> Self {
+        let mut child = sh(command).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let output = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
+        let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let stderr: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for mut stream in [stdout, stderr] {
+            let output = output.clone();
+            readers.push(thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    output.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }));
+        }
+        Self { child, output, readers }
+    }
+
+    fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    fn wait_for(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.output().contains(needle) {
+            let exited = self.child.try_wait().unwrap();
+            assert!(exited.is_none() && Instant::now() < deadline, "no {needle:?} ({exited:?}):\n{}", self.output());
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `signal` (SIGINT is Ctrl-C) and returns everything printed.
+    fn stop(mut self, signal: i32) -> String {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        for r in self.readers.drain(..) {
+            r.join().unwrap();
+        }
+        self.output()
+    }
+
+    fn wait(mut self) -> String {
+        let status = self.child.wait().unwrap();
+        for r in self.readers.drain(..) {
+            r.join().unwrap();
+        }
+        assert!(status.success(), "exited with {status}:\n{}", self.output());
+        self.output()
+    }
+}
+
+impl Drop for Background {
+    /// After a failed assertion: Ctrl-C first, so a `run` removes its pins
+    /// and state; killed if it does not exit.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Removes the lab whatever happens to the test.
+struct LabGuard(String);
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        let _ = Command::new(rocev2_bin()).args(["lab", "down", "--name", &self.0]).output();
+    }
+}
+
+/// The last screen `stats --watch` drew.
+fn last_frame(watch: &str) -> String {
+    watch.rsplit("\x1b[2J\x1b[H").find(|f| !f.trim().is_empty()).unwrap_or_default().to_string()
+}
+
+/// Per-member pps of group `spines` in a `stats --watch` frame.
+fn spines_rates(frame: &str) -> Vec<u64> {
+    let after = frame.split("GROUP spines").nth(1).expect("group spines in the frame");
+    after
+        .lines()
+        .skip(2)
+        .take_while(|l| l.trim_start().starts_with('s'))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// Sends `gen` (another terminal) and watches the uplinks while it runs.
+fn gen_and_watch(gen: &str, watch: &str) -> (String, String) {
+    let traffic = Background::start(gen);
+    thread::sleep(Duration::from_secs(4));
+    let watching = Background::start(watch);
+    thread::sleep(Duration::from_millis(3500));
+    let frame = last_frame(&watching.stop(libc::SIGINT));
+    (traffic.wait(), frame)
+}
+
+/// The equivalent of the README's `curl -s 127.0.0.1:9464/metrics`, so the
+/// test needs no curl: one HTTP GET inside namespace `netns`.
+fn scrape(netns: &str) -> String {
+    rocev2_user::netns::in_netns(netns, || {
+        let mut stream = std::net::TcpStream::connect("127.0.0.1:9464")?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_readme_tutorial_prints_what_the_readme_shows() {
+    require_root();
+    let name = format!("t{}", std::process::id() % 10_000_000);
+    let _lab = LabGuard(name.clone());
+    let mut readme = Readme { blocks: blocks(&tutorial()), cursor: 0, name: name.clone() };
+
+    // 1. The lab.
+    let up = run(&readme.command("rocev2 lab up"));
+    assert_shows("lab up", &readme.output("is up"), &up);
+
+    // 2. The dataplane (terminal 1).
+    let mut dataplane = Background::start(&readme.command(" run --config"));
+    dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
+    assert_shows("run", &readme.output("rocev2: ready"), &dataplane.output());
+
+    // 3./4. Watch while `gen` sends: one uplink carries everything.
+    let watch = readme.command("stats --watch");
+    let gen = readme.command(" gen ");
+    let (sent, frame) = gen_and_watch(&gen, &watch);
+    assert_shows("gen", &readme.output("rocev2 gen:"), &sent);
+    assert_shows("stats --watch, five-tuple", &readme.output("GROUP spines"), &frame);
+    let rates = spines_rates(&frame);
+    assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 1, "five-tuple: one uplink carries everything: {rates:?}");
+
+    // 5. qp hashing, live.
+    run(&readme.command("sed -i"));
+    let check = readme.command(" check ");
+    let reload = readme.command("rocev2 reload");
+    let said = run(&check) + &run(&reload);
+    assert_shows("check and reload", &readme.output(": OK ("), &said);
+    let (_, frame) = gen_and_watch(&gen, &watch);
+    assert_shows("stats --watch, qp", &readme.output("GROUP spines"), &frame);
+    let rates = spines_rates(&frame);
+    assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 4, "qp: all four uplinks: {rates:?}");
+
+    let curl = readme.command("curl");
+    let filter = curl.split("grep ").nth(1).expect("the README greps the metrics").trim_matches('\'');
+    let netns = format!("{name}-rtsw");
+    let metrics: String = scrape(&netns).lines().filter(|l| l.contains(filter)).map(|l| format!("{l}\n")).collect();
+    assert_shows("metrics", &readme.output("rocev2_member_packets_total"), &metrics);
+
+    let explain = run(&readme.command("rocev2 explain"));
+    assert_shows("explain", &readme.output("packet: udp"), &explain);
+
+    // 5b. Flowlets: stop `run`, edit, start it again, one QP.
+    dataplane.stop(libc::SIGINT);
+    run(&readme.command("flowlet_gap_us = 500"));
+    let mut dataplane = Background::start(&readme.command(" run --config"));
+    dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
+    run(&readme.command("--qps 1"));
+    let stats = run(&readme.command("rocev2 stats --config"));
+    assert_shows("stats after flowlets", &readme.output("flowlet gap"), &stats);
+    dataplane.stop(libc::SIGINT);
+
+    // 6. Offline.
+    let entropy = run(&readme.command("rocev2 entropy"));
+    assert_shows("entropy", &readme.output("16 hosts"), &entropy);
+
+    // 7. Clean up.
+    let down = run(&readme.command("rocev2 lab down"));
+    assert_shows("lab down", &readme.output("is down"), &down);
+    let left = run("ip netns list");
+    assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
+}
