@@ -696,8 +696,8 @@ impl Runner {
                 name: group.name.clone(),
                 index: self.slots[&group.name],
                 hash: hash_name(group.hash).to_string(),
-                policy: GroupState::policy_name(group),
-                flowlet: GroupState::flowlet_knobs(group),
+                policy: GroupState::policy_name(&group.policy),
+                flowlet: GroupState::flowlet_knobs(&group.policy),
                 members: self.members[&group.name]
                     .iter()
                     .filter(|m| m.usable().is_some())
@@ -710,7 +710,8 @@ impl Runner {
             })
             .collect();
         if let Some(kernel) = &self.kernel {
-            self.state.groups.extend(kernel.group_states(hash_name));
+            let (policies, default) = learned_policies(c);
+            self.state.groups.extend(kernel.group_states(policies, default));
             self.state.learned = Some(kernel.stats.clone());
         }
         self.state.seed = self.seed;

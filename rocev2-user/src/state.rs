@@ -86,9 +86,9 @@ pub struct FlowletKnobs {
 
 impl GroupState {
     /// "hash", "flowlet" or "pinned": a config group's policy.
-    pub fn policy_name(group: &crate::config::Group) -> String {
+    pub fn policy_name(policy: &crate::config::Policy) -> String {
         use crate::config::Policy;
-        match group.policy {
+        match policy {
             Policy::Hash => "hash",
             Policy::Flowlet(_) => "flowlet",
             Policy::Pinned => "pinned",
@@ -96,9 +96,9 @@ impl GroupState {
         .to_string()
     }
 
-    /// A config group's flowlet knobs, if it is a flowlet group.
-    pub fn flowlet_knobs(group: &crate::config::Group) -> Option<FlowletKnobs> {
-        let crate::config::Policy::Flowlet(f) = group.policy else { return None };
+    /// A group's flowlet knobs, if it is a flowlet group.
+    pub fn flowlet_knobs(policy: &crate::config::Policy) -> Option<FlowletKnobs> {
+        let crate::config::Policy::Flowlet(f) = policy else { return None };
         Some(FlowletKnobs {
             gap_us: f.gap.as_micros() as u64,
             choice: match f.choice {

@@ -360,11 +360,7 @@ impl KernelRoutes {
         consider: impl Fn(u32) -> bool,
     ) -> Result<()> {
         for group in self.groups.by_key.values_mut().filter(|g| g.prefixes > 0 && consider(g.slot)) {
-            let settings = group.policy.and_then(|i| policies.get(i)).map_or(default, |p| LearnedPolicy {
-                hash: p.hash,
-                policy: p.policy,
-                rebalance: p.rebalance,
-            });
+            let settings = settings_of(group.policy, policies, default);
             let specs: Vec<Option<MemberSpec>> =
                 group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
             let wanted: Vec<(HopId, u32)> = group
@@ -495,16 +491,19 @@ impl KernelRoutes {
 
     /// The learned groups as `rocev2 stats` lists them, live members in
     /// position order.
-    pub fn group_states(&self, hash_name: fn(HashMode) -> &'static str) -> Vec<crate::state::GroupState> {
+    pub fn group_states(&self, policies: &[RoutePolicy], default: LearnedPolicy) -> Vec<crate::state::GroupState> {
         let mut out: Vec<crate::state::GroupState> = self
             .groups
             .by_key
             .values()
             .filter(|g| g.prefixes > 0)
-            .map(|g| crate::state::GroupState {
+            .map(|g| (g, settings_of(g.policy, policies, default)))
+            .map(|(g, settings)| crate::state::GroupState {
                 name: g.name.clone(),
                 index: g.slot,
-                hash: hash_name(self.published.get(&g.slot).map_or(HashMode::Qp, |p| p.0.hash)).to_string(),
+                hash: crate::run::hash_name(settings.hash).to_string(),
+                policy: crate::state::GroupState::policy_name(&settings.policy),
+                flowlet: crate::state::GroupState::flowlet_knobs(&settings.policy),
                 members: g
                     .hops
                     .iter()
@@ -536,6 +535,15 @@ fn member_spec(fib: &Fib, prepared: &std::collections::HashSet<u32>, hop: &Hop) 
     let link = fib.links.get(&hop.oif).filter(|l| l.up)?;
     let dst_mac = *fib.neighbours.get(&(hop.oif, hop.neighbour))?;
     Some(MemberSpec { ifindex: hop.oif, src_mac: link.mac?, dst_mac })
+}
+
+/// The settings of a learned group: its `[[route_policy]]`'s, or the default.
+fn settings_of(policy: Option<usize>, policies: &[RoutePolicy], default: LearnedPolicy) -> LearnedPolicy {
+    policy.and_then(|i| policies.get(i)).map_or(default, |p| LearnedPolicy {
+        hash: p.hash,
+        policy: p.policy,
+        rebalance: p.rebalance,
+    })
 }
 
 /// The most specific `[[route_policy]]` covering `prefix`.
