@@ -45,6 +45,11 @@ const MAX_MEMBERS: u32 = 128;
 
 pub const DEST_V4: &str = "10.1.0.1";
 pub const DEST_V6: &str = "fd01::1";
+/// The destination rack's prefixes (routed by the RTSW to the spines).
+pub const DEST_PREFIX_V4: &str = "10.1.0.0/16";
+pub const DEST_PREFIX_V6: &str = "fd01::/64";
+
+mod bgp;
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum LabCommand {
@@ -90,6 +95,17 @@ pub struct LabUpArgs {
     /// Where to write the RTSW's dataplane config (default /run/rocev2/lab-<name>/rtsw.toml).
     #[arg(long, value_name = "FILE")]
     pub config_out: Option<PathBuf>,
+    /// How the RTSW learns the route to the destination: `static` (a
+    /// `[[route]]` in its config) or `bgp` (FRR on the RTSW and every
+    /// spine, eBGP per link; rocev2 follows the kernel routes zebra installs).
+    #[arg(long, value_enum, default_value = "static")]
+    pub routing: LabRouting,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabRouting {
+    Static,
+    Bgp,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -143,6 +159,10 @@ pub struct LabRecord {
     pub dirs: Vec<PathBuf>,
     pub config: Option<PathBuf>,
     pub pin_dir: PathBuf,
+    /// FRR state directories (`--routing bgp`), removed with their contents
+    /// once the namespaces (and so the daemons) are gone.
+    #[serde(default)]
+    pub frr_dirs: Vec<PathBuf>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {
@@ -211,6 +231,8 @@ pub struct LabPlan {
     pub config_path: PathBuf,
     pub config_text: String,
     pub pin_dir: PathBuf,
+    /// With `--routing bgp`: every switch's FRR config, the RTSW first.
+    pub bgp: Vec<bgp::BgpSpeaker>,
 }
 
 pub fn validate_name(name: &str) -> Result<()> {
@@ -364,6 +386,7 @@ impl LabPlan {
 
         // Spines and their links.
         let mut spine_members = String::new();
+        let mut bgp_links = Vec::new();
         let mut dst_hops_v4 = Vec::new();
         let mut dst_hops_v6 = Vec::new();
         for j in 1..=spines {
@@ -387,6 +410,11 @@ impl LabPlan {
                 ports.push(rif.clone());
                 let via = if fam.v4() { format!("10.100.{n}.2") } else { format!("fd64:{j}:{k}::2") };
                 let _ = writeln!(spine_members, "  {{ dev = \"{rif}\", via = \"{via}\" }},");
+                bgp_links.push(bgp::LinkAddrs {
+                    spine: j,
+                    rtsw: pick(vec![format!("10.100.{n}.1")], vec![format!("fd64:{j}:{k}::1")]),
+                    far: pick(vec![format!("10.100.{n}.2")], vec![format!("fd64:{j}:{k}::2")]),
+                });
                 back_v4.push((format!("10.100.{n}.1"), sif.clone()));
                 back_v6.push((format!("fd64:{j}:{k}::1"), sif));
             }
@@ -444,15 +472,27 @@ impl LabPlan {
         for p in &ports {
             let _ = write!(text, "\n[[port]]\nname = \"{p}\"\n");
         }
-        let _ = write!(text, "\n[[group]]\nname = \"spines\"\nmembers = [\n{spine_members}]\n");
-        text.push_str(&groups);
-        if fam.v4() {
-            text.push_str("\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"spines\"\n");
+        let bgp = args.routing == LabRouting::Bgp;
+        if bgp {
+            // The spines' paths come from BGP; the hosts keep their config
+            // routes (config routes and learned routes combine).
+            text.push_str("\n# Routes to the destination come from BGP (FRR) through the kernel table.\n[routing]\nsource = \"kernel\"\n");
+        } else {
+            let _ = write!(text, "\n[[group]]\nname = \"spines\"\nmembers = [\n{spine_members}]\n");
         }
-        if fam.v6() {
-            text.push_str("\n[[route]]\nprefix = \"fd01::/64\"\ngroup = \"spines\"\n");
+        text.push_str(&groups);
+        if !bgp && fam.v4() {
+            let _ = write!(text, "\n[[route]]\nprefix = \"{DEST_PREFIX_V4}\"\ngroup = \"spines\"\n");
+        }
+        if !bgp && fam.v6() {
+            let _ = write!(text, "\n[[route]]\nprefix = \"{DEST_PREFIX_V6}\"\ngroup = \"spines\"\n");
         }
         text.push_str(&routes);
+        let speakers = if bgp {
+            bgp::speakers(&rtsw, |j| ns(&format!("s{j}")), &bgp_links, fam.v4(), fam.v6())
+        } else {
+            Vec::new()
+        };
 
         Ok(Self {
             name: name.to_owned(),
@@ -462,6 +502,7 @@ impl LabPlan {
             config_path,
             config_text: text,
             pin_dir,
+            bgp: speakers,
         })
     }
 
@@ -518,15 +559,16 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     }
     let mut record = LabRecord { name: name.clone(), pin_dir: plan.pin_dir.clone(), ..Default::default() };
     record.write()?;
-    match build(&plan, &mut record) {
-        Ok(()) => {}
+    let built = build(&plan, &mut record).and_then(|()| start_bgp(&plan, args, &mut record));
+    let bgp_line = match built {
+        Ok(line) => line,
         Err(e) => {
             if let Err(cleanup) = remove(&record) {
                 eprintln!("rocev2: warning: cleaning up the half-built lab: {cleanup:#}");
             }
             return Err(e.context(format!("building lab {name:?} failed; removed what was made")));
         }
-    }
+    };
 
     let mut out = format!("Lab {name:?} is up ({} namespaces):\n", plan.namespaces.len());
     for ns in &plan.namespaces {
@@ -565,6 +607,9 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
         out,
         "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
     );
+    if let Some(line) = bgp_line {
+        let _ = writeln!(out, "{line}");
+    }
     let _ = writeln!(out, "Dataplane config: {}", plan.config_path.display());
     let _ = writeln!(out, "Next:");
     out.push_str(&plan.next_commands());
@@ -631,6 +676,22 @@ fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
     Ok(())
 }
 
+/// `--routing bgp`: starts FRR on every switch and waits for the RTSW's
+/// routes. The state directories go in the record first, so `lab down`
+/// (or the cleanup of a failed `up`) removes them.
+fn start_bgp(plan: &LabPlan, args: &LabUpArgs, record: &mut LabRecord) -> Result<Option<String>> {
+    if plan.bgp.is_empty() {
+        return Ok(None);
+    }
+    let run_dir = plan.config_path.parent().unwrap_or(Path::new(RUN_DIR)).to_path_buf();
+    for s in &plan.bgp {
+        record.frr_dirs.push(bgp::state_dir(&run_dir, &s.netns));
+    }
+    record.write()?;
+    let paths = (args.spines * args.links_per_spine) as usize;
+    bgp::start(&plan.bgp, &run_dir, paths, plan.family.v4(), plan.family.v6()).map(Some)
+}
+
 fn netns_pids(ns: &str) -> Vec<libc::pid_t> {
     ip(&["netns", "pids", ns]).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
@@ -673,6 +734,15 @@ fn remove(record: &LabRecord) -> Result<String> {
                 let _ = writeln!(log, "  namespace {ns} was already gone");
             }
             Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    for d in &record.frr_dirs {
+        match fs::remove_dir_all(d) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}/ (FRR state)", d.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", d.display())),
         }
     }
     for f in &record.files {
@@ -766,6 +836,7 @@ mod tests {
             family,
             hash: "qp".into(),
             config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
+            routing: LabRouting::Static,
         }
     }
 

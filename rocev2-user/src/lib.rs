@@ -7,6 +7,7 @@ pub mod config;
 pub mod dataplane;
 pub mod entropy;
 pub mod explain;
+pub mod frr;
 pub mod gen;
 pub mod lab;
 pub mod labcmd;

@@ -5,7 +5,6 @@
 //! say why.
 
 pub mod fixture;
-pub mod frr;
 
 use std::path::PathBuf;
 

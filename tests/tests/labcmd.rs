@@ -12,7 +12,7 @@ use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     config::Config,
     lab::DataplaneProcess,
-    labcmd::{self, record_path, LabFamily, LabUpArgs},
+    labcmd::{self, record_path, LabFamily, LabRouting, LabUpArgs},
     netns,
 };
 
@@ -50,6 +50,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         family: LabFamily::Both,
         hash: "qp".into(),
         config_out: None,
+        routing: LabRouting::Static,
     }
 }
 
@@ -253,4 +254,41 @@ fn lab_down_copes_with_things_already_gone_and_touches_nothing_else() {
     assert!(!record_path(&name).exists());
     // /tmp itself was not made by the lab and stays.
     assert!(std::env::temp_dir().exists());
+}
+
+/// `lab up --routing bgp`: FRR on the RTSW and both spines; the RTSW's
+/// rocev2 learns the destination from BGP (a learned group of every link),
+/// hosts ping through it both ways, and `lab down` stops the daemons and
+/// removes their state.
+#[test]
+fn lab_up_with_bgp_routes_through_learned_groups() {
+    require_root();
+    let name = lab_name('g');
+    let _guard = LabGuard(name.clone());
+    let mut args = up_args(&name, 2, 2, 2);
+    args.routing = LabRouting::Bgp;
+    let printed = labcmd::up(&args).expect("lab up --routing bgp");
+    assert!(printed.contains("BGP converged in"), "{printed}");
+    let config_path = Path::new("/run/rocev2").join(format!("lab-{name}")).join("rtsw.toml");
+    let config = Config::load(&config_path).unwrap();
+    assert!(config.routing.kernel_table.is_some() && !config.groups.iter().any(|g| g.name == "spines"));
+    let dataplane = DataplaneProcess::start(&rocev2_bin(), &format!("{name}-rtsw"), &config_path).unwrap();
+    let pings = [ping(&format!("{name}-h1"), "10.1.0.1"), ping(&format!("{name}-h2"), "fd01::1")];
+    let stats = std::process::Command::new(rocev2_bin())
+        .args(["stats", "--json", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    let output = dataplane.stop().unwrap();
+    for p in pings {
+        p.unwrap_or_else(|e| panic!("ping through the BGP-routed dataplane failed: {e}\n{output}"));
+    }
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    let learned = stats["groups"].as_array().unwrap().iter().find(|g| g["name"] == "nh:s1l1+s1l2+s2l1+s2l2");
+    let learned = learned.unwrap_or_else(|| panic!("no learned group of the four links: {}", stats["groups"]));
+    let packets: u64 = learned["members"].as_array().unwrap().iter().map(|m| m["packets"].as_u64().unwrap()).sum();
+    assert!(packets > 0, "the pings went over the learned group: {learned}");
+    let down = labcmd::down(&name).unwrap();
+    assert!(down.contains("(FRR state)"), "{down}");
+    assert!(netns::ip(&["netns", "pids", &format!("{name}-s1")]).is_err(), "spine namespace gone");
 }

@@ -197,7 +197,13 @@ impl LearnedGroups {
         if !self.by_key.contains_key(&key) {
             let slot = slot()?;
             let table = inherit.and_then(|k| self.by_key.get(k)).map(|g| g.table.clone()).unwrap_or_default();
-            let name = group_name(hops, &names);
+            // Unique: two sets on the same interfaces (other gateways) get #2, #3...
+            let base = group_name(hops, &names);
+            let taken = |n: &str| self.by_key.values().any(|g| g.name == n);
+            let name = std::iter::once(base.clone())
+                .chain((2..).map(|i| format!("{base}#{i}")))
+                .find(|n| !taken(n))
+                .expect("an unused name");
             self.by_key
                 .insert(key.clone(), LearnedGroup { name, slot, hops: hops.to_vec(), policy, table, prefixes: 0 });
         }
@@ -205,10 +211,10 @@ impl LearnedGroups {
     }
 }
 
-/// A readable, deterministic name for a learned group: `nh:` and its
-/// interfaces (with the neighbour when an interface has several, and
-/// `*weight` when not 1), e.g. `nh:s1l1+s2l1+s3l1+s4l1` or
-/// `nh:h1/10.0.1.7`.
+/// A readable, deterministic name for a learned group: `nh:` (`nh6:` when
+/// the next hops are IPv6 addresses) and its interfaces (with the neighbour
+/// when an interface has several, and `*weight` when not 1), e.g.
+/// `nh:s1l1+s2l1+s3l1+s4l1`, `nh6:s1l1+s2l1` or `nh:h1/10.0.1.7`.
 pub fn group_name(hops: &[Hop], link_name: impl Fn(&Hop) -> String) -> String {
     let parts: Vec<String> = hops
         .iter()
@@ -222,7 +228,8 @@ pub fn group_name(hops: &[Hop], link_name: impl Fn(&Hop) -> String) -> String {
             part
         })
         .collect();
-    format!("nh:{}", parts.join("+"))
+    let family = if hops.iter().all(|h| h.neighbour.is_ipv6()) { "nh6" } else { "nh" };
+    format!("{family}:{}", parts.join("+"))
 }
 
 #[cfg(test)]
@@ -295,5 +302,6 @@ mod tests {
         assert_eq!(group_name(&[hop(1, "10.0.0.1", 1), hop(2, "10.0.0.2", 1)], name), "nh:s1l1+s2l1");
         assert_eq!(group_name(&[hop(1, "10.0.0.1", 1), hop(2, "10.0.0.2", 3)], name), "nh:s1l1+s2l1*3");
         assert_eq!(group_name(&[hop(1, "10.0.0.1", 1)], name), "nh:s1l1/10.0.0.1");
+        assert_eq!(group_name(&[hop(1, "fe80::1", 1), hop(2, "fe80::2", 1)], name), "nh6:s1l1+s2l1");
     }
 }

@@ -1,4 +1,5 @@
-//! FRR (zebra + bgpd) as a real routing daemon in a test namespace.
+//! FRR (zebra + bgpd) as a real routing daemon in a lab namespace: the
+//! `rocev2 lab up --routing bgp` switches and the kernel-routes tests.
 //!
 //! Each instance gets its own state directory (pid files, the zserv and
 //! vty sockets), so any number of them run side by side, one per network
@@ -21,21 +22,28 @@ const BGPD: &str = "/usr/lib/frr/bgpd";
 pub struct Frr {
     netns: String,
     dir: PathBuf,
+    /// Stop the daemons when this handle is dropped (tests); a lab leaves
+    /// them running ([`Frr::detach`]) and `lab down` ends them.
+    owned: bool,
 }
 
 impl Frr {
     /// Starts zebra, then bgpd with `bgp_config` (frr.conf syntax), inside
     /// namespace `netns`.
     pub fn start(netns: &str, bgp_config: &str) -> Result<Self> {
+        Self::start_in(netns, &PathBuf::from(format!("/tmp/rocev2-frr-{netns}")), bgp_config)
+    }
+
+    /// Like [`Frr::start`] with the state directory `dir`.
+    pub fn start_in(netns: &str, dir: &Path, bgp_config: &str) -> Result<Self> {
         for daemon in [ZEBRA, BGPD] {
             if !Path::new(daemon).exists() {
                 bail!("{daemon} is missing: install FRR (`cargo xtask setup` does: Debian package frr)");
             }
         }
-        let dir = PathBuf::from(format!("/tmp/rocev2-frr-{netns}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let frr = Self { netns: netns.to_string(), dir };
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let frr = Self { netns: netns.to_string(), dir: dir.to_path_buf(), owned: true };
         // The daemons drop to user frr and must write their sockets here.
         std::fs::set_permissions(&frr.dir, std::fs::Permissions::from_mode(0o777))?;
         chown_frr(&frr.dir)?;
@@ -134,10 +142,19 @@ impl Frr {
     }
 }
 
+impl Frr {
+    /// Leaves the daemons running after this handle goes (a lab's).
+    pub fn detach(mut self) {
+        self.owned = false;
+    }
+}
+
 impl Drop for Frr {
     fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.owned {
+            self.stop();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -149,55 +166,40 @@ fn chown_frr(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The frr.conf of a spine that advertises `prefixes` to the leaf at
-/// `leaf_addr` (eBGP, RFC 7938 style: one private ASN per switch).
-pub fn spine_config(asn: u32, router_id: &str, leaf_addr: &str, leaf_asn: u32, prefixes: &[&str]) -> String {
-    let v6 = leaf_addr.contains(':');
-    let family = if v6 { "ipv6" } else { "ipv4" };
-    let mut networks = String::new();
-    for p in prefixes {
-        networks.push_str(&format!("  network {p}\n"));
-    }
-    let activate = if v6 { format!("  neighbor {leaf_addr} activate\n") } else { String::new() };
-    format!(
-        "frr defaults datacenter\nhostname s{asn}\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp ebgp-requires-policy\n no bgp network import-check\n neighbor {leaf_addr} remote-as {leaf_asn}\n neighbor {leaf_addr} timers 1 3\n neighbor {leaf_addr} timers connect 1\n !\n address-family {family} unicast\n{activate}{networks} exit-address-family\n!\n"
-    )
-}
-
-/// The frr.conf of a leaf with eBGP sessions to `spines` (address, ASN),
-/// installing up to 8 equal paths.
-pub fn leaf_config(asn: u32, router_id: &str, spines: &[(String, u32)]) -> String {
-    let mut neighbours = String::new();
-    let mut activate4 = String::new();
-    let mut activate6 = String::new();
-    for (addr, remote) in spines {
-        neighbours.push_str(&format!(
-            " neighbor {addr} remote-as {remote}\n neighbor {addr} timers 1 3\n neighbor {addr} timers connect 1\n"
+/// One BGP speaker's frr.conf: eBGP sessions to `neighbours` (address or,
+/// for BGP unnumbered, interface name, with the peer's ASN or "external"),
+/// `networks` to advertise, and up to 8 equal paths installed (RFC 7938:
+/// one private ASN per switch, multipath across ASNs).
+pub fn bgp_config(asn: u32, router_id: &str, neighbours: &[(String, String)], networks: &[&str]) -> String {
+    let mut out = format!(
+        "frr defaults datacenter\nhostname as{asn}\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp default ipv4-unicast\n no bgp ebgp-requires-policy\n no bgp network import-check\n bgp bestpath as-path multipath-relax\n"
+    );
+    for (peer, remote) in neighbours {
+        // An interface name means BGP unnumbered (IPv6 link-local session).
+        let interface = if peer.parse::<std::net::IpAddr>().is_err() { " interface" } else { "" };
+        out.push_str(&format!(
+            " neighbor {peer}{interface} remote-as {remote}\n neighbor {peer} timers 1 3\n neighbor {peer} timers connect 1\n"
         ));
-        if addr.contains(':') {
-            activate6.push_str(&format!("  neighbor {addr} activate\n"));
-        } else {
-            activate4.push_str(&format!("  neighbor {addr} activate\n"));
+    }
+    for (family, v6) in [("ipv4", false), ("ipv6", true)] {
+        out.push_str(&format!(" !\n address-family {family} unicast\n"));
+        for (peer, _) in neighbours {
+            let ip = peer.parse::<std::net::IpAddr>().ok();
+            // Unnumbered sessions carry IPv4 routes (RFC 5549); addressed
+            // sessions carry their own family.
+            let carries = match ip {
+                Some(ip) => ip.is_ipv6() == v6,
+                None => !v6,
+            };
+            if carries {
+                out.push_str(&format!("  neighbor {peer} activate\n"));
+            }
         }
+        for n in networks.iter().filter(|n| n.contains(':') == v6) {
+            out.push_str(&format!("  network {n}\n"));
+        }
+        out.push_str("  maximum-paths 8\n exit-address-family\n");
     }
-    format!(
-        "frr defaults datacenter\nhostname leaf\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp ebgp-requires-policy\n bgp bestpath as-path multipath-relax\n{neighbours} !\n address-family ipv4 unicast\n{activate4}  maximum-paths 8\n exit-address-family\n !\n address-family ipv6 unicast\n{activate6}  maximum-paths 8\n exit-address-family\n!\n"
-    )
-}
-
-/// The frr.conf of a switch with BGP unnumbered sessions (RFC 5549: IPv4
-/// routes over IPv6 link-local next hops) on `interfaces`, advertising
-/// `prefixes` and installing up to 8 equal paths.
-pub fn unnumbered_config(asn: u32, router_id: &str, interfaces: &[&str], prefixes: &[&str]) -> String {
-    let mut neighbours = String::new();
-    for i in interfaces {
-        neighbours.push_str(&format!(" neighbor {i} interface remote-as external\n neighbor {i} timers 1 3\n"));
-    }
-    let mut networks = String::new();
-    for p in prefixes {
-        networks.push_str(&format!("  network {p}\n"));
-    }
-    format!(
-        "frr defaults datacenter\nhostname u{asn}\n!\nrouter bgp {asn}\n bgp router-id {router_id}\n no bgp ebgp-requires-policy\n no bgp network import-check\n bgp bestpath as-path multipath-relax\n{neighbours} !\n address-family ipv4 unicast\n{networks}  maximum-paths 8\n exit-address-family\n!\n"
-    )
+    out.push_str("!\n");
+    out
 }
