@@ -266,3 +266,14 @@ fn kernel_route_rows(rocev2: &Path, notes: &mut Vec<String>) -> Result<Vec<Row>>
         ),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn buckets_move_no_healthy_flow_and_the_old_choice_moves_many() {
+        let rows = super::resilience_rows();
+        println!("buckets: {}; old: {}", rows[0].result, rows[1].result);
+        assert_eq!(rows[0].result, "0.0-0.0 %");
+        assert!(rows[1].result.starts_with('1') || rows[1].result.starts_with('2'), "{}", rows[1].result);
+    }
+}
