@@ -258,6 +258,9 @@ impl Runner {
         }
         runner.apply(config, links).await?;
         runner.resolve_learned_next_hops().await?;
+        if let Some(kernel) = &mut runner.kernel {
+            kernel.start_measuring();
+        }
         let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
         for ifname in runner.dataplane.drop_stale_links(&keep)? {
             println!("rocev2: detached the previous run's program from {ifname} (no longer a [[port]])");

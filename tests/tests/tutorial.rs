@@ -385,4 +385,30 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
     assert_shows("lab down", &readme.output("is down"), &down);
     let left = run("ip netns list");
     assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
+
+    // 8. Routes from BGP: FRR on every switch, rocev2 follows the kernel.
+    let up = run(&readme.command("--routing bgp"));
+    assert_shows("lab up --routing bgp", &readme.output("BGP converged"), &up);
+    let route = run(&readme.command("route show 10.1.0.0/16"));
+    assert_shows("ip route", &readme.output("nhid"), &route);
+    let (run_cmd, gen, stats_cmd) =
+        (readme.command(" run --config"), readme.command(" gen "), readme.command("rocev2 stats --config"));
+    let mut dataplane = Background::start(&run_cmd);
+    dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
+    assert_shows("run with kernel routes", &readme.output("following kernel table"), &dataplane.output());
+    run(&gen);
+    assert_shows("stats, BGP", &readme.output("GROUP nh:s1l1+s1l2+s2l1+s2l2"), &run(&stats_cmd));
+    run(&readme.command("no network 10.1.0.0/16"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while run(&format!("ip -n {name}-rtsw route show 10.1.0.0/16")).matches(" via ").count() != 2 {
+        assert!(Instant::now() < deadline, "spine 1's withdrawal did not reach the RTSW");
+        thread::sleep(Duration::from_millis(100));
+    }
+    run(&gen);
+    assert_shows("stats after the withdrawal", &readme.output("GROUP nh:s2l1+s2l2"), &run(&stats_cmd));
+    dataplane.stop(libc::SIGINT);
+    let down = run(&readme.command("rocev2 lab down"));
+    assert_shows("lab down, BGP", &readme.output("(FRR state)"), &down);
+    let left = run("ip netns list");
+    assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
 }

@@ -108,6 +108,7 @@ pub struct KernelRoutes {
     dirty: BTreeSet<Prefix>,
     /// Apply times of recent batches (µs), for the percentiles in stats.
     apply_times: std::collections::VecDeque<u64>,
+    measuring: bool,
     all_dirty: bool,
     neighbours_dirty: bool,
     pub stats: LearnedStats,
@@ -139,6 +140,7 @@ impl KernelRoutes {
             prepared: Default::default(),
             dirty: BTreeSet::new(),
             apply_times: std::collections::VecDeque::new(),
+            measuring: false,
             all_dirty: false,
             neighbours_dirty: false,
             stats: LearnedStats { table, ..Default::default() },
@@ -196,7 +198,9 @@ impl KernelRoutes {
             Change::Route { route, .. } => {
                 self.dirty.insert(route.prefix);
                 // A connected subnet changes which neighbours are hosts.
-                self.neighbours_dirty = true;
+                if matches!(&route.hops, fib::Hops::Paths(p) if p.iter().any(|p| p.gateway.is_none())) {
+                    self.neighbours_dirty = true;
+                }
             }
             Change::Nexthop(id) => self.dirty.extend(self.fib.prefixes_using_object(id)),
             Change::Link(_) => {
@@ -451,6 +455,9 @@ impl KernelRoutes {
     /// Records how long a batch that changed the dataplane took (first
     /// message read to dataplane updated).
     pub fn finished_batch(&mut self, started: Instant) {
+        if !self.measuring {
+            return;
+        }
         let us = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
         self.stats.last_apply_us = us;
         self.stats.apply_samples += 1;
@@ -460,9 +467,15 @@ impl KernelRoutes {
         self.apply_times.push_back(us);
         let mut sorted: Vec<u64> = self.apply_times.iter().copied().collect();
         sorted.sort_unstable();
-        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        // Nearest rank: the smallest sample with at least q of them at or below it.
+        let at = |q: f64| sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1];
         self.stats.apply_us_p50 = at(0.5);
         self.stats.apply_us_p99 = at(0.99);
+    }
+
+    /// Starts measuring batches (after the start-up read, which is no event).
+    pub fn start_measuring(&mut self) {
+        self.measuring = true;
     }
 
     /// Makes the next sync look at every prefix again (the policies changed).
