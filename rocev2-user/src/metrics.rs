@@ -9,8 +9,13 @@
 //! - `rocev2_port_drop_total{port,reason}`: reason is the counter name without `drop_`
 //! - `rocev2_member_packets_total{group,member,next_hop}`, `rocev2_member_bytes_total{...}`
 //!
-//! plus the gauges `rocev2_group_members{group,hash}` and
-//! `rocev2_group_policy{group,policy,hash,flowlet_*}` (always 1).
+//! plus the gauges `rocev2_group_members{group,hash}`,
+//! `rocev2_group_policy{group,policy,hash,flowlet_*}` (always 1) and
+//! `rocev2_hash_seed`; with kernel routes, `rocev2_learned_routes{table}`,
+//! `rocev2_learned_host_entries{table}`, `rocev2_learned_groups{table}`,
+//! `rocev2_kernel_routes{table,reason}`, `rocev2_route_messages_total{table}`,
+//! `rocev2_route_resyncs_total{table}` and
+//! `rocev2_route_apply_microseconds{table,quantile}`.
 
 use std::{
     fmt::Write as _,
@@ -222,6 +227,64 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         "Flows evicted from the full flowlet table (LRU).",
         [(String::new(), snapshot.flowlet_evictions())],
     );
+    family(&mut out, "rocev2_hash_seed", "gauge", "The hash seed in use.", [(String::new(), u64::from(snapshot.seed))]);
+    if let Some(l) = &snapshot.learned {
+        let table = format!("table=\"{}\"", l.table);
+        family(
+            &mut out,
+            "rocev2_learned_routes",
+            "gauge",
+            "Prefixes of the kernel table forwarded in XDP (host entries included).",
+            [(table.clone(), l.routes as u64)],
+        );
+        family(
+            &mut out,
+            "rocev2_learned_host_entries",
+            "gauge",
+            "Host entries made from the neighbour table on connected subnets.",
+            [(table.clone(), l.hosts as u64)],
+        );
+        family(
+            &mut out,
+            "rocev2_learned_groups",
+            "gauge",
+            "Groups made for the kernel table's next-hop sets.",
+            [(table.clone(), l.groups as u64)],
+        );
+        family(
+            &mut out,
+            "rocev2_kernel_routes",
+            "gauge",
+            "Prefixes of the kernel table left to the kernel, by reason.",
+            crate::routing::fib::KernelReason::ALL.iter().map(|r| {
+                (format!("{table},reason=\"{}\"", r.name()), l.to_kernel.get(r.name()).copied().unwrap_or(0) as u64)
+            }),
+        );
+        family(
+            &mut out,
+            "rocev2_route_messages_total",
+            "counter",
+            "Netlink messages from the kernel applied.",
+            [(table.clone(), l.messages)],
+        );
+        family(
+            &mut out,
+            "rocev2_route_resyncs_total",
+            "counter",
+            "Full re-reads of the kernel's tables (start, socket overflow).",
+            [(table.clone(), l.resyncs)],
+        );
+        family(
+            &mut out,
+            "rocev2_route_apply_microseconds",
+            "gauge",
+            "Kernel change to dataplane updated, over the last 1,000 batches.",
+            [
+                (format!("{table},quantile=\"0.5\""), l.apply_us_p50),
+                (format!("{table},quantile=\"0.99\""), l.apply_us_p99),
+            ],
+        );
+    }
     out
 }
 
@@ -470,7 +533,12 @@ mod tests {
             flowlet_entries: 4,
             seed: 0,
             seed_auto: false,
-            learned: None,
+            learned: Some(crate::routing::LearnedStats {
+                table: 254,
+                routes: 7,
+                to_kernel: [("reject".to_string(), 2)].into_iter().collect(),
+                ..Default::default()
+            }),
         }
     }
 
@@ -481,6 +549,9 @@ mod tests {
         assert!(text.contains("rocev2_egress_queue_high_water_bytes{port=\"u1\"} 90000"));
         assert!(text.contains("rocev2_class_packets_total{class=\"control\"} 3"));
         assert!(text.contains("rocev2_flowlet_entries 4"));
+        assert!(text.contains("rocev2_learned_routes{table=\"254\"} 7"), "{text}");
+        assert!(text.contains("rocev2_kernel_routes{table=\"254\",reason=\"reject\"} 2"), "{text}");
+        assert!(text.contains("rocev2_kernel_routes{table=\"254\",reason=\"encap\"} 0"), "{text}");
         // flowlet_inserted is 10 + its index on both ports; 4 remain.
         let inserted = 2 * (10 + rocev2_common::counters::PortCounter::FlowletInserted as u64);
         assert!(text.contains(&format!("rocev2_flowlet_evictions_total {}", inserted - 4)));
