@@ -20,8 +20,16 @@ use rocev2_user::{
     watch,
 };
 
+/// `rocev2 --version`: the crate version and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("ROCEV2_GIT_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "rocev2", version, about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing")]
+#[command(
+    name = "rocev2",
+    version = VERSION,
+    about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing",
+    after_long_help = FILES_HELP
+)]
 struct Cli {
     /// Run inside this network namespace (a name from `ip netns list`).
     /// Unlike `ip netns exec`, this keeps the host's /sys/fs/bpf, so pinned
@@ -36,7 +44,7 @@ struct Cli {
 enum Command {
     /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
     Run {
-        #[arg(long, short, value_name = "FILE")]
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Override [dataplane] xdp_mode.
         #[arg(long, value_enum)]
@@ -49,12 +57,14 @@ enum Command {
     },
     /// Validate a config file without loading anything.
     Check {
-        #[arg(long, short, value_name = "FILE")]
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Print the counters of a running `rocev2 run`.
     Stats {
-        /// Config of the running instance (to find its pin_dir).
+        /// Config of the running instance (to find its pin_dir). Without
+        /// --config or --pin-dir: /etc/rocev2/rocev2.toml if it exists,
+        /// else the default pin directory /sys/fs/bpf/rocev2.
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
@@ -73,7 +83,9 @@ enum Command {
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
-        /// Config of the running instance (to find it; it re-reads its own file).
+        /// Config of the running instance (to find it; it re-reads its own
+        /// file). Without --config or --pin-dir: /etc/rocev2/rocev2.toml if
+        /// it exists, else the default pin directory /sys/fs/bpf/rocev2.
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
@@ -93,6 +105,18 @@ enum Command {
     Entropy(EntropyArgs),
     /// Show which route, group and member a packet takes, and why.
     Explain(ExplainArgs),
+    /// Print a shell completion script (e.g. `rocev2 completions bash > /etc/bash_completion.d/rocev2`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), generated from these same definitions;
+    /// with --out-dir, write rocev2.1 and one page per subcommand there.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Measure per-packet cost, forwarding rate and control-plane times; write BENCHMARKS.md (`cargo xtask bench`).
     #[command(hide = true)]
     Bench(rocev2_user::bench::BenchArgs),
@@ -115,6 +139,36 @@ enum Command {
 enum CliXdpMode {
     Native,
     Skb,
+}
+
+/// The config `run`, `check`, `reload` and `stats` use without `--config`.
+const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
+
+/// Closing part of `--help` and of the man page.
+const FILES_HELP: &str = "Files:
+  /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload` and `stats` use without --config
+                           (`stats` and `reload` fall back to the pin directory /sys/fs/bpf/rocev2
+                           when that file does not exist)
+  /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
+  /run/rocev2              state file and run lock of each running instance
+
+Signals to `rocev2 run`: SIGINT/SIGTERM stop (detach, print the final counters); SIGHUP reloads the
+config (`rocev2 reload`); SIGUSR1 exits leaving the dataplane forwarding for the next run (`rocev2 upgrade`).
+
+Each subcommand has its own help: `rocev2 help run`.";
+
+/// The pin directory of the running instance `stats` and `reload` talk to:
+/// the given config's, the given directory, the default config's if that
+/// file exists, else the default pin directory.
+fn running_pin_dir(config: Option<PathBuf>, pin_dir: Option<PathBuf>) -> Result<PathBuf> {
+    Ok(match (config, pin_dir) {
+        (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
+        (None, Some(dir)) => dir,
+        (None, None) if std::path::Path::new(DEFAULT_CONFIG).exists() => {
+            Config::load(std::path::Path::new(DEFAULT_CONFIG))?.dataplane.pin_dir
+        }
+        (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
+    })
 }
 
 /// `9464` means 127.0.0.1:9464; anything else must be a socket address.
@@ -177,11 +231,7 @@ fn real_main(cli: Cli) -> Result<()> {
             );
         }
         Command::Stats { config, pin_dir, json, watch, interval } => {
-            let pin_dir = match (config, pin_dir) {
-                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
-                (None, Some(dir)) => dir,
-                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
-            };
+            let pin_dir = running_pin_dir(config, pin_dir)?;
             if watch {
                 if !(interval > 0.0 && interval.is_finite()) {
                     anyhow::bail!("--interval must be a positive number of seconds, not {interval}");
@@ -201,11 +251,7 @@ fn real_main(cli: Cli) -> Result<()> {
             rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Reload { config, pin_dir } => {
-            let pin_dir = match (config, pin_dir) {
-                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
-                (None, Some(dir)) => dir,
-                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
-            };
+            let pin_dir = running_pin_dir(config, pin_dir)?;
             let outcome = run::request_reload(&pin_dir, std::time::Duration::from_secs(30))?;
             println!("rocev2: reloaded {}", outcome.display());
         }
@@ -219,6 +265,20 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Entropy(args) => entropy::run(&args)?,
         Command::Explain(args) => explain::run(&args)?,
         Command::Bench(args) => rocev2_user::bench::run(&args)?,
+        Command::Completions { shell } => clap_complete::generate(
+            shell,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "rocev2",
+            &mut std::io::stdout(),
+        ),
+        Command::Man { out_dir: None } => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .context("cannot write the man page")?,
+        Command::Man { out_dir: Some(dir) } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
+                .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+        }
     }
     Ok(())
 }
