@@ -13,6 +13,7 @@ pub mod labcmd;
 pub mod metrics;
 pub mod netlink;
 pub mod netns;
+pub mod notify;
 pub mod packet;
 pub mod privileges;
 pub mod rawsock;

@@ -40,6 +40,9 @@ const LINK_POLL: Duration = Duration::from_millis(100);
 /// filled; scripts and tests wait for it.
 pub const READY_LINE: &str = "rocev2: ready";
 
+/// How often the summary systemd shows (`STATUS=`) is refreshed.
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
 pub struct RunOptions {
     /// Overrides `[dataplane] xdp_mode`.
     pub xdp_mode: Option<XdpMode>,
@@ -160,6 +163,8 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     };
     println!("{READY_LINE}");
     std::io::stdout().flush().ok();
+    crate::notify::ready(&runner.status_line());
+    let mut status_tick = tokio::time::interval(STATUS_INTERVAL);
 
     let mut link_tick = tokio::time::interval(LINK_POLL);
     let mut neighbour_tick = tokio::time::interval(runner.config.dataplane.neighbour_refresh);
@@ -168,12 +173,18 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = sigint.recv() => break false,
             _ = sigterm.recv() => break false,
             _ = sigusr1.recv() => break true,
-            _ = sighup.recv() => runner.reload_from_file().await,
+            _ = sighup.recv() => {
+                crate::notify::reloading();
+                runner.reload_from_file().await;
+                crate::notify::ready(&runner.status_line());
+            }
+            _ = status_tick.tick() => crate::notify::status(&runner.status_line()),
             _ = link_tick.tick() => runner.refresh(false).await?,
             _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
         std::io::stdout().flush().ok();
     };
+    crate::notify::stopping(if handover { "handing over to the next rocev2 run" } else { "stopping" });
 
     if let Some(server) = metrics {
         server.stop().ok();
@@ -250,6 +261,14 @@ impl Runner {
             pin_dir.display()
         );
         Ok(runner)
+    }
+
+    /// One-line summary for systemd's `STATUS=`.
+    fn status_line(&self) -> String {
+        match Snapshot::collect(&self.dataplane.maps, &self.state) {
+            Ok(snapshot) => crate::notify::summary(&snapshot, self.config.routes.len()),
+            Err(e) => format!("cannot read the counters: {e:#}"),
+        }
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a

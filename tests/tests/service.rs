@@ -1,0 +1,226 @@
+//! Issue 16: `rocev2 run` under systemd. The real binary runs in a lab
+//! with NOTIFY_SOCKET pointing at a datagram socket this test owns, which
+//! sees exactly what systemd would.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    os::unix::net::UnixDatagram,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_user::{lab::EcmpLab, state::RunState};
+
+/// The socket systemd would own; removed on drop.
+struct NotifySocket {
+    socket: UnixDatagram,
+    path: PathBuf,
+}
+
+impl NotifySocket {
+    fn bind(tag: &str) -> Self {
+        let path = PathBuf::from(format!("/tmp/rocev2-notify-{tag}.sock"));
+        let _ = std::fs::remove_file(&path);
+        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
+        socket.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        Self { socket, path }
+    }
+
+    /// The next message within `timeout`, if any.
+    fn recv(&self, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 4096];
+        while Instant::now() < deadline {
+            match self.socket.recv(&mut buf) {
+                Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("notify socket: {e}"),
+            }
+        }
+        None
+    }
+
+    /// The next message that changes the service state (READY=1,
+    /// RELOADING=1, STOPPING=1), skipping STATUS-only updates; returns that
+    /// state word and the whole message.
+    fn next_state(&self, timeout: Duration) -> Option<(String, String)> {
+        let deadline = Instant::now() + timeout;
+        while let Some(message) = self.recv(deadline.saturating_duration_since(Instant::now())) {
+            if let Some(state) = state_of(&message) {
+                return Some((state, message));
+            }
+        }
+        None
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn state_of(message: &str) -> Option<String> {
+    message.lines().find(|l| matches!(*l, "READY=1" | "RELOADING=1" | "STOPPING=1")).map(str::to_string)
+}
+
+/// A `rocev2 run` child, killed on drop if the test failed half way.
+struct Daemon {
+    child: Option<Child>,
+    output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    fn start(args: &[&str], notify: &NotifySocket) -> Self {
+        let mut child = Command::new(rocev2_bin())
+            .args(args)
+            .env("NOTIFY_SOCKET", &notify.path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rocev2 run");
+        let output = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = output.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self { child: Some(child), output }
+    }
+
+    fn output(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, signal) };
+    }
+
+    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                std::thread::sleep(Duration::from_millis(100)); // let the readers finish
+                return status;
+            }
+            assert!(Instant::now() < deadline, "rocev2 run did not exit:\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our own child; SIGTERM detaches cleanly.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn run_notifies_ready_reloading_and_stopping_in_order() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let notify = NotifySocket::bind(&lab.tag);
+    let mut daemon =
+        Daemon::start(&["--netns", lab.switch.name(), "run", "--config", config.to_str().unwrap()], &notify);
+
+    // The first message is READY=1, and when it arrives the port is attached
+    // and the state (groups, members) is written.
+    let first = notify.recv(Duration::from_secs(30)).unwrap_or_else(|| panic!("no message:\n{}", daemon.output()));
+    assert_eq!(state_of(&first).as_deref(), Some("READY=1"), "first message: {first:?}\n{}", daemon.output());
+    let link = lab.in_switch(&["ip", "-d", "link", "show", "p0"]).unwrap();
+    assert!(link.contains("prog/xdp"), "READY=1 before p0 was attached:\n{link}");
+    let state = RunState::read(&lab.pin_dir()).unwrap();
+    assert_eq!(state.groups[0].members.len(), 2, "READY=1 before the group was filled");
+    assert!(
+        first.contains("STATUS=forwarding on 1 ports, 1 groups (2 usable members), 2 routes; "),
+        "READY comes with a summary: {first:?}"
+    );
+    assert!(daemon.output().contains("rocev2: ready"), "{}", daemon.output());
+
+    // A good reload: RELOADING=1, then READY=1.
+    daemon.signal(libc::SIGHUP);
+    let (s1, _) = notify.next_state(Duration::from_secs(10)).expect("RELOADING=1 after SIGHUP");
+    let (s2, _) = notify.next_state(Duration::from_secs(10)).expect("READY=1 after the reload");
+    assert_eq!((s1.as_str(), s2.as_str()), ("RELOADING=1", "READY=1"));
+
+    // A refused reload: the old config stays, and the service is ready again.
+    std::fs::write(&config, "[[port]]\nname = \"p0\"\n[[route]]\nprefix = \"10.1.0.0/16\"\ngroup = \"nope\"\n")
+        .unwrap();
+    let out = Command::new(rocev2_bin())
+        .args(["reload", "--pin-dir", lab.pin_dir().to_str().unwrap()])
+        .output()
+        .expect("rocev2 reload");
+    assert!(!out.status.success(), "a bad config must fail the reload");
+    let (s1, _) = notify.next_state(Duration::from_secs(10)).expect("RELOADING=1 for the refused reload");
+    let (s2, _) = notify.next_state(Duration::from_secs(10)).expect("READY=1 after the refused reload");
+    assert_eq!((s1.as_str(), s2.as_str()), ("RELOADING=1", "READY=1"));
+
+    // Stop: STOPPING=1, a clean exit, and nothing after it.
+    daemon.signal(libc::SIGTERM);
+    let (s, message) = notify.next_state(Duration::from_secs(10)).expect("STOPPING=1 on SIGTERM");
+    assert_eq!(s, "STOPPING=1", "{message:?}");
+    let status = daemon.wait(Duration::from_secs(10));
+    assert!(status.success(), "{status}:\n{}", daemon.output());
+    assert_eq!(notify.next_state(Duration::from_millis(300)), None, "nothing after STOPPING=1");
+}
+
+#[test]
+fn a_config_error_never_says_ready_and_exits_non_zero() {
+    require_root();
+    let tag = format!("svc{}", std::process::id());
+    let notify = NotifySocket::bind(&tag);
+    let dir = PathBuf::from(format!("/tmp/rocev2-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveDir(dir.clone());
+    let cases = [
+        // Valid TOML, but the port does not exist: fails while resolving.
+        (
+            "missing-port",
+            format!("[dataplane]\npin_dir = \"/sys/fs/bpf/rocev2-{tag}\"\n[[port]]\nname = \"r2nosuch0\"\n"),
+        ),
+        // A mistake in the file: fails before anything starts.
+        ("bad-key", "[[port]]\nname = \"p0\"\n[[route]]\nprefix = \"10.1.0.1/16\"\ngroup = \"x\"\n".to_string()),
+    ];
+    for (name, text) in cases {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, text).unwrap();
+        let mut daemon = Daemon::start(&["run", "--config", config.to_str().unwrap()], &notify);
+        let status = daemon.wait(Duration::from_secs(30));
+        assert!(!status.success(), "{name}: a config error must fail run:\n{}", daemon.output());
+        assert!(daemon.output().contains("rocev2: error:"), "{name}: {}", daemon.output());
+        let mut messages = Vec::new();
+        while let Some(m) = notify.recv(Duration::from_millis(200)) {
+            messages.push(m);
+        }
+        assert!(!messages.iter().any(|m| m.contains("READY=1")), "{name}: READY=1 despite the error: {messages:?}");
+    }
+}
