@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -188,8 +188,12 @@ fn run_counting_tests(cmd: &mut Command) -> Result<Totals> {
 const BPF_LINKER_VERSION: &str = "0.13";
 const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Runtime tools: `ip` for namespaces, `ethtool` for veth GRO, scapy as an
-/// independent RoCEv2/ICRC decoder in the tests.
-const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy"];
+/// independent RoCEv2/ICRC decoder in the tests; for packaging: `systemd`
+/// (systemd-analyze verify on the unit, no running systemd needed),
+/// `man-db` (verify looks up Documentation=man:), `lintian` (checks the .deb).
+const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy", "systemd", "man-db", "lintian"];
+/// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
+const CARGO_DEB_VERSION: &str = "3.8";
 
 fn setup() -> Result<()> {
     let mut apt = Apt::default();
@@ -205,7 +209,15 @@ fn setup() -> Result<()> {
     if need_linker {
         install_bpf_linker()?;
     }
+    if !cargo_deb_ok() {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
+        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    }
     Ok(())
+}
+
+fn cargo_deb_ok() -> bool {
+    output("cargo-deb", &["--version"]).is_some_and(|v| v.contains(&format!(" {CARGO_DEB_VERSION}.")))
 }
 
 #[derive(Default)]
