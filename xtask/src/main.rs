@@ -38,6 +38,15 @@ enum Task {
     Demo,
     /// Build (release) and run the benchmarks; prints one table and writes BENCHMARKS.md (needs root).
     Bench,
+    /// Build the Debian package (cargo-deb): binary, unit, example config, man pages, completions; then lintian.
+    Package {
+        /// Package the debug build instead of the release build (faster; for tests).
+        #[arg(long)]
+        debug: bool,
+        /// Where to write the .deb (default target/debian/).
+        #[arg(long, value_name = "DIR")]
+        output: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -64,7 +73,59 @@ fn main() -> Result<()> {
             let out = workspace().join("BENCHMARKS.md");
             run(Command::new(workspace().join("target/release/rocev2")).arg("bench").arg("--out").arg(out))
         }
+        Task::Package { debug, output } => {
+            setup()?;
+            build(!debug)?;
+            package(debug, output)
+        }
     }
+}
+
+/// Writes the generated assets (man pages, completions) where
+/// rocev2-user's `[package.metadata.deb]` expects them, runs cargo-deb on
+/// the binary just built, then lintian; an error from lintian fails.
+fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
+    let root = workspace();
+    let bin = root.join(if debug { "target/debug/rocev2" } else { "target/release/rocev2" });
+    let assets = root.join("target/package-assets");
+    if assets.exists() {
+        std::fs::remove_dir_all(&assets).with_context(|| format!("cannot remove {}", assets.display()))?;
+    }
+    let (man, completions) = (assets.join("man"), assets.join("completions"));
+    std::fs::create_dir_all(&completions)?;
+    run(Command::new(&bin).arg("man").arg("--out-dir").arg(&man))?;
+    // Debian wants man pages compressed, without a timestamp (reproducible).
+    run(Command::new("sh").arg("-c").arg("gzip -9n -- *.1").current_dir(&man))?;
+    for (shell, file) in [("bash", "rocev2"), ("zsh", "_rocev2"), ("fish", "rocev2.fish")] {
+        let out = Command::new(&bin).args(["completions", shell]).output()?;
+        if !out.status.success() {
+            bail!("rocev2 completions {shell} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::fs::write(completions.join(file), out.stdout)?;
+    }
+    let out_dir = output.unwrap_or_else(|| root.join("target/debian"));
+    std::fs::create_dir_all(&out_dir)?;
+    let mut deb = cargo();
+    deb.args(["deb", "-p", "rocev2-user", "--no-build", "--output"]).arg(&out_dir);
+    if debug {
+        deb.args(["--profile", "dev", "--strip", "--fast"]);
+    }
+    let out = deb.stderr(std::process::Stdio::inherit()).output().context("cannot run cargo deb")?;
+    if !out.status.success() {
+        bail!("cargo deb failed with {}", out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let deb_path = stdout.lines().rev().find(|l| l.trim_end().ends_with(".deb")).context("cargo deb named no .deb")?;
+    let deb_path = PathBuf::from(deb_path.trim());
+    println!("xtask: built {}", deb_path.display());
+    let lint = Command::new("lintian").arg(&deb_path).output().context("cannot run lintian")?;
+    let report = String::from_utf8_lossy(&lint.stdout);
+    print!("{report}");
+    if report.lines().any(|l| l.starts_with("E: ")) {
+        bail!("lintian reports errors on {}", deb_path.display());
+    }
+    println!("xtask: lintian: no errors");
+    Ok(())
 }
 
 fn workspace() -> PathBuf {
