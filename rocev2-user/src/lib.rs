@@ -21,6 +21,7 @@ pub mod run;
 pub mod sink;
 pub mod state;
 pub mod stats;
+pub mod upgrade;
 pub mod watch;
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).

@@ -92,6 +92,25 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         pin_dir: Option<PathBuf>,
     },
+    /// Move a running `rocev2 run` onto this binary without losing a packet:
+    /// it hands over (SIGUSR1: exits, the dataplane keeps forwarding), then
+    /// its systemd unit is started again, or, outside systemd, this command
+    /// becomes the new `rocev2 run --config <the same file>`, which takes
+    /// over the pinned links.
+    Upgrade {
+        /// Config of the running instance (to find it). Without --config or
+        /// --pin-dir: /etc/rocev2/rocev2.toml if it exists, else the default
+        /// pin directory /sys/fs/bpf/rocev2.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the running instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+        /// systemd unit to start after the handover (default: the rocev2*.service
+        /// the running instance belongs to, if any).
+        #[arg(long, value_name = "UNIT")]
+        unit: Option<String>,
+    },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
     Lab {
         #[command(subcommand)]
@@ -254,6 +273,10 @@ fn real_main(cli: Cli) -> Result<()> {
             let pin_dir = running_pin_dir(config, pin_dir)?;
             let outcome = run::request_reload(&pin_dir, std::time::Duration::from_secs(30))?;
             println!("rocev2: reloaded {}", outcome.display());
+        }
+        Command::Upgrade { config, pin_dir, unit } => {
+            let pin_dir = running_pin_dir(config, pin_dir)?;
+            rocev2_user::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
         }
         Command::Lab { command } => labcmd::run(&command)?,
         Command::Gen(args) => {

@@ -11,8 +11,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
-use rocev2_user::{lab::EcmpLab, state::RunState};
+use rocev2_user::{
+    lab::{lab_frame, EcmpLab, Family},
+    state::RunState,
+};
 
 /// The socket systemd would own; removed on drop.
 struct NotifySocket {
@@ -74,14 +78,12 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(args: &[&str], notify: &NotifySocket) -> Self {
-        let mut child = Command::new(rocev2_bin())
-            .args(args)
-            .env("NOTIFY_SOCKET", &notify.path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start rocev2 run");
+    fn start(args: &[&str], notify: Option<&NotifySocket>) -> Self {
+        let mut cmd = Command::new(rocev2_bin());
+        if let Some(notify) = notify {
+            cmd.env("NOTIFY_SOCKET", &notify.path);
+        }
+        let mut child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start rocev2 run");
         let output = Arc::new(Mutex::new(Vec::new()));
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
@@ -99,6 +101,15 @@ impl Daemon {
 
     fn output(&self) -> String {
         self.output.lock().unwrap().join("\n")
+    }
+
+    /// Waits until the output has a line containing `text`.
+    fn wait_for(&self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.output().contains(text) {
+            assert!(Instant::now() < deadline, "no {text:?} within {timeout:?}:\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn signal(&self, signal: i32) {
@@ -144,7 +155,7 @@ fn run_notifies_ready_reloading_and_stopping_in_order() {
     let config = lab.write_config("qp").unwrap();
     let notify = NotifySocket::bind(&lab.tag);
     let mut daemon =
-        Daemon::start(&["--netns", lab.switch.name(), "run", "--config", config.to_str().unwrap()], &notify);
+        Daemon::start(&["--netns", lab.switch.name(), "run", "--config", config.to_str().unwrap()], Some(&notify));
 
     // The first message is READY=1, and when it arrives the port is attached
     // and the state (groups, members) is written.
@@ -213,7 +224,7 @@ fn a_config_error_never_says_ready_and_exits_non_zero() {
     for (name, text) in cases {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, text).unwrap();
-        let mut daemon = Daemon::start(&["run", "--config", config.to_str().unwrap()], &notify);
+        let mut daemon = Daemon::start(&["run", "--config", config.to_str().unwrap()], Some(&notify));
         let status = daemon.wait(Duration::from_secs(30));
         assert!(!status.success(), "{name}: a config error must fail run:\n{}", daemon.output());
         assert!(daemon.output().contains("rocev2: error:"), "{name}: {}", daemon.output());
@@ -223,4 +234,48 @@ fn a_config_error_never_says_ready_and_exits_non_zero() {
         }
         assert!(!messages.iter().any(|m| m.contains("READY=1")), "{name}: READY=1 despite the error: {messages:?}");
     }
+}
+
+/// `rocev2 upgrade` against a live stream: the running instance hands
+/// over, the upgrade process becomes the new `rocev2 run` (no systemd here)
+/// and takes over p0; no packet is lost.
+#[test]
+fn upgrade_hands_over_to_the_new_binary_without_losing_a_packet() {
+    require_root();
+    let lab = EcmpLab::create(4).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let old = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let old_pid = RunState::read(&lab.pin_dir()).unwrap().pid;
+    let capture = lab.start_capture().unwrap();
+    let frames =
+        (0..64u32).map(|q| lab_frame(Family::V4, Bth::new(opcode::WRITE_MIDDLE, 0x100 + q, 0), 2, 256)).collect();
+    let stream = lab.start_stream(frames, 20_000).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    let upgrade = Daemon::start(&["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap()], None);
+    upgrade.wait_for(&format!("rocev2: pid {old_pid} handed over"), Duration::from_secs(30));
+    upgrade.wait_for("took over p0", Duration::from_secs(60));
+    upgrade.wait_for("rocev2: ready", Duration::from_secs(30));
+    let old_output = old.stop_after_exit(Duration::from_secs(10)).unwrap();
+    assert!(old_output.contains("handed over"), "{old_output}");
+    let new_pid = RunState::read(&lab.pin_dir()).unwrap().pid;
+    assert_ne!(new_pid, old_pid, "a new process runs the dataplane");
+    assert_eq!(new_pid, upgrade.child.as_ref().unwrap().id(), "the upgrade process became the new run");
+    std::thread::sleep(Duration::from_millis(500));
+
+    let sent = stream.stop().unwrap();
+    let report = capture.finish(sent).unwrap();
+    println!("MEASURED: upgrade: sent {sent}, received {}", report.received());
+    assert!(sent > 0);
+    assert_eq!(
+        report.received(),
+        sent,
+        "lost {} packets in the upgrade\n{}",
+        sent - report.received(),
+        report.render()
+    );
+    let mut upgrade = upgrade;
+    upgrade.signal(libc::SIGTERM);
+    assert!(upgrade.wait(Duration::from_secs(10)).success(), "{}", upgrade.output());
+    assert!(!lab.pin_dir().exists(), "a normal stop of the new run detaches and unpins");
 }
