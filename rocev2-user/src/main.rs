@@ -36,6 +36,15 @@ struct Cli {
     /// maps stay visible to `rocev2 stats`.
     #[arg(long, global = true, value_name = "NAME")]
     netns: Option<String>,
+    /// Log level of the daemon's events (on stderr): error, warn, info,
+    /// debug or trace. Default: RUST_LOG (a tracing filter such as `warn`
+    /// or `rocev2_user=debug`), else info.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<tracing::Level>,
+    /// Log line format: text (timestamps only on a terminal; journald adds
+    /// its own) or json (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -155,6 +164,30 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Events (tracing) go to stderr, one line each; the commands' own output
+/// (tables, `rocev2: ready`, final counters) stays on stdout.
+fn init_logging(level: Option<tracing::Level>, format: LogFormat) {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level.as_str()),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let _ = match (format, terminal) {
+        (LogFormat::Json, _) => builder.json().flatten_event(true).try_init(),
+        (LogFormat::Text, true) => builder.try_init(),
+        (LogFormat::Text, false) => builder.with_ansi(false).without_time().try_init(),
+    };
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum CliXdpMode {
     Native,
     Skb,
@@ -204,6 +237,7 @@ fn main() -> ExitCode {
     // SAFETY: called before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    init_logging(cli.log_level, cli.log_format);
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -156,7 +156,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 .as_deref()
                 .map(|n| format!(" inside network namespace {n} (e.g. `ip netns exec {n} curl ...`)"))
                 .unwrap_or_default();
-            println!("rocev2: metrics at http://{}/metrics{place}", server.local_addr());
+            tracing::info!("metrics at http://{}/metrics{place}", server.local_addr());
             Some(server)
         }
         None => None,
@@ -246,11 +246,11 @@ impl Runner {
         runner.apply(config, links).await?;
         let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
         for ifname in runner.dataplane.drop_stale_links(&keep)? {
-            println!("rocev2: detached the previous run's program from {ifname} (no longer a [[port]])");
+            tracing::info!("detached the previous run's program from {ifname} (no longer a [[port]])");
         }
         let c = &runner.config;
-        println!(
-            "rocev2: forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
+        tracing::info!(
+            "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
             runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
             match c.dataplane.attach {
                 Attach::Xdp => format!("{} XDP", crate::dataplane::mode_name(mode)),
@@ -286,15 +286,15 @@ impl Runner {
         match &result {
             Ok(()) => {
                 self.state.last_reload = "ok".into();
-                println!("rocev2: reloaded {}", path.display());
+                tracing::info!(config = %path.display(), "reloaded {}", path.display());
             }
             Err(e) => {
                 self.state.last_reload = format!("{e:#}");
-                eprintln!("rocev2: reload of {} failed, the running config stays: {e:#}", path.display());
+                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {e:#}", path.display());
             }
         }
         if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
-            eprintln!("rocev2: warning: cannot update the state file: {e:#}");
+            tracing::warn!("cannot update the state file: {e:#}");
         }
     }
 
@@ -371,13 +371,13 @@ impl Runner {
         for link in links.members.iter().flatten() {
             self.dataplane.maps.add_egress_dev(link.ifindex)?;
             match ensure_veth_peer_napi(link) {
-                Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
-                    "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
+                Ok(PeerNapi::EnabledGro { peer_name, netns }) => tracing::info!(
+                    "enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
                     link.name, link.name
                 ),
                 Ok(_) => {}
-                Err(e) => eprintln!(
-                    "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
+                Err(e) => tracing::warn!(
+                    "egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
                     link.name
                 ),
             }
@@ -416,14 +416,14 @@ impl Runner {
             if !new_ports.iter().any(|n| n.ifindex == old.ifindex) {
                 self.dataplane.maps.remove_port(old.ifindex);
             }
-            println!("rocev2: stopped forwarding on {}", old.name);
+            tracing::info!(port = %old.name, "stopped forwarding on {}", old.name);
         }
         for port in new_ports.iter().filter(|n| !self.ports.iter().any(|o| o.name == n.name && o.ifindex == n.ifindex))
         {
             match self.config.dataplane.attach {
                 Attach::Xdp => {
                     if self.dataplane.attach(&port.name, port.ifindex, self.mode)? {
-                        println!("rocev2: took over {} from the previous run without interruption", port.name);
+                        tracing::info!(port = %port.name, "took over {} from the previous run without interruption", port.name);
                     }
                 }
                 Attach::Tc => self.dataplane.attach_tc(&port.name, TcAttachType::Ingress)?,
@@ -442,7 +442,7 @@ impl Runner {
         for dev in &new_local {
             if !self.egress.iter().any(|(d, _)| d == dev) || !self.state.egress.iter().any(|e| &e.name == dev) {
                 self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
-                println!("rocev2: classes and ECN marking for traffic this box sends on {dev}");
+                tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
             }
         }
         self.egress = new_egress;
@@ -498,15 +498,18 @@ impl Runner {
     /// neighbour MACs and local addresses; republishes what changed.
     async fn refresh(&mut self, neighbours: bool) -> Result<()> {
         let mut changed = false;
-        for member in self.members.values_mut().flatten() {
+        for (group, member) in self.members.iter_mut().flat_map(|(g, list)| list.iter_mut().map(move |m| (g, m))) {
             let before = (member.link_up, member.dst_mac);
-            if let Ok(link) = self.netlink.link(&member.dev).await {
+            let was_usable = member.usable().is_some();
+            let link_down = if let Ok(link) = self.netlink.link(&member.dev).await {
                 member.link_up = link.up && link.carrier;
                 member.ifindex = link.ifindex;
                 member.src_mac = link.mac;
+                (!link.up).then_some("link administratively down").or((!link.carrier).then_some("no carrier"))
             } else {
                 member.link_up = false;
-            }
+                Some("interface not found")
+            };
             // A member whose link is up but whose neighbour is unknown (e.g.
             // it just came back) retries on every link tick, not only on
             // the slower neighbour refresh.
@@ -520,12 +523,7 @@ impl Runner {
                 }
             }
             if before != (member.link_up, member.dst_mac) {
-                println!(
-                    "rocev2: member {} {} is now {}",
-                    member.dev,
-                    next_hop_text(&member.next_hop),
-                    if member.usable().is_some() { "usable" } else { "unusable (link down or neighbour unresolved)" }
-                );
+                log_member_change(group, member, was_usable, link_down);
                 changed = true;
             }
         }
@@ -592,6 +590,33 @@ impl Runner {
     }
 }
 
+/// One line per change of a member's usability: a warning naming group,
+/// member and reason when it leaves its group, info when it rejoins or its
+/// neighbour's MAC changes.
+fn log_member_change(group: &str, member: &MemberLive, was_usable: bool, link_down: Option<&str>) {
+    let name = format!("{} {}", member.dev, next_hop_text(&member.next_hop));
+    match (was_usable, member.usable().is_some()) {
+        (true, false) => {
+            let reason = match (link_down, member.next_hop) {
+                (Some(reason), _) => reason.to_string(),
+                (None, NextHop::Via(ip)) => format!("neighbour {ip} does not answer"),
+                (None, NextHop::Mac(_)) => "unusable".to_string(),
+            };
+            tracing::warn!(group, member = name.as_str(), reason, "member {name} left group {group}: {reason}");
+        }
+        (false, true) => tracing::info!(group, member = name.as_str(), "member {name} rejoined group {group}"),
+        (true, true) => tracing::info!(
+            group,
+            member = name.as_str(),
+            mac = %member.dst_mac.map(|m| format_mac(&m)).unwrap_or_default(),
+            "member {name} of group {group}: neighbour MAC changed"
+        ),
+        (false, false) => {
+            tracing::debug!(group, member = name.as_str(), "member {name} of group {group} still unusable")
+        }
+    }
+}
+
 /// Nice level of a takeover's program load. 19 kept the most CPU for the
 /// traffic but made a takeover take 16 s next to one busy process (nice 19
 /// gets ~1.5 % of a CPU against a nice-0 task); 10 gets ~10 %.
@@ -605,10 +630,7 @@ fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32) -> Res
         s.spawn(|| {
             // SAFETY: setpriority on this thread's own id.
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
-                eprintln!(
-                    "rocev2: warning: cannot lower the priority of the program load: {}",
-                    std::io::Error::last_os_error()
-                );
+                tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
             Dataplane::load_with(Some(pin_dir), flowlet_table_size)
         })
@@ -669,8 +691,8 @@ async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String
     for (member, result) in todo.into_iter().zip(results) {
         match result {
             Ok(mac) => member.dst_mac = Some(mac),
-            Err(e) => eprintln!(
-                "rocev2: warning: {}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
+            Err(e) => tracing::warn!(
+                "{}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
                 member.place,
                 member.dev,
                 next_hop_text(&member.next_hop),

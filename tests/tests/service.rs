@@ -79,7 +79,13 @@ struct Daemon {
 
 impl Daemon {
     fn start(args: &[&str], notify: Option<&NotifySocket>) -> Self {
+        Self::start_with(args, notify, &[])
+    }
+
+    /// With these environment variables (and RUST_LOG only if given here).
+    fn start_with(args: &[&str], notify: Option<&NotifySocket>, env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(rocev2_bin());
+        cmd.env_remove("RUST_LOG").envs(env.iter().copied());
         if let Some(notify) = notify {
             cmd.env("NOTIFY_SOCKET", &notify.path);
         }
@@ -278,4 +284,74 @@ fn upgrade_hands_over_to_the_new_binary_without_losing_a_packet() {
     upgrade.signal(libc::SIGTERM);
     assert!(upgrade.wait(Duration::from_secs(10)).success(), "{}", upgrade.output());
     assert!(!lab.pin_dir().exists(), "a normal stop of the new run detaches and unpins");
+}
+
+/// Takes uplink 2's far end down under `rocev2 run` with these extra
+/// arguments and environment, waits until u2 has left its group and one
+/// neighbour refresh has passed, stops, and returns everything it printed.
+fn output_around_a_member_failure(args: &[&str], env: &[(&str, &str)]) -> String {
+    let lab = EcmpLab::create(2).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let mut full = vec!["--netns", lab.switch.name()];
+    full.extend_from_slice(args);
+    full.extend_from_slice(&["run", "--config", config.to_str().unwrap()]);
+    let mut daemon = Daemon::start_with(&full, None, env);
+    daemon.wait_for("rocev2: ready", Duration::from_secs(30));
+    lab.uplinks[1].exec(&["ip", "link", "set", "up0", "down"]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while RunState::read(&lab.pin_dir()).map(|s| s.groups[0].members.len()).unwrap_or(0) != 1 {
+        assert!(Instant::now() < deadline, "u2 did not leave its group:\n{}", daemon.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // neighbour_refresh_ms is 1000: let one refresh see the dead member too.
+    std::thread::sleep(Duration::from_millis(1500));
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(Duration::from_secs(10)).success(), "{}", daemon.output());
+    daemon.output()
+}
+
+#[test]
+fn a_member_going_down_is_one_warning_line_naming_group_member_and_reason() {
+    require_root();
+    // Text (not a terminal: no timestamps, journald adds them).
+    let text = output_around_a_member_failure(&[], &[]);
+    let warnings: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning:\n{text}");
+    let w = warnings[0];
+    assert!(
+        w.contains("member u2 via fd00:2::2 left group spines: no carrier")
+            && w.contains("group=\"spines\"")
+            && w.contains("member=\"u2 via fd00:2::2\"")
+            && w.contains("reason=\"no carrier\""),
+        "{w}"
+    );
+    assert!(text.lines().any(|l| l.trim_start().starts_with("INFO") && l.contains("forwarding on p0")), "{text}");
+    assert!(text.lines().any(|l| l == "rocev2: ready"), "the ready line stays plain on stdout:\n{text}");
+
+    // JSON: one object per line, the facts as fields.
+    let json = output_around_a_member_failure(&["--log-format", "json"], &[]);
+    let events: Vec<serde_json::Value> = json
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(events.iter().any(|e| e["level"] == "INFO"), "{json}");
+    let warnings: Vec<&serde_json::Value> = events.iter().filter(|e| e["level"] == "WARN").collect();
+    assert_eq!(warnings.len(), 1, "one warning:\n{json}");
+    let w = warnings[0];
+    assert_eq!((w["group"].as_str(), w["member"].as_str()), (Some("spines"), Some("u2 via fd00:2::2")), "{w}");
+    assert_eq!(w["reason"], "no carrier", "{w}");
+    assert!(w["timestamp"].is_string() && w["message"].as_str().unwrap().contains("left group spines"), "{w}");
+}
+
+#[test]
+fn rust_log_warn_hides_info_lines_but_not_the_warning() {
+    require_root();
+    let out = output_around_a_member_failure(&[], &[("RUST_LOG", "warn")]);
+    assert!(!out.lines().any(|l| l.contains("INFO")), "RUST_LOG=warn shows no info lines:\n{out}");
+    assert_eq!(out.lines().filter(|l| l.trim_start().starts_with("WARN")).count(), 1, "{out}");
+    assert!(out.lines().any(|l| l == "rocev2: ready"), "{out}");
+    // --log-level wins over RUST_LOG.
+    let out = output_around_a_member_failure(&["--log-level", "error"], &[("RUST_LOG", "info")]);
+    assert!(!out.lines().any(|l| l.contains("INFO") || l.contains("WARN")), "--log-level error:\n{out}");
 }
