@@ -81,13 +81,15 @@ fn main() -> Result<()> {
     }
 }
 
-/// Writes the generated assets (man pages, completions) where
+/// Writes the generated assets (man pages, completions) to
+/// target/<profile>/package-assets, where
 /// rocev2-user's `[package.metadata.deb]` expects them, runs cargo-deb on
 /// the binary just built, then lintian; an error from lintian fails.
 fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
     let root = workspace();
-    let bin = root.join(if debug { "target/debug/rocev2" } else { "target/release/rocev2" });
-    let assets = root.join("target/package-assets");
+    let profile_dir = root.join(if debug { "target/debug" } else { "target/release" });
+    let bin = profile_dir.join("rocev2");
+    let assets = profile_dir.join("package-assets");
     if assets.exists() {
         std::fs::remove_dir_all(&assets).with_context(|| format!("cannot remove {}", assets.display()))?;
     }
