@@ -355,3 +355,76 @@ fn rust_log_warn_hides_info_lines_but_not_the_warning() {
     let out = output_around_a_member_failure(&["--log-level", "error"], &[("RUST_LOG", "info")]);
     assert!(!out.lines().any(|l| l.contains("INFO") || l.contains("WARN")), "--log-level error:\n{out}");
 }
+
+/// The systemd branch of `rocev2 upgrade`, with a stand-in `systemctl`
+/// first on PATH (no systemd runs here): after the handover it runs
+/// `systemctl start <unit>` exactly once, and what that starts takes over.
+/// The stand-in starts `rocev2 run` the way the unit's ExecStart would.
+#[test]
+fn upgrade_under_systemd_starts_the_unit_after_the_handover() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let old = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let old_pid = RunState::read(&lab.pin_dir()).unwrap().pid;
+
+    struct Cleanup {
+        dir: PathBuf,
+        pin_dir: PathBuf,
+        old_pid: u32,
+    }
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            // Whatever the stand-in started: stop it (SIGTERM detaches).
+            if let Ok(state) = RunState::read(&self.pin_dir) {
+                if state.pid != self.old_pid {
+                    // SAFETY: kill(2) on the run this test started.
+                    unsafe { libc::kill(state.pid as i32, libc::SIGTERM) };
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while self.pin_dir.exists() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+    let dir = PathBuf::from(format!("/tmp/rocev2-fake-systemctl-{}", lab.tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cleanup = Cleanup { dir: dir.clone(), pin_dir: lab.pin_dir(), old_pid };
+    let script = format!(
+        "#!/bin/sh\necho \"$@\" >> {dir}/calls\nsetsid {bin} --netns {ns} run --config {config} > {dir}/run.log 2>&1 < /dev/null &\n",
+        dir = dir.display(),
+        bin = rocev2_bin().canonicalize().unwrap().display(),
+        ns = lab.switch.name(),
+        config = config.display()
+    );
+    let systemctl = dir.join("systemctl");
+    std::fs::write(&systemctl, script).unwrap();
+    std::fs::set_permissions(&systemctl, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(rocev2_bin())
+        .args(["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap(), "--unit", "rocev2-test.service"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("rocev2: pid {old_pid} handed over")), "{stdout}");
+    assert!(stdout.contains("rocev2: started rocev2-test.service: rocev2 0.1.0 (commit "), "{stdout}");
+    let old_output = old.stop_after_exit(Duration::from_secs(10)).unwrap();
+    assert!(old_output.contains("handed over"), "{old_output}");
+    assert_eq!(std::fs::read_to_string(dir.join("calls")).unwrap(), "start rocev2-test.service\n");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let log = || std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
+    while !log().contains("rocev2: ready") {
+        assert!(Instant::now() < deadline, "the started run did not become ready:\n{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(log().contains("took over p0"), "{}", log());
+    assert_ne!(RunState::read(&lab.pin_dir()).unwrap().pid, old_pid);
+    drop(cleanup);
+    assert!(!lab.pin_dir().exists(), "the new run stopped cleanly:\n{}", log());
+}
