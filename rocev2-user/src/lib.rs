@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bpffs;
+pub mod capacity;
 pub mod config;
 pub mod dataplane;
 pub mod entropy;

@@ -178,7 +178,10 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 runner.reload_from_file().await;
                 crate::notify::ready(&runner.status_line());
             }
-            _ = status_tick.tick() => crate::notify::status(&runner.status_line()),
+            _ = status_tick.tick() => {
+                crate::notify::status(&runner.status_line());
+                runner.check_fill();
+            }
             _ = link_tick.tick() => runner.refresh(false).await?,
             _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
@@ -269,6 +272,33 @@ impl Runner {
             Ok(snapshot) => crate::notify::summary(&snapshot, self.config.routes.len()),
             Err(e) => format!("cannot read the counters: {e:#}"),
         }
+    }
+
+    /// Reports a route or flowlet table that is filling up (see capacity).
+    fn check_fill(&self) {
+        use crate::capacity::Fill;
+        use rocev2_common::maps::{MAX_ROUTES_V4, MAX_ROUTES_V6};
+        let routes = self.wanted_routes();
+        let v4 = routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count() as u64;
+        let route_hint = "further routes are refused; aggregate prefixes";
+        let mut fills = vec![
+            Fill { table: "IPv4 route table", used: v4, capacity: MAX_ROUTES_V4.into(), hint: route_hint },
+            Fill {
+                table: "IPv6 route table",
+                used: routes.len() as u64 - v4,
+                capacity: MAX_ROUTES_V6.into(),
+                hint: route_hint,
+            },
+        ];
+        if self.config.groups.iter().any(|g| matches!(g.policy, Policy::Flowlet(_))) {
+            fills.push(Fill {
+                table: "flowlet table",
+                used: self.dataplane.maps.flowlet_entries() as u64,
+                capacity: self.config.flowlet_table_size().into(),
+                hint: "the least recently used flows are evicted and may change path mid-flowlet; raise flowlet_table_size",
+            });
+        }
+        crate::capacity::check(&fills);
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a

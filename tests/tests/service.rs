@@ -428,3 +428,42 @@ fn upgrade_under_systemd_starts_the_unit_after_the_handover() {
     drop(cleanup);
     assert!(!lab.pin_dir().exists(), "the new run stopped cleanly:\n{}", log());
 }
+
+/// A table filling up is one warning with the numbers and what to do: here
+/// the flowlet table of a 16,384-flow group, sent 20,000 QPs.
+#[test]
+fn a_flowlet_table_filling_up_is_one_warning_line() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let text = lab.config("qp").replace(
+        "name = \"spines\"\n",
+        "name = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = 5000\nflowlet_table_size = 16384\n",
+    );
+    assert!(text.contains("flowlet_table_size"), "{text}");
+    let config = lab.write_config_text("flowlet-fill", &text).unwrap();
+    let mut daemon = Daemon::start(
+        &["--netns", lab.switch.name(), "--log-format", "json", "run", "--config", config.to_str().unwrap()],
+        None,
+    );
+    daemon.wait_for("rocev2: ready", Duration::from_secs(30));
+    let frames: Vec<Vec<u8>> =
+        (0..20_000u32).map(|q| lab_frame(Family::V4, Bth::new(opcode::SEND_ONLY, 0x1000 + q, 0), 2, 64)).collect();
+    let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
+    assert!(report.received() > 0, "{}", report.render());
+    // The check runs with the STATUS= refresh, every 10 s.
+    daemon.wait_for("flowlet table is", Duration::from_secs(15));
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(Duration::from_secs(10)).success(), "{}", daemon.output());
+    let output = daemon.output();
+    let warnings: Vec<serde_json::Value> = output
+        .lines()
+        .filter(|l| l.starts_with('{') && l.contains("flowlet table"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(warnings.len(), 1, "one line:\n{output}");
+    let w = &warnings[0];
+    assert_eq!((w["level"].as_str(), w["table"].as_str()), (Some("WARN"), Some("flowlet table")), "{w}");
+    assert_eq!(w["capacity"], 16384, "{w}");
+    assert!(w["used"].as_u64().unwrap() >= 14_746, "{w}");
+    assert!(w["message"].as_str().unwrap().contains("raise flowlet_table_size"), "{w}");
+}
