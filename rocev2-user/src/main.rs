@@ -20,13 +20,10 @@ use rocev2_user::{
     watch,
 };
 
-/// `rocev2 --version`: the crate version and the commit it was built from.
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("ROCEV2_GIT_COMMIT"), ")");
-
 #[derive(Parser)]
 #[command(
     name = "rocev2",
-    version = VERSION,
+    version = rocev2_version::VERSION,
     about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing",
     after_long_help = FILES_HELP
 )]
