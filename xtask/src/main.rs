@@ -43,7 +43,7 @@ enum Task {
         /// Package the debug build instead of the release build (faster; for tests).
         #[arg(long)]
         debug: bool,
-        /// Where to write the .deb (default target/debian/).
+        /// Where to write the .deb (default target/package/).
         #[arg(long, value_name = "DIR")]
         output: Option<PathBuf>,
     },
@@ -105,7 +105,9 @@ fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
         }
         std::fs::write(completions.join(file), out.stdout)?;
     }
-    let out_dir = output.unwrap_or_else(|| root.join("target/debian"));
+    // Not cargo-deb's target/debian: every cargo-deb run (the test's
+    // `--debug` one too) deletes the package's older .debs from there.
+    let out_dir = output.unwrap_or_else(|| root.join("target/package"));
     std::fs::create_dir_all(&out_dir)?;
     let mut deb = cargo();
     deb.args(["deb", "-p", "rocev2-user", "--no-build", "--output"]).arg(&out_dir);
