@@ -210,12 +210,18 @@ Each subcommand has its own help: `rocev2 help run`.";
 /// the given config's, the given directory, the default config's if that
 /// file exists, else the default pin directory.
 fn running_pin_dir(config: Option<PathBuf>, pin_dir: Option<PathBuf>) -> Result<PathBuf> {
+    running_pin_dir_with(config, pin_dir, std::path::Path::new(DEFAULT_CONFIG))
+}
+
+fn running_pin_dir_with(
+    config: Option<PathBuf>,
+    pin_dir: Option<PathBuf>,
+    default_config: &std::path::Path,
+) -> Result<PathBuf> {
     Ok(match (config, pin_dir) {
         (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
         (None, Some(dir)) => dir,
-        (None, None) if std::path::Path::new(DEFAULT_CONFIG).exists() => {
-            Config::load(std::path::Path::new(DEFAULT_CONFIG))?.dataplane.pin_dir
-        }
+        (None, None) if default_config.exists() => Config::load(default_config)?.dataplane.pin_dir,
         (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
     })
 }
@@ -335,4 +341,41 @@ fn real_main(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_and_check_default_to_the_etc_config() {
+        for sub in ["run", "check"] {
+            let cli = Cli::try_parse_from(["rocev2", sub]).unwrap();
+            let config = match cli.command {
+                Command::Run { config, .. } | Command::Check { config } => config,
+                _ => unreachable!(),
+            };
+            assert_eq!(config, PathBuf::from("/etc/rocev2/rocev2.toml"), "{sub}");
+        }
+    }
+
+    #[test]
+    fn stats_and_reload_use_the_default_config_if_it_exists_else_the_default_pin_dir() {
+        let dir = std::env::temp_dir().join(format!("rocev2-default-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let default_config = dir.join("rocev2.toml");
+        // Absent: the default pin dir, as before there was a default config.
+        assert_eq!(running_pin_dir_with(None, None, &default_config).unwrap(), PathBuf::from("/sys/fs/bpf/rocev2"));
+        // Present: its pin_dir.
+        std::fs::write(&default_config, "[dataplane]\npin_dir = \"/sys/fs/bpf/rocev2-x\"\n[[port]]\nname = \"eth1\"\n")
+            .unwrap();
+        assert_eq!(running_pin_dir_with(None, None, &default_config).unwrap(), PathBuf::from("/sys/fs/bpf/rocev2-x"));
+        // Explicit choices win.
+        let given = Some(PathBuf::from("/sys/fs/bpf/other"));
+        assert_eq!(running_pin_dir_with(None, given.clone(), &default_config).unwrap(), given.unwrap());
+        // A broken default config is an error, not a silent fallback.
+        std::fs::write(&default_config, "[dataplane]\npin_dir = 3\n").unwrap();
+        assert!(running_pin_dir_with(None, None, &default_config).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
