@@ -371,8 +371,8 @@ mod tests {
             .unwrap();
         assert_eq!(running_pin_dir_with(None, None, &default_config).unwrap(), PathBuf::from("/sys/fs/bpf/rocev2-x"));
         // Explicit choices win.
-        let given = Some(PathBuf::from("/sys/fs/bpf/other"));
-        assert_eq!(running_pin_dir_with(None, given.clone(), &default_config).unwrap(), given.unwrap());
+        let given = PathBuf::from("/sys/fs/bpf/other");
+        assert_eq!(running_pin_dir_with(None, Some(given.clone()), &default_config).unwrap(), given);
         // A broken default config is an error, not a silent fallback.
         std::fs::write(&default_config, "[dataplane]\npin_dir = 3\n").unwrap();
         assert!(running_pin_dir_with(None, None, &default_config).is_err());
