@@ -490,13 +490,19 @@ pub struct DataplaneProcess {
 
 impl DataplaneProcess {
     pub fn start(rocev2: &Path, netns: &str, config: &Path) -> Result<Self> {
-        let mut child = Command::new(rocev2)
-            .args(["--netns", netns, "run", "--config"])
-            .arg(config)
+        let mut cmd = Command::new(rocev2);
+        cmd.args(["--netns", netns, "run", "--config"]).arg(config);
+        Self::spawn(cmd)
+    }
+
+    /// Starts a command that becomes a `rocev2 run` (`run` itself, or
+    /// `rocev2 upgrade`, which execs one) and waits until it reports ready.
+    pub fn spawn(mut cmd: Command) -> Result<Self> {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("cannot start {}", rocev2.display()))?;
+            .with_context(|| format!("cannot start {}", cmd.get_program().to_string_lossy()))?;
         let output = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");

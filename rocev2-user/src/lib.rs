@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bpffs;
+pub mod capacity;
 pub mod config;
 pub mod dataplane;
 pub mod entropy;
@@ -14,6 +15,7 @@ pub mod labcmd;
 pub mod metrics;
 pub mod netlink;
 pub mod netns;
+pub mod notify;
 pub mod packet;
 pub mod privileges;
 pub mod rawsock;
@@ -22,6 +24,7 @@ pub mod run;
 pub mod sink;
 pub mod state;
 pub mod stats;
+pub mod upgrade;
 pub mod watch;
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).

@@ -22,13 +22,27 @@ use rocev2_user::{
 };
 
 #[derive(Parser)]
-#[command(name = "rocev2", version, about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing")]
+#[command(
+    name = "rocev2",
+    version = rocev2_version::VERSION,
+    about = "RoCEv2-aware XDP dataplane: E-ECMP forwarding with QP hashing",
+    after_long_help = FILES_HELP
+)]
 struct Cli {
     /// Run inside this network namespace (a name from `ip netns list`).
     /// Unlike `ip netns exec`, this keeps the host's /sys/fs/bpf, so pinned
     /// maps stay visible to `rocev2 stats`.
     #[arg(long, global = true, value_name = "NAME")]
     netns: Option<String>,
+    /// Log level of the daemon's events (on stderr): error, warn, info,
+    /// debug or trace. Default: RUST_LOG (a tracing filter such as `warn`
+    /// or `rocev2_user=debug`), else info.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<tracing::Level>,
+    /// Log line format: text (timestamps only on a terminal; journald adds
+    /// its own) or json (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,7 +51,7 @@ struct Cli {
 enum Command {
     /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
     Run {
-        #[arg(long, short, value_name = "FILE")]
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Override [dataplane] xdp_mode.
         #[arg(long, value_enum)]
@@ -52,7 +66,7 @@ enum Command {
     /// values, and that every interface it names exists here (in the
     /// namespace given by --netns).
     Check {
-        #[arg(long, short, value_name = "FILE")]
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Check only the file, not the interfaces: for a config meant for another box.
         #[arg(long)]
@@ -60,7 +74,9 @@ enum Command {
     },
     /// Print the counters of a running `rocev2 run`.
     Stats {
-        /// Config of the running instance (to find its pin_dir).
+        /// Config of the running instance (to find its pin_dir). Without
+        /// --config or --pin-dir: /etc/rocev2/rocev2.toml if it exists,
+        /// else the default pin directory /sys/fs/bpf/rocev2.
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
@@ -79,12 +95,33 @@ enum Command {
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
-        /// Config of the running instance (to find it; it re-reads its own file).
+        /// Config of the running instance (to find it; it re-reads its own
+        /// file). Without --config or --pin-dir: /etc/rocev2/rocev2.toml if
+        /// it exists, else the default pin directory /sys/fs/bpf/rocev2.
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
         #[arg(long, value_name = "DIR")]
         pin_dir: Option<PathBuf>,
+    },
+    /// Move a running `rocev2 run` onto this binary without losing a packet:
+    /// it hands over (SIGUSR1: exits, the dataplane keeps forwarding), then
+    /// its systemd unit is started again, or, outside systemd, this command
+    /// becomes the new `rocev2 run --config <the same file>`, which takes
+    /// over the pinned links.
+    Upgrade {
+        /// Config of the running instance (to find it). Without --config or
+        /// --pin-dir: /etc/rocev2/rocev2.toml if it exists, else the default
+        /// pin directory /sys/fs/bpf/rocev2.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the running instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+        /// systemd unit to start after the handover (default: the rocev2*.service
+        /// the running instance belongs to, if any).
+        #[arg(long, value_name = "UNIT")]
+        unit: Option<String>,
     },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
     Lab {
@@ -99,6 +136,18 @@ enum Command {
     Entropy(EntropyArgs),
     /// Show which route, group and member a packet takes, and why.
     Explain(ExplainArgs),
+    /// Print a shell completion script (e.g. `rocev2 completions bash > /etc/bash_completion.d/rocev2`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), generated from these same definitions;
+    /// with --out-dir, write rocev2.1 and one page per subcommand there.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Measure per-packet cost, forwarding rate and control-plane times; write BENCHMARKS.md (`cargo xtask bench`).
     #[command(hide = true)]
     Bench(rocev2_user::bench::BenchArgs),
@@ -118,9 +167,69 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Events (tracing) go to stderr, one line each; the commands' own output
+/// (tables, `rocev2: ready`, final counters) stays on stdout.
+fn init_logging(level: Option<tracing::Level>, format: LogFormat) {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level.as_str()),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let _ = match (format, terminal) {
+        (LogFormat::Json, _) => builder.json().flatten_event(true).try_init(),
+        (LogFormat::Text, true) => builder.try_init(),
+        (LogFormat::Text, false) => builder.with_ansi(false).without_time().try_init(),
+    };
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum CliXdpMode {
     Native,
     Skb,
+}
+
+/// The config `run`, `check`, `reload` and `stats` use without `--config`.
+const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
+
+/// Closing part of `--help` and of the man page.
+const FILES_HELP: &str = "Files:
+  /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload` and `stats` use without --config
+                           (`stats` and `reload` fall back to the pin directory /sys/fs/bpf/rocev2
+                           when that file does not exist)
+  /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
+  /run/rocev2              state file and run lock of each running instance
+
+Signals to `rocev2 run`: SIGINT/SIGTERM stop (detach, print the final counters); SIGHUP reloads the
+config (`rocev2 reload`); SIGUSR1 exits leaving the dataplane forwarding for the next run (`rocev2 upgrade`).
+
+Each subcommand has its own help: `rocev2 help run`.";
+
+/// The pin directory of the running instance `stats` and `reload` talk to:
+/// the given config's, the given directory, the default config's if that
+/// file exists, else the default pin directory.
+fn running_pin_dir(config: Option<PathBuf>, pin_dir: Option<PathBuf>) -> Result<PathBuf> {
+    running_pin_dir_with(config, pin_dir, std::path::Path::new(DEFAULT_CONFIG))
+}
+
+fn running_pin_dir_with(
+    config: Option<PathBuf>,
+    pin_dir: Option<PathBuf>,
+    default_config: &std::path::Path,
+) -> Result<PathBuf> {
+    Ok(match (config, pin_dir) {
+        (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
+        (None, Some(dir)) => dir,
+        (None, None) if default_config.exists() => Config::load(default_config)?.dataplane.pin_dir,
+        (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
+    })
 }
 
 /// `9464` means 127.0.0.1:9464; anything else must be a socket address.
@@ -137,6 +246,7 @@ fn main() -> ExitCode {
     // SAFETY: called before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    init_logging(cli.log_level, cli.log_format);
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -193,11 +303,7 @@ fn real_main(cli: Cli) -> Result<()> {
             );
         }
         Command::Stats { config, pin_dir, json, watch, interval } => {
-            let pin_dir = match (config, pin_dir) {
-                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
-                (None, Some(dir)) => dir,
-                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
-            };
+            let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("stats", Need::PinnedMaps(&pin_dir))?;
             if watch {
                 if !(interval > 0.0 && interval.is_finite()) {
@@ -220,14 +326,15 @@ fn real_main(cli: Cli) -> Result<()> {
             rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Reload { config, pin_dir } => {
-            let pin_dir = match (config, pin_dir) {
-                (Some(path), _) => Config::load(&path)?.dataplane.pin_dir,
-                (None, Some(dir)) => dir,
-                (None, None) => PathBuf::from(rocev2_common::maps::PIN_DIR),
-            };
+            let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("reload", Need::PinnedMaps(&pin_dir))?;
             let outcome = run::request_reload(&pin_dir, std::time::Duration::from_secs(30))?;
             println!("rocev2: reloaded {}", outcome.display());
+        }
+        Command::Upgrade { config, pin_dir, unit } => {
+            let pin_dir = running_pin_dir(config, pin_dir)?;
+            privileges::require("upgrade", Need::PinnedMaps(&pin_dir))?;
+            rocev2_user::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
         }
         Command::Lab { command } => {
             privileges::require(command.as_typed(), Need::Namespaces)?;
@@ -247,6 +354,57 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Entropy(args) => entropy::run(&args)?,
         Command::Explain(args) => explain::run(&args)?,
         Command::Bench(args) => rocev2_user::bench::run(&args)?,
+        Command::Completions { shell } => clap_complete::generate(
+            shell,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "rocev2",
+            &mut std::io::stdout(),
+        ),
+        Command::Man { out_dir: None } => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .context("cannot write the man page")?,
+        Command::Man { out_dir: Some(dir) } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
+                .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_and_check_default_to_the_etc_config() {
+        for sub in ["run", "check"] {
+            let cli = Cli::try_parse_from(["rocev2", sub]).unwrap();
+            let config = match cli.command {
+                Command::Run { config, .. } | Command::Check { config, .. } => config,
+                _ => unreachable!(),
+            };
+            assert_eq!(config, PathBuf::from("/etc/rocev2/rocev2.toml"), "{sub}");
+        }
+    }
+
+    #[test]
+    fn stats_and_reload_use_the_default_config_if_it_exists_else_the_default_pin_dir() {
+        let dir = std::env::temp_dir().join(format!("rocev2-default-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let default_config = dir.join("rocev2.toml");
+        // Absent: the default pin dir, as before there was a default config.
+        assert_eq!(running_pin_dir_with(None, None, &default_config).unwrap(), PathBuf::from("/sys/fs/bpf/rocev2"));
+        // Present: its pin_dir.
+        std::fs::write(&default_config, "[dataplane]\npin_dir = \"/sys/fs/bpf/rocev2-x\"\n[[port]]\nname = \"eth1\"\n")
+            .unwrap();
+        assert_eq!(running_pin_dir_with(None, None, &default_config).unwrap(), PathBuf::from("/sys/fs/bpf/rocev2-x"));
+        // Explicit choices win.
+        let given = PathBuf::from("/sys/fs/bpf/other");
+        assert_eq!(running_pin_dir_with(None, Some(given.clone()), &default_config).unwrap(), given);
+        // A broken default config is an error, not a silent fallback.
+        std::fs::write(&default_config, "[dataplane]\npin_dir = 3\n").unwrap();
+        assert!(running_pin_dir_with(None, None, &default_config).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

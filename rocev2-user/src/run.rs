@@ -44,6 +44,9 @@ const LINK_POLL: Duration = Duration::from_millis(100);
 /// filled; scripts and tests wait for it.
 pub const READY_LINE: &str = "rocev2: ready";
 
+/// How often the summary systemd shows (`STATUS=`) is refreshed.
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
 pub struct RunOptions {
     /// Overrides `[dataplane] xdp_mode`.
     pub xdp_mode: Option<XdpMode>,
@@ -164,13 +167,15 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 .as_deref()
                 .map(|n| format!(" inside network namespace {n} (e.g. `ip netns exec {n} curl ...`)"))
                 .unwrap_or_default();
-            println!("rocev2: metrics at http://{}/metrics{place}", server.local_addr());
+            tracing::info!("metrics at http://{}/metrics{place}", server.local_addr());
             Some(server)
         }
         None => None,
     };
     println!("{READY_LINE}");
     std::io::stdout().flush().ok();
+    crate::notify::ready(&runner.status_line());
+    let mut status_tick = tokio::time::interval(STATUS_INTERVAL);
 
     let mut link_tick = tokio::time::interval(LINK_POLL);
     let mut neighbour_tick = tokio::time::interval(runner.config.dataplane.neighbour_refresh);
@@ -179,7 +184,15 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = sigint.recv() => break false,
             _ = sigterm.recv() => break false,
             _ = sigusr1.recv() => break true,
-            _ = sighup.recv() => runner.reload_from_file().await,
+            _ = sighup.recv() => {
+                crate::notify::reloading();
+                runner.reload_from_file().await;
+                crate::notify::ready(&runner.status_line());
+            }
+            _ = status_tick.tick() => {
+                crate::notify::status(&runner.status_line());
+                runner.check_fill();
+            }
             _ = link_tick.tick() => runner.refresh(false).await?,
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
                 runner.apply_kernel_changes(started?).await?;
@@ -188,6 +201,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         }
         std::io::stdout().flush().ok();
     };
+    crate::notify::stopping(if handover { "handing over to the next rocev2 run" } else { "stopping" });
 
     if let Some(server) = metrics {
         server.stop().ok();
@@ -263,13 +277,13 @@ impl Runner {
         }
         let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
         for ifname in runner.dataplane.drop_stale_links(&keep)? {
-            println!("rocev2: detached the previous run's program from {ifname} (no longer a [[port]])");
+            tracing::info!("detached the previous run's program from {ifname} (no longer a [[port]])");
         }
         let c = &runner.config;
         if let Some(k) = &runner.kernel {
             let s = &k.stats;
-            println!(
-                "rocev2: following kernel table {}: {} prefixes forwarded ({} host entries) over {} learned groups, {} left to the kernel",
+            tracing::info!(
+                "following kernel table {}: {} prefixes forwarded ({} host entries) over {} learned groups, {} left to the kernel",
                 s.table,
                 s.routes,
                 s.hosts,
@@ -277,8 +291,8 @@ impl Runner {
                 s.to_kernel.values().sum::<usize>()
             );
         }
-        println!(
-            "rocev2: forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
+        tracing::info!(
+            "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
             runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
             match c.dataplane.attach {
                 Attach::Xdp => format!("{} XDP", crate::dataplane::mode_name(mode)),
@@ -289,6 +303,41 @@ impl Runner {
             pin_dir.display()
         );
         Ok(runner)
+    }
+
+    /// One-line summary for systemd's `STATUS=`.
+    fn status_line(&self) -> String {
+        match Snapshot::collect(&self.dataplane.maps, &self.state) {
+            Ok(snapshot) => crate::notify::summary(&snapshot, self.config.routes.len()),
+            Err(e) => format!("cannot read the counters: {e:#}"),
+        }
+    }
+
+    /// Reports a route or flowlet table that is filling up (see capacity).
+    fn check_fill(&self) {
+        use crate::capacity::Fill;
+        use rocev2_common::maps::{MAX_ROUTES_V4, MAX_ROUTES_V6};
+        let routes = self.wanted_routes();
+        let v4 = routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count() as u64;
+        let route_hint = "further routes are refused; aggregate prefixes";
+        let mut fills = vec![
+            Fill { table: "IPv4 route table", used: v4, capacity: MAX_ROUTES_V4.into(), hint: route_hint },
+            Fill {
+                table: "IPv6 route table",
+                used: routes.len() as u64 - v4,
+                capacity: MAX_ROUTES_V6.into(),
+                hint: route_hint,
+            },
+        ];
+        if self.config.groups.iter().any(|g| matches!(g.policy, Policy::Flowlet(_))) {
+            fills.push(Fill {
+                table: "flowlet table",
+                used: self.dataplane.maps.flowlet_entries() as u64,
+                capacity: self.config.flowlet_table_size().into(),
+                hint: "the least recently used flows are evicted and may change path mid-flowlet; raise flowlet_table_size",
+            });
+        }
+        crate::capacity::check(&fills);
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a
@@ -306,15 +355,15 @@ impl Runner {
         match &result {
             Ok(()) => {
                 self.state.last_reload = "ok".into();
-                println!("rocev2: reloaded {}", path.display());
+                tracing::info!(config = %path.display(), "reloaded {}", path.display());
             }
             Err(e) => {
                 self.state.last_reload = format!("{e:#}");
-                eprintln!("rocev2: reload of {} failed, the running config stays: {e:#}", path.display());
+                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {e:#}", path.display());
             }
         }
         if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
-            eprintln!("rocev2: warning: cannot update the state file: {e:#}");
+            tracing::warn!("cannot update the state file: {e:#}");
         }
     }
 
@@ -447,14 +496,14 @@ impl Runner {
             if !new_ports.iter().any(|n| n.ifindex == old.ifindex) {
                 self.dataplane.maps.remove_port(old.ifindex);
             }
-            println!("rocev2: stopped forwarding on {}", old.name);
+            tracing::info!(port = %old.name, "stopped forwarding on {}", old.name);
         }
         for port in new_ports.iter().filter(|n| !self.ports.iter().any(|o| o.name == n.name && o.ifindex == n.ifindex))
         {
             match self.config.dataplane.attach {
                 Attach::Xdp => {
                     if self.dataplane.attach(&port.name, port.ifindex, self.mode)? {
-                        println!("rocev2: took over {} from the previous run without interruption", port.name);
+                        tracing::info!(port = %port.name, "took over {} from the previous run without interruption", port.name);
                     }
                 }
                 Attach::Tc => self.dataplane.attach_tc(&port.name, TcAttachType::Ingress)?,
@@ -473,7 +522,7 @@ impl Runner {
         for dev in &new_local {
             if !self.egress.iter().any(|(d, _)| d == dev) || !self.state.egress.iter().any(|e| &e.name == dev) {
                 self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
-                println!("rocev2: classes and ECN marking for traffic this box sends on {dev}");
+                tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
             }
         }
         self.egress = new_egress;
@@ -554,7 +603,7 @@ impl Runner {
         .await;
         for ((_, addr), result) in todo.iter().zip(results) {
             if let Err(e) = result {
-                eprintln!("rocev2: warning: learned next hop {addr}: {e:#}; its members stay out of their groups until it answers");
+                tracing::warn!(next_hop = %addr, "learned next hop {addr}: {e:#}; its members stay out of their groups until it answers");
             }
         }
         if let Some(kernel) = &mut self.kernel {
@@ -576,7 +625,7 @@ impl Runner {
                     prepare_egress(&mut self.dataplane, &link)?;
                     kernel.mark_prepared(ifindex);
                 }
-                Err(e) => eprintln!("rocev2: warning: learned next hop on {name}: {e:#}"),
+                Err(e) => tracing::warn!(link = name.as_str(), "learned next hop on {name}: {e:#}"),
             }
         }
         kernel.publish_plan(&mut self.dataplane.maps, policies, default, &plan)?;
@@ -607,15 +656,18 @@ impl Runner {
     /// neighbour MACs and local addresses; republishes what changed.
     async fn refresh(&mut self, neighbours: bool) -> Result<()> {
         let mut changed = false;
-        for member in self.members.values_mut().flatten() {
+        for (group, member) in self.members.iter_mut().flat_map(|(g, list)| list.iter_mut().map(move |m| (g, m))) {
             let before = (member.link_up, member.dst_mac);
-            if let Ok(link) = self.netlink.link(&member.dev).await {
+            let was_usable = member.usable().is_some();
+            let link_down = if let Ok(link) = self.netlink.link(&member.dev).await {
                 member.link_up = link.up && link.carrier;
                 member.ifindex = link.ifindex;
                 member.src_mac = link.mac;
+                (!link.up).then_some("link administratively down").or((!link.carrier).then_some("no carrier"))
             } else {
                 member.link_up = false;
-            }
+                Some("interface not found")
+            };
             // A member whose link is up but whose neighbour is unknown (e.g.
             // it just came back) retries on every link tick, not only on
             // the slower neighbour refresh.
@@ -629,12 +681,7 @@ impl Runner {
                 }
             }
             if before != (member.link_up, member.dst_mac) {
-                println!(
-                    "rocev2: member {} {} is now {}",
-                    member.dev,
-                    next_hop_text(&member.next_hop),
-                    if member.usable().is_some() { "usable" } else { "unusable (link down or neighbour unresolved)" }
-                );
+                log_member_change(group, member, was_usable, link_down);
                 changed = true;
             }
         }
@@ -739,17 +786,45 @@ impl Runner {
 fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo) -> Result<()> {
     dataplane.maps.add_egress_dev(link.ifindex)?;
     match ensure_veth_peer_napi(link) {
-        Ok(PeerNapi::EnabledGro { peer_name, netns }) => println!(
-            "rocev2: enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
-            link.name, link.name
+        Ok(PeerNapi::EnabledGro { peer_name, netns }) => tracing::info!(
+            "enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
+            link.name,
+            link.name
         ),
         Ok(_) => {}
-        Err(e) => eprintln!(
-            "rocev2: warning: egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
+        Err(e) => tracing::warn!(
+            "egress {} is a veth whose peer may lack NAPI; redirected frames may be dropped: {e:#}",
             link.name
         ),
     }
     Ok(())
+}
+
+/// One line per change of a member's usability: a warning naming group,
+/// member and reason when it leaves its group, info when it rejoins or its
+/// neighbour's MAC changes.
+fn log_member_change(group: &str, member: &MemberLive, was_usable: bool, link_down: Option<&str>) {
+    let name = format!("{} {}", member.dev, next_hop_text(&member.next_hop));
+    match (was_usable, member.usable().is_some()) {
+        (true, false) => {
+            let reason = match (link_down, member.next_hop) {
+                (Some(reason), _) => reason.to_string(),
+                (None, NextHop::Via(ip)) => format!("neighbour {ip} does not answer"),
+                (None, NextHop::Mac(_)) => "unusable".to_string(),
+            };
+            tracing::warn!(group, member = name.as_str(), reason, "member {name} left group {group}: {reason}");
+        }
+        (false, true) => tracing::info!(group, member = name.as_str(), "member {name} rejoined group {group}"),
+        (true, true) => tracing::info!(
+            group,
+            member = name.as_str(),
+            mac = %member.dst_mac.map(|m| format_mac(&m)).unwrap_or_default(),
+            "member {name} of group {group}: neighbour MAC changed"
+        ),
+        (false, false) => {
+            tracing::debug!(group, member = name.as_str(), "member {name} of group {group} still unusable")
+        }
+    }
 }
 
 /// Nice level of a takeover's program load. 19 kept the most CPU for the
@@ -765,10 +840,7 @@ fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32) -> Res
         s.spawn(|| {
             // SAFETY: setpriority on this thread's own id.
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
-                eprintln!(
-                    "rocev2: warning: cannot lower the priority of the program load: {}",
-                    std::io::Error::last_os_error()
-                );
+                tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
             Dataplane::load_with(Some(pin_dir), flowlet_table_size)
         })
@@ -829,8 +901,8 @@ async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String
     for (member, result) in todo.into_iter().zip(results) {
         match result {
             Ok(mac) => member.dst_mac = Some(mac),
-            Err(e) => eprintln!(
-                "rocev2: warning: {}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
+            Err(e) => tracing::warn!(
+                "{}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
                 member.place,
                 member.dev,
                 next_hop_text(&member.next_hop),

@@ -339,6 +339,19 @@ fn hitless_at_a_high_packet_rate() {
         );
         first = Some(second);
     }));
+
+    // 4. `rocev2 upgrade` (what the package runs on upgrade): the same
+    //    handover in one step; outside systemd the upgrade process becomes
+    //    the new `rocev2 run`.
+    windows.push(window("rocev2 upgrade", &mut || {
+        let mut cmd = std::process::Command::new(rocev2_bin());
+        cmd.args(["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
+        let upgraded = rocev2_user::lab::DataplaneProcess::spawn(cmd).unwrap();
+        let out = first.take().unwrap().stop_after_exit(Duration::from_secs(10)).unwrap();
+        assert!(out.contains("handed over"), "{out}");
+        assert!(upgraded.output().contains("took over p0"), "{}", upgraded.output());
+        first = Some(upgraded);
+    }));
     first.take().unwrap().stop().unwrap();
 
     for w in &windows {

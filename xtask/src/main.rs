@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -38,6 +38,15 @@ enum Task {
     Demo,
     /// Build (release) and run the benchmarks; prints one table and writes BENCHMARKS.md (needs root).
     Bench,
+    /// Build the Debian package (cargo-deb): binary, unit, example config, man pages, completions; then lintian.
+    Package {
+        /// Package the debug build instead of the release build (faster; for tests).
+        #[arg(long)]
+        debug: bool,
+        /// Where to write the .deb (default target/package/).
+        #[arg(long, value_name = "DIR")]
+        output: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -64,7 +73,63 @@ fn main() -> Result<()> {
             let out = workspace().join("BENCHMARKS.md");
             run(Command::new(workspace().join("target/release/rocev2")).arg("bench").arg("--out").arg(out))
         }
+        Task::Package { debug, output } => {
+            setup()?;
+            build(!debug)?;
+            package(debug, output)
+        }
     }
+}
+
+/// Writes the generated assets (man pages, completions) to
+/// target/<profile>/package-assets, where
+/// rocev2-user's `[package.metadata.deb]` expects them, runs cargo-deb on
+/// the binary just built, then lintian; an error from lintian fails.
+fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
+    let root = workspace();
+    let profile_dir = root.join(if debug { "target/debug" } else { "target/release" });
+    let bin = profile_dir.join("rocev2");
+    let assets = profile_dir.join("package-assets");
+    if assets.exists() {
+        std::fs::remove_dir_all(&assets).with_context(|| format!("cannot remove {}", assets.display()))?;
+    }
+    let (man, completions) = (assets.join("man"), assets.join("completions"));
+    std::fs::create_dir_all(&completions)?;
+    run(Command::new(&bin).arg("man").arg("--out-dir").arg(&man))?;
+    // Debian wants man pages compressed, without a timestamp (reproducible).
+    run(Command::new("sh").arg("-c").arg("gzip -9n -- *.1").current_dir(&man))?;
+    for (shell, file) in [("bash", "rocev2"), ("zsh", "_rocev2"), ("fish", "rocev2.fish")] {
+        let out = Command::new(&bin).args(["completions", shell]).output()?;
+        if !out.status.success() {
+            bail!("rocev2 completions {shell} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::fs::write(completions.join(file), out.stdout)?;
+    }
+    // Not cargo-deb's target/debian: every cargo-deb run (the test's
+    // `--debug` one too) deletes the package's older .debs from there.
+    let out_dir = output.unwrap_or_else(|| root.join("target/package"));
+    std::fs::create_dir_all(&out_dir)?;
+    let mut deb = cargo();
+    deb.args(["deb", "-p", "rocev2-user", "--no-build", "--output"]).arg(&out_dir);
+    if debug {
+        deb.args(["--profile", "dev", "--strip", "--fast"]);
+    }
+    let out = deb.stderr(std::process::Stdio::inherit()).output().context("cannot run cargo deb")?;
+    if !out.status.success() {
+        bail!("cargo deb failed with {}", out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let deb_path = stdout.lines().rev().find(|l| l.trim_end().ends_with(".deb")).context("cargo deb named no .deb")?;
+    let deb_path = PathBuf::from(deb_path.trim());
+    println!("xtask: built {}", deb_path.display());
+    let lint = Command::new("lintian").arg(&deb_path).output().context("cannot run lintian")?;
+    let report = String::from_utf8_lossy(&lint.stdout);
+    print!("{report}");
+    if report.lines().any(|l| l.starts_with("E: ")) {
+        bail!("lintian reports errors on {}", deb_path.display());
+    }
+    println!("xtask: lintian: no errors");
+    Ok(())
 }
 
 fn workspace() -> PathBuf {
@@ -215,8 +280,13 @@ const BPF_LINKER_VERSION: &str = "0.13";
 const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Runtime tools: `ip` for namespaces, `ethtool` for veth GRO, scapy as an
 /// independent RoCEv2/ICRC decoder in the tests, FRR (zebra + bgpd) as the
-/// routing daemon of the kernel-routes tests.
-const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy", "frr"];
+/// routing daemon of the kernel-routes tests and `lab up --routing bgp`; for
+/// packaging: `systemd` (systemd-analyze verify on the unit, no running
+/// systemd needed), `man-db` (verify looks up Documentation=man:),
+/// `lintian` (checks the .deb).
+const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian"];
+/// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
+const CARGO_DEB_VERSION: &str = "3.8";
 
 fn setup() -> Result<()> {
     let mut apt = Apt::default();
@@ -233,7 +303,15 @@ fn setup() -> Result<()> {
     if need_linker {
         install_bpf_linker()?;
     }
+    if !cargo_deb_ok() {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
+        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    }
     Ok(())
+}
+
+fn cargo_deb_ok() -> bool {
+    output("cargo-deb", &["--version"]).is_some_and(|v| v.contains(&format!(" {CARGO_DEB_VERSION}.")))
 }
 
 #[derive(Default)]

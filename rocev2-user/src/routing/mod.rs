@@ -183,7 +183,7 @@ impl KernelRoutes {
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                eprintln!("rocev2: warning: the kernel's route events overflowed the socket; reading the tables again");
+                tracing::warn!("the kernel's route events overflowed the socket; reading the tables again");
                 self.resync()?;
             }
             Err(e) => return Err(e).context("cannot read kernel route events"),

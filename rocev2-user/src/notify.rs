@@ -1,0 +1,60 @@
+//! systemd's readiness protocol (`sd_notify`) for `rocev2 run` under a
+//! `Type=notify` unit: `READY=1` once the ports are attached and the maps
+//! filled, `RELOADING=1` / `READY=1` around a reload, `STOPPING=1` at the
+//! end, and `STATUS=` with a one-line summary.
+//!
+//! Outside systemd (`NOTIFY_SOCKET` unset) every call does nothing. A
+//! message that cannot be sent is reported once on stderr and otherwise
+//! ignored: forwarding never depends on the service manager.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sd_notify::NotifyState;
+
+use crate::stats::Snapshot;
+
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+fn send(states: &[NotifyState]) {
+    // false: keep NOTIFY_SOCKET, later messages need it too.
+    if let Err(e) = sd_notify::notify(false, states) {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            eprintln!("rocev2: warning: cannot notify the service manager (NOTIFY_SOCKET): {e}");
+        }
+    }
+}
+
+/// Every port attached, maps filled: the service is up.
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// A reload (SIGHUP) starts; [`ready`] follows whether it worked or not.
+pub fn reloading() {
+    send(&[NotifyState::Reloading, NotifyState::Status("reloading the config")]);
+}
+
+/// The process is shutting down (stop or handover).
+pub fn stopping(status: &str) {
+    send(&[NotifyState::Stopping, NotifyState::Status(status)]);
+}
+
+/// A new summary for `systemctl status`.
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
+
+/// The `STATUS=` summary: ports, groups (usable members), routes and the
+/// packets forwarded so far.
+pub fn summary(snapshot: &Snapshot, routes: usize) -> String {
+    let forwarded: u64 = snapshot.ports.iter().map(|p| p.counters.get("forwarded").copied().unwrap_or(0)).sum();
+    let members: usize = snapshot.groups.iter().map(|g| g.members.len()).sum();
+    format!(
+        "forwarding on {} ports, {} groups ({} usable members), {} routes; {} packets forwarded",
+        snapshot.ports.len(),
+        snapshot.groups.len(),
+        members,
+        routes,
+        forwarded
+    )
+}
