@@ -204,7 +204,10 @@ fn kernel_route_rows(rocev2: &Path, notes: &mut Vec<String>) -> Result<Vec<Row>>
     let ip_took = lab.batch("add", (0..ROUTES).map(|i| format!("route add {} nhid 10", prefix(i))))?;
     lab.wait("100,000 learned routes", Duration::from_secs(120), |l| l.routes >= ROUTES as usize)?;
     let load = start.elapsed();
-    eprintln!("bench:   kernel routes: {ROUTES} routes in the dataplane {:.2} s after `ip -batch` started", load.as_secs_f64());
+    eprintln!(
+        "bench:   kernel routes: {ROUTES} routes in the dataplane {:.2} s after `ip -batch` started",
+        load.as_secs_f64()
+    );
 
     let before = lab.learned()?.apply_samples;
     let burst_start = Instant::now();
