@@ -505,6 +505,9 @@ struct RawRouting {
     table: Option<Spanned<toml::Value>>,
 }
 
+/// The policy keys are those of [`RawGroup`], listed again: serde's
+/// `flatten` cannot be combined with `deny_unknown_fields`, which the
+/// "did you mean" messages rely on. Both are checked by `Source::policy`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRoutePolicy {

@@ -609,9 +609,12 @@ mod tests {
         assert_eq!(help, seen_type.len());
         // Ports, members (packets and bytes), group gauges (members and
         // policy), one egress port's counters and two queue gauges, a
-        // class (packets and bytes), and the two flowlet-table samples.
+        // class (packets and bytes), the two flowlet-table samples, the
+        // seed, and the learned-route gauges and counters (routes, hosts,
+        // groups, one per kernel reason, messages, resyncs, two quantiles).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2);
+        let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned);
     }
 
     #[test]

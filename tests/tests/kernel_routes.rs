@@ -66,6 +66,19 @@ fn assert_intact(report: &LabReport) {
     }
 }
 
+/// `ip route replace` of the lab destination over both uplinks (RTA_MULTIPATH).
+#[rustfmt::skip]
+const MULTIPATH_OVER_BOTH_UPLINKS: [&str; 13] = [
+    "route", "replace", "10.1.0.0/16", "nexthop", "via", "10.0.1.2", "dev", "u1", "nexthop", "via", "10.0.2.2", "dev", "u2",
+];
+
+/// 64 QPs of `family` arrive intact, over every uplink of the lab.
+fn assert_spreads_over_every_uplink(lab: &EcmpLab, family: Family) {
+    let report = lab.send_bursts_and_capture(vec![lab_frames(QPS, 2, &[family])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    assert_eq!(report.active_uplinks(), lab.uplinks.len(), "{}", report.render());
+}
+
 /// Which uplink each QP took.
 fn uplink_of_each_qp(report: &LabReport) -> BTreeMap<u32, usize> {
     let mut out = BTreeMap::new();
@@ -171,9 +184,7 @@ fn bgp_ipv6_routes_are_followed() {
     let config = lab.write_config_text("kernel6", &kernel_config(&lab, "qp", "")).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
     assert_eq!(live_members(&lab.pin_dir(), "fd01::1"), Some(2), "{}", dataplane.output());
-    let report = lab.send_bursts_and_capture(vec![lab_frames(QPS, 2, &[Family::V6])], Duration::ZERO).unwrap();
-    assert_intact(&report);
-    assert_eq!(report.active_uplinks(), 2, "{}", report.render());
+    assert_spreads_over_every_uplink(&lab, Family::V6);
     dataplane.stop().unwrap();
 }
 
@@ -216,21 +227,7 @@ fn route_changes_are_followed_and_unservable_routes_go_to_the_kernel() {
     let one = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
     assert_intact(&one);
     assert_eq!(one.uplinks[0].packets, one.sent, "{}", one.render());
-    sw(&[
-        "route",
-        "replace",
-        "10.1.0.0/16",
-        "nexthop",
-        "via",
-        "10.0.1.2",
-        "dev",
-        "u1",
-        "nexthop",
-        "via",
-        "10.0.2.2",
-        "dev",
-        "u2",
-    ]);
+    sw(&MULTIPATH_OVER_BOTH_UPLINKS);
     wait_live_members(&pin_dir, "10.1.0.1", 2);
     sw(&["route", "add", "blackhole", "10.1.0.0/24"]);
     let start = Instant::now();
@@ -288,9 +285,7 @@ fn bgp_unnumbered_ipv4_over_ipv6_link_local_next_hops() {
     let config = lab.write_config_text("unnumbered", &kernel_config(&lab, "qp", "")).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
     assert_eq!(live_members(&lab.pin_dir(), "10.1.0.1"), Some(2), "{route}\n{}", dataplane.output());
-    let report = lab.send_bursts_and_capture(vec![lab_frames(QPS, 2, &[Family::V4])], Duration::ZERO).unwrap();
-    assert_intact(&report);
-    assert_eq!(report.active_uplinks(), 2, "{}", report.render());
+    assert_spreads_over_every_uplink(&lab, Family::V4);
     dataplane.stop().unwrap();
 }
 
@@ -412,21 +407,7 @@ fn route_changes_under_a_steady_stream_lose_no_packet() {
     let stream = lab.start_stream(lab_frames(32, 4, &[Family::V4]), 20_000).unwrap();
     let pause = || std::thread::sleep(Duration::from_millis(300));
     pause();
-    sw(&[
-        "route",
-        "replace",
-        "10.1.0.0/16",
-        "nexthop",
-        "via",
-        "10.0.1.2",
-        "dev",
-        "u1",
-        "nexthop",
-        "via",
-        "10.0.2.2",
-        "dev",
-        "u2",
-    ]);
+    sw(&MULTIPATH_OVER_BOTH_UPLINKS);
     pause();
     sw(&["nexthop", "add", "id", "201", "via", "10.0.1.2", "dev", "u1"]);
     sw(&["nexthop", "add", "id", "202", "via", "10.0.2.2", "dev", "u2"]);
