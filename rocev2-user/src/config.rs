@@ -66,6 +66,9 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[pin]]`: pinned paths for groups with policy = "pinned".
     pub pins: Vec<Pin>,
+    /// `[[pin]]`s without a `group`: for routes learned from the kernel,
+    /// by next-hop device or address.
+    pub learned_pins: Vec<LearnedPin>,
     /// `[[ecn_profile]]`: named marking profiles.
     pub ecn_profiles: Vec<EcnProfileConfig>,
     /// `[[egress]]`: egress ports with a virtual queue (ECN) and counters.
@@ -149,6 +152,24 @@ pub struct Pin {
     /// Index into the group's `members`.
     pub member_index: usize,
     pub loc: Location,
+}
+
+/// One `[[pin]]` for a learned route: QP `qp` to destinations in `prefix`
+/// takes the member of the route's learned group on this device or next hop
+/// (the route's group must use `policy = "pinned"` by `[[route_policy]]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LearnedPin {
+    pub prefix: Prefix,
+    pub qp: u32,
+    pub member: PinMember,
+    pub loc: Location,
+}
+
+/// Which learned next hop a pin names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinMember {
+    Dev(String),
+    Via(IpAddr),
 }
 
 /// One `[[ecn_profile]]`.
@@ -526,7 +547,8 @@ struct RawRoutePolicy {
 struct RawPin {
     prefix: Spanned<String>,
     qp: Spanned<i64>,
-    group: Spanned<String>,
+    /// Absent: a pin for a route learned from the kernel.
+    group: Option<Spanned<String>>,
     member: Spanned<String>,
 }
 
@@ -654,16 +676,16 @@ impl Source<'_> {
         let ports = self.ports(&raw.port)?;
         let groups = self.groups(&raw.group, dataplane.hash)?;
         let routes = self.routes(&raw.route, &groups)?;
-        let pins = self.pins(&raw.pin, &groups)?;
+        let routing = match &raw.routing {
+            Some(r) => self.routing(r)?,
+            None => Routing::default(),
+        };
+        let (pins, learned_pins) = self.pins(&raw.pin, &groups, &routing)?;
         let ecn_profiles = self.ecn_profiles(&raw.ecn_profile)?;
         let egress = self.egress(&raw.egress, &ecn_profiles)?;
         let classes = match &raw.class {
             Some(raw) => self.classes(raw, &ecn_profiles)?,
             None => vec![default_control_class()],
-        };
-        let routing = match &raw.routing {
-            Some(r) => self.routing(r)?,
-            None => Routing::default(),
         };
         let route_policies = self.route_policies(raw.route_policy, dataplane.hash)?;
         Ok(Config {
@@ -673,6 +695,7 @@ impl Source<'_> {
             groups,
             routes,
             pins,
+            learned_pins,
             ecn_profiles,
             egress,
             classes,
@@ -756,13 +779,6 @@ impl Source<'_> {
                 members: Spanned::new(span.clone(), Vec::new()),
             };
             let policy = self.policy(&key, &as_group)?;
-            if policy == Policy::Pinned {
-                return Err(self.err(
-                    format!("{key}.policy"),
-                    as_group.policy.as_ref().map_or(span.clone(), |p| p.span()),
-                    "pinned is not available for learned routes yet; use \"hash\" or \"flowlet\"",
-                ));
-            }
             out.push(RoutePolicy { prefix, hash, policy, rebalance, loc: self.loc(key, span) });
         }
         Ok(out)
@@ -1194,8 +1210,14 @@ impl Source<'_> {
         })
     }
 
-    fn pins(&self, raw: &[Spanned<RawPin>], groups: &[Group]) -> Result<Vec<Pin>, ConfigError> {
+    fn pins(
+        &self,
+        raw: &[Spanned<RawPin>],
+        groups: &[Group],
+        routing: &Routing,
+    ) -> Result<(Vec<Pin>, Vec<LearnedPin>), ConfigError> {
         let mut pins: Vec<Pin> = Vec::with_capacity(raw.len());
+        let mut learned: Vec<LearnedPin> = Vec::new();
         for (i, p) in raw.iter().enumerate() {
             let key = format!("pin[{i}]");
             let r = p.get_ref();
@@ -1205,7 +1227,41 @@ impl Source<'_> {
                     format!("{n} is not a destination QP; QPs are 24-bit numbers, 0 to 16777215 (0xFFFFFF)")
                 })
             })?;
-            let group_index = self.check(format!("{key}.group"), &r.group, |name| {
+            if pins.len() + learned.len() >= rocev2_common::maps::MAX_PINS as usize {
+                return Err(self.err(
+                    key,
+                    p.span(),
+                    format!("too many pins; at most {}", rocev2_common::maps::MAX_PINS),
+                ));
+            }
+            let taken =
+                pins.iter().map(|q| (q.prefix, q.qp, &q.loc)).chain(learned.iter().map(|q| (q.prefix, q.qp, &q.loc)));
+            if let Some((_, _, first)) = taken.clone().find(|(pp, qq, _)| *pp == prefix && *qq == qp) {
+                return Err(self.err(
+                    format!("{key}.prefix"),
+                    r.prefix.span(),
+                    format!("{prefix} qp {qp:#x} is already pinned by {} (line {}); remove one", first.key, first.line),
+                ));
+            }
+            let Some(group_name) = &r.group else {
+                // A pin for learned routes: the member is a device or a next-hop address.
+                if routing.kernel_table.is_none() {
+                    return Err(self.err(
+                        format!("{key}.group"),
+                        p.span(),
+                        "a pin names the [[group]] it belongs to; only with [routing] source = \"kernel\" can it leave `group` out to pin a learned route's next hop",
+                    ));
+                }
+                let member = self.check(format!("{key}.member"), &r.member, |m| match m.parse::<IpAddr>() {
+                    Ok(ip) => Ok(PinMember::Via(ip)),
+                    Err(_) => check_ifname(m).map(|()| PinMember::Dev(m.clone())).map_err(|e| {
+                        format!("{e}; a learned route's pin names its next hop's device (e.g. \"swp51\") or address")
+                    }),
+                })?;
+                learned.push(LearnedPin { prefix, qp, member, loc: self.loc(key, p.span()) });
+                continue;
+            };
+            let group_index = self.check(format!("{key}.group"), group_name, |name| {
                 let i = groups.iter().position(|g| g.name == *name).ok_or_else(|| no_such_group(name, groups))?;
                 if groups[i].policy != Policy::Pinned {
                     return Err(format!("group {name:?} does not use pins; set policy = \"pinned\" in that [[group]]"));
@@ -1219,26 +1275,9 @@ impl Source<'_> {
                     format!("group {:?} has no member on {dev:?}; its members' devs: {}", group.name, devs.join(", "))
                 })
             })?;
-            if let Some(first) = pins.iter().find(|q| q.prefix == prefix && q.qp == qp) {
-                return Err(self.err(
-                    format!("{key}.prefix"),
-                    r.prefix.span(),
-                    format!(
-                        "{prefix} qp {qp:#x} is already pinned by {} (line {}); remove one",
-                        first.loc.key, first.loc.line
-                    ),
-                ));
-            }
-            if pins.len() >= rocev2_common::maps::MAX_PINS as usize {
-                return Err(self.err(
-                    key,
-                    p.span(),
-                    format!("too many pins; at most {}", rocev2_common::maps::MAX_PINS),
-                ));
-            }
             pins.push(Pin { prefix, qp, group_index: group_index as u32, member_index, loc: self.loc(key, p.span()) });
         }
-        Ok(pins)
+        Ok((pins, learned))
     }
 
     fn ecn_profiles(&self, raw: &[Spanned<RawEcnProfile>]) -> Result<Vec<EcnProfileConfig>, ConfigError> {

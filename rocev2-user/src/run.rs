@@ -477,6 +477,7 @@ impl Runner {
         self.dataplane.sync_routes(&self.wanted_routes())?;
         if let Some(kernel) = &mut self.kernel {
             kernel.release_unused();
+            kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
         }
 
         // Ports: register new ones, then attach; detach removed ones.
@@ -645,6 +646,7 @@ impl Runner {
             changes.into_iter().filter(|(p, _)| !local.contains(p) && !configured.contains(p)).collect();
         self.dataplane.update_routes(&changes)?;
         kernel.release_unused();
+        kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
         if !changes.is_empty() || kernel.published_any() {
             kernel.finished_batch(started);
             self.write_state()?;
@@ -705,6 +707,7 @@ impl Runner {
             if kernel.settling() {
                 let (policies, default) = learned_policies(&self.config);
                 kernel.republish(&mut self.dataplane.maps, policies, default)?;
+                kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
             }
             if neighbours {
                 // XDP-forwarded traffic bypasses the kernel's neighbour code:

@@ -425,3 +425,34 @@ fn route_changes_under_a_steady_stream_lose_no_packet() {
     assert!(report.uplinks.iter().all(|u| u.packets > 0), "{}", report.render());
     assert!(report.uplinks.iter().all(|u| u.bad_ttl + u.bad_icrc + u.bad_ipv4_checksum == 0));
 }
+
+/// `[[pin]]` for learned routes: a route policy makes the learned group
+/// `pinned`, and pins name its next hops by device or by address.
+#[test]
+fn pins_name_learned_next_hops_by_device_or_address() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = |args: &[&str]| lab.in_switch(&[&["ip"], args].concat()).unwrap();
+    sw(&MULTIPATH_OVER_BOTH_UPLINKS.map(|a| if a == "replace" { "add" } else { a }));
+    let pins = "\n[[route_policy]]\nprefix = \"10.1.0.0/16\"\npolicy = \"pinned\"\n\n\
+                [[pin]]\nprefix = \"10.1.0.1/32\"\nqp = 0x100\nmember = \"u2\"\n\n\
+                [[pin]]\nprefix = \"10.1.0.0/16\"\nqp = 0x101\nmember = \"10.0.1.2\"\n";
+    let config = lab.write_config_text("pins", &kernel_config(&lab, "qp", pins)).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let report = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    let placed = uplink_of_each_qp(&report);
+    assert_eq!((placed[&0x100], placed[&0x101]), (2, 1), "pinned QPs on their uplinks:\n{}", report.render());
+    let stats = stats_json(&lab.pin_dir());
+    assert_eq!(
+        stats["ports"][0]["counters"]["pin_hit"], 4,
+        "two packets each of two pinned QPs: {}",
+        stats["ports"][0]
+    );
+    // The pinned member goes down: its QP falls back to hashing, the other pin holds.
+    lab.in_switch(&["ip", "link", "set", "u2", "down"]).unwrap();
+    wait_live_members(&lab.pin_dir(), "10.1.0.1", 1);
+    let report = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_eq!(report.uplinks[0].packets, report.sent, "all on u1 now:\n{}", report.render());
+    dataplane.stop().unwrap();
+}

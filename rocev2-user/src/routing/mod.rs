@@ -34,7 +34,7 @@ use anyhow::{Context as _, Result};
 use rocev2_common::{
     buckets::{BucketTable, Rebalance},
     hash::HashMode,
-    maps::{MAX_GROUPS, ROUTE_KERNEL},
+    maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN, ROUTE_KERNEL},
 };
 
 use self::{
@@ -43,7 +43,7 @@ use self::{
     kernel::{Change, EventSocket},
 };
 use crate::{
-    config::{Policy, Prefix, RoutePolicy},
+    config::{LearnedPin, PinMember, Policy, Prefix, RoutePolicy},
     dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
 };
 
@@ -103,6 +103,8 @@ pub struct KernelRoutes {
     /// What each learned group slot holds, to publish only real changes.
     published: HashMap<u32, (GroupPolicy, Vec<MemberSpec>, BucketTable)>,
     published_in_sync: bool,
+    /// Pins of learned routes as written to the dataplane.
+    pins_written: HashMap<(Prefix, u32), PinEntry>,
     /// Links prepared for redirects (in the device map, veth peer NAPI on).
     prepared: std::collections::HashSet<u32>,
     dirty: BTreeSet<Prefix>,
@@ -138,6 +140,7 @@ impl KernelRoutes {
             published: HashMap::new(),
             published_in_sync: false,
             prepared: Default::default(),
+            pins_written: HashMap::new(),
             dirty: BTreeSet::new(),
             apply_times: std::collections::VecDeque::new(),
             measuring: false,
@@ -531,6 +534,55 @@ impl KernelRoutes {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
+    }
+
+    /// Writes the pins of learned routes (`[[pin]]` without a group) for
+    /// the groups as published now: a pin names a position, which changes
+    /// with membership, and a generation, which changes with every publish.
+    /// Pins no longer wanted are removed. A pin whose route is not learned
+    /// (yet) or whose member is down falls back to hashing.
+    pub fn sync_pins(&mut self, maps: &mut Maps, pins: &[LearnedPin]) -> Result<()> {
+        let mut wanted: HashMap<(Prefix, u32), PinEntry> = HashMap::new();
+        for pin in pins {
+            // The most specific learned route covering the pin's prefix.
+            let max = if pin.prefix.addr().is_ipv4() { 32 } else { 128 };
+            let key = (0..=pin.prefix.prefix_len().min(max)).rev().find_map(|len| {
+                let p = Prefix::of(pin.prefix.addr(), len)?;
+                match self.installed.get(&p)? {
+                    Installed::Group(k) => Some(k),
+                    Installed::Kernel(_) => None,
+                }
+            });
+            let Some(group) = key.and_then(|k| self.groups.by_key.get(k)) else { continue };
+            let mut position = PIN_MEMBER_DOWN;
+            let mut next = 0;
+            for h in &group.hops {
+                if member_spec(&self.fib, &self.prepared, h).is_none() {
+                    continue;
+                }
+                let named = match &pin.member {
+                    PinMember::Via(ip) => h.neighbour == *ip,
+                    PinMember::Dev(name) => self.fib.links.get(&h.oif).is_some_and(|l| &l.name == name),
+                };
+                if named {
+                    position = next;
+                    break;
+                }
+                next += 1;
+            }
+            let generation = maps.group(group.slot)?.generation;
+            wanted.insert((pin.prefix, pin.qp), PinEntry { group: group.slot, position, generation, _reserved: 0 });
+        }
+        for (key, entry) in &wanted {
+            if self.pins_written.get(key) != Some(entry) {
+                maps.set_pin(&key.0, key.1, *entry)?;
+            }
+        }
+        for key in self.pins_written.keys().filter(|k| !wanted.contains_key(k)) {
+            maps.remove_pin(&key.0, key.1)?;
+        }
+        self.pins_written = wanted;
+        Ok(())
     }
 
     /// Slots in use by learned groups.
