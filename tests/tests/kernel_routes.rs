@@ -456,3 +456,31 @@ fn pins_name_learned_next_hops_by_device_or_address() {
     assert_eq!(report.uplinks[0].packets, report.sent, "all on u1 now:\n{}", report.render());
     dataplane.stop().unwrap();
 }
+
+/// `explain` follows a learned route through the live tables: it names the
+/// learned group and the member the packet really takes.
+#[test]
+fn explain_names_the_learned_group_and_the_member_packets_take() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = |args: &[&str]| lab.in_switch(&[&["ip"], args].concat()).unwrap();
+    sw(&MULTIPATH_OVER_BOTH_UPLINKS.map(|a| if a == "replace" { "add" } else { a }));
+    let config = lab.write_config_text("explain", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let report = lab.send_bursts_and_capture(vec![lab_frames(16, 2, &[Family::V4])], Duration::ZERO).unwrap();
+    assert_intact(&report);
+    let placed = uplink_of_each_qp(&report);
+    for qp in 0x100..0x110u32 {
+        let out = std::process::Command::new(rocev2_bin())
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args(["--src", "10.0.0.1", "--dst", "10.1.0.1", "--sport", "49152", "--qp", &qp.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("-> group nh:u1+u2"), "{text}");
+        assert!(text.contains(&format!("dev u{} via", placed[&qp])), "QP {qp:#x} took u{}: {text}", placed[&qp]);
+    }
+    dataplane.stop().unwrap();
+}
