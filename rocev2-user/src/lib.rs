@@ -1,31 +1,26 @@
 //! rocev2 control program as a library: the `rocev2` binary is a thin CLI
 //! over these modules, and the integration tests use them directly.
+//!
+//! Laid out by role, each layer using only the ones below it:
+//! - [`testbed`]: labs of network namespaces, FRR, the benchmark;
+//! - [`tools`]: traffic and teaching tools (gen, sink, frames, entropy, explain);
+//! - [`control`]: the control plane: config, the dataplane's maps, the
+//!   daemon (`run`), routes from the kernel, observation (stats, metrics);
+//! - [`sys`]: system interfaces: netlink, namespaces, bpffs, privileges,
+//!   raw sockets.
+//!
+//! Every module is also re-exported at the crate root (`rocev2_user::config`,
+//! `rocev2_user::lab`, ...), the paths the rest of the code uses.
 
-pub mod bench;
-pub mod bpffs;
-pub mod capacity;
-pub mod config;
-pub mod dataplane;
-pub mod entropy;
-pub mod explain;
-pub mod frr;
-pub mod gen;
-pub mod lab;
-pub mod labcmd;
-pub mod metrics;
-pub mod netlink;
-pub mod netns;
-pub mod notify;
-pub mod packet;
-pub mod privileges;
-pub mod rawsock;
-pub mod routing;
-pub mod run;
-pub mod sink;
-pub mod state;
-pub mod stats;
-pub mod upgrade;
-pub mod watch;
+pub mod control;
+pub mod sys;
+pub mod testbed;
+pub mod tools;
+
+pub use control::{capacity, config, dataplane, metrics, notify, routing, run, state, stats, upgrade, watch};
+pub use sys::{bpffs, netlink, netns, privileges, rawsock};
+pub use testbed::{bench, frr, lab, labcmd};
+pub use tools::{entropy, explain, gen, packet, sink};
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));

@@ -61,7 +61,7 @@ pub fn names() -> Vec<String> {
 /// namespaces there are.
 fn suggest_netns(name: &str) -> String {
     let names = names();
-    if let Some(close) = crate::config::closest_match(name, names.iter().map(String::as_str)) {
+    if let Some(close) = crate::sys::suggest::closest_match(name, names.iter().map(String::as_str)) {
         return format!("; did you mean {close:?}?");
     }
     match names.len() {

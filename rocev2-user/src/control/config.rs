@@ -42,6 +42,8 @@ use rocev2_common::buckets::Rebalance;
 use rocev2_common::hash::HashMode;
 use rocev2_common::maps::{MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, PIN_DIR};
 use serde::Deserialize;
+
+use crate::sys::suggest::closest_match;
 use toml::Spanned;
 
 /// Default and allowed range of `dataplane.neighbour_refresh_ms`.
@@ -1986,49 +1988,6 @@ fn one_line(message: &str) -> String {
     message.trim().lines().map(str::trim).collect::<Vec<_>>().join("; ")
 }
 
-/// The candidate `word` most likely meant, for "did you mean": the nearest
-/// within two edits (`polcy` -> `policy`, `flowlet_gap_ms` ->
-/// `flowlet_gap_us`), else the only one that is `word` with its unit or
-/// qualifier left off (`flowlet_gap` -> `flowlet_gap_us`).
-pub fn closest_match<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let candidates: Vec<&str> = candidates.into_iter().collect();
-    let nearest = candidates
-        .iter()
-        .map(|c| (edit_distance(word, c), *c))
-        .filter(|(d, _)| *d <= 2)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c);
-    nearest.or_else(|| {
-        // A missing suffix: the word plus `_something`, or the word is
-        // the candidate's first part (at least 4 characters, so `a` does
-        // not match everything).
-        let mut prefixed = candidates
-            .iter()
-            .filter(|c| word.len() >= 4 && c.len() > word.len() && c.starts_with(word))
-            .filter(|c| matches!(c.as_bytes()[word.len()], b'_' | b'-'));
-        match (prefixed.next(), prefixed.next()) {
-            (Some(only), None) => Some(*only),
-            _ => None,
-        }
-    })
-}
-
-/// Levenshtein distance, for "did you mean" on misspelled keys.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let substitute = diagonal + usize::from(ca != cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2607,29 +2566,9 @@ members = [{ dev = "eth2", via = "10.0.2.2" }]
     }
 
     #[test]
-    fn did_you_mean_counts_a_missing_unit_suffix() {
-        let keys = ["name", "policy", "flowlet_gap_us", "flowlet_choice", "flowlet_boundary", "hash_seed"];
-        assert_eq!(closest_match("flowlet_gap", keys), Some("flowlet_gap_us"));
-        assert_eq!(closest_match("polcy", keys), Some("policy"));
-        assert_eq!(closest_match("hash_sed", keys), Some("hash_seed"));
-        assert_eq!(closest_match("flowlet_gap_ms", keys), Some("flowlet_gap_us"));
-        // Ambiguous (three keys begin with `flowlet_`) or unrelated: no guess.
-        assert_eq!(closest_match("flowlet", keys), None);
-        assert_eq!(closest_match("color", keys), None);
-    }
-
-    #[test]
     fn a_key_without_its_unit_gets_did_you_mean() {
         let text = "[[port]]\nname = \"eth1\"\n\n[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap = 500\nmembers = [{ dev = \"eth2\", mac = \"02:00:00:00:00:02\" }]\n";
         assert_error(text, 7, "group[0].flowlet_gap", &["unknown key `flowlet_gap` (did you mean `flowlet_gap_us`?)"]);
-    }
-
-    #[test]
-    fn edit_distance_basics() {
-        assert_eq!(edit_distance("via", "via"), 0);
-        assert_eq!(edit_distance("vias", "via"), 1);
-        assert_eq!(edit_distance("hashseed", "hash_seed"), 1);
-        assert_eq!(edit_distance("ports", "route"), 3);
     }
 
     // --- issue 3: policies, pins, ECN, egress, classes -----------------

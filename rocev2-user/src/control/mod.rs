@@ -1,0 +1,15 @@
+//! The control plane: the config file, the dataplane's maps and their
+//! encoding, the daemon loop (`rocev2 run`), routes learned from the kernel,
+//! and what an operator observes (stats, watch, metrics, the state file).
+
+pub mod capacity;
+pub mod config;
+pub mod dataplane;
+pub mod metrics;
+pub mod notify;
+pub mod routing;
+pub mod run;
+pub mod state;
+pub mod stats;
+pub mod upgrade;
+pub mod watch;

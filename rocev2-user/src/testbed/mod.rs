@@ -1,0 +1,7 @@
+//! Testbeds: the veth lab of the demo and tests (`lab`), `rocev2 lab
+//! up|down|status` (`labcmd`), FRR per namespace (`frr`), and the benchmark.
+
+pub mod bench;
+pub mod frr;
+pub mod lab;
+pub mod labcmd;

@@ -1,0 +1,8 @@
+//! Traffic and teaching tools: the RoCEv2 generator and sink, frame
+//! building and ICRC, the entropy simulator and `explain`.
+
+pub mod entropy;
+pub mod explain;
+pub mod gen;
+pub mod packet;
+pub mod sink;
