@@ -293,8 +293,23 @@ fn real_main(cli: Cli) -> Result<()> {
                 })?;
                 format!("interfaces found in {}", netns::describe_current())
             };
+            // Learned routes: say which table, and what shapes them.
+            let learned = match &config.routing.kernel_table {
+                None => String::new(),
+                Some(table) => format!(
+                    " + the routes of kernel table {}{}",
+                    match table {
+                        rocev2_user::config::KernelTable::Id(id) => id.to_string(),
+                        rocev2_user::config::KernelTable::Vrf(name) => format!("of VRF {name}"),
+                    },
+                    match (config.route_policies.len(), config.learned_pins.len()) {
+                        (0, 0) => String::new(),
+                        (p, n) => format!(" ({p} route policies, {n} learned-route pins)"),
+                    }
+                ),
+            };
             println!(
-                "{}: OK ({} ports, {} groups, {} members, {} routes; {interfaces})",
+                "{}: OK ({} ports, {} groups, {} members, {} routes{learned}; {interfaces})",
                 config.path.display(),
                 config.ports.len(),
                 config.groups.len(),

@@ -2710,4 +2710,58 @@ ecn_profile = "lossless"
         let text = QOS.replace("qps = \"0x100-0x1ff\"", "qps = \"0x200-0x100\"");
         assert_error(&text, 47, "class[1].qps", &["after it ends"]);
     }
+
+    // --- kernel routes, buckets and seeds -------------------------------
+
+    #[test]
+    fn kernel_routing_policies_and_learned_pins() {
+        let text = "[dataplane]\nhash_seed = \"auto\"\n\n[routing]\nsource = \"kernel\"\ntable = 100\n\n[[port]]\nname = \"eth1\"\n\n\
+                    [[route_policy]]\nprefix = \"10.0.0.0/8\"\npolicy = \"flowlet\"\nflowlet_gap_us = 100\nrebalance = \"gradual\"\n\n\
+                    [[route_policy]]\nprefix = \"10.9.0.0/16\"\npolicy = \"pinned\"\nhash = \"five-tuple\"\n\n\
+                    [[pin]]\nprefix = \"10.9.0.7/32\"\nqp = 42\nmember = \"swp52\"\n\n\
+                    [[pin]]\nprefix = \"10.9.0.0/16\"\nqp = 43\nmember = \"10.100.33.2\"\n";
+        let c = parse_ok(text);
+        assert_eq!(c.dataplane.hash_seed, HashSeed::Auto);
+        assert_eq!(c.routing.kernel_table, Some(KernelTable::Id(100)));
+        assert_eq!(c.route_policies.len(), 2);
+        assert!(matches!(c.route_policies[0].policy, Policy::Flowlet(f) if f.gap == Duration::from_micros(100)));
+        assert_eq!(c.route_policies[0].rebalance, Rebalance::Gradual(GRADUAL_BUCKETS_PER_STEP));
+        assert_eq!((c.route_policies[1].policy, c.route_policies[1].hash), (Policy::Pinned, HashMode::FiveTuple));
+        assert_eq!(c.learned_pins[0].member, PinMember::Dev("swp52".into()));
+        assert_eq!(c.learned_pins[1].member, PinMember::Via("10.100.33.2".parse().unwrap()));
+        assert!(c.groups.is_empty() && c.routes.is_empty());
+    }
+
+    #[test]
+    fn kernel_routing_mistakes_are_named() {
+        assert_error(&format!("[routing]\ntable = \"main\"\n{BASE}"), 2, "routing.table", &["source = \"kernel\""]);
+        assert_error(
+            &format!("[routing]\nsource = \"bgp\"\n{BASE}"),
+            2,
+            "routing.source",
+            &["\"kernel\"", "\"config\""],
+        );
+        assert_error(
+            &format!("[routing]\nsource = \"kernel\"\ntable = 255\n{BASE}"),
+            3,
+            "routing.table",
+            &["not 255: the local table"],
+        );
+        let no_group = format!("{BASE}\n[[pin]]\nprefix = \"10.9.0.7/32\"\nqp = 42\nmember = \"eth2\"\n");
+        assert_error(&no_group, 8, "pin[0].group", &["source = \"kernel\""]);
+        let dup = "[routing]\nsource = \"kernel\"\n[[port]]\nname = \"eth1\"\n[[route_policy]]\nprefix = \"10.0.0.0/8\"\n[[route_policy]]\nprefix = \"10.0.0.0/8\"\n";
+        assert_error(dup, 8, "route_policy[1].prefix", &["already has a policy", "line 5"]);
+    }
+
+    #[test]
+    fn member_weights_and_rebalance() {
+        let text = "[[port]]\nname = \"eth1\"\n\n[[group]]\nname = \"spines\"\nrebalance = \"gradual\"\nmembers = [{ dev = \"eth2\", via = \"10.0.2.2\", weight = 3 }, { dev = \"eth3\", via = \"10.0.3.2\" }]\n";
+        let c = parse_ok(text);
+        assert_eq!(c.groups[0].members.iter().map(|m| m.weight).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(c.groups[0].rebalance, Rebalance::Gradual(GRADUAL_BUCKETS_PER_STEP));
+        let zero = text.replace("weight = 3", "weight = 0");
+        assert_error(&zero, 7, "group[0].members[0].weight", &["1 to 65535"]);
+        let bad = text.replace("\"gradual\"", "\"slow\"");
+        assert_error(&bad, 6, "group[0].rebalance", &["\"immediate\"", "\"gradual\""]);
+    }
 }
