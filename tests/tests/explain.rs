@@ -116,3 +116,97 @@ fn explain_and_kernel_agree_on_unrouted() {
     assert_eq!(explain(&config, None, &packet).verdict, Verdict::NoRoute);
     assert_eq!(test_run(&mut dp, &frame(src, dst, 0xC000, 1)).unwrap().action, XDP_PASS);
 }
+
+/// A flowlet group (five-tuple hash, so the kernel's re-hash with the
+/// DestQP differs from the group's hash) and a pinned group with one pin.
+const POLICIES: &str = r#"[dataplane]
+hash = "qp"
+hash_seed = 4321
+pin_dir = "/sys/fs/bpf/rocev2-explain-test-unused"
+
+[[port]]
+name = "lo"
+
+[[group]]
+name = "flow"
+hash = "five-tuple"
+policy = "flowlet"
+flowlet_gap_us = 1000000
+members = [
+  { dev = "lo", mac = "02:bb:00:00:00:00" },
+  { dev = "lo", mac = "02:bb:00:00:00:01" },
+  { dev = "lo", mac = "02:bb:00:00:00:02" },
+  { dev = "lo", mac = "02:bb:00:00:00:03" },
+]
+
+[[group]]
+name = "pin"
+policy = "pinned"
+members = [
+  { dev = "lo", mac = "02:bb:00:00:01:00" },
+  { dev = "lo", mac = "02:bb:00:00:01:01" },
+  { dev = "lo", mac = "02:bb:00:00:01:02" },
+]
+
+[[route]]
+prefix = "10.1.0.0/16"
+group = "flow"
+
+[[route]]
+prefix = "10.2.0.0/16"
+group = "pin"
+
+[[pin]]
+prefix = "10.2.0.0/16"
+qp = 0x105
+group = "pin"
+member = "lo"
+"#;
+
+/// `explain` agrees with the kernel for flowlet and pinned groups: a new
+/// flow's first flowlet, and a pin (the first member on "lo") or, without
+/// one, `qp` hashing.
+#[test]
+fn explain_agrees_with_the_kernel_for_flowlet_and_pinned_groups() {
+    use rocev2_common::maps::PinEntry;
+    use rocev2_user::run::group_policy;
+    let config = Config::parse(POLICIES, Path::new("explain-policies.toml")).expect("test config");
+    let mut dp = loopback_dataplane();
+    dp.maps.set_hash_seed(SEED).unwrap();
+    for (index, group) in config.groups.iter().enumerate() {
+        let specs = group_members(index as u8, group.members.len() as u8);
+        let generation = dp.maps.publish_group_with(index as u32, &group_policy(group), &specs).unwrap();
+        for pin in config.pins.iter().filter(|p| p.group_index == index as u32) {
+            let entry = PinEntry { group: index as u32, position: pin.member_index as u32, generation, _reserved: 0 };
+            dp.maps.set_pin(&pin.prefix, pin.qp, entry).unwrap();
+        }
+    }
+    let routes = config.routes.iter().map(|r| (r.prefix, r.group_index)).collect();
+    dp.sync_routes(&routes).unwrap();
+    let src: IpAddr = "10.0.0.1".parse().unwrap();
+    for (dst, group) in [("10.1.0.9", 0u8), ("10.2.0.9", 1u8)] {
+        let dst: IpAddr = dst.parse().unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for qp in 0x100..0x180u32 {
+            let packet = PacketFields { src, dst, protocol: 17, src_port: 0xC000, dst_port: 4791, dest_qp: Some(qp) };
+            let e = explain(&config, None, &packet);
+            let Verdict::Forward(f) = &e.verdict else { panic!("{dst} qp {qp}: {e}") };
+            assert!(f.policy_step.is_some(), "{e}");
+            // Each QP is a new flow: the kernel's first packet of it.
+            let run = test_run(&mut dp, &frame(src, dst, 0xC000, qp)).unwrap();
+            assert_eq!(run.action, XDP_REDIRECT, "{dst} qp {qp}");
+            assert_eq!(
+                run.output[0..6],
+                [0x02, 0xBB, 0, 0, group, f.position as u8],
+                "{dst} qp {qp:#x}: explain said {e}"
+            );
+            if group == 1 && qp == 0x105 {
+                assert_eq!(f.position, 0, "the pin: {e}");
+                assert!(e.to_string().contains("is pinned to dev lo"), "{e}");
+            }
+            seen.insert(f.position);
+        }
+        // One source port: the flowlet re-hash (with DestQP) still spreads.
+        assert!(seen.len() > 1, "{dst}: {seen:?}");
+    }
+}

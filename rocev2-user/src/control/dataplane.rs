@@ -528,6 +528,11 @@ impl Maps {
         }
     }
 
+    /// A flow's entry in the flowlet table, if it has one.
+    pub fn flowlet_entry(&self, key: &FlowletKey) -> Option<FlowletEntry> {
+        self.flowlets.get(key, 0).ok()
+    }
+
     /// The live bucket table of a group.
     pub fn bucket_table(&self, group: u32) -> Result<BucketTable> {
         let entry = self.group(group)?;

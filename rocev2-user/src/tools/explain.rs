@@ -106,6 +106,10 @@ pub struct LiveGroup {
     pub members: Vec<String>,
     /// The live bucket table (bucket -> position).
     pub buckets: BucketTable,
+    /// The group's generation (flowlet state of an older one is stale).
+    pub generation: u32,
+    /// The flowlet table's entry for the explained packet's flow, if any.
+    pub flowlet: Option<rocev2_common::flowlet::FlowletEntry>,
 }
 
 /// The live state of a running dataplane.
@@ -146,6 +150,9 @@ pub struct Forwarding {
     pub hash: u32,
     /// The bucket the hash falls in (its top byte).
     pub bucket: u32,
+    /// How the group's policy chose the member when it is not plain
+    /// hashing (flowlet state, a pin), in words.
+    pub policy_step: Option<String>,
     /// 0-based position in the group.
     pub position: u32,
     pub member_count: u32,
@@ -293,7 +300,8 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         );
     }
     let hash = member_hash(&key, mode, seed);
-    let position = member_for(&buckets, hash);
+    let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
+    let (position, policy_step) = policy_position(config, group, live_group, &members, &buckets, &key, seed, hash);
     let member = members
         .get(position as usize)
         .cloned()
@@ -311,6 +319,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
             dest_qp_hashed,
             hash,
             bucket: pick_bucket(hash),
+            policy_step,
             position,
             member_count,
             member,
@@ -318,6 +327,137 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         })),
         notes,
     )
+}
+
+/// The member position the group's policy gives, as the XDP program
+/// decides it (rocev2-ebpf `select.rs`), and how, when it is not the hash:
+/// - `flowlet`: a live flowlet entry of the current group generation keeps
+///   its member until an idle gap; a new flow (or a stale entry) starts a
+///   flowlet placed by re-hashing with the flowlet number (`rehash`), or
+///   the less loaded of two such candidates (`least-loaded`);
+/// - `pinned`: a `[[pin]]` for (destination, DestQP) whose member is up,
+///   else `qp` hashing.
+#[allow(clippy::too_many_arguments)]
+fn policy_position(
+    config: &Config,
+    group: &crate::config::Group,
+    live_group: Option<&LiveGroup>,
+    members: &[String],
+    buckets: &BucketTable,
+    key: &FlowKey,
+    seed: u32,
+    hash: u32,
+) -> (u32, Option<String>) {
+    match group.policy {
+        crate::config::Policy::Hash => (member_for(buckets, hash), None),
+        crate::config::Policy::Flowlet(f) => {
+            let count = members.len() as u32;
+            if let Some((e, g)) = live_group.and_then(|g| g.flowlet.map(|e| (e, g))) {
+                if e.generation != g.generation || e.position >= count {
+                    let next = e.flowlet_id.wrapping_add(1);
+                    let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
+                    return (p, Some(format!("flowlet {} of this flow is from before the group last changed: the next packet starts flowlet {next}, {how}", e.flowlet_id)));
+                }
+                let idle_ns = monotonic_ns().saturating_sub(e.last_seen_ns);
+                let gap_ns = f.gap.as_nanos() as u64;
+                let kept = format!(
+                    "flowlet {} of this flow (live state), last packet {:.1} ms ago",
+                    e.flowlet_id,
+                    idle_ns as f64 / 1e6
+                );
+                if idle_ns <= gap_ns || (f.at_message_boundary && e.at_boundary == 0) {
+                    return (e.position, Some(format!("{kept}: it stays on position {}", e.position)));
+                }
+                let next = e.flowlet_id.wrapping_add(1);
+                let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
+                return (
+                    p,
+                    Some(format!(
+                        "{kept}, idle past the {} us gap: the next packet starts flowlet {next}, {how}",
+                        f.gap.as_micros()
+                    )),
+                );
+            }
+            let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
+            (p, Some(format!("no flowlet state for this flow: its next packet starts flowlet 0, {how}")))
+        }
+        crate::config::Policy::Pinned => {
+            let qp_hash = member_hash(key, HashMode::Qp, seed);
+            let index = config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
+            let pin = config
+                .pins
+                .iter()
+                .filter(|p| p.group_index == index && p.qp == key.dest_qp && p.prefix.contains(dst_addr(key)))
+                .max_by_key(|p| p.prefix.prefix_len());
+            let Some(pin) = pin else {
+                return (
+                    member_for(buckets, qp_hash),
+                    Some(format!(
+                        "pinned group, no [[pin]] for this destination and QP: qp hashing -> hash {qp_hash:#010x}"
+                    )),
+                );
+            };
+            let pinned = member_text(&group.members[pin.member_index]);
+            match members.iter().position(|m| m.starts_with(&pinned)) {
+                Some(p) => (
+                    p as u32,
+                    Some(format!(
+                        "[[pin]] {} (line {}): QP {:#x} to {} is pinned to {pinned}",
+                        pin.loc.key, pin.loc.line, pin.qp, pin.prefix
+                    )),
+                ),
+                None => (
+                    member_for(buckets, qp_hash),
+                    Some(format!(
+                        "[[pin]] {} names {pinned}, which is down: qp hashing -> hash {qp_hash:#010x}",
+                        pin.loc.key
+                    )),
+                ),
+            }
+        }
+    }
+}
+
+/// A new flowlet's position and how it was chosen.
+fn new_flowlet(
+    choice: rocev2_common::flowlet::FlowletChoice,
+    buckets: &BucketTable,
+    key: &FlowKey,
+    seed: u32,
+    flowlet_id: u32,
+) -> (u32, String) {
+    use rocev2_common::flowlet::{rehash_hash, FlowletChoice};
+    let a = member_for(buckets, rehash_hash(key, seed, flowlet_id));
+    match choice {
+        FlowletChoice::Rehash => {
+            (a, format!("re-hashed (flow hash with DestQP, seed mixed with flowlet {flowlet_id}) to position {a}"))
+        }
+        FlowletChoice::LeastLoaded => {
+            let b = member_for(buckets, rehash_hash(key, seed ^ 0x5bd1_e995, flowlet_id));
+            (a, format!("the less loaded of positions {a} and {b} by egress virtual queue ({a} when equal or unknown)"))
+        }
+    }
+}
+
+/// The destination address of a flow key.
+fn dst_addr(key: &FlowKey) -> IpAddr {
+    if key.dst[1..] == [0, 0, 0] {
+        IpAddr::from(key.dst[0].to_le_bytes())
+    } else {
+        let mut b = [0u8; 16];
+        for (i, w) in key.dst.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        IpAddr::from(b)
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A destination no `[[route]]` covers: a running dataplane that follows
@@ -362,6 +502,7 @@ fn explain_learned(
             dest_qp_hashed: (g.hash == HashMode::Qp && packet.is_roce()).then_some(key.dest_qp),
             hash,
             bucket: pick_bucket(hash),
+            policy_step: None,
             position,
             member_count: g.member_count,
             member: g.members.get(position as usize).cloned().unwrap_or_else(|| format!("position {position}")),
@@ -465,11 +606,17 @@ impl fmt::Display for Explanation {
                     None => "five-tuple".to_string(),
                 };
                 writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", mode_name(fw.mode), fw.seed, fw.hash)?;
-                writeln!(
-                    f,
-                    "member: bucket {} of {BUCKETS_PER_GROUP} (hash >> 24) -> member {} of {} (0-based): {}",
-                    fw.bucket, fw.position, fw.member_count, fw.member
-                )?;
+                match &fw.policy_step {
+                    None => writeln!(
+                        f,
+                        "member: bucket {} of {BUCKETS_PER_GROUP} (hash >> 24) -> member {} of {} (0-based): {}",
+                        fw.bucket, fw.position, fw.member_count, fw.member
+                    )?,
+                    Some(step) => {
+                        writeln!(f, "policy: {step}")?;
+                        writeln!(f, "member: member {} of {} (0-based): {}", fw.position, fw.member_count, fw.member)?;
+                    }
+                }
                 writeln!(
                     f,
                     "        (MACs rewritten, TTL/hop limit -1; assumes TTL > 1, no IPv4 fragment, IPv4 options or IPv6 extension header, a right IPv4 header checksum, and a destination that is not this box's own)"
@@ -527,6 +674,8 @@ pub fn read_live(config: &Config) -> Result<Live> {
                 hash: HashMode::from_u32(entry.hash_mode).unwrap_or(HashMode::FiveTuple),
                 member_count: entry.member_count,
                 buckets: maps.bucket_table(g.index)?,
+                generation: entry.generation,
+                flowlet: None,
                 members: g
                     .members
                     .iter()
@@ -573,6 +722,13 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
     };
     let (live, why_not) = match read_live(&config) {
         Ok(mut l) => {
+            // The flow's flowlet state in each group, for flowlet groups.
+            if let Some(key) = packet.flow_key() {
+                let maps = Maps::open_pinned(&config.dataplane.pin_dir)?;
+                for g in &mut l.groups {
+                    g.flowlet = maps.flowlet_entry(&rocev2_common::maps::FlowletKey::new(&key, g.index));
+                }
+            }
             if config.routing.kernel_table.is_some() {
                 l.learned_target = Maps::open_pinned(&config.dataplane.pin_dir)?.route_target(args.dst)?;
             }
@@ -788,6 +944,8 @@ group = "spines"
                     "dev u4 mac 02:00:00:00:00:04".into(),
                 ],
                 buckets: rocev2_common::buckets::even_table(3),
+                generation: 1,
+                flowlet: None,
             }],
             learned_target: None,
         };
