@@ -17,6 +17,19 @@ pub enum HashMode {
 }
 
 impl HashMode {
+    /// The name in configs, `stats`, metrics and `explain`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::FiveTuple => "five-tuple",
+            Self::Qp => "qp",
+        }
+    }
+
+    /// The mode a config names (`"qp"` or `"five-tuple"`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::FiveTuple, Self::Qp].into_iter().find(|m| m.name() == name)
+    }
+
     #[inline(always)]
     pub fn from_u32(v: u32) -> Option<Self> {
         match v {

@@ -100,9 +100,7 @@ impl MemberLive {
     }
 }
 
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
+pub use crate::sys::format_mac;
 
 fn next_hop_text(n: &NextHop) -> String {
     match n {
@@ -928,10 +926,7 @@ fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedP
 }
 
 pub fn hash_name(mode: rocev2_common::hash::HashMode) -> &'static str {
-    match mode {
-        rocev2_common::hash::HashMode::FiveTuple => "five-tuple",
-        rocev2_common::hash::HashMode::Qp => "qp",
-    }
+    mode.name()
 }
 
 /// Default pin directory path for a config (used by `stats --config`).

@@ -239,10 +239,6 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}{suffix}")
 }
 
-fn mac_string(mac: [u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
 fn add_addrs(ns: &Netns, ifname: &str, addrs: &[&str]) -> anyhow::Result<()> {
     for addr in addrs {
         let mut args = vec!["-n", ns.name(), "addr", "add", addr, "dev", ifname];
@@ -269,7 +265,7 @@ pub fn veth_between(
     b_mac: [u8; 6],
     b_addrs: &[&str],
 ) -> anyhow::Result<()> {
-    let (a_mac, b_mac) = (mac_string(a_mac), mac_string(b_mac));
+    let (a_mac, b_mac) = (crate::sys::format_mac(&a_mac), crate::sys::format_mac(&b_mac));
     #[rustfmt::skip]
     ip(&[
         "-n", a.name(), "link", "add", a_if, "address", &a_mac, "type", "veth",

@@ -693,9 +693,6 @@ fn up_switch_mac(i: usize) -> [u8; 6] {
 fn up_peer_mac(i: usize) -> [u8; 6] {
     [2, 0x42, 2, 0, 0, i as u8]
 }
-fn mac_str(m: [u8; 6]) -> String {
-    crate::run::format_mac(&m)
-}
 
 /// Runs `f` on a thread inside network namespace `name`.
 fn in_ns<T: Send>(name: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
@@ -753,7 +750,7 @@ impl Lab {
                 "replace",
                 &format!("10.0.{i}.2"),
                 "lladdr",
-                &mac_str(up_peer_mac(i)),
+                &crate::sys::format_mac(&up_peer_mac(i)),
                 "dev",
                 &format!("u{i}"),
                 "nud",
@@ -768,7 +765,7 @@ impl Lab {
             "replace",
             "10.0.0.254",
             "lladdr",
-            &mac_str(SWITCH_MAC),
+            &crate::sys::format_mac(&SWITCH_MAC),
             "dev",
             "snd0",
             "nud",
@@ -820,7 +817,7 @@ impl FwdRow {
 fn gen_args(secs: f64, mode: GenMode) -> GenArgs {
     let mut a = GenArgs::new(
         "snd0",
-        &mac_str(SWITCH_MAC),
+        &crate::sys::format_mac(&SWITCH_MAC),
         Ipv4Addr::new(10, 0, 0, 1).into(),
         Ipv4Addr::new(10, 1, 0, 1).into(),
     );
@@ -831,7 +828,7 @@ fn gen_args(secs: f64, mode: GenMode) -> GenArgs {
     a.duration = Some(secs);
     a.mode = mode;
     a.live_repeat = 262_144;
-    a.src_mac = Some(mac_str(SENDER_MAC));
+    a.src_mac = Some(crate::sys::format_mac(&SENDER_MAC));
     a
 }
 

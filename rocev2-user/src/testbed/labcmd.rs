@@ -242,10 +242,6 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn mac_text(mac: [u8; 6]) -> String {
-    crate::run::format_mac(&mac)
-}
-
 pub fn rtsw_host_mac(i: u32) -> [u8; 6] {
     [0x02, 0x52, 0x32, 0x10, 0x00, i as u8]
 }
@@ -517,7 +513,7 @@ impl LabPlan {
              \x20 rocev2 stats --config {cfg}\n\
              \x20 rocev2 lab status --name {name}\n\
              \x20 rocev2 lab down --name {name}\n",
-            mac = mac_text(rtsw_host_mac(1)),
+            mac = crate::sys::format_mac(&rtsw_host_mac(1)),
         )
     }
 }
@@ -578,7 +574,7 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
                 ifaces.push(format!(
                     "{} {} {} <-> {}/{}",
                     l.a_if,
-                    mac_text(l.a_mac),
+                    crate::sys::format_mac(&l.a_mac),
                     l.a_addrs.join(" "),
                     l.b_ns,
                     l.b_if
@@ -588,7 +584,7 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
                 ifaces.push(format!(
                     "{} {} {} <-> {}/{}",
                     l.b_if,
-                    mac_text(l.b_mac),
+                    crate::sys::format_mac(&l.b_mac),
                     l.b_addrs.join(" "),
                     l.a_ns,
                     l.a_if
@@ -630,7 +626,7 @@ fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
         }
     }
     for l in &plan.links {
-        let (a_mac, b_mac) = (mac_text(l.a_mac), mac_text(l.b_mac));
+        let (a_mac, b_mac) = (crate::sys::format_mac(&l.a_mac), crate::sys::format_mac(&l.b_mac));
         #[rustfmt::skip]
         ip(&[
             "-n", &l.a_ns, "link", "add", &l.a_if, "address", &a_mac, "type", "veth",

@@ -543,10 +543,7 @@ pub fn file_seed(config: &Config, notes: &mut Vec<String>) -> u32 {
 }
 
 pub fn mode_name(mode: HashMode) -> &'static str {
-    match mode {
-        HashMode::Qp => "qp",
-        HashMode::FiveTuple => "five-tuple",
-    }
+    mode.name()
 }
 
 fn proto_name(p: u8) -> String {

@@ -152,13 +152,9 @@ pub(super) fn parse_qp_range(v: &toml::Value) -> Result<(u32, u32), String> {
 }
 
 pub(super) fn parse_hash(s: &str) -> Result<HashMode, String> {
-    match s {
-        "qp" => Ok(HashMode::Qp),
-        "five-tuple" => Ok(HashMode::FiveTuple),
-        _ => Err(format!(
-            "{s:?} is not a hash mode; use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\""
-        )),
-    }
+    HashMode::from_name(s).ok_or_else(|| {
+        format!("{s:?} is not a hash mode; use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"")
+    })
 }
 
 pub(super) fn parse_xdp_mode(s: &str) -> Result<XdpMode, String> {
