@@ -13,3 +13,23 @@ pub mod suggest;
 pub fn format_mac(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
+
+/// Parses a MAC address written `aa:bb:cc:dd:ee:ff` (one or two hex digits
+/// per byte); the error is the message to show.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let malformed =
+        || format!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. \"02:00:00:00:00:04\"");
+    let mut mac = [0u8; 6];
+    let mut parts = s.trim().split(':');
+    for byte in &mut mac {
+        let part = parts.next().ok_or_else(malformed)?;
+        if part.is_empty() || part.len() > 2 || !part.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(malformed());
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|_| malformed())?;
+    }
+    if parts.next().is_some() {
+        return Err(malformed());
+    }
+    Ok(mac)
+}

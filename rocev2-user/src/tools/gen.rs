@@ -331,22 +331,10 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Parses aa:bb:cc:dd:ee:ff.
+/// Parses aa:bb:cc:dd:ee:ff (any MAC: a generator may send to a group
+/// address on purpose).
 pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
-    let parts: Vec<&str> = s.trim().split(':').collect();
-    let bad =
-        || anyhow::anyhow!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. 02:00:00:00:00:01");
-    if parts.len() != 6 {
-        return Err(bad());
-    }
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(parts) {
-        if part.is_empty() || part.len() > 2 {
-            return Err(bad());
-        }
-        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
-    }
-    Ok(mac)
+    crate::sys::parse_mac(s).map_err(anyhow::Error::msg)
 }
 
 /// The MAC of interface `dev` in the calling thread's network namespace.

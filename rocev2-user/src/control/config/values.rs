@@ -195,20 +195,7 @@ pub(super) fn parse_via(s: &str) -> Result<IpAddr, String> {
 }
 
 pub(super) fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let malformed =
-        || format!("{s:?} is not a MAC address; write six hex bytes separated by ':', e.g. \"02:00:00:00:00:04\"");
-    let mut mac = [0u8; 6];
-    let mut parts = s.split(':');
-    for byte in &mut mac {
-        let part = parts.next().ok_or_else(malformed)?;
-        if part.is_empty() || part.len() > 2 || !part.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(malformed());
-        }
-        *byte = u8::from_str_radix(part, 16).map_err(|_| malformed())?;
-    }
-    if parts.next().is_some() {
-        return Err(malformed());
-    }
+    let mac = crate::sys::parse_mac(s)?;
     if mac == [0xff; 6] {
         return Err(format!("{s:?} is the broadcast address; use the neighbour's unicast MAC"));
     }
