@@ -192,7 +192,9 @@ struct Background {
 
 impl Background {
     fn start(command: &str) -> Self {
-        let mut child = sh(command).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // Both streams into one pipe, as a terminal shows them: `run`'s log
+        // lines (stderr) and its `ready` line (stdout) keep their order.
+        let mut child = sh(&format!("{command} 2>&1")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let output = Arc::new(Mutex::new(String::new()));
         let mut readers = Vec::new();
         let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
