@@ -9,6 +9,24 @@ pub const ROCEV2_UDP_PORT: u16 = 4791;
 pub const BTH_LEN: usize = 12;
 /// Length of the invariant CRC trailer at the end of every RoCEv2 packet.
 pub const ICRC_LEN: usize = 4;
+/// PSNs, DestQPs and MSNs are 24-bit numbers.
+pub const PSN_MASK: u32 = 0xFF_FFFF;
+
+/// The flow label a Linux RDMA stack derives for a QP pair
+/// (`rdma_calc_flow_label`): a 20-bit fold of local QPN x remote QPN.
+pub fn flow_label(local_qpn: u32, remote_qpn: u32) -> u32 {
+    let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0xF_FFFF) as u32
+}
+
+/// The RoCEv2 UDP source port a NIC derives from a flow label (Linux
+/// `rdma_flow_label_to_udp_sport`): 14 bits, in 0xC000..=0xFFFF.
+pub fn nic_sport(flow_label: u32) -> u16 {
+    let fl = flow_label & 0xF_FFFF;
+    (((fl & 0x3FFF) ^ (fl >> 14)) | 0xC000) as u16
+}
 
 /// Selected BTH opcodes (RC unless noted).
 pub mod opcode {

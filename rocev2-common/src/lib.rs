@@ -16,3 +16,4 @@ pub mod ecn;
 pub mod flowlet;
 pub mod hash;
 pub mod maps;
+pub mod rng;

@@ -14,6 +14,7 @@ mod forwarding;
 mod kernel_routes;
 
 use forwarding::{part2, UPLINKS};
+use rocev2_common::rng::splitmix64;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
@@ -333,14 +334,6 @@ fn cost_ns_frames(dp: &mut Dataplane, program: &str, frames: &[&[u8]], packets: 
         total_ns += r.duration.as_nanos() * u128::from(repeat);
     }
     Ok(total_ns as f64 / (calls * u64::from(repeat)) as f64)
-}
-
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// `n` distinct random /24s (v4) or /64s (v6), seeded, none covering the

@@ -195,28 +195,11 @@ pub fn qpns(host: u32, q: u32) -> (u32, u32) {
     (local, remote)
 }
 
-/// The RoCEv2 flow label of a QP pair (Linux `rdma_calc_flow_label`): the
-/// 20-bit fold of lqpn * rqpn.
-pub fn flow_label(local_qpn: u32, remote_qpn: u32) -> u32 {
-    let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
-    v ^= v >> 20;
-    v ^= v >> 40;
-    (v & 0xF_FFFF) as u32
-}
+pub use rocev2_common::bth::{flow_label, nic_sport};
 
-/// The UDP source port a NIC derives from a flow label (Linux
-/// `rdma_flow_label_to_udp_sport`): 14 bits, in 0xC000..=0xFFFF.
-pub fn nic_sport(flow_label: u32) -> u16 {
-    let fl = flow_label & 0xF_FFFF;
-    (((fl & 0x3FFF) ^ (fl >> 14)) | 0xC000) as u16
-}
-
-/// SplitMix64: a tiny, well-mixed deterministic generator for `--sport random`.
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+/// SplitMix64 of one value (the shared generator's next output from `x`).
+fn splitmix64(x: u64) -> u64 {
+    rocev2_common::rng::splitmix64(&mut { x })
 }
 
 /// The UDP source port of QP `q` of host `host`.

@@ -42,6 +42,7 @@
 //! it left pending on another CPU (which then overflows the 256-frame veth
 //! ring while that CPU is busy elsewhere; see the high-rate test).
 
+use rocev2_common::rng::splitmix64;
 use std::{
     net::IpAddr,
     sync::{
@@ -67,7 +68,7 @@ use crate::{
 };
 
 /// PSNs and MSNs are 24 bits and wrap.
-pub const PSN_MASK: u32 = 0xFF_FFFF;
+pub use rocev2_common::bth::PSN_MASK;
 /// RDMA Extended Transport Header: virtual address, R_Key, DMA length.
 pub const RETH_LEN: usize = 16;
 /// ACK Extended Transport Header: syndrome + 24-bit MSN.
@@ -315,20 +316,7 @@ impl GenArgs {
 /// and 0xC000 set (`rdma_flow_label_to_udp_sport`). The generator uses the
 /// destination QP for both ends, as when both hosts number their QPs alike.
 pub fn nic_sport(local_qpn: u32, remote_qpn: u32) -> u16 {
-    let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
-    v ^= v >> 20;
-    v ^= v >> 40;
-    let fl = (v & 0xF_FFFF) as u32;
-    (((fl & 0x3FFF) ^ (fl >> 14)) | 0xC000) as u16
-}
-
-/// splitmix64: a tiny, good-enough seeded generator for per-QP ports.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    rocev2_common::bth::nic_sport(rocev2_common::bth::flow_label(local_qpn, remote_qpn))
 }
 
 /// Parses aa:bb:cc:dd:ee:ff (any MAC: a generator may send to a group

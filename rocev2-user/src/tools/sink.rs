@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::{gen::SigintGuard, packet::parse_roce, rawsock::PacketSocket};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
-const PSN_MASK: u32 = 0xFF_FFFF;
+use rocev2_common::bth::PSN_MASK;
 const PSN_HALF: u32 = 0x80_0000;
 /// How far back (in PSNs) a late packet can be told apart from a duplicate.
 const WINDOW: u32 = 4096;
