@@ -430,12 +430,7 @@ fn ifindex_to_name(ifindex: u32) -> Result<String> {
 /// Moves the calling thread into the network namespace at `path`.
 fn enter_netns(path: &Path) -> Result<()> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: plain syscall on a file descriptor we own.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("entering network namespace {}", path.display()));
-    }
-    Ok(())
+    crate::netns::enter(&file).with_context(|| format!("entering network namespace {}", path.display()))
 }
 
 /// The namespace our namespace calls `netnsid`: asks the kernel (RTM_GETNSID

@@ -8,7 +8,6 @@
 
 use std::{
     fs::File,
-    os::fd::AsRawFd,
     process::Command,
     sync::atomic::{AtomicU32, Ordering},
     thread::JoinHandle,
@@ -110,12 +109,13 @@ pub fn describe_current() -> String {
 /// and its pins stay shared with the host.
 pub fn enter_process(name: &str) -> anyhow::Result<()> {
     let ns = open_netns(name)?;
-    // SAFETY: `ns` is an open namespace file.
-    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        let e = std::io::Error::last_os_error();
-        bail!("cannot enter network namespace {name:?}: {e}");
-    }
-    Ok(())
+    enter(&ns).map_err(|e| anyhow::anyhow!("cannot enter network namespace {name:?}: {e}"))
+}
+
+/// Moves the calling thread into the network namespace open as `ns` (a
+/// file under /run/netns or /proc/PID/ns/net): the one setns of the crate.
+pub fn enter(ns: &std::fs::File) -> std::io::Result<()> {
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
 }
 
 /// Like [`in_netns`] for closures that borrow from the caller (a scoped
@@ -125,10 +125,8 @@ pub fn in_netns_scoped<T: Send>(name: &str, f: impl FnOnce() -> anyhow::Result<T
     let ns = open_netns(name)?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: `ns` is an open namespace file; setns affects this thread only.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("setns into network namespace {name:?}: {}", std::io::Error::last_os_error());
-            }
+            // setns affects this thread only.
+            enter(&ns).map_err(|e| anyhow::anyhow!("setns into network namespace {name:?}: {e}"))?;
             f()
         })
         .join()
@@ -150,11 +148,7 @@ pub fn spawn_in_netns<T: Send + 'static>(
         .spawn(move || {
             // setns changes only the calling thread's network namespace,
             // which is why each call gets a fresh thread.
-            // SAFETY: `ns` is an open namespace file.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                let e = std::io::Error::last_os_error();
-                bail!("setns into network namespace {name:?}: {e}");
-            }
+            enter(&ns).map_err(|e| anyhow::anyhow!("setns into network namespace {name:?}: {e}"))?;
             drop(ns);
             f()
         })
