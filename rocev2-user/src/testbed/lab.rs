@@ -14,7 +14,7 @@ use std::{
     io::{BufRead as _, BufReader},
     net::IpAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc, Arc,
@@ -498,28 +498,28 @@ impl DataplaneProcess {
     /// Starts a command that becomes a `rocev2 run` (`run` itself, or
     /// `rocev2 upgrade`, which execs one) and waits until it reports ready.
     pub fn spawn(mut cmd: Command) -> Result<Self> {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+        // stdout and stderr share one pipe, as on a terminal: the log lines
+        // (stderr) and `ready` (stdout) keep their order, so everything
+        // logged before `ready` is in `output()` once this returns.
+        let (pipe, writer) = std::io::pipe().context("cannot make a pipe")?;
+        let child = cmd
+            .stdout(writer.try_clone().context("cannot clone a pipe")?)
+            .stderr(writer)
             .spawn()
-            .with_context(|| format!("cannot start {}", cmd.get_program().to_string_lossy()))?;
+            .with_context(|| format!("cannot start {}", cmd.get_program().to_string_lossy()));
+        // The command holds the pipe's write end: drop it, so the reader
+        // sees the end when the child exits.
+        drop(cmd);
+        let child = child?;
         let output = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = mpsc::channel();
-        let stdout = child.stdout.take().expect("piped");
-        let stderr = child.stderr.take().expect("piped");
         let lines = output.clone();
         let reader = thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if line == READY_LINE {
                     ready_tx.send(()).ok();
                 }
                 lines.lock().unwrap().push(line);
-            }
-        });
-        let err_lines = output.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                err_lines.lock().unwrap().push(line);
             }
         });
         let mut process = Self { child: Some(child), output, reader: Some(reader) };
