@@ -746,7 +746,7 @@ impl Runner {
             .map(|group| GroupState {
                 name: group.name.clone(),
                 index: self.slots[&group.name],
-                hash: hash_name(group.hash).to_string(),
+                hash: group.hash.name().to_string(),
                 policy: GroupState::policy_name(&group.policy),
                 flowlet: GroupState::flowlet_knobs(&group.policy),
                 members: self.members[&group.name]
@@ -923,10 +923,6 @@ pub fn group_policy(group: &Group) -> GroupPolicy {
 fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedPolicy) {
     let default = LearnedPolicy { hash: config.dataplane.hash, policy: Policy::Hash, rebalance: Rebalance::Immediate };
     (&config.route_policies, default)
-}
-
-pub fn hash_name(mode: rocev2_common::hash::HashMode) -> &'static str {
-    mode.name()
 }
 
 /// Default pin directory path for a config (used by `stats --config`).

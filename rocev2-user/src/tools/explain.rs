@@ -185,24 +185,9 @@ pub struct Explanation {
 
 /// Routes matching `dst`, longest prefix first.
 fn matching_routes(routes: &[Route], dst: IpAddr) -> Vec<&Route> {
-    let mut hits: Vec<&Route> = routes.iter().filter(|r| prefix_contains(&r.prefix, dst)).collect();
+    let mut hits: Vec<&Route> = routes.iter().filter(|r| r.prefix.contains(dst)).collect();
     hits.sort_by_key(|r| std::cmp::Reverse(r.prefix.prefix_len()));
     hits
-}
-
-/// Whether `addr` lies in `prefix` (same family, leading bits equal).
-pub fn prefix_contains(prefix: &Prefix, addr: IpAddr) -> bool {
-    match (*prefix, addr) {
-        (Prefix::V4 { addr: net, len }, IpAddr::V4(a)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            u32::from(a) & mask == u32::from(net) & mask
-        }
-        (Prefix::V6 { addr: net, len }, IpAddr::V6(a)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            u128::from(a) & mask == u128::from(net) & mask
-        }
-        _ => false,
-    }
 }
 
 fn member_text(m: &crate::config::Member) -> String {
@@ -271,8 +256,8 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
                 notes.push(format!(
                     "the running dataplane hashes group {} with {}, not the file's {}",
                     group.name,
-                    mode_name(g.hash),
-                    mode_name(group.hash)
+                    g.hash.name(),
+                    group.hash.name()
                 ));
             }
             (g.hash, l.seed, MemberSource::Live, g.member_count, g.members.clone(), g.buckets)
@@ -542,10 +527,6 @@ pub fn file_seed(config: &Config, notes: &mut Vec<String>) -> u32 {
     }
 }
 
-pub fn mode_name(mode: HashMode) -> &'static str {
-    mode.name()
-}
-
 fn proto_name(p: u8) -> String {
     match p {
         IPPROTO_UDP => "udp".into(),
@@ -602,7 +583,7 @@ impl fmt::Display for Explanation {
                     None if p.is_roce() => "five-tuple only (DestQP ignored in five-tuple mode)".to_string(),
                     None => "five-tuple".to_string(),
                 };
-                writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", mode_name(fw.mode), fw.seed, fw.hash)?;
+                writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", fw.mode.name(), fw.seed, fw.hash)?;
                 match &fw.policy_step {
                     None => writeln!(
                         f,
@@ -963,11 +944,11 @@ group = "spines"
     #[test]
     fn prefix_contains_edges() {
         let any4 = Prefix::V4 { addr: "0.0.0.0".parse().unwrap(), len: 0 };
-        assert!(prefix_contains(&any4, "203.0.113.9".parse().unwrap()));
-        assert!(!prefix_contains(&any4, "::1".parse().unwrap()));
+        assert!(any4.contains("203.0.113.9".parse().unwrap()));
+        assert!(!any4.contains("::1".parse().unwrap()));
         let host = Prefix::host("fd00::1".parse().unwrap());
-        assert!(prefix_contains(&host, "fd00::1".parse().unwrap()));
-        assert!(!prefix_contains(&host, "fd00::2".parse().unwrap()));
+        assert!(host.contains("fd00::1".parse().unwrap()));
+        assert!(!host.contains("fd00::2".parse().unwrap()));
     }
 
     #[test]

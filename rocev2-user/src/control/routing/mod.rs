@@ -517,7 +517,7 @@ impl KernelRoutes {
             .map(|(g, settings)| crate::state::GroupState {
                 name: g.name.clone(),
                 index: g.slot,
-                hash: crate::run::hash_name(settings.hash).to_string(),
+                hash: settings.hash.name().to_string(),
                 policy: crate::state::GroupState::policy_name(&settings.policy),
                 flowlet: crate::state::GroupState::flowlet_knobs(&settings.policy),
                 members: g
