@@ -213,13 +213,6 @@ impl Drop for Netns {
     }
 }
 
-/// The MAC address of an interface of the current namespace, from sysfs.
-pub fn interface_mac(name: &str) -> Option<[u8; 6]> {
-    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
-    let bytes: Vec<u8> = text.trim().split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
-    <[u8; 6]>::try_from(bytes.as_slice()).ok()
-}
-
 /// A name unique across parallel tests and test processes: `prefix`
 /// (shortened if needed), then the pid and a counter, at most 15 bytes so it
 /// is also a valid interface name.

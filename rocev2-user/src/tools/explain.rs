@@ -286,7 +286,8 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
     }
     let hash = member_hash(&key, mode, seed);
     let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
-    let (position, policy_step) = policy_position(config, group, live_group, &members, &buckets, &key, seed, hash);
+    let (position, policy_step) =
+        policy_position(config, group, live_group, &members, &buckets, &key, packet.dst, seed, hash);
     let member = members
         .get(position as usize)
         .cloned()
@@ -330,6 +331,7 @@ fn policy_position(
     members: &[String],
     buckets: &BucketTable,
     key: &FlowKey,
+    dst: IpAddr,
     seed: u32,
     hash: u32,
 ) -> (u32, Option<String>) {
@@ -372,7 +374,7 @@ fn policy_position(
             let pin = config
                 .pins
                 .iter()
-                .filter(|p| p.group_index == index && p.qp == key.dest_qp && p.prefix.contains(dst_addr(key)))
+                .filter(|p| p.group_index == index && p.qp == key.dest_qp && p.prefix.contains(dst))
                 .max_by_key(|p| p.prefix.prefix_len());
             let Some(pin) = pin else {
                 return (
@@ -421,19 +423,6 @@ fn new_flowlet(
             let b = member_for(buckets, rehash_hash(key, seed ^ 0x5bd1_e995, flowlet_id));
             (a, format!("the less loaded of positions {a} and {b} by egress virtual queue ({a} when equal or unknown)"))
         }
-    }
-}
-
-/// The destination address of a flow key.
-fn dst_addr(key: &FlowKey) -> IpAddr {
-    if key.dst[1..] == [0, 0, 0] {
-        IpAddr::from(key.dst[0].to_le_bytes())
-    } else {
-        let mut b = [0u8; 16];
-        for (i, w) in key.dst.iter().enumerate() {
-            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
-        }
-        IpAddr::from(b)
     }
 }
 
@@ -515,7 +504,7 @@ pub fn file_seed(config: &Config, notes: &mut Vec<String>) -> u32 {
     match config.dataplane.hash_seed {
         HashSeed::Fixed(seed) => seed,
         HashSeed::Auto => {
-            let macs: Vec<[u8; 6]> = config.ports.iter().filter_map(|p| crate::netns::interface_mac(&p.name)).collect();
+            let macs: Vec<[u8; 6]> = config.ports.iter().filter_map(|p| crate::gen::device_mac(&p.name).ok()).collect();
             let seed = rocev2_common::hash::auto_seed(macs.iter().copied());
             notes.push(format!(
                 "seed: hash_seed = \"auto\" from the MACs of {} of {} port(s) here: {seed}",
