@@ -686,17 +686,7 @@ impl Runner {
             }
         }
         // A gradual rebalance moves a few buckets per tick until done.
-        let settling = self.config.groups.iter().any(|g| {
-            matches!(g.rebalance, Rebalance::Gradual(_))
-                && self.tables.get(&g.name).is_some_and(|t| {
-                    let wanted: Vec<((String, NextHop), u32)> = self.members[&g.name]
-                        .iter()
-                        .zip(&g.members)
-                        .map(|(m, c)| ((m.dev.clone(), m.next_hop), if m.usable().is_some() { c.weight } else { 0 }))
-                        .collect();
-                    t.settling(&wanted)
-                })
-        });
+        let settling = self.tables.values().any(ResilientTable::settling);
         if changed || settling {
             self.publish_groups()?;
             self.write_state()?;

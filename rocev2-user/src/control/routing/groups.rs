@@ -24,6 +24,9 @@ pub struct ResilientTable<K> {
     /// returning member gets its own buckets back: only the flows that
     /// moved away move back, and no other flow moves.
     departed: Vec<(K, Vec<u8>)>,
+    /// The last update left some member off its share (a gradual return
+    /// still under way): another update with the same weights moves buckets.
+    settling: bool,
 }
 
 /// Departures remembered per group.
@@ -31,7 +34,12 @@ const DEPARTED_KEPT: usize = 16;
 
 impl<K> Default for ResilientTable<K> {
     fn default() -> Self {
-        Self { members: Vec::new(), table: [NO_MEMBER; BUCKETS_PER_GROUP as usize], departed: Vec::new() }
+        Self {
+            members: Vec::new(),
+            table: [NO_MEMBER; BUCKETS_PER_GROUP as usize],
+            departed: Vec::new(),
+            settling: false,
+        }
     }
 }
 
@@ -78,6 +86,15 @@ impl<K: Clone + PartialEq> ResilientTable<K> {
         };
         self.members = wanted.iter().map(|(k, _)| k.clone()).collect();
         self.table = table;
+        let mut want = vec![0u32; weights.len()];
+        targets(&weights, &mut want);
+        let mut have = vec![0u32; weights.len()];
+        for m in table.iter() {
+            if let Some(h) = have.get_mut(usize::from(*m)) {
+                *h += 1;
+            }
+        }
+        self.settling = want != have;
         changed
     }
 
@@ -129,9 +146,8 @@ impl<K: Clone + PartialEq> ResilientTable<K> {
 
     /// Whether another update with the same weights would move buckets
     /// (a gradual return still under way).
-    pub fn settling(&self, wanted: &[(K, u32)]) -> bool {
-        let mut probe = self.clone();
-        probe.update(wanted, Rebalance::Gradual(1)) > 0
+    pub fn settling(&self) -> bool {
+        self.settling
     }
 
     /// The table by position among the usable members, in `wanted` order
@@ -266,9 +282,11 @@ mod tests {
         assert_eq!(*t.table(), before, "every bucket back where it was");
         // Gradually: the same end state, a bucket at a time.
         t.update(&wanted(8, &[6]), Rebalance::Immediate);
+        assert!(!t.settling(), "member 6 is gone: every share is met");
         let mut steps = 0;
         while t.update(&wanted(8, &[]), Rebalance::Gradual(1)) > 0 {
             steps += 1;
+            assert_eq!(t.settling(), steps < 32, "step {steps}");
         }
         assert_eq!((steps, *t.table()), (32, before));
     }

@@ -407,19 +407,7 @@ impl KernelRoutes {
 
     /// Whether a gradual rebalance is still moving buckets.
     pub fn settling(&self) -> bool {
-        self.groups.by_key.values().any(|g| {
-            let wanted: Vec<(HopId, u32)> = g
-                .hops
-                .iter()
-                .map(|h| {
-                    (
-                        (h.oif, h.neighbour),
-                        if member_spec(&self.fib, &self.prepared, h).is_some() { h.weight } else { 0 },
-                    )
-                })
-                .collect();
-            g.table.settling(&wanted)
-        })
+        self.groups.by_key.values().any(|g| g.table.settling())
     }
 
     /// Next hops whose neighbour is not resolved (for the caller to ask
