@@ -299,8 +299,12 @@ impl KernelRoutes {
                 Some(Installed::Kernel(_)) => Some(ROUTE_KERNEL),
                 None => None,
             };
+            if let Some(o) = &old {
+                tally(&mut self.stats, o, false);
+            }
             match (route, &new) {
                 (Some(target), Some(n)) => {
+                    tally(&mut self.stats, n, true);
                     self.routes.insert(prefix, target);
                     self.installed.insert(prefix, n.clone());
                 }
@@ -402,7 +406,6 @@ impl KernelRoutes {
             }
             g.prefixes > 0
         });
-        self.stats.groups = self.groups.by_key.len();
     }
 
     /// Whether a gradual rebalance is still moving buckets.
@@ -427,19 +430,11 @@ impl KernelRoutes {
         out
     }
 
+    /// Host entries and groups in use (routes and prefixes left to the
+    /// kernel are tallied as they change, in `plan`).
     fn count(&mut self) {
-        let mut to_kernel: BTreeMap<String, usize> = BTreeMap::new();
-        let mut routes = 0;
-        for installed in self.installed.values() {
-            match installed {
-                Installed::Group(_) => routes += 1,
-                Installed::Kernel(reason) => *to_kernel.entry(reason.name().to_string()).or_default() += 1,
-            }
-        }
-        self.stats.routes = routes;
         self.stats.hosts =
             self.hosts.keys().filter(|p| self.fib.target(p).is_none() && self.installed.contains_key(p)).count();
-        self.stats.to_kernel = to_kernel;
         self.stats.groups = self.groups.by_key.values().filter(|g| g.prefixes > 0).count();
     }
 
@@ -588,6 +583,22 @@ fn member_spec(fib: &Fib, prepared: &std::collections::HashSet<u32>, hop: &Hop) 
     let link = fib.links.get(&hop.oif).filter(|l| l.up)?;
     let dst_mac = *fib.neighbours.get(&(hop.oif, hop.neighbour))?;
     Some(MemberSpec { ifindex: hop.oif, src_mac: link.mac?, dst_mac })
+}
+
+/// Counts a prefix in (`add`) or out of the stats: forwarded, or left to
+/// the kernel by reason.
+fn tally(stats: &mut LearnedStats, installed: &Installed, add: bool) {
+    match installed {
+        Installed::Group(_) if add => stats.routes += 1,
+        Installed::Group(_) => stats.routes = stats.routes.saturating_sub(1),
+        Installed::Kernel(reason) => {
+            let n = stats.to_kernel.entry(reason.name().to_string()).or_default();
+            *n = if add { *n + 1 } else { n.saturating_sub(1) };
+            if *n == 0 {
+                stats.to_kernel.remove(reason.name());
+            }
+        }
+    }
 }
 
 /// The settings of a learned group: its `[[route_policy]]`'s, or the default.
