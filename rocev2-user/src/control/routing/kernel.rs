@@ -116,41 +116,39 @@ impl EventSocket {
     /// caller applies them as one batch). `Err` with ENOBUFS means events
     /// were lost: the caller must dump the tables again.
     pub async fn receive(&mut self) -> io::Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
         loop {
             let mut guard = self.fd.readable().await?;
-            loop {
-                match guard.get_inner().recv(&mut &mut self.buffer[..], 0) {
-                    Ok(n) => out.push(self.buffer[..n].to_vec()),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-                if out.len() >= 4096 {
-                    return Ok(out);
-                }
+            let (out, emptied) = drain(guard.get_inner(), &mut self.buffer, BATCH)?;
+            if emptied {
+                guard.clear_ready();
             }
             if !out.is_empty() {
                 return Ok(out);
             }
         }
     }
-}
 
-impl EventSocket {
     /// Every datagram that is waiting now (none: an empty list).
     pub fn ready_now(&mut self) -> io::Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        loop {
-            match self.fd.get_ref().recv(&mut &mut self.buffer[..], libc::MSG_DONTWAIT) {
-                Ok(n) => out.push(self.buffer[..n].to_vec()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(out),
-                Err(e) => return Err(e),
-            }
+        drain(self.fd.get_ref(), &mut self.buffer, usize::MAX).map(|(out, _)| out)
+    }
+}
+
+/// Datagrams one batch holds at most, so a long burst is applied in steps.
+const BATCH: usize = 4096;
+
+/// Reads the datagrams waiting on the (non-blocking) socket, up to
+/// `limit`; says whether it read until none was left.
+fn drain(socket: &Socket, buffer: &mut [u8], limit: usize) -> io::Result<(Vec<Vec<u8>>, bool)> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match socket.recv(&mut &mut buffer[..], 0) {
+            Ok(n) => out.push(buffer[..n].to_vec()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((out, true)),
+            Err(e) => return Err(e),
         }
     }
+    Ok((out, false))
 }
 
 /// SO_RCVBUFFORCE (we run privileged), else SO_RCVBUF up to the sysctl cap.
