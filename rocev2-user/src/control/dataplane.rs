@@ -807,6 +807,12 @@ impl Dataplane {
         removed
     }
 
+    /// Routes installed now: (IPv4, IPv6).
+    pub fn route_counts(&self) -> (usize, usize) {
+        let v4 = self.installed_routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count();
+        (v4, self.installed_routes.len() - v4)
+    }
+
     /// Applies route changes (`None` = remove), then bumps the route
     /// generation once: the incremental path for learned routes, where a
     /// full [`Dataplane::sync_routes`] over 100,000 prefixes per change

@@ -315,17 +315,11 @@ impl Runner {
     fn check_fill(&self) {
         use crate::capacity::Fill;
         use rocev2_common::maps::{MAX_ROUTES_V4, MAX_ROUTES_V6};
-        let routes = self.wanted_routes();
-        let v4 = routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count() as u64;
+        let (v4, v6) = self.dataplane.route_counts();
         let route_hint = "further routes are refused; aggregate prefixes";
         let mut fills = vec![
-            Fill { table: "IPv4 route table", used: v4, capacity: MAX_ROUTES_V4.into(), hint: route_hint },
-            Fill {
-                table: "IPv6 route table",
-                used: routes.len() as u64 - v4,
-                capacity: MAX_ROUTES_V6.into(),
-                hint: route_hint,
-            },
+            Fill { table: "IPv4 route table", used: v4 as u64, capacity: MAX_ROUTES_V4.into(), hint: route_hint },
+            Fill { table: "IPv6 route table", used: v6 as u64, capacity: MAX_ROUTES_V6.into(), hint: route_hint },
         ];
         if self.config.groups.iter().any(|g| matches!(g.policy, Policy::Flowlet(_))) {
             fills.push(Fill {
