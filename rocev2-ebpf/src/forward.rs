@@ -24,7 +24,7 @@ use crate::{
     ctx::PacketBuf,
     maps::{CLASSES, CONFIG, EGRESS_DEVS, GROUPS, MEMBERS, PINS_V4, PINS_V6, ROUTES_V4, ROUTES_V6, ROUTE_CACHE},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
-    qos, select,
+    qos, select, telemetry,
 };
 
 /// A packet ready to leave: where to, and what to count.
@@ -108,6 +108,9 @@ fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, ou
     match forward_v4(ctx, slot, l3_off, len) {
         Ok(f) => {
             *out = f;
+            if telemetry::enabled() {
+                telemetry::observe(ctx, out);
+            }
             FORWARDED
         }
         Err(o) => o.encode(),
@@ -119,6 +122,9 @@ fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, ou
     match forward_v6(ctx, slot, l3_off, len) {
         Ok(f) => {
             *out = f;
+            if telemetry::enabled() {
+                telemetry::observe(ctx, out);
+            }
             FORWARDED
         }
         Err(o) => o.encode(),

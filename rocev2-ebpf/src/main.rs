@@ -10,6 +10,7 @@
 
 mod counters;
 mod ctx;
+mod fault;
 mod forward;
 mod generator;
 mod maps;
@@ -17,6 +18,8 @@ mod parse;
 mod qos;
 mod select;
 mod tc;
+mod telemetry;
+mod transport;
 
 use aya_ebpf::{
     macros::{classifier, xdp},
@@ -44,6 +47,13 @@ pub fn rocev2_tc_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
     tc::tc_egress(&ctx)
+}
+
+/// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
+/// number of times, passes everything else.
+#[xdp]
+pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
+    fault::xdp_fault(&ctx)
 }
 
 /// Attached to veth peers that need NAPI for redirected frames to be

@@ -17,10 +17,12 @@ pub mod sys;
 pub mod testbed;
 pub mod tools;
 
-pub use control::{capacity, config, dataplane, metrics, notify, routing, run, state, stats, upgrade, watch};
+pub use control::{
+    capacity, config, dataplane, metrics, notify, qp_telemetry, routing, run, state, stats, top, upgrade, watch,
+};
 pub use sys::{bpffs, netlink, netns, privileges, rawsock};
-pub use testbed::{bench, frr, lab, labcmd};
-pub use tools::{entropy, explain, gen, packet, sink};
+pub use testbed::{bench, fault, frr, lab, labcmd};
+pub use tools::{entropy, explain, gen, packet, rc, sink};
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));

@@ -92,6 +92,9 @@ enum Command {
         #[arg(long, default_value_t = 1.0, requires = "watch")]
         interval: f64,
     },
+    /// The busiest and unhealthiest QPs of a running `rocev2 run`, live
+    /// (needs `telemetry_qps` in [dataplane]).
+    Top(rocev2_user::top::TopArgs),
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
@@ -335,6 +338,11 @@ fn real_main(cli: Cli) -> Result<()> {
                 print!("{}", snapshot.render());
             }
         }
+        Command::Top(args) => {
+            let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
+            privileges::require("top", Need::PinnedMaps(&pin_dir))?;
+            rocev2_user::top::run(&pin_dir, &args)?;
+        }
         Command::Demo { qps, packets_per_qp, uplinks } => {
             privileges::require("demo", Need::Namespaces)?;
             privileges::require("demo", Need::LoadXdp)?;
@@ -360,7 +368,19 @@ fn real_main(cli: Cli) -> Result<()> {
             if args.mode == gen::GenMode::LiveFrames {
                 privileges::require("gen --mode live-frames", Need::LoadXdp)?;
             }
-            gen::run(&args)?;
+            if args.rc {
+                let report = rocev2_user::rc::request(&args)?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.render());
+                }
+                if !report.complete {
+                    anyhow::bail!("not every PSN was acknowledged within the time limit");
+                }
+            } else {
+                gen::run(&args)?;
+            }
         }
         Command::Sink(args) => {
             privileges::require("sink", Need::RawSockets)?;

@@ -40,6 +40,7 @@ use rocev2_common::{
         PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
         MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
+    telemetry,
 };
 
 use crate::config::Prefix;
@@ -642,12 +643,23 @@ impl Dataplane {
 
     /// Like [`Dataplane::load`] with the flowlet table sized to `flowlet_table_size` flows.
     pub fn load_with(pin_dir: Option<&Path>, flowlet_table_size: u32) -> Result<Self> {
+        Self::load_with_telemetry(pin_dir, flowlet_table_size, 0)
+    }
+
+    /// Like [`Dataplane::load_with`], with per-QP telemetry on when
+    /// `telemetry_qps` (the QP table's size) is not 0. Off, the telemetry
+    /// code is left out of the verified program and its maps hold one entry.
+    pub fn load_with_telemetry(pin_dir: Option<&Path>, flowlet_table_size: u32, telemetry_qps: u32) -> Result<Self> {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
+        let telemetry_on = u32::from(telemetry_qps > 0);
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .map_max_entries(telemetry::names::QP_TELEMETRY, telemetry_qps.max(1))
+            .map_max_entries(telemetry::names::QP_REPLIES, telemetry_qps.max(1))
+            .override_global(telemetry::names::ENABLED_GLOBAL, &telemetry_on, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
         // The tc programs are loaded (and verified, which costs CPU) only
@@ -664,6 +676,9 @@ impl Dataplane {
             crate::bpffs::prepare_pin_dir(dir)?;
         }
         let maps = Maps::take(&mut ebpf, pin_dir)?;
+        if let (Some(dir), true) = (pin_dir, telemetry_qps > 0) {
+            crate::qp_telemetry::pin_maps(&mut ebpf, dir)?;
+        }
         Ok(Self {
             ebpf,
             maps,
@@ -864,7 +879,7 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in maps::names::ALL {
+            for name in maps::names::ALL.iter().chain(crate::qp_telemetry::PINNED) {
                 let _ = std::fs::remove_file(dir.join(name));
             }
             let _ = std::fs::remove_dir(&dir);

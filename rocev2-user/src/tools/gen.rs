@@ -72,14 +72,14 @@ pub use rocev2_common::bth::PSN_MASK;
 /// RDMA Extended Transport Header: virtual address, R_Key, DMA length.
 pub const RETH_LEN: usize = 16;
 /// ACK Extended Transport Header: syndrome + 24-bit MSN.
-pub const AETH_LEN: usize = 4;
+pub const AETH_LEN: usize = rocev2_common::bth::aeth::LEN;
 /// Immediate data of a WRITE with immediate.
 pub const IMM_LEN: usize = 4;
 /// A CNP carries 16 reserved bytes after its BTH.
 pub const CNP_RESERVED_LEN: usize = 16;
 /// AETH syndrome of a plain ACK: bits 7..5 = 000 (ACK), credit count 0x1F
 /// ("invalid": end-to-end flow control not used), as NICs commonly send.
-pub const AETH_ACK_SYNDROME: u8 = 0x1F;
+pub const AETH_ACK_SYNDROME: u8 = rocev2_common::bth::aeth::ACK;
 /// Frames are sent with this TTL / hop limit.
 pub const GEN_TTL: u8 = 64;
 /// Packets per token-bucket burst in rate-limited mode.
@@ -221,6 +221,23 @@ pub struct GenArgs {
     /// duration, send until then).
     #[arg(skip)]
     pub stop: Option<std::sync::Arc<AtomicBool>>,
+    /// Be an RC requester (`sink --rc` is the responder): send
+    /// `--messages` WRITE messages per QP with at most `--window` PSNs
+    /// unacknowledged, go back to a NAKed PSN, resend after
+    /// `--ack-timeout-ms` without progress; report retransmissions and
+    /// goodput per QP.
+    #[arg(long)]
+    pub rc: bool,
+    /// --rc: unacknowledged PSNs allowed per QP.
+    #[arg(long, default_value_t = 32)]
+    pub window: u32,
+    /// --rc: WRITE messages each QP delivers.
+    #[arg(long, default_value_t = 16)]
+    pub messages: u32,
+    /// --rc: resend from the oldest unacknowledged PSN after this long
+    /// without progress.
+    #[arg(long, default_value_t = 100)]
+    pub ack_timeout_ms: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -254,6 +271,10 @@ impl GenArgs {
             live_repeat: 64,
             cpu: None,
             stop: None,
+            rc: false,
+            window: 32,
+            messages: 16,
+            ack_timeout_ms: 100,
             json: false,
         }
     }

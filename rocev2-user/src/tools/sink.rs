@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use rocev2_common::bth::opcode;
 use serde::Serialize;
 
-use crate::{gen::SigintGuard, packet::parse_roce, rawsock::PacketSocket};
+use crate::{gen::SigintGuard, packet::parse_roce, rawsock::PacketSocket, rc::Responder};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
 use rocev2_common::bth::PSN_MASK;
@@ -43,6 +43,18 @@ pub struct SinkArgs {
     /// Stop after this many seconds without RoCEv2 packets, once some came.
     #[arg(long, default_value_t = 2.0)]
     pub idle_exit: f64,
+    /// Be an RC responder (`gen --rc` is the requester): accept each QP's
+    /// PSNs only in order, ACK (coalesced), NAK a PSN gap with the
+    /// sequence-error syndrome, send CNPs for CE-marked data.
+    #[arg(long)]
+    pub rc: bool,
+    /// --rc: ACK at least every this many in-order packets (and always on
+    /// AckReq and when the link goes quiet).
+    #[arg(long, default_value_t = 8)]
+    pub ack_every: u32,
+    /// --rc: the PSN every QP starts at (as agreed at connection setup).
+    #[arg(long, default_value_t = 0)]
+    pub first_psn: u32,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -50,7 +62,16 @@ pub struct SinkArgs {
 
 impl SinkArgs {
     pub fn new(dev: &str) -> Self {
-        Self { dev: dev.to_owned(), duration: None, count: None, idle_exit: 2.0, json: false }
+        Self {
+            dev: dev.to_owned(),
+            duration: None,
+            count: None,
+            idle_exit: 2.0,
+            rc: false,
+            ack_every: 8,
+            first_psn: 0,
+            json: false,
+        }
     }
 }
 
@@ -191,6 +212,9 @@ pub struct SinkReport {
     pub pps: f64,
     /// Per QP, sorted by source, destination, DestQP.
     pub qps: Vec<QpReport>,
+    /// `--rc`: what the responder accepted and answered, per QP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub responder: Vec<crate::rc::ResponderQpReport>,
 }
 
 impl SinkReport {
@@ -280,6 +304,10 @@ impl SinkReport {
             )
         });
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
+        if !self.responder.is_empty() {
+            s.push('\n');
+            s.push_str(&crate::rc::render_responder(&self.responder));
+        }
         s
     }
 }
@@ -434,6 +462,9 @@ impl Sink {
         let duration = self.args.duration.map(Duration::from_secs_f64);
         let idle = Duration::from_secs_f64(self.args.idle_exit);
         let mut tally = Tally::default();
+        let mut responder = self.args.rc.then(|| Responder::new(self.args.first_psn, self.args.ack_every));
+        // A responder answers quiet links quickly (its coalesced ACKs).
+        let poll = if responder.is_some() { Duration::from_millis(1) } else { Duration::from_millis(100) };
         let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
         let mut buf = vec![0u8; 65536];
         loop {
@@ -446,11 +477,12 @@ impl Sink {
             // Idle is judged only when a receive found no RoCEv2 frame, so
             // frames queued while this thread was not scheduled still count.
             let idle_now = || last.is_some_and(|t: Instant| t.elapsed() >= idle);
-            let Some(n) = self
-                .socket
-                .recv(&mut buf, Duration::from_millis(100))
-                .with_context(|| format!("receiving on {}", self.args.dev))?
+            let Some(n) =
+                self.socket.recv(&mut buf, poll).with_context(|| format!("receiving on {}", self.args.dev))?
             else {
+                if let Some(r) = responder.as_mut() {
+                    self.send_all(r.flush())?;
+                }
                 if idle_now() {
                     break;
                 }
@@ -458,6 +490,11 @@ impl Sink {
             };
             let before = tally.report.packets;
             tally.frame(&buf[..n]);
+            if let Some(r) = responder.as_mut() {
+                if let Ok(p) = parse_roce(&buf[..n]) {
+                    self.send_all(r.frame(&p))?;
+                }
+            }
             if tally.report.packets > before {
                 let now = Instant::now();
                 first.get_or_insert(now);
@@ -470,7 +507,16 @@ impl Sink {
             (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
             _ => 0.0,
         };
-        Ok(tally.finish(&self.args.dev, elapsed))
+        let mut report = tally.finish(&self.args.dev, elapsed);
+        report.responder = responder.map(|r| r.report()).unwrap_or_default();
+        Ok(report)
+    }
+
+    fn send_all(&self, frames: Vec<Vec<u8>>) -> Result<()> {
+        for f in frames {
+            self.socket.send(&f).with_context(|| format!("sending an ACK on {}", self.args.dev))?;
+        }
+        Ok(())
     }
 }
 

@@ -8,6 +8,7 @@
 //! xdp_mode = "native"              # or "skb"; default "native"
 //! pin_dir = "/sys/fs/bpf/rocev2"   # default rocev2_common::maps::PIN_DIR
 //! neighbour_refresh_ms = 1000      # default 1000, 100..=60000
+//! telemetry_qps = 4096             # per-QP telemetry table; default 0 (off)
 //!
 //! [[port]]
 //! name = "eth1"
@@ -50,6 +51,8 @@ use rocev2_common::maps::PIN_DIR;
 /// Default and allowed range of `dataplane.neighbour_refresh_ms`.
 const DEFAULT_NEIGHBOUR_REFRESH_MS: u64 = 1000;
 const NEIGHBOUR_REFRESH_MS: std::ops::RangeInclusive<i64> = 100..=60_000;
+/// Allowed range of `dataplane.telemetry_qps` (0 = off).
+const TELEMETRY_QPS: std::ops::RangeInclusive<i64> = 0..=1_048_576;
 
 /// Linux interface names are at most IFNAMSIZ - 1 = 15 bytes.
 const MAX_IFNAME_LEN: usize = 15;
@@ -225,6 +228,8 @@ pub struct Dataplane {
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
     pub attach: Attach,
+    /// Per-QP transport telemetry: the QP table's size, or 0 for off.
+    pub telemetry_qps: u32,
 }
 
 impl Default for Dataplane {
@@ -236,6 +241,7 @@ impl Default for Dataplane {
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
             attach: Attach::Xdp,
+            telemetry_qps: 0,
         }
     }
 }

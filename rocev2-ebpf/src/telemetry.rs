@@ -1,0 +1,143 @@
+//! Per-QP transport telemetry (see rocev2_common::telemetry): after a
+//! packet is forwarded, data PSNs are followed per (destination, DestQP) and
+//! replies (ACK/NAK, CNP) are attributed to the data QP they answer and to
+//! the member its data took.
+//!
+//! Off unless `rocev2 run` sets TELEMETRY_ENABLED at load time: the
+//! verifier knows the constant and drops the whole call, so a dataplane
+//! without telemetry runs the same instructions as before.
+//!
+//! Updates are plain stores: a QP's data arrives on one CPU (receive
+//! hashing keeps a flow on one queue) and its replies, which may arrive on
+//! another, touch other fields. A rare lost count is the price of no atomics.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{LruHashMap, PerCpuArray},
+};
+use rocev2_common::{
+    maps::{member_stat_index, MEMBER_STAT_ENTRIES},
+    telemetry::{seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, DEFAULT_QP_TABLE_SIZE},
+};
+
+use crate::{ctx::PacketBuf, forward::Forward, parse, transport};
+
+/// Set to 1 through `EbpfLoader::set_global` to turn telemetry on.
+#[unsafe(no_mangle)]
+static TELEMETRY_ENABLED: u32 = 0;
+
+/// The most recently active data QPs; sized at load time.
+#[map]
+pub static QP_TELEMETRY: LruHashMap<QpKey, QpStats> = LruHashMap::with_max_entries(DEFAULT_QP_TABLE_SIZE, 0);
+
+/// Reply direction -> the data QP it answers (see ReplyKey).
+#[map]
+pub static QP_REPLIES: LruHashMap<ReplyKey, QpKey> = LruHashMap::with_max_entries(DEFAULT_QP_TABLE_SIZE, 0);
+
+/// Transport signals per group member, per CPU.
+#[map]
+pub static MEMBER_TRANSPORT: PerCpuArray<MemberTransport> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
+
+/// Keys and a new entry: too big for the stack next to the pipeline's.
+#[repr(C)]
+pub struct Scratch {
+    at: transport::RoceAt,
+    qp: QpKey,
+    reply: ReplyKey,
+    stats: QpStats,
+}
+
+#[map]
+static TELEMETRY_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn enabled() -> bool {
+    // SAFETY: a read of a constant the loader may have patched.
+    unsafe { core::ptr::read_volatile(&TELEMETRY_ENABLED) != 0 }
+}
+
+/// Records a forwarded packet (its headers already rewritten) and the
+/// member it took. Called with the caller's own output, so nothing is
+/// computed or kept across the call: the forwarding functions' frames are
+/// at the verifier's stack limit and must not grow.
+#[inline(never)]
+#[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the keys onto the stack")]
+pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
+    let (group, position) = (f.group, f.position);
+    let len = parse::frame_len(ctx) as u64;
+    let Some(scratch) = TELEMETRY_SCRATCH.get_ptr_mut(0) else { return };
+    // SAFETY: this CPU's own scratch slot.
+    let scratch = unsafe { &mut *scratch };
+    if !transport::locate_into(ctx, &mut scratch.at) {
+        return;
+    }
+    let at = &scratch.at;
+    let ce_marked = at.ecn == 3;
+    match seen(at.bth.opcode) {
+        Seen::Data => {
+            scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
+            // SAFETY: ns clock helper.
+            let now = unsafe { bpf_ktime_get_ns() };
+            let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
+                // SAFETY: a map value; see the module note on races.
+                Some(s) => unsafe { (*s).data(at.bth.psn, len, group, position, ce_marked, now) },
+                None => {
+                    scratch.stats = QpStats::default();
+                    let step = scratch.stats.data(at.bth.psn, len, group, position, ce_marked, now);
+                    let _ = QP_TELEMETRY.insert(&scratch.qp, &scratch.stats, 0);
+                    scratch.reply = ReplyKey {
+                        responder: at.dst,
+                        requester: at.src,
+                        src_port: u32::from(at.src_port),
+                        family: at.family,
+                    };
+                    let _ = QP_REPLIES.insert(&scratch.reply, &scratch.qp, 0);
+                    step
+                }
+            };
+            member_add(group, position, |m| {
+                m.ce_marked += u64::from(ce_marked);
+                match step {
+                    PsnStep::InOrder => {}
+                    PsnStep::Forward(_) => m.psn_forward_jumps += 1,
+                    PsnStep::Backward => m.psn_backward_jumps += 1,
+                }
+            });
+        }
+        reply => {
+            let reply = match reply {
+                Seen::Ack(_) => Seen::Ack(transport::aeth_syndrome(ctx, at).unwrap_or(0)),
+                other => other,
+            };
+            scratch.reply =
+                ReplyKey { responder: at.src, requester: at.dst, src_port: u32::from(at.src_port), family: at.family };
+            // SAFETY: map values, copied out.
+            let Some(qp) = (unsafe { QP_REPLIES.get(&scratch.reply) }) else { return };
+            scratch.qp = *qp;
+            let Some(s) = QP_TELEMETRY.get_ptr_mut(&scratch.qp) else { return };
+            // SAFETY: as above.
+            let (data_group, data_position) = unsafe {
+                (*s).reply(reply);
+                ((*s).group, (*s).position)
+            };
+            member_add(data_group, data_position, |m| match reply {
+                Seen::Ack(syndrome) => match rocev2_common::bth::aeth::kind(syndrome) {
+                    rocev2_common::bth::aeth::Kind::SequenceError => m.naks_sequence += 1,
+                    rocev2_common::bth::aeth::Kind::Ack => {}
+                    _ => m.naks_other += 1,
+                },
+                Seen::Cnp => m.cnps += 1,
+                Seen::Data => {}
+            });
+        }
+    }
+}
+
+#[inline(always)]
+fn member_add(group: u32, position: u32, f: impl FnOnce(&mut MemberTransport)) {
+    if let Some(m) = MEMBER_TRANSPORT.get_ptr_mut(member_stat_index(group, position)) {
+        // SAFETY: per-CPU slot.
+        f(unsafe { &mut *m });
+    }
+}

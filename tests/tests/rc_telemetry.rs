@@ -1,0 +1,170 @@
+//! RC transport end to end through a real `rocev2 run` switch: `gen --rc`
+//! on the sender, `sink --rc` responders behind two uplinks, the lab's
+//! fault injector dropping chosen PSNs on one uplink's far end. The
+//! requester must send again exactly the NAKed ranges and every PSN must be
+//! delivered once, in order; the switch's telemetry must see the NAKs and
+//! the retransmissions on the QP and on the member its data took.
+
+use std::{sync::mpsc, time::Duration};
+
+use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_user::{
+    fault::PsnDropper,
+    gen::{GenArgs, SportModel},
+    lab::{EcmpLab, DEST_V4, SWITCH_PORT_MAC},
+    netns::{in_netns, spawn_in_netns},
+    qp_telemetry,
+    rc::{self, ResponderQpReport},
+    sink::{Sink, SinkArgs},
+};
+
+const QPS: u32 = 8;
+const FIRST_QP: u32 = 0x100;
+const MESSAGES: u32 = 8;
+const MESSAGE_PACKETS: u32 = 4;
+const PSNS: u32 = MESSAGES * MESSAGE_PACKETS;
+/// (DestQP, PSN) dropped once on the uplinks' far ends.
+const DROPS: [(u32, u32); 2] = [(FIRST_QP, 5), (FIRST_QP + 3, 20)];
+
+/// The lab's config plus a way back: replies to the sender (10.0.0.1) go
+/// through the dataplane too, from ports u1/u2 to p0.
+fn config(lab: &EcmpLab) -> String {
+    let base = lab.config("qp");
+    let base = base.replace(
+        "[[port]]\nname = \"p0\"\n",
+        "[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n",
+    );
+    let base = base.replace("neighbour_refresh_ms = 1000\n", "neighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n");
+    format!(
+        "{base}\n[[group]]\nname = \"hosts\"\nmembers = [ {{ dev = \"p0\", via = \"10.0.0.1\" }} ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n"
+    )
+}
+
+#[test]
+fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
+    require_root();
+    let lab = EcmpLab::create(2).expect("build the lab");
+    let config = lab.write_config_text("rc", &config(&lab)).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");
+
+    let drops: Vec<(u32, u32, u32)> = DROPS.iter().map(|&(qp, psn)| (qp, psn, 1)).collect();
+    let mut droppers = Vec::new();
+    let mut responders = Vec::new();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    for ns in &lab.uplinks {
+        let d = drops.clone();
+        droppers.push(in_netns(ns.name(), move || PsnDropper::attach("up0", &d)).expect("fault injector"));
+        let ready = ready_tx.clone();
+        responders.push(
+            spawn_in_netns(ns.name(), move || {
+                let mut args = SinkArgs::new("up0");
+                args.rc = true;
+                args.ack_every = 8;
+                args.idle_exit = 1.0;
+                args.duration = Some(30.0);
+                let sink = Sink::open(&args)?;
+                ready.send(()).ok();
+                sink.receive()
+            })
+            .unwrap(),
+        );
+    }
+    for _ in &lab.uplinks {
+        ready_rx.recv_timeout(Duration::from_secs(10)).expect("responder did not start");
+    }
+
+    let mut args = GenArgs::new(
+        "snd0",
+        &rocev2_user::run::format_mac(&SWITCH_PORT_MAC),
+        "10.0.0.1".parse().unwrap(),
+        DEST_V4.parse().unwrap(),
+    );
+    args.rc = true;
+    args.qps = QPS;
+    args.first_qp = FIRST_QP;
+    args.sport = SportModel::Nic;
+    args.messages = MESSAGES;
+    args.message_packets = MESSAGE_PACKETS;
+    args.payload = 256;
+    args.window = 16;
+    args.ack_timeout_ms = 2000; // only NAKs may cause resends here
+    let report = in_netns(lab.sender.name(), move || rc::request(&args)).expect("requester");
+    eprintln!("{}", report.render());
+
+    // The switch's view, read while it still runs.
+    let qps = qp_telemetry::read_qps(&lab.pin_dir()).expect("read the QP table");
+    let members = qp_telemetry::read_members(&lab.pin_dir(), 0, 2).expect("read member sums");
+    let top = std::process::Command::new(rocev2_bin())
+        .args(["top", "--once", "--json", "--pin-dir"])
+        .arg(lab.pin_dir())
+        .output()
+        .unwrap();
+    let responded: Vec<ResponderQpReport> =
+        responders.into_iter().flat_map(|r| r.join().unwrap().unwrap().responder).collect();
+    drop(droppers);
+    dataplane.stop().expect("rocev2 run stops cleanly");
+
+    // The requester: complete, no timeouts, and for each dropped PSN one
+    // NAK and one resend from exactly that PSN through the highest PSN sent.
+    assert!(report.complete, "{}", report.render());
+    assert_eq!(report.timeouts, 0);
+    for q in &report.qps {
+        let dropped: Vec<u32> = DROPS.iter().filter(|d| d.0 == q.dest_qp).map(|d| d.1).collect();
+        assert_eq!(q.sequence_naks, dropped.len() as u64, "QP {:#x}", q.dest_qp);
+        assert_eq!(q.retransmissions.len(), dropped.len(), "QP {:#x}: {:?}", q.dest_qp, q.retransmissions);
+        let mut resent = 0;
+        for (r, psn) in q.retransmissions.iter().zip(&dropped) {
+            assert_eq!((r.from_psn, r.cause), (*psn, "nak"), "QP {:#x}", q.dest_qp);
+            assert!(r.to_psn >= r.from_psn && r.to_psn < PSNS);
+            resent += u64::from(r.to_psn - r.from_psn + 1);
+        }
+        assert_eq!(q.retransmitted, resent, "QP {:#x} resent more than the NAKed range", q.dest_qp);
+        assert_eq!(q.sent, u64::from(PSNS) + resent);
+    }
+
+    // The responders: every PSN of every QP delivered once, in order; the
+    // packets that overtook a dropped one were refused, once each.
+    assert_eq!(responded.len(), QPS as usize, "{responded:?}");
+    for r in &responded {
+        assert_eq!((r.delivered, r.next_psn, r.duplicates), (u64::from(PSNS), PSNS, 0), "{r:?}");
+        let q = report.qp(r.dest_qp).unwrap();
+        let overtaken: u64 = q.retransmissions.iter().map(|x| u64::from(x.to_psn - x.from_psn)).sum();
+        assert_eq!(r.out_of_sequence, overtaken, "{r:?}");
+        assert_eq!(r.sequence_naks_sent, q.sequence_naks);
+    }
+
+    // The switch saw both directions: each faulty QP with its NAK and one
+    // backward PSN jump (the resend), the others clean, all data counted.
+    assert_eq!(qps.len(), QPS as usize, "{qps:?}");
+    for e in &qps {
+        let q = report.qp(e.dest_qp).unwrap();
+        let s = &e.stats;
+        assert_eq!(e.dst.to_string(), DEST_V4);
+        assert_eq!(s.packets, q.sent, "QP {:#x}", e.dest_qp);
+        assert_eq!(s.naks_sequence, q.sequence_naks, "QP {:#x}", e.dest_qp);
+        assert_eq!(s.psn_backward_jumps, q.retransmissions.len() as u64, "QP {:#x}", e.dest_qp);
+        assert_eq!(s.psn_forward_jumps, 0);
+        assert!(s.acks > 0);
+    }
+    // Per member: the NAKs land on the members that carried the faulty QPs.
+    for (position, m) in members.iter().enumerate() {
+        let expected: u64 =
+            qps.iter().filter(|e| e.stats.position == position as u32).map(|e| e.stats.naks_sequence).sum();
+        assert_eq!(m.naks_sequence, expected, "member {position}: {members:?}");
+    }
+    assert_eq!(members.iter().map(|m| m.naks_sequence).sum::<u64>(), DROPS.len() as u64);
+
+    // `rocev2 top --json` shows the same table, unhealthiest first.
+    assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));
+    let top: serde_json::Value = serde_json::from_slice(&top.stdout).expect("top JSON");
+    let rows = top["qps"].as_array().expect("qps in top JSON");
+    assert_eq!(rows.len(), QPS as usize);
+    for row in &rows[..DROPS.len()] {
+        let qp = row["dest_qp"].as_u64().unwrap() as u32;
+        assert!(DROPS.iter().any(|d| d.0 == qp), "a faulty QP first: {top}");
+        assert_eq!(row["naks_sequence"], 1, "{top}");
+        assert_eq!(row["group"], "spines");
+        let position = qps.iter().find(|e| e.dest_qp == qp).unwrap().stats.position;
+        assert_eq!(row["member"], format!("u{}", position + 1), "{top}");
+    }
+}
