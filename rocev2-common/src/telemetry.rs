@@ -83,6 +83,11 @@ pub struct QpStats {
     pub ce_marked: u64,
     /// Times the member carrying the QP's data changed.
     pub member_changes: u64,
+    /// The data's source address and UDP source port (the rest of the
+    /// flow key: what `explain` needs to repeat the member choice).
+    pub src: [u32; 4],
+    pub src_port: u32,
+    pub _pad: u32,
 }
 
 /// Per group member: the transport signals of the QPs it carries. Indexed
@@ -101,7 +106,7 @@ pub struct MemberTransport {
 const _: () = {
     assert!(core::mem::size_of::<QpKey>() == 24);
     assert!(core::mem::size_of::<ReplyKey>() == 40);
-    assert!(core::mem::size_of::<QpStats>() == 128);
+    assert!(core::mem::size_of::<QpStats>() == 152);
     assert!(core::mem::size_of::<MemberTransport>() == 48);
 };
 

@@ -12,7 +12,7 @@
 //! another, touch other fields. A rare lost count is the price of no atomics.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::bpf_ktime_get_coarse_ns,
     macros::map,
     maps::{LruHashMap, PerCpuArray},
 };
@@ -77,13 +77,15 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     match seen(at.bth.opcode) {
         Seen::Data => {
             scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
+            // The coarse clock (a tick's resolution) is plenty for first and
+            // last seen, and a fraction of the precise one's cost.
             // SAFETY: ns clock helper.
-            let now = unsafe { bpf_ktime_get_ns() };
+            let now = unsafe { bpf_ktime_get_coarse_ns() };
             let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
                 // SAFETY: a map value; see the module note on races.
                 Some(s) => unsafe { (*s).data(at.bth.psn, len, group, position, ce_marked, now) },
                 None => {
-                    scratch.stats = QpStats::default();
+                    scratch.stats = QpStats { src: at.src, src_port: u32::from(at.src_port), ..QpStats::default() };
                     let step = scratch.stats.data(at.bth.psn, len, group, position, ce_marked, now);
                     let _ = QP_TELEMETRY.insert(&scratch.qp, &scratch.stats, 0);
                     scratch.reply = ReplyKey {
@@ -96,14 +98,18 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                     step
                 }
             };
-            member_add(group, position, |m| {
-                m.ce_marked += u64::from(ce_marked);
-                match step {
-                    PsnStep::InOrder => {}
-                    PsnStep::Forward(_) => m.psn_forward_jumps += 1,
-                    PsnStep::Backward => m.psn_backward_jumps += 1,
-                }
-            });
+            // The member sums change only on trouble: an in-order packet
+            // that was not marked costs no second lookup.
+            if step != PsnStep::InOrder || ce_marked {
+                member_add(group, position, |m| {
+                    m.ce_marked += u64::from(ce_marked);
+                    match step {
+                        PsnStep::InOrder => {}
+                        PsnStep::Forward(_) => m.psn_forward_jumps += 1,
+                        PsnStep::Backward => m.psn_backward_jumps += 1,
+                    }
+                });
+            }
         }
         reply => {
             let reply = match reply {

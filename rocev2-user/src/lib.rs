@@ -18,7 +18,8 @@ pub mod testbed;
 pub mod tools;
 
 pub use control::{
-    capacity, config, dataplane, metrics, notify, qp_telemetry, routing, run, state, stats, top, upgrade, watch,
+    capacity, collisions, config, dataplane, metrics, notify, qp_telemetry, routing, run, state, stats, top, upgrade,
+    watch,
 };
 pub use sys::{bpffs, netlink, netns, privileges, rawsock};
 pub use testbed::{bench, fault, frr, lab, labcmd};

@@ -3,6 +3,7 @@
 //! and what an operator observes (stats, watch, metrics, the state file).
 
 pub mod capacity;
+pub mod collisions;
 pub mod config;
 pub mod dataplane;
 pub mod metrics;

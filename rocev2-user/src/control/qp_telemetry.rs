@@ -52,6 +52,9 @@ fn open(dir: &Path, name: &str) -> Result<aya::maps::Map> {
 /// One data QP as the table holds it.
 #[derive(Clone, Debug, Serialize)]
 pub struct QpEntry {
+    /// The data's source and UDP source port.
+    pub src: IpAddr,
+    pub src_port: u16,
     pub dst: IpAddr,
     pub dest_qp: u32,
     pub stats: QpStatsView,
@@ -113,15 +116,16 @@ impl QpStatsView {
     }
 }
 
-pub fn key_addr(k: &QpKey) -> IpAddr {
-    if k.family == 6 {
+/// An address as the dataplane's words hold it (rocev2_common::hash).
+pub fn words_addr(words: &[u32; 4], family: u32) -> IpAddr {
+    if family == 6 {
         let mut b = [0u8; 16];
-        for (i, w) in k.dst.iter().enumerate() {
+        for (i, w) in words.iter().enumerate() {
             b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
         }
         Ipv6Addr::from(b).into()
     } else {
-        Ipv4Addr::from(k.dst[0].to_ne_bytes()).into()
+        Ipv4Addr::from(words[0].to_ne_bytes()).into()
     }
 }
 
@@ -133,7 +137,13 @@ pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
     for item in map.iter() {
         // An entry evicted while we walk ends the walk early; take what came.
         let Ok((k, s)) = item else { break };
-        out.push(QpEntry { dst: key_addr(&k), dest_qp: k.dest_qp, stats: s.into() });
+        out.push(QpEntry {
+            src: words_addr(&s.src, k.family),
+            src_port: s.src_port as u16,
+            dst: words_addr(&k.dst, k.family),
+            dest_qp: k.dest_qp,
+            stats: s.into(),
+        });
     }
     Ok(out)
 }

@@ -2,7 +2,7 @@
 //! dataplane, live, from its per-QP telemetry table (`telemetry_qps` in
 //! `[dataplane]`): rate, the member carrying the QP, PSN gaps,
 //! retransmissions (backward PSN jumps), NAKs by syndrome, CNPs and CE
-//! marks applied here.
+//! marks, and QP collisions (see `collisions`).
 
 use std::{
     net::IpAddr,
@@ -15,6 +15,9 @@ use comfy_table::{presets::NOTHING, Table};
 use serde::Serialize;
 
 use crate::{
+    collisions::{self, Collision, GroupMembers},
+    config::Config,
+    explain::read_live,
     qp_telemetry::{self, QpEntry},
     state::RunState,
 };
@@ -45,6 +48,9 @@ pub struct TopArgs {
 /// One QP as `top` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct TopRow {
+    /// The data's source and UDP source port (None when not known).
+    pub src: Option<IpAddr>,
+    pub src_port: u16,
     pub dst: IpAddr,
     pub dest_qp: u32,
     pub group: String,
@@ -87,13 +93,16 @@ pub struct TopSnapshot {
     pub tracked: usize,
     /// Every QP, the unhealthiest first, then the busiest.
     pub qps: Vec<TopRow>,
+    /// Heavy QPs sharing a member while another member idles.
+    pub collisions: Vec<Collision>,
 }
 
-/// The kernel's monotonic clock, the one `bpf_ktime_get_ns` reads.
+/// The kernel's coarse monotonic clock, the one the telemetry's
+/// `bpf_ktime_get_coarse_ns` reads.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -125,6 +134,8 @@ pub fn snapshot(state: &RunState, now: &[QpEntry], before: &[QpEntry], secs: f64
             let span = span.max(1e-3);
             let (group, member) = member_name(state, s.group, s.position);
             TopRow {
+                src: Some(e.src),
+                src_port: e.src_port,
                 dst: e.dst,
                 dest_qp: e.dest_qp,
                 group,
@@ -148,7 +159,12 @@ pub fn snapshot(state: &RunState, now: &[QpEntry], before: &[QpEntry], secs: f64
         })
         .collect();
     qps.sort_by(|a, b| b.trouble().cmp(&a.trouble()).then(b.bits_per_sec.total_cmp(&a.bits_per_sec)));
-    TopSnapshot { tracked: now.len(), qps }
+    TopSnapshot { tracked: now.len(), qps, collisions: Vec::new() }
+}
+
+/// The groups' member devices, as the state file lists them.
+pub fn group_members(state: &RunState) -> GroupMembers {
+    state.groups.iter().map(|g| (g.name.clone(), g.members.iter().map(|m| m.dev.clone()).collect())).collect()
 }
 
 fn rate(bits: f64) -> String {
@@ -200,6 +216,10 @@ impl TopSnapshot {
         } else {
             s.push_str(&format!("\nUNHEALTHIEST (gaps + retransmits + NAKs + CNPs)\n{}\n", table(&unhealthy)));
         }
+        for c in &self.collisions {
+            s.push('\n');
+            s.push_str(&c.render());
+        }
         s
     }
 }
@@ -215,13 +235,19 @@ pub fn run(pin_dir: &Path, args: &TopArgs) -> Result<()> {
         );
     }
     let state = RunState::read(pin_dir)?;
+    let groups = group_members(&state);
+    // The running config and live member lists let the collision detector
+    // try other seeds through `explain`; without them it still reports.
+    let config = Config::load(&state.config).ok();
+    let live = config.as_ref().and_then(|c| read_live(c).ok());
     let mut before: Vec<QpEntry> = Vec::new();
     let mut taken = Instant::now();
     loop {
         let now = qp_telemetry::read_qps(pin_dir)?;
         let secs = taken.elapsed().as_secs_f64();
         taken = Instant::now();
-        let snap = snapshot(&state, &now, &before, secs, monotonic_ns());
+        let mut snap = snapshot(&state, &now, &before, secs, monotonic_ns());
+        snap.collisions = collisions::detect(&snap.qps, &groups, config.as_ref().zip(live.as_ref()));
         if args.json {
             println!("{}", serde_json::to_string_pretty(&snap)?);
         } else {

@@ -12,6 +12,7 @@
 
 mod forwarding;
 mod kernel_routes;
+mod telemetry;
 
 use forwarding::{part2, UPLINKS};
 use rocev2_common::rng::splitmix64;
@@ -215,8 +216,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Loads the dataplane plus the two benchmark programs.
-fn load_dataplane(flowlet_table: u32) -> Result<Dataplane> {
-    let mut dp = Dataplane::load_with(None, flowlet_table)?;
+fn load_dataplane(flowlet_table: u32, telemetry_qps: u32) -> Result<Dataplane> {
+    let mut dp = Dataplane::load_with_telemetry(None, flowlet_table, telemetry_qps)?;
     for name in [XDP_REDIRECT_PROGRAM, XDP_DROP_PROGRAM] {
         dp.xdp_program(name)
             .with_context(|| format!("{name} is missing: rebuild the eBPF object (cargo xtask build --release)"))?
@@ -378,7 +379,12 @@ fn lo_members(tag: u8) -> Vec<MemberSpec> {
 /// A dataplane forwarding 10.1.0.0/16 and fd01::/64 over four members on
 /// lo (what BPF_PROG_TEST_RUN can redirect to).
 fn test_run_dataplane(flowlet_table: u32) -> Result<Dataplane> {
-    let mut dp = load_dataplane(flowlet_table)?;
+    test_run_dataplane_with(flowlet_table, 0)
+}
+
+/// [`test_run_dataplane`] with per-QP telemetry for `telemetry_qps` QPs (0: off).
+fn test_run_dataplane_with(flowlet_table: u32, telemetry_qps: u32) -> Result<Dataplane> {
+    let mut dp = load_dataplane(flowlet_table, telemetry_qps)?;
     dp.maps.set_port(LOOPBACK, 1)?;
     dp.maps.add_egress_dev(LOOPBACK)?;
     set_floor_target(&mut dp, LOOPBACK)?;
@@ -713,7 +719,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut control = Vec::new();
     let mut reading = Vec::new();
     let mut notes = Vec::new();
-    let p1 = part1(args, &mut control, &mut reading)?;
+    let mut p1 = part1(args, &mut control, &mut reading)?;
+    p1.rows.extend(telemetry::telemetry_rows(args)?);
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
@@ -746,6 +753,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for n in &notes {
         md.push_str(&format!("- {n}\n"));
     }
+    md.push_str(telemetry::HOW);
     md.push_str("- Part 3: routes through `Dataplane::sync_routes` (aya 0.14 has no BPF_MAP_UPDATE_BATCH wrapper); memory is `memlock` from /proc/self/fdinfo of every map the programs use.\n");
     md.push_str("\n## Reading\n\n");
     md.push_str(&format!(

@@ -181,7 +181,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
 
     // Receivers: the drop program on every uplink peer (also gives the veth
     // NAPI, without which XDP-redirected frames are dropped).
-    let mut rx = load_dataplane(1)?;
+    let mut rx = load_dataplane(1, 0)?;
     for ns in &lab.ups {
         let idx = ifindex_in(ns.name(), "up0")?;
         in_ns(ns.name(), || Ok(rx.xdp_program(XDP_DROP_PROGRAM)?.attach_to_if_index(idx, XdpMode::Driver)?))?;
@@ -197,7 +197,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     wanted.insert(Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP);
     let mut switch = Vec::new();
     for _ in 0..2 {
-        let mut dp = load_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
+        let mut dp = load_dataplane(DEFAULT_FLOWLET_TABLE_SIZE, 0)?;
         dp.maps.set_port(p0, 1)?;
         // Device-map entries resolve ifindexes in the caller's namespace:
         // write them from inside the switch's.
