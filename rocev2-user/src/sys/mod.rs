@@ -1,11 +1,12 @@
 //! System interfaces: rtnetlink (links, addresses, neighbours), network
-//! namespaces, the BPF filesystem, privileges and raw packet sockets.
+//! namespaces, the BPF filesystem, privileges, raw packet sockets and signals.
 
 pub mod bpffs;
 pub mod netlink;
 pub mod netns;
 pub mod privileges;
 pub mod rawsock;
+pub mod signals;
 pub mod suggest;
 
 /// A MAC address as `02:52:32:00:00:01`: the one formatter for configs,
