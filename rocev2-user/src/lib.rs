@@ -17,7 +17,7 @@ pub mod sys;
 pub mod testbed;
 pub mod tools;
 
-pub use control::{capacity, config, dataplane, metrics, notify, routing, run, state, stats, upgrade, watch};
+pub use control::{capacity, config, dataplane, errors, metrics, notify, routing, run, state, stats, upgrade, watch};
 pub use sys::{bpffs, netlink, netns, privileges, rawsock, signals};
 pub use testbed::{bench, frr, lab, labcmd};
 pub use tools::{entropy, explain, gen, packet, sink};
