@@ -13,6 +13,7 @@
 //! `rocev2_user::lab`, ...), the paths the rest of the code uses.
 
 pub mod control;
+pub mod render;
 pub mod sys;
 pub mod testbed;
 pub mod tools;
