@@ -136,6 +136,9 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
             args.count = Some(count);
             args.idle_exit = 2.0;
             args.duration = Some(120.0);
+            // The host's RoCE endpoint: with nothing on UDP 4791 the kernel
+            // would answer with ICMP port unreachables, extra traffic on the links.
+            let _endpoint = std::net::UdpSocket::bind("[::]:4791").context("binding UDP port 4791")?;
             let sink = Sink::open(&args);
             let _ = ready.send(());
             sink?.receive()
