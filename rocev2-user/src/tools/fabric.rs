@@ -264,11 +264,14 @@ impl Fabric {
         match switch {
             Switch::Leaf(r) => {
                 let hosts = (1..=self.hosts).map(|i| (Self::host_port(i), Self::leaf_host_mac(r, i)));
-                let ups = self.uplinks().into_iter().map(|(j, k)| (Self::uplink_port(j, k), Self::leaf_uplink_mac(r, j, k)));
+                let ups =
+                    self.uplinks().into_iter().map(|(j, k)| (Self::uplink_port(j, k), Self::leaf_uplink_mac(r, j, k)));
                 hosts.chain(ups).collect()
             }
             Switch::Spine(j) => (1..=self.racks)
-                .flat_map(|r| (1..=self.links).map(move |k| (Self::downlink_port(r, k), Self::spine_downlink_mac(r, j, k))))
+                .flat_map(|r| {
+                    (1..=self.links).map(move |k| (Self::downlink_port(r, k), Self::spine_downlink_mac(r, j, k)))
+                })
                 .collect(),
         }
     }
@@ -327,8 +330,12 @@ impl Fabric {
     /// The generator arguments of one connection (on the source host's eth0).
     pub fn gen_args(&self, c: &Connection, spec: &TrafficSpec) -> GenArgs {
         let mac = crate::sys::format_mac(&Self::leaf_host_mac(c.src.0, c.src.1));
-        let mut args =
-            GenArgs::new("eth0", &mac, Self::host_addr(c.src.0, c.src.1, c.v6), Self::host_addr(c.dst.0, c.dst.1, c.v6));
+        let mut args = GenArgs::new(
+            "eth0",
+            &mac,
+            Self::host_addr(c.src.0, c.src.1, c.v6),
+            Self::host_addr(c.dst.0, c.dst.1, c.v6),
+        );
         args.qps = spec.qps;
         args.first_qp = c.first_qp;
         args.sport = spec.sport;
@@ -402,7 +409,11 @@ impl Fabric {
         for j in 1..=self.spines {
             for r in 1..=self.racks {
                 for k in 1..=self.links {
-                    out.push(LinkId { tier: Tier::SpineDown, switch: Switch::Spine(j), port: Self::downlink_port(r, k) });
+                    out.push(LinkId {
+                        tier: Tier::SpineDown,
+                        switch: Switch::Spine(j),
+                        port: Self::downlink_port(r, k),
+                    });
                 }
             }
         }
@@ -494,7 +505,8 @@ mod tests {
         let pairs: Vec<_> = c.iter().map(|c| (c.src, c.dst)).collect();
         assert_eq!(pairs, [((1, 1), (2, 1)), ((1, 2), (2, 2)), ((2, 1), (1, 1)), ((2, 2), (1, 2))]);
         assert_eq!(f.connections(Pattern::AllToAll).len(), 4 * 3);
-        let qps: std::collections::BTreeSet<u32> = f.connections(Pattern::AllToAll).iter().map(|c| c.first_qp).collect();
+        let qps: std::collections::BTreeSet<u32> =
+            f.connections(Pattern::AllToAll).iter().map(|c| c.first_qp).collect();
         assert_eq!(qps.len(), 12, "every connection has its own QP numbers");
     }
 

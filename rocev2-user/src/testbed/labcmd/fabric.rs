@@ -117,7 +117,12 @@ impl FabricPlan {
 
         // Switch namespaces first (forwarding on), then the hosts.
         for s in f.switches() {
-            namespaces.push(NsPlan { name: switch_ns(&name, s), sysctls: base_sysctls(true), lo_addrs: vec![], routes: vec![] });
+            namespaces.push(NsPlan {
+                name: switch_ns(&name, s),
+                sysctls: base_sysctls(true),
+                lo_addrs: vec![],
+                routes: vec![],
+            });
         }
         for r in 1..=f.racks {
             let leaf = switch_ns(&name, Switch::Leaf(r));
@@ -129,7 +134,16 @@ impl FabricPlan {
                     routes.push(strs(&["route", "add", "default", "via", &format!("10.{r}.{i}.254"), "dev", "eth0"]));
                 }
                 if f.v6 {
-                    routes.push(strs(&["-6", "route", "add", "default", "via", &format!("fd00:{r}:{i}::fe"), "dev", "eth0"]));
+                    routes.push(strs(&[
+                        "-6",
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        &format!("fd00:{r}:{i}::fe"),
+                        "dev",
+                        "eth0",
+                    ]));
                 }
                 namespaces.push(NsPlan { name: h.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes });
                 links.push(VethPlan {
@@ -176,9 +190,37 @@ impl FabricPlan {
             let log = dir.join(format!("{s}.log"));
             switches.push((SwitchRecord { switch: s, netns: ns, config, pin_dir, log, pid: None }, text));
         }
+        // Every switch knows its neighbours' MACs from the start (global and
+        // IPv6 link-local, which BGP puts in IPv6 next hops), so each group
+        // has all its members usable when the dataplane first fills it.
+        let switch_names: Vec<String> = f.switches().into_iter().map(|s| switch_ns(&name, s)).collect();
+        for l in &links {
+            let ends = [(&l.a_ns, &l.a_if, &l.b_addrs, l.b_mac), (&l.b_ns, &l.b_if, &l.a_addrs, l.a_mac)];
+            for (ns, dev, peer_addrs, peer_mac) in ends {
+                let Some(plan) = namespaces.iter_mut().find(|n| &n.name == ns && switch_names.contains(ns)) else {
+                    continue;
+                };
+                let mac = crate::sys::format_mac(&peer_mac);
+                let mut addrs: Vec<String> =
+                    peer_addrs.iter().map(|a| a.split('/').next().unwrap_or(a).to_owned()).collect();
+                if f.v6 {
+                    addrs.push(link_local(peer_mac));
+                }
+                for a in addrs {
+                    plan.routes.push(strs(&["neigh", "replace", &a, "lladdr", &mac, "dev", dev, "nud", "permanent"]));
+                }
+            }
+        }
         let bgp = if bgp_mode { speakers(&name, f) } else { Vec::new() };
         Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp })
     }
+}
+
+/// The IPv6 link-local address the kernel gives an interface with `mac` (EUI-64).
+fn link_local(mac: [u8; 6]) -> String {
+    let w = |a: u8, b: u8| u16::from_be_bytes([a, b]);
+    let words = [w(mac[0] ^ 2, mac[1]), w(mac[2], 0xff), w(0xfe, mac[3]), w(mac[4], mac[5])];
+    std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, words[0], words[1], words[2], words[3]).to_string()
 }
 
 /// The `[[port]]`s, groups and routes of one switch.
@@ -196,7 +238,9 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         let _ = write!(t, "\n[[port]]\nname = \"{port}\"\n");
     }
     if bgp {
-        t.push_str("\n# Routes between racks come from BGP (FRR) through the kernel table.\n[routing]\nsource = \"kernel\"\n");
+        t.push_str(
+            "\n# Routes between racks come from BGP (FRR) through the kernel table.\n[routing]\nsource = \"kernel\"\n",
+        );
     }
     let via = |v4: &str, v6: &str| if f.v4 { v4.to_owned() } else { v6.to_owned() };
     let route = |t: &mut String, prefix: &str, group: &str| {
@@ -207,7 +251,10 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
             // The rack's own hosts: one group each (BGP or not).
             for i in 1..=f.hosts {
                 let member = via(&Fabric::host_v4(r, i).to_string(), &Fabric::host_v6(r, i).to_string());
-                let _ = write!(t, "\n[[group]]\nname = \"host{i}\"\nmembers = [{{ dev = \"h{i}\", via = \"{member}\" }}]\n");
+                let _ = write!(
+                    t,
+                    "\n[[group]]\nname = \"host{i}\"\nmembers = [{{ dev = \"h{i}\", via = \"{member}\" }}]\n"
+                );
                 if f.v4 {
                     route(&mut t, &format!("10.{r}.{i}.0/24"), &format!("host{i}"));
                 }
@@ -219,7 +266,8 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 t.push_str("\n[[group]]\nname = \"spines\"\nmembers = [\n");
                 for (j, k) in f.uplinks() {
                     let ((_, s4), (_, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
-                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::uplink_port(j, k), via(&s4, &s6));
+                    let _ =
+                        writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::uplink_port(j, k), via(&s4, &s6));
                 }
                 t.push_str("]\n");
                 for other in (1..=f.racks).filter(|&o| o != r) {
@@ -237,7 +285,8 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\nmembers = [\n");
                 for k in 1..=f.links {
                     let ((l4, _), (l6, _)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
-                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::downlink_port(r, k), via(&l4, &l6));
+                    let _ =
+                        writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::downlink_port(r, k), via(&l4, &l6));
                 }
                 t.push_str("]\n");
                 if f.v4 {
@@ -259,10 +308,18 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut add = |prefix4: String, prefix6: String, hops: Vec<(String, String, String)>| {
         if f.v4 {
-            out.push(route_args(false, &prefix4, &hops.iter().map(|(a, _, d)| (a.clone(), d.clone())).collect::<Vec<_>>()));
+            out.push(route_args(
+                false,
+                &prefix4,
+                &hops.iter().map(|(a, _, d)| (a.clone(), d.clone())).collect::<Vec<_>>(),
+            ));
         }
         if f.v6 {
-            out.push(route_args(true, &prefix6, &hops.iter().map(|(_, a, d)| (a.clone(), d.clone())).collect::<Vec<_>>()));
+            out.push(route_args(
+                true,
+                &prefix6,
+                &hops.iter().map(|(_, a, d)| (a.clone(), d.clone())).collect::<Vec<_>>(),
+            ));
         }
     };
     match s {
@@ -271,7 +328,9 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
                 let hops = f
                     .uplinks()
                     .into_iter()
-                    .map(|(j, k)| (Fabric::fabric_v4(r, j, k).1, Fabric::fabric_v6(r, j, k).1, Fabric::uplink_port(j, k)))
+                    .map(|(j, k)| {
+                        (Fabric::fabric_v4(r, j, k).1, Fabric::fabric_v6(r, j, k).1, Fabric::uplink_port(j, k))
+                    })
                     .collect();
                 add(Fabric::rack_prefix_v4(other), Fabric::rack_prefix_v6(other), hops);
             }

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::{host_ns, view};
 use crate::{
-    fabric::{summarize, Fabric, Load, LinkId, Pattern, TierSummary, TrafficSpec, SENT_TTL},
+    fabric::{summarize, Fabric, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     gen::{self, SportModel},
     labcmd::LabRecord,
     netns::spawn_in_netns,
@@ -214,14 +214,7 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
 fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     let mut out = format!(
         "{:?} step: {} connections x {} QPs x {} messages, sport {:?}: {} packets sent, {} received in {:.1} s\n",
-        o.spec.pattern,
-        o.connections,
-        o.spec.qps,
-        o.spec.messages,
-        o.spec.sport,
-        o.sent,
-        o.received,
-        o.seconds
+        o.spec.pattern, o.connections, o.spec.qps, o.spec.messages, o.spec.sport, o.sent, o.received, o.seconds
     );
     let _ = writeln!(
         out,
@@ -252,6 +245,7 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
             o.prediction_mismatches[0].2.packets
         );
     }
-    let _ = writeln!(out, "{}", if o.clean() { "OK: every packet arrived intact, in order" } else { "FAILED: see above" });
+    let _ =
+        writeln!(out, "{}", if o.clean() { "OK: every packet arrived intact, in order" } else { "FAILED: see above" });
     out
 }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{
     dataplane::Maps,
-    fabric::{summarize, Fabric, Load, LinkId, Switch, Tier},
+    fabric::{summarize, Fabric, LinkId, Load, Switch, Tier},
     labcmd::LabRecord,
     state::RunState,
     stats::Snapshot,
@@ -56,7 +56,8 @@ pub fn port_totals(pin_dir: &std::path::Path) -> Result<BTreeMap<&'static str, u
 pub fn link_loads(record: &LabRecord) -> Result<BTreeMap<LinkId, Load>> {
     let mut out = BTreeMap::new();
     for s in &record.switches {
-        let state = RunState::read(&s.pin_dir).with_context(|| format!("the dataplane of {} is not running", s.switch))?;
+        let state =
+            RunState::read(&s.pin_dir).with_context(|| format!("the dataplane of {} is not running", s.switch))?;
         let maps = Maps::open_pinned(&s.pin_dir)?;
         for g in Snapshot::collect(&maps, &state)?.groups {
             for m in g.members {
