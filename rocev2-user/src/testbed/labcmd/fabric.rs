@@ -542,10 +542,12 @@ fn start_dataplanes(record: &mut LabRecord) -> Result<()> {
     Ok(())
 }
 
-/// Whether the process `pid` is alive.
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+/// Whether the process `pid` runs (a zombie left to a parent that does not
+/// reap it has exited).
+pub fn alive(pid: u32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name in parentheses.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
 }
 
 /// `lab status` of a fabric: each switch's dataplane state and counters.
