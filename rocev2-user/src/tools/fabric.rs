@@ -23,13 +23,14 @@
 
 use std::{
     collections::BTreeMap,
-    fmt,
+    fmt::{self, Write as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::{bail, Result};
 use rocev2_common::{
     buckets::{even_table, member_for},
+    flowlet::rehash_position,
     hash::{auto_seed, member_hash, HashMode},
 };
 use serde::Serialize;
@@ -356,6 +357,13 @@ impl Fabric {
 
     /// Every link's load for `spec`, from the frames the generators send.
     pub fn predict(&self, spec: &TrafficSpec) -> Result<BTreeMap<LinkId, Load>> {
+        self.predict_policy(spec, false)
+    }
+
+    /// Like [`Fabric::predict`]; with `flowlet` every switch re-hashes each
+    /// message as a new flowlet (the dataplane's `rehash_position`), as if
+    /// every message followed an idle gap.
+    pub fn predict_policy(&self, spec: &TrafficSpec, flowlet: bool) -> Result<BTreeMap<LinkId, Load>> {
         let mut loads = BTreeMap::new();
         let up_table = even_table(self.spines * self.links);
         let down_table = even_table(self.links);
@@ -363,7 +371,10 @@ impl Fabric {
         for c in self.connections(spec.pattern) {
             let args = self.gen_args(&c, spec);
             let frames = build_frames(&args, Self::host_mac(c.src.0, c.src.1), args.count.unwrap_or(0))?;
-            for frame in frames {
+            // The generator sends one message of every QP per pass.
+            let per_pass = (spec.qps * MESSAGE_PACKETS) as usize;
+            for (n, frame) in frames.into_iter().enumerate() {
+                let message = (n / per_pass) as u32;
                 let p = parse_roce(&frame)?;
                 let fields = PacketFields {
                     src: p.src_ip,
@@ -381,12 +392,15 @@ impl Fabric {
                 };
                 let (src_rack, (dst_rack, dst_host)) = (c.src.0, c.dst);
                 if src_rack != dst_rack {
+                    let pick = |table, switch| match flowlet {
+                        true => rehash_position(&key, self.seed(switch), message, table),
+                        false => member_for(table, member_hash(&key, self.hash, self.seed(switch))),
+                    };
                     let leaf = Switch::Leaf(src_rack);
-                    let m = member_for(&up_table, member_hash(&key, self.hash, self.seed(leaf)));
-                    let (j, k) = uplinks[m as usize];
+                    let (j, k) = uplinks[pick(&up_table, leaf) as usize];
                     add(Tier::LeafUp, leaf, Self::uplink_port(j, k));
                     let spine = Switch::Spine(j);
-                    let k = member_for(&down_table, member_hash(&key, self.hash, self.seed(spine))) + 1;
+                    let k = pick(&down_table, spine) + 1;
                     add(Tier::SpineDown, spine, Self::downlink_port(dst_rack, k));
                 }
                 add(Tier::LeafDown, Switch::Leaf(dst_rack), Self::host_port(dst_host));
@@ -484,6 +498,34 @@ pub fn summarize(all: &[LinkId], loads: &BTreeMap<LinkId, Load>) -> Vec<TierSumm
             }
         })
         .collect()
+}
+
+/// One table per tier (every link, idle ones too) and the per-tier summary.
+pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
+    let all = fabric.all_links();
+    let tiers = summarize(&all, loads);
+    let mut out = String::new();
+    for (tier, sum) in Tier::ALL.iter().zip(&tiers) {
+        let mut table = comfy_table::Table::new();
+        table.load_style(comfy_table::presets::NOTHING);
+        table.set_header([tier.name(), "packets", "bytes", "load"]);
+        for l in all.iter().filter(|l| l.tier == *tier) {
+            let x = loads.get(l).copied().unwrap_or_default();
+            let width = if sum.max_bytes > 0 { (x.bytes * 30).div_ceil(sum.max_bytes) as usize } else { 0 };
+            table.add_row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), "#".repeat(width)]);
+        }
+        let _ = writeln!(out, "{table}");
+        let _ = writeln!(
+            out,
+            "  {}: {} links, {} idle, busiest {} at {:.2}x the mean\n",
+            tier.name(),
+            sum.links,
+            sum.idle,
+            sum.busiest.as_deref().unwrap_or("-"),
+            sum.max_over_mean
+        );
+    }
+    out
 }
 
 #[cfg(test)]

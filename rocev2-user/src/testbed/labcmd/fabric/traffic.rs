@@ -222,7 +222,7 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
         o.bad_icrc, o.bad_ipv4_checksum, o.wrong_ttl, o.reordered, o.missing, o.duplicates
     );
     let loads: BTreeMap<LinkId, Load> = o.loads.iter().cloned().collect();
-    out.push_str(&view::render_loads(fabric, &loads));
+    out.push_str(&crate::fabric::render_loads(fabric, &loads));
     if o.prediction_mismatches.is_empty() {
         let _ = writeln!(
             out,

@@ -9,7 +9,7 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{
     dataplane::Maps,
-    fabric::{summarize, Fabric, LinkId, Load, Switch, Tier},
+    fabric::{render_loads, summarize, Fabric, LinkId, Load, Switch, Tier},
     labcmd::LabRecord,
     state::RunState,
     stats::Snapshot,
@@ -81,34 +81,6 @@ pub fn delta(after: &BTreeMap<LinkId, Load>, before: &BTreeMap<LinkId, Load>) ->
         })
         .filter(|(_, d)| d.packets > 0)
         .collect()
-}
-
-/// One table per tier (every link, idle ones too) and the per-tier summary.
-pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
-    let all = fabric.all_links();
-    let tiers = summarize(&all, loads);
-    let mut out = String::new();
-    for (tier, sum) in Tier::ALL.iter().zip(&tiers) {
-        let mut table = comfy_table::Table::new();
-        table.load_style(comfy_table::presets::NOTHING);
-        table.set_header([tier.name(), "packets", "bytes", "load"]);
-        for l in all.iter().filter(|l| l.tier == *tier) {
-            let x = loads.get(l).copied().unwrap_or_default();
-            let width = if sum.max_bytes > 0 { (x.bytes * 30).div_ceil(sum.max_bytes) as usize } else { 0 };
-            table.add_row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), "#".repeat(width)]);
-        }
-        let _ = writeln!(out, "{table}");
-        let _ = writeln!(
-            out,
-            "  {}: {} links, {} idle, busiest {} at {:.2}x the mean\n",
-            tier.name(),
-            sum.links,
-            sum.idle,
-            sum.busiest.as_deref().unwrap_or("-"),
-            sum.max_over_mean
-        );
-    }
-    out
 }
 
 pub fn stats(args: &LabStatsArgs) -> Result<()> {
