@@ -56,6 +56,11 @@ pub const MESSAGE_PACKETS: u32 = 4;
 /// RDMA payload bytes per packet.
 pub const PAYLOAD: usize = 1024;
 
+/// A value as its command-line spelling (`same`, `all-to-all`, `nic`).
+pub fn flag<T: clap::ValueEnum>(v: T) -> String {
+    v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
 /// Hash seeds of the switches: all equal (polarization) or each switch's own.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

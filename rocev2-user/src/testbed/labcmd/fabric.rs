@@ -580,14 +580,14 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         .filter(|(r, i)| !netns_exists(&host_ns(&record.name, *r, *i)))
         .count();
     Ok(format!(
-        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {:?}; {} of {} host namespaces missing\n{table}\n",
+        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {}; {} of {} host namespaces missing\n{table}\n",
         record.name,
         fabric.racks,
         fabric.hosts,
         fabric.spines,
         fabric.links,
         fabric.hash.name(),
-        fabric.seeds,
+        crate::fabric::flag(fabric.seeds),
         hosts,
         fabric.racks * fabric.hosts
     ))

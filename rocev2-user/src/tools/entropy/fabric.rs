@@ -11,7 +11,7 @@ use rocev2_common::hash::HashMode;
 
 use super::{parse_sweep, EntropyArgs, SimHash};
 use crate::{
-    fabric::{render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
+    fabric::{flag, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
     gen::SportModel,
 };
 
@@ -72,8 +72,8 @@ pub fn run(args: &EntropyArgs, racks: u32) -> Result<()> {
         return Ok(());
     }
     println!(
-        "Simulated {:?} step: {} racks x {} hosts, {} spines x {} link(s), {} QPs x {} messages per connection, hash {}, seeds {:?}, sport {:?}",
-        args.pattern, racks, args.hosts, args.spines, args.links_per_spine, args.qps, args.messages, args.hash.name(), args.seeds, s.sport
+        "Simulated {} step: {} racks x {} hosts, {} spines x {} link(s), {} QPs x {} messages per connection, hash {}, seeds {}, sport {}",
+        flag(args.pattern), racks, args.hosts, args.spines, args.links_per_spine, args.qps, args.messages, args.hash.name(), flag(args.seeds), flag(s.sport)
     );
     print!("{}", render_loads(&f, &loads));
     Ok(())
@@ -108,10 +108,10 @@ fn sweep(args: &EntropyArgs, racks: u32, qps: &[u32], spec: &dyn Fn(u32, u32) ->
         return Ok(());
     }
     println!(
-        "Simulated {:?} step over {racks} racks x {} hosts, {} spines x {} link(s), {} messages per connection split over its QPs, sport {:?}:\n\
+        "Simulated {} step over {racks} racks x {} hosts, {} spines x {} link(s), {} messages per connection split over its QPs, sport {}:\n\
          each cell is the busiest switch link over the mean (leaf->spine or spine->leaf, the worse), and in brackets how much\n\
          longer the step takes than with perfect balance (it ends when its busiest link does).",
-        args.pattern, args.hosts, args.spines, args.links_per_spine, args.messages, sport(args)
+        flag(args.pattern), args.hosts, args.spines, args.links_per_spine, args.messages, flag(sport(args))
     );
     println!("{table}");
     Ok(())

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::{host_ns, view};
 use crate::{
-    fabric::{summarize, Fabric, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
+    fabric::{flag, summarize, Fabric, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     gen::{self, SportModel},
     labcmd::LabRecord,
     netns::spawn_in_netns,
@@ -213,8 +213,15 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
 
 fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     let mut out = format!(
-        "{:?} step: {} connections x {} QPs x {} messages, sport {:?}: {} packets sent, {} received in {:.1} s\n",
-        o.spec.pattern, o.connections, o.spec.qps, o.spec.messages, o.spec.sport, o.sent, o.received, o.seconds
+        "{} step: {} connections x {} QPs x {} messages, sport {}: {} packets sent, {} received in {:.1} s\n",
+        flag(o.spec.pattern),
+        o.connections,
+        o.spec.qps,
+        o.spec.messages,
+        flag(o.spec.sport),
+        o.sent,
+        o.received,
+        o.seconds
     );
     let _ = writeln!(
         out,
@@ -226,13 +233,15 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     if o.prediction_mismatches.is_empty() {
         let _ = writeln!(
             out,
-            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {} --hash {} --seeds {:?} ...`) equals these counters on all {} links.",
+            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {} --hash {} --seeds {} --qps {} --messages {}`) equals these counters on all {} links.",
             fabric.racks,
             fabric.hosts,
             fabric.spines,
             fabric.links,
             fabric.hash.name(),
-            fabric.seeds,
+            flag(fabric.seeds),
+            o.spec.qps,
+            o.spec.messages,
             loads.len()
         );
     } else {
