@@ -132,21 +132,8 @@ pub struct LabNameArgs {
     pub name: String,
 }
 
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LabFamily {
-    V4,
-    V6,
-    Both,
-}
-
-impl LabFamily {
-    fn v4(self) -> bool {
-        self != LabFamily::V6
-    }
-    fn v6(self) -> bool {
-        self != LabFamily::V4
-    }
-}
+/// The address families of a lab (one type with the fabric simulator's).
+pub use crate::fabric::Family as LabFamily;
 
 pub fn run(cmd: &LabCommand) -> Result<()> {
     match cmd {

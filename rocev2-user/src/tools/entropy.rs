@@ -130,6 +130,9 @@ pub struct EntropyArgs {
     /// Fabric mode: one seed on every switch (`same`) or each switch's own (`auto`).
     #[arg(long, value_enum, default_value = "auto", requires = "racks")]
     pub seeds: crate::fabric::SeedPlan,
+    /// Fabric mode: the address families the hosts send (each connection once per family).
+    #[arg(long, value_enum, default_value = "v4", requires = "racks")]
+    pub family: crate::fabric::Family,
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
     pub pattern: crate::fabric::Pattern,

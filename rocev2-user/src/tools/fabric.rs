@@ -61,6 +61,23 @@ pub fn flag<T: clap::ValueEnum>(v: T) -> String {
     v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
 }
 
+/// Address families to configure (and, in the fabric, to send).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Family {
+    V4,
+    V6,
+    Both,
+}
+
+impl Family {
+    pub fn v4(self) -> bool {
+        self != Family::V6
+    }
+    pub fn v6(self) -> bool {
+        self != Family::V4
+    }
+}
+
 /// Hash seeds of the switches: all equal (polarization) or each switch's own.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

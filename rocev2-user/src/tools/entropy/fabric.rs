@@ -29,8 +29,8 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         hosts: args.hosts,
         spines: args.spines,
         links: args.links_per_spine,
-        v4: true,
-        v6: false,
+        v4: args.family.v4(),
+        v6: args.family.v6(),
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
         seeds,
     };

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::{host_ns, view};
 use crate::{
-    fabric::{flag, summarize, Fabric, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
+    fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     gen::{self, SportModel},
     labcmd::LabRecord,
     netns::spawn_in_netns,
@@ -233,15 +233,22 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     if o.prediction_mismatches.is_empty() {
         let _ = writeln!(
             out,
-            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {} --hash {} --seeds {} --qps {} --messages {}`) equals these counters on all {} links.",
+            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {} --hash {} --seeds {} --family {} --pattern {} --qps {} --messages {} --sport {}`) equals these counters on all {} links.",
             fabric.racks,
             fabric.hosts,
             fabric.spines,
             fabric.links,
             fabric.hash.name(),
             flag(fabric.seeds),
+            flag(match (fabric.v4, fabric.v6) {
+                (true, true) => Family::Both,
+                (false, true) => Family::V6,
+                _ => Family::V4,
+            }),
+            flag(o.spec.pattern),
             o.spec.qps,
             o.spec.messages,
+            flag(o.spec.sport),
             loads.len()
         );
     } else {
