@@ -198,7 +198,9 @@ pub fn bgp_config(asn: u32, router_id: &str, neighbours: &[(String, String)], ne
         for n in networks.iter().filter(|n| n.contains(':') == v6) {
             out.push_str(&format!("  network {n}\n"));
         }
-        out.push_str("  maximum-paths 8\n exit-address-family\n");
+        // Every session may be an equal path (a fabric leaf with many uplinks).
+        let paths = neighbours.len().clamp(8, 64);
+        out.push_str(&format!("  maximum-paths {paths}\n exit-address-family\n"));
     }
     out.push_str("!\n");
     out
