@@ -19,7 +19,7 @@ pub mod testbed;
 pub mod tools;
 
 pub use control::{capacity, config, dataplane, errors, metrics, notify, routing, run, state, stats, upgrade, watch};
-pub use sys::{bpffs, netlink, netns, privileges, rawsock, signals};
+pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
 pub use testbed::{bench, frr, lab, labcmd};
 pub use tools::{entropy, explain, fabric, gen, packet, sink};
 

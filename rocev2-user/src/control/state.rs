@@ -12,7 +12,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-const RUN_DIR: &str = "/run/rocev2";
+use crate::paths::RUN_DIR;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunState {

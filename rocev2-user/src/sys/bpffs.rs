@@ -6,7 +6,7 @@ use std::{ffi::CString, fs, os::unix::fs::DirBuilderExt as _, path::Path};
 use anyhow::{bail, Context as _, Result};
 
 const BPF_FS_MAGIC: i64 = 0xCAFE_4A11;
-const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
+use crate::paths::BPFFS as DEFAULT_BPFFS;
 
 fn is_bpffs(path: &Path) -> bool {
     let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return false };

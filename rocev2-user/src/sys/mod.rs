@@ -4,6 +4,7 @@
 pub mod bpffs;
 pub mod netlink;
 pub mod netns;
+pub mod paths;
 pub mod privileges;
 pub mod rawsock;
 pub mod signals;

@@ -101,7 +101,7 @@ impl EcmpLab {
 
     /// Pin directory unique to this lab, so parallel labs never collide.
     pub fn pin_dir(&self) -> PathBuf {
-        PathBuf::from(format!("/sys/fs/bpf/rocev2-{}", self.tag))
+        crate::paths::pin_dir_named(&self.tag)
     }
 
     /// A dataplane config for the switch. Members use all three next-hop
