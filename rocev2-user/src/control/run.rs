@@ -933,9 +933,8 @@ pub fn pin_dir_of(config: &Config) -> PathBuf {
 /// a failed reload is an error carrying the reason (the old config stays).
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
-    // SAFETY: kill(2) with a pid read from our own state file.
-    if unsafe { libc::kill(before.pid as i32, libc::SIGHUP) } != 0 {
-        bail!("cannot signal rocev2 run (pid {}): {}", before.pid, std::io::Error::last_os_error());
+    if let Err(e) = crate::sys::signal_process(before.pid, nix::sys::signal::Signal::SIGHUP) {
+        bail!("cannot signal rocev2 run (pid {}): {e}", before.pid);
     }
     let deadline = Instant::now() + timeout;
     loop {

@@ -416,14 +416,7 @@ fn enable_gro(ifindex: u32, netns: &str) -> Result<PeerNapi> {
 }
 
 fn ifindex_to_name(ifindex: u32) -> Result<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
-    let name = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if name.is_null() {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: on success `buf` holds a NUL-terminated name.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    let name = nix::net::if_::if_indextoname(ifindex).with_context(|| format!("no interface has index {ifindex}"))?;
     Ok(name.to_string_lossy().into_owned())
 }
 

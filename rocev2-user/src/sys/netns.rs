@@ -202,9 +202,8 @@ impl Drop for Netns {
         // Processes left inside (a lab's daemons) would keep the namespace
         // and its interfaces alive after the delete.
         if let Ok(pids) = ip(&["netns", "pids", &self.name]) {
-            for pid in pids.split_whitespace().filter_map(|p| p.parse::<libc::pid_t>().ok()) {
-                // SAFETY: plain syscall on a pid listed as inside our namespace.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+            for pid in pids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+                let _ = super::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
             }
         }
         if let Err(e) = ip(&["netns", "del", &self.name]) {

@@ -588,8 +588,7 @@ impl DataplaneProcess {
 
     fn terminate(&mut self) -> Result<String> {
         let Some(mut child) = self.child.take() else { return Ok(self.output()) };
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = crate::sys::signal_process(child.id(), nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
             if let Some(status) = child.try_wait()? {
