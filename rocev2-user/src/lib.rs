@@ -13,17 +13,18 @@
 //! `rocev2_user::lab`, ...), the paths the rest of the code uses.
 
 pub mod control;
+pub mod render;
 pub mod sys;
 pub mod testbed;
 pub mod tools;
 
 pub use control::{
-    capacity, collisions, config, dataplane, metrics, notify, qp_telemetry, routing, run, state, stats, top, upgrade,
-    watch,
+    capacity, collisions, config, dataplane, errors, metrics, notify, qp_telemetry, routing, run, state, stats, top,
+    upgrade, watch,
 };
-pub use sys::{bpffs, netlink, netns, privileges, rawsock};
+pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
 pub use testbed::{bench, fault, frr, lab, labcmd};
-pub use tools::{entropy, explain, gen, packet, rc, sink};
+pub use tools::{entropy, explain, fabric, gen, packet, rc, sink};
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));

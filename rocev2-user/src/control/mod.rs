@@ -6,6 +6,7 @@ pub mod capacity;
 pub mod collisions;
 pub mod config;
 pub mod dataplane;
+pub mod errors;
 pub mod metrics;
 pub mod notify;
 pub mod qp_telemetry;

@@ -101,7 +101,7 @@ impl EcmpLab {
 
     /// Pin directory unique to this lab, so parallel labs never collide.
     pub fn pin_dir(&self) -> PathBuf {
-        PathBuf::from(format!("/sys/fs/bpf/rocev2-{}", self.tag))
+        crate::paths::pin_dir_named(&self.tag)
     }
 
     /// A dataplane config for the switch. Members use all three next-hop
@@ -588,8 +588,7 @@ impl DataplaneProcess {
 
     fn terminate(&mut self) -> Result<String> {
         let Some(mut child) = self.child.take() else { return Ok(self.output()) };
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = crate::sys::signal_process(child.id(), nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
             if let Some(status) = child.try_wait()? {

@@ -4,6 +4,7 @@
 
 pub mod entropy;
 pub mod explain;
+pub mod fabric;
 pub mod gen;
 pub mod packet;
 pub mod rc;
