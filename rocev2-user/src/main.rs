@@ -331,7 +331,8 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             let state = RunState::read(&pin_dir)?;
             let maps = Maps::open_pinned(&pin_dir)?;
-            let snapshot = Snapshot::collect(&maps, &state)?;
+            let mut snapshot = Snapshot::collect(&maps, &state)?;
+            snapshot.add_transport(&pin_dir, &state)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
             } else {

@@ -99,6 +99,17 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
         .arg(lab.pin_dir())
         .output()
         .unwrap();
+    let stats = std::process::Command::new(rocev2_bin())
+        .args(["stats", "--json", "--pin-dir"])
+        .arg(lab.pin_dir())
+        .output()
+        .unwrap();
+    let metrics = rocev2_user::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
+    for args in [&["top", "--once"][..], &["stats"][..]] {
+        let out =
+            std::process::Command::new(rocev2_bin()).args(args).arg("--pin-dir").arg(lab.pin_dir()).output().unwrap();
+        eprintln!("$ rocev2 {}\n{}", args.join(" "), String::from_utf8_lossy(&out.stdout));
+    }
     let responded: Vec<ResponderQpReport> =
         responders.into_iter().flat_map(|r| r.join().unwrap().unwrap().responder).collect();
     drop(droppers);
@@ -153,6 +164,28 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
         assert_eq!(m.naks_sequence, expected, "member {position}: {members:?}");
     }
     assert_eq!(members.iter().map(|m| m.naks_sequence).sum::<u64>(), DROPS.len() as u64);
+
+    // The same per-member numbers in `stats --json` and in the metrics,
+    // which name members and never QPs.
+    assert!(stats.status.success(), "rocev2 stats: {}", String::from_utf8_lossy(&stats.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["telemetry_qps"], QPS);
+    for (position, m) in members.iter().enumerate() {
+        let member = &stats["groups"][0]["members"][position];
+        assert_eq!(member["transport"]["naks_sequence"], m.naks_sequence, "{member}");
+        assert_eq!(member["transport"]["retransmits"], m.psn_backward_jumps, "{member}");
+        let dev = member["dev"].as_str().unwrap();
+        let line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("rocev2_member_naks_total{")
+                    && l.contains(&format!("member=\"{dev}\""))
+                    && l.contains("sequence_error")
+            })
+            .unwrap_or_else(|| panic!("no NAK metric for {dev}:\n{metrics}"));
+        assert!(line.ends_with(&format!(" {}", m.naks_sequence)), "{line}");
+    }
+    assert!(!metrics.contains("qp="), "per-QP labels in the metrics:\n{metrics}");
 
     // `rocev2 top --json` shows the same table, unhealthiest first.
     assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));

@@ -148,6 +148,13 @@ pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
     Ok(out)
 }
 
+/// QPs in the table now.
+pub fn count_qps(dir: &Path) -> Result<usize> {
+    let map: HashMap<_, QpKey, QpStats> =
+        HashMap::try_from(open(dir, names::QP_TELEMETRY)?).context("QP_TELEMETRY has an unexpected type")?;
+    Ok(map.keys().take_while(Result::is_ok).count())
+}
+
 /// The per-member sums, summed over CPUs, for a group's first `members`
 /// positions.
 pub fn read_members(dir: &Path, group: u32, members: u32) -> Result<Vec<MemberTransport>> {

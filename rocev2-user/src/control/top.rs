@@ -100,10 +100,9 @@ pub struct TopSnapshot {
 /// The kernel's coarse monotonic clock, the one the telemetry's
 /// `bpf_ktime_get_coarse_ns` reads.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_MONOTONIC_COARSE)
+        .map_or(0, |ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
 }
 
 /// Names of a group slot and one of its member positions.
