@@ -663,10 +663,13 @@ mod tests {
         // policy), one egress port's counters and two queue gauges, a
         // class (packets and bytes), the two flowlet-table samples, the
         // seed, and the learned-route gauges and counters (routes, hosts,
-        // groups, one per kernel reason, messages, resyncs, two quantiles).
+        // groups, one per kernel reason, messages, resyncs, two quantiles),
+        // and telemetry: QPs tracked, six transport samples per member
+        // (gaps, retransmits, two NAK syndromes, CNPs, CE).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned);
+        let telemetry = 1 + 2 * 6;
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
     }
 
     #[test]
