@@ -224,6 +224,12 @@ fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value
         .arg(lab.pin_dir())
         .output()
         .unwrap();
+    let text = std::process::Command::new(rocev2_bin())
+        .args(["top", "--once", "--rows", "4", "--pin-dir"])
+        .arg(lab.pin_dir())
+        .output()
+        .unwrap();
+    eprintln!("$ rocev2 top --once --rows 4\n{}", String::from_utf8_lossy(&text.stdout));
     stream.stop().unwrap();
     dataplane.stop().expect("rocev2 run stops cleanly");
     assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));
