@@ -21,6 +21,8 @@ pub mod names {
     pub const QP_TELEMETRY: &str = "QP_TELEMETRY";
     pub const QP_REPLIES: &str = "QP_REPLIES";
     pub const MEMBER_TRANSPORT: &str = "MEMBER_TRANSPORT";
+    pub const TRACE_FILTER: &str = "TRACE_FILTER";
+    pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
     /// The load-time switch (`EbpfLoader::set_global`): 0 leaves the
     /// telemetry code out of the verified program.
     pub const ENABLED_GLOBAL: &str = "TELEMETRY_ENABLED";
@@ -103,7 +105,76 @@ pub struct MemberTransport {
     pub ce_marked: u64,
 }
 
+/// `rocev2 trace`'s filter, in TRACE_FILTER[0]; `active` 0 = no trace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceFilter {
+    pub active: u32,
+    /// TRACE_MATCH_* bits: which of the fields below must match.
+    pub matches: u32,
+    pub family: u32,
+    pub dest_qp: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub opcode: u32,
+    /// UDP source port.
+    pub src_port: u32,
+}
+
+pub const TRACE_MATCH_SRC: u32 = 1;
+pub const TRACE_MATCH_DST: u32 = 2;
+pub const TRACE_MATCH_QP: u32 = 4;
+pub const TRACE_MATCH_OPCODE: u32 = 8;
+pub const TRACE_MATCH_PORT: u32 = 16;
+/// Ring buffer size for trace events (bytes, a power of two).
+pub const TRACE_RING_BYTES: u32 = 256 * 1024;
+
+/// One traced packet's decision, as forwarded (headers already rewritten).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    pub ts_ns: u64,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub family: u32,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub group: u32,
+    pub position: u32,
+    pub ifindex: u32,
+    /// skb priority the class set (tc only), 0 otherwise.
+    pub priority: u32,
+    pub len: u32,
+    pub src_port: u16,
+    pub opcode: u8,
+    /// DSCP << 2 | ECN as the packet leaves.
+    pub tos: u8,
+}
+
+impl TraceFilter {
+    #[inline(always)]
+    pub fn matches(
+        &self,
+        family: u32,
+        src: &[u32; 4],
+        dst: &[u32; 4],
+        src_port: u16,
+        dest_qp: u32,
+        opcode: u8,
+    ) -> bool {
+        let m = self.matches;
+        (m & (TRACE_MATCH_SRC | TRACE_MATCH_DST) == 0 || self.family == family)
+            && (m & TRACE_MATCH_SRC == 0 || self.src == *src)
+            && (m & TRACE_MATCH_DST == 0 || self.dst == *dst)
+            && (m & TRACE_MATCH_QP == 0 || self.dest_qp == dest_qp)
+            && (m & TRACE_MATCH_OPCODE == 0 || self.opcode == u32::from(opcode))
+            && (m & TRACE_MATCH_PORT == 0 || self.src_port == u32::from(src_port))
+    }
+}
+
 const _: () = {
+    assert!(core::mem::size_of::<TraceFilter>() == 56);
+    assert!(core::mem::size_of::<TraceEvent>() == 80);
     assert!(core::mem::size_of::<QpKey>() == 24);
     assert!(core::mem::size_of::<ReplyKey>() == 40);
     assert!(core::mem::size_of::<QpStats>() == 152);
@@ -116,6 +187,8 @@ mod pod {
     unsafe impl aya::Pod for super::ReplyKey {}
     unsafe impl aya::Pod for super::QpStats {}
     unsafe impl aya::Pod for super::MemberTransport {}
+    unsafe impl aya::Pod for super::TraceFilter {}
+    unsafe impl aya::Pod for super::TraceEvent {}
 }
 
 /// How a BTH counts for telemetry.

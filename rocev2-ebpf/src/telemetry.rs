@@ -14,11 +14,14 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_coarse_ns,
     macros::map,
-    maps::{LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
 use rocev2_common::{
     maps::{member_stat_index, MEMBER_STAT_ENTRIES},
-    telemetry::{seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, DEFAULT_QP_TABLE_SIZE},
+    telemetry::{
+        seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
+        TRACE_RING_BYTES,
+    },
 };
 
 use crate::{ctx::PacketBuf, forward::Forward, parse, transport};
@@ -38,6 +41,14 @@ pub static QP_REPLIES: LruHashMap<ReplyKey, QpKey> = LruHashMap::with_max_entrie
 /// Transport signals per group member, per CPU.
 #[map]
 pub static MEMBER_TRANSPORT: PerCpuArray<MemberTransport> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
+
+/// `rocev2 trace`'s filter (entry 0; inactive unless a trace runs).
+#[map]
+static TRACE_FILTER: Array<TraceFilter> = Array::with_max_entries(1, 0);
+
+/// Decisions of traced packets, read by `rocev2 trace`.
+#[map]
+static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 
 /// Keys and a new entry: too big for the stack next to the pipeline's.
 #[repr(C)]
@@ -74,6 +85,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     }
     let at = &scratch.at;
     let ce_marked = at.ecn == 3;
+    trace(at, f, len);
     match seen(at.bth.opcode) {
         Seen::Data => {
             scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
@@ -138,6 +150,37 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             });
         }
     }
+}
+
+/// `rocev2 trace`: when a trace runs and the packet matches its filter,
+/// the decision goes to the ring buffer, written in place (no stack copy).
+#[inline(always)]
+fn trace(at: &transport::RoceAt, f: &Forward, len: u64) {
+    let Some(filter) = TRACE_FILTER.get(0) else { return };
+    if filter.active == 0 || !filter.matches(at.family, &at.src, &at.dst, at.src_port, at.bth.dest_qp, at.bth.opcode) {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else { return };
+    let e = entry.as_mut_ptr();
+    // SAFETY: a reserved ring buffer record of TraceEvent's size; every
+    // field is written before it is submitted.
+    unsafe {
+        (*e).ts_ns = bpf_ktime_get_coarse_ns();
+        (*e).src = at.src;
+        (*e).dst = at.dst;
+        (*e).family = at.family;
+        (*e).dest_qp = at.bth.dest_qp;
+        (*e).psn = at.bth.psn;
+        (*e).group = f.group;
+        (*e).position = f.position;
+        (*e).ifindex = f.ifindex;
+        (*e).priority = f.priority;
+        (*e).len = len as u32;
+        (*e).src_port = at.src_port;
+        (*e).opcode = at.bth.opcode;
+        (*e).tos = at.tos;
+    }
+    entry.submit(0);
 }
 
 #[inline(always)]

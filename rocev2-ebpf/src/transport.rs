@@ -23,6 +23,8 @@ pub struct RoceAt {
     pub src_port: u16,
     /// The IP ECN codepoint (3 = CE).
     pub ecn: u8,
+    /// DSCP << 2 | ECN.
+    pub tos: u8,
     pub bth_off: usize,
     pub bth: Bth,
 }
@@ -43,20 +45,28 @@ pub fn locate_into<C: PacketBuf>(ctx: &C, out: &mut RoceAt) -> bool {
 #[inline(always)]
 pub fn locate<C: PacketBuf>(ctx: &C) -> Option<RoceAt> {
     let l2 = parse::parse_l2(ctx).ok()?;
-    let (src, dst, family, l4_off, l4_end, protocol, ecn) = match l2.kind {
+    let (src, dst, family, l4_off, l4_end, protocol, tos) = match l2.kind {
         L3Kind::V4 => {
             let ip = parse::parse_ipv4(ctx, l2.l3_off).ok()?;
             // SAFETY: parse_ipv4 checked the header lies in the packet.
             let (src, dst, protocol, tos) =
                 unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto, (*ip.hdr).tos) };
-            (ipv4_words(src), ipv4_words(dst), 4, ip.l4_off, ip.l4_end, protocol, tos & 3)
+            (ipv4_words(src), ipv4_words(dst), 4, ip.l4_off, ip.l4_end, protocol, tos)
         }
         L3Kind::V6 => {
             let ip = parse::parse_ipv6(ctx, l2.l3_off).ok()?;
             // SAFETY: parse_ipv6 checked the header lies in the packet.
             let (src, dst, protocol, vcf) =
                 unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr, (*ip.hdr).vcf) };
-            (ipv6_words(src), ipv6_words(dst), 6, ip.l4_off, ip.l4_end, protocol, (vcf[1] >> 4) & 3)
+            (
+                ipv6_words(src),
+                ipv6_words(dst),
+                6,
+                ip.l4_off,
+                ip.l4_end,
+                protocol,
+                ((vcf[0] & 0x0F) << 4) | (vcf[1] >> 4),
+            )
         }
     };
     if protocol != IPPROTO_UDP {
@@ -72,7 +82,7 @@ pub fn locate<C: PacketBuf>(ctx: &C) -> Option<RoceAt> {
     let b: *const [u8; BTH_LEN] = ptr_at(ctx, bth_off)?;
     // SAFETY: as above.
     let bth = Bth::parse(unsafe { &*b });
-    Some(RoceAt { src, dst, family, src_port, ecn, bth_off, bth })
+    Some(RoceAt { src, dst, family, src_port, ecn: tos & 3, tos, bth_off, bth })
 }
 
 /// The AETH syndrome of an ACK (the byte after the BTH), if in the packet.
@@ -80,7 +90,10 @@ pub fn locate<C: PacketBuf>(ctx: &C) -> Option<RoceAt> {
 pub fn aeth_syndrome<C: PacketBuf>(ctx: &C, at: &RoceAt) -> Option<u8> {
     // The whole AETH: a one-byte bounds check compiles to a form the
     // verifier does not accept.
-    let p: *const [u8; aeth::LEN] = ptr_at(ctx, at.bth_off + BTH_LEN)?;
+    // The offset may come back from a map (per-CPU scratch) where the
+    // verifier no longer knows its bounds: the mask restores them (a BTH
+    // is never beyond byte 255: Ethernet, VLAN, IPv4 with options, UDP).
+    let p: *const [u8; aeth::LEN] = ptr_at(ctx, (at.bth_off & 0xFF) + BTH_LEN)?;
     // SAFETY: ptr_at checked the bytes lie in the packet.
     Some(unsafe { (*p)[0] })
 }

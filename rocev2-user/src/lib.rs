@@ -20,7 +20,7 @@ pub mod tools;
 
 pub use control::{
     capacity, collisions, config, dataplane, errors, metrics, notify, qp_telemetry, routing, run, state, stats, top,
-    upgrade, watch,
+    trace, upgrade, watch,
 };
 pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
 pub use testbed::{bench, fault, frr, lab, labcmd};

@@ -95,6 +95,9 @@ enum Command {
     /// The busiest and unhealthiest QPs of a running `rocev2 run`, live
     /// (needs `telemetry_qps` in [dataplane]).
     Top(rocev2_user::top::TopArgs),
+    /// Print each matching packet's forwarding decision as it happens
+    /// (needs `telemetry_qps` in [dataplane]).
+    Trace(rocev2_user::trace::TraceArgs),
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
@@ -338,6 +341,11 @@ fn real_main(cli: Cli) -> Result<()> {
             } else {
                 print!("{}", snapshot.render());
             }
+        }
+        Command::Trace(args) => {
+            let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
+            privileges::require("trace", Need::PinnedMaps(&pin_dir))?;
+            rocev2_user::trace::run(&pin_dir, &args)?;
         }
         Command::Top(args) => {
             let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;

@@ -73,6 +73,18 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
         ready_rx.recv_timeout(Duration::from_secs(10)).expect("responder did not start");
     }
 
+    // A trace of one QP's WRITE FIRST packets, started before the traffic.
+    let mut trace = std::process::Command::new(rocev2_bin())
+        .args(["trace", "--qp", "0x101", "--opcode", "0x06", "--count", "8", "--duration", "20", "--json", "--pin-dir"])
+        .arg(lab.pin_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(trace.stderr.take().unwrap()), &mut started).unwrap();
+    assert!(started.starts_with("tracing"), "rocev2 trace: {started}");
+
     let mut args = GenArgs::new(
         "snd0",
         &rocev2_user::run::format_mac(&SWITCH_PORT_MAC),
@@ -110,6 +122,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
             std::process::Command::new(rocev2_bin()).args(args).arg("--pin-dir").arg(lab.pin_dir()).output().unwrap();
         eprintln!("$ rocev2 {}\n{}", args.join(" "), String::from_utf8_lossy(&out.stdout));
     }
+    let traced = trace.wait_with_output().unwrap();
     let responded: Vec<ResponderQpReport> =
         responders.into_iter().flat_map(|r| r.join().unwrap().unwrap().responder).collect();
     drop(droppers);
@@ -186,6 +199,21 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
         assert!(line.ends_with(&format!(" {}", m.naks_sequence)), "{line}");
     }
     assert!(!metrics.contains("qp="), "per-QP labels in the metrics:\n{metrics}");
+
+    // `rocev2 trace` printed exactly the filtered packets: QP 0x101's eight
+    // WRITE FIRSTs (one per message, PSNs 0, 4, ..., 28), with their member.
+    assert!(traced.status.success(), "rocev2 trace failed");
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&traced.stdout).lines().map(|l| serde_json::from_str(l).expect("trace JSON")).collect();
+    let member_of_101 = qps.iter().find(|e| e.dest_qp == 0x101).unwrap().stats.position;
+    assert_eq!(lines.len(), MESSAGES as usize, "{lines:?}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!((l["dest_qp"].as_u64(), l["opcode"].as_u64()), (Some(0x101), Some(6)), "{l}");
+        assert_eq!(l["psn"], i as u64 * u64::from(MESSAGE_PACKETS), "{l}");
+        assert_eq!(l["member"], format!("u{}", member_of_101 + 1), "{l}");
+        assert_eq!(l["group"], "spines");
+        assert!(l["bucket"].is_u64(), "{l}");
+    }
 
     // `rocev2 top --json` shows the same table, unhealthiest first.
     assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));

@@ -15,5 +15,6 @@ pub mod run;
 pub mod state;
 pub mod stats;
 pub mod top;
+pub mod trace;
 pub mod upgrade;
 pub mod watch;

@@ -20,7 +20,8 @@ use rocev2_common::{
 use serde::Serialize;
 
 /// The telemetry maps pinned next to the others when telemetry is on.
-pub const PINNED: &[&str] = &[names::QP_TELEMETRY, names::QP_REPLIES, names::MEMBER_TRANSPORT];
+pub const PINNED: &[&str] =
+    &[names::QP_TELEMETRY, names::QP_REPLIES, names::MEMBER_TRANSPORT, names::TRACE_FILTER, names::TRACE_EVENTS];
 
 /// Pins the telemetry maps under `dir` (replacing stale pins of a crashed run).
 pub fn pin_maps(ebpf: &mut Ebpf, dir: &Path) -> Result<()> {
@@ -38,7 +39,7 @@ pub fn is_on(dir: &Path) -> bool {
     dir.join(names::QP_TELEMETRY).exists()
 }
 
-fn open(dir: &Path, name: &str) -> Result<aya::maps::Map> {
+pub fn open(dir: &Path, name: &str) -> Result<aya::maps::Map> {
     let path = dir.join(name);
     let data = MapData::from_pin(&path).with_context(|| {
         format!(
@@ -113,6 +114,14 @@ impl QpStatsView {
             + self.psn_backward_jumps
             + self.psn_forward_jumps
             + self.cnps
+    }
+}
+
+/// The dataplane's words for an address (rocev2_common::hash).
+pub fn addr_words(a: IpAddr) -> [u32; 4] {
+    match a {
+        IpAddr::V4(v4) => rocev2_common::hash::ipv4_words(v4.octets()),
+        IpAddr::V6(v6) => rocev2_common::hash::ipv6_words(&v6.octets()),
     }
 }
 
