@@ -203,6 +203,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     // `rocev2 trace` printed exactly the filtered packets: QP 0x101's eight
     // WRITE FIRSTs (one per message, PSNs 0, 4, ..., 28), with their member.
     assert!(traced.status.success(), "rocev2 trace failed");
+    eprintln!("$ rocev2 trace --qp 0x101 --opcode 0x06 --json\n{}", String::from_utf8_lossy(&traced.stdout));
     let lines: Vec<serde_json::Value> =
         String::from_utf8_lossy(&traced.stdout).lines().map(|l| serde_json::from_str(l).expect("trace JSON")).collect();
     let member_of_101 = qps.iter().find(|e| e.dest_qp == 0x101).unwrap().stats.position;
