@@ -18,7 +18,7 @@ use crate::{
     collisions::{self, Collision, GroupMembers},
     config::Config,
     explain::read_live,
-    qp_telemetry::{self, QpEntry},
+    qp_telemetry::{self, QpEntry, QpStatsView},
     state::RunState,
 };
 
@@ -56,34 +56,19 @@ pub struct TopRow {
     pub group: String,
     /// The member (device) carrying the QP's data.
     pub member: String,
-    pub packets: u64,
-    pub bytes: u64,
     /// Over the last refresh interval (or the QP's lifetime with --once).
     pub pps: f64,
     pub bits_per_sec: f64,
-    pub psn_forward_jumps: u64,
-    pub psns_skipped: u64,
-    /// Retransmissions or reordering seen here.
-    pub psn_backward_jumps: u64,
-    pub acks: u64,
-    pub naks_sequence: u64,
-    pub naks_rnr: u64,
-    pub naks_other: u64,
-    pub cnps: u64,
-    pub ce_marked: u64,
-    pub member_changes: u64,
+    /// The table's counters for the QP (packets, bytes, PSN jumps, NAKs...).
+    #[serde(flatten)]
+    pub stats: QpStatsView,
     /// Seconds since its last data packet.
     pub idle_secs: f64,
 }
 
 impl TopRow {
     pub fn trouble(&self) -> u64 {
-        self.naks_sequence
-            + self.naks_rnr
-            + self.naks_other
-            + self.psn_backward_jumps
-            + self.psn_forward_jumps
-            + self.cnps
+        self.stats.trouble()
     }
 }
 
@@ -139,20 +124,9 @@ pub fn snapshot(state: &RunState, now: &[QpEntry], before: &[QpEntry], secs: f64
                 dest_qp: e.dest_qp,
                 group,
                 member,
-                packets: s.packets,
-                bytes: s.bytes,
                 pps: packets as f64 / span,
                 bits_per_sec: bytes as f64 * 8.0 / span,
-                psn_forward_jumps: s.psn_forward_jumps,
-                psns_skipped: s.psns_skipped,
-                psn_backward_jumps: s.psn_backward_jumps,
-                acks: s.acks,
-                naks_sequence: s.naks_sequence,
-                naks_rnr: s.naks_rnr,
-                naks_other: s.naks_other,
-                cnps: s.cnps,
-                ce_marked: s.ce_marked,
-                member_changes: s.member_changes,
+                stats: *s,
                 idle_secs: now_ns.saturating_sub(s.last_seen_ns) as f64 / 1e9,
             }
         })
@@ -188,14 +162,14 @@ fn table(rows: &[&TopRow]) -> String {
             format!("{}/{}", r.group, r.member),
             rate(r.bits_per_sec),
             format!("{:.0}", r.pps),
-            r.packets.to_string(),
-            r.psn_forward_jumps.to_string(),
-            r.psn_backward_jumps.to_string(),
-            r.naks_sequence.to_string(),
-            r.naks_rnr.to_string(),
-            r.cnps.to_string(),
-            r.ce_marked.to_string(),
-            r.member_changes.to_string(),
+            r.stats.packets.to_string(),
+            r.stats.psn_forward_jumps.to_string(),
+            r.stats.psn_backward_jumps.to_string(),
+            r.stats.naks_sequence.to_string(),
+            r.stats.naks_rnr.to_string(),
+            r.stats.cnps.to_string(),
+            r.stats.ce_marked.to_string(),
+            r.stats.member_changes.to_string(),
             format!("{:.1}", r.idle_secs),
         ]);
     }

@@ -329,6 +329,16 @@ impl GenArgs {
     }
 }
 
+/// The RETH of a WRITE FIRST/ONLY of `qp` moving `dma_len` bytes: a per-QP
+/// buffer address and key (any values do, but a real NIC never sends zeros).
+pub fn reth(qp: u32, dma_len: u32) -> [u8; RETH_LEN] {
+    let mut r = [0u8; RETH_LEN];
+    r[..8].copy_from_slice(&(0x7F00_0000_0000u64 | (u64::from(qp) << 20)).to_be_bytes());
+    r[8..12].copy_from_slice(&(0x0010_0000 | qp).to_be_bytes());
+    r[12..].copy_from_slice(&dma_len.to_be_bytes());
+    r
+}
+
 /// The UDP source port a Linux RDMA stack (and NICs following it) derives
 /// for a QP: flow label = 20-bit fold of lqpn * rqpn
 /// (`rdma_calc_flow_label`), then the high 6 bits folded into the low 14
@@ -540,15 +550,7 @@ impl FrameSource {
                 let qp = args.first_qp + q as u32;
                 let mut bth = Bth::new(0, qp, next_psn[q]);
                 let message_bytes = u64::from(args.message_packets) * args.payload as u64;
-                let reth = |dma_len: u32| {
-                    let mut r = [0u8; RETH_LEN];
-                    // A per-QP buffer address and key: any values do, but a
-                    // real NIC never sends zeros.
-                    r[..8].copy_from_slice(&(0x7F00_0000_0000u64 | (u64::from(qp) << 20)).to_be_bytes());
-                    r[8..12].copy_from_slice(&(0x0010_0000 | qp).to_be_bytes());
-                    r[12..].copy_from_slice(&dma_len.to_be_bytes());
-                    r
-                };
+                let reth = |dma_len: u32| reth(qp, dma_len);
                 let (ext, data_len, psn_advance, msn_field): (Vec<u8>, usize, bool, bool) = match *op {
                     Op::Write { index, of } => {
                         bth.opcode = match (index, of) {

@@ -37,7 +37,7 @@ use rocev2_common::bth::{aeth, ends_message, opcode, Bth, PSN_MASK};
 use serde::Serialize;
 
 use crate::{
-    gen::{device_mac, nic_sport, parse_mac, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL, RETH_LEN},
+    gen::{device_mac, nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
     packet::{build_roce_frame_with_header, parse_roce, ParsedRoce, RoceFrameSpec},
     rawsock::PacketSocket,
 };
@@ -380,14 +380,8 @@ fn write_frame(
         _ => opcode::WRITE_MIDDLE,
     };
     let bth = Bth { ack_req: index == of - 1, ..Bth::new(op, qp, psn_at(first_psn, offset)) };
-    let mut reth = Vec::new();
-    if index == 0 {
-        reth.resize(RETH_LEN, 0);
-        reth[..8].copy_from_slice(&(0x7F00_0000_0000u64 | (u64::from(qp) << 20)).to_be_bytes());
-        reth[8..12].copy_from_slice(&(0x0010_0000 | qp).to_be_bytes());
-        let dma_len = u64::from(of) * args.payload as u64;
-        reth[12..].copy_from_slice(&(dma_len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
-    }
+    let dma_len = (u64::from(of) * args.payload as u64).min(u64::from(u32::MAX)) as u32;
+    let reth = if index == 0 { reth(qp, dma_len).to_vec() } else { Vec::new() };
     let spec = RoceFrameSpec {
         src_mac,
         dst_mac,
