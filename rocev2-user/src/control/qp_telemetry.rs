@@ -68,6 +68,8 @@ pub struct QpStatsView {
     pub bytes: u64,
     pub first_seen_ns: u64,
     pub last_seen_ns: u64,
+    /// The group's slot (`top` names it as `group`).
+    #[serde(rename = "group_index")]
     pub group: u32,
     pub position: u32,
     pub psn_forward_jumps: u64,
