@@ -71,7 +71,8 @@ pub const BUCKET_TABLES: u32 = MAX_GROUPS * MEMBER_BANKS;
 /// Port slots for counters; slot 0 collects frames from interfaces the
 /// control program did not register (should stay at zero).
 pub const MAX_PORTS: u32 = 64;
-pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS * PortCounter::COUNT;
+/// Entries of PORT_COUNTERS: one [`PortCounters`] block per port slot.
+pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS;
 pub const MEMBER_STAT_ENTRIES: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP;
 pub const MAX_EGRESS_DEVS: u32 = 1024;
 /// Egress ports with a virtual queue and egress counters.
@@ -124,10 +125,30 @@ pub fn route_cache_slot(dst: &[u32; 4]) -> u32 {
     (dst[0] ^ dst[1] ^ dst[2] ^ dst[3]).wrapping_mul(0x9E37_79B1) >> 24
 }
 
-/// Index into PORT_COUNTERS for `counter` on port `slot`.
-#[inline(always)]
-pub const fn port_counter_index(slot: u32, counter: PortCounter) -> u32 {
-    slot * PortCounter::COUNT + counter as u32
+/// Value of PORT_COUNTERS (per CPU): every counter of one port, so the
+/// program finds them with one lookup per packet and adds in place.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCounters {
+    pub counts: [u64; PortCounter::COUNT as usize],
+}
+
+impl Default for PortCounters {
+    fn default() -> Self {
+        Self { counts: [0; PortCounter::COUNT as usize] }
+    }
+}
+
+impl PortCounters {
+    #[inline(always)]
+    pub fn get(&self, counter: PortCounter) -> u64 {
+        self.counts[counter as usize]
+    }
+
+    #[inline(always)]
+    pub fn add(&mut self, counter: PortCounter, value: u64) {
+        self.counts[counter as usize] += value;
+    }
 }
 
 /// Index into MEMBERS for member `position` of `group` in `bank`.
@@ -322,6 +343,7 @@ const _: () = {
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
+    assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
 };
 
 #[cfg(feature = "user")]
@@ -335,6 +357,7 @@ mod pod {
     unsafe impl aya::Pod for DataplaneConfig {}
     unsafe impl aya::Pod for RouteCacheEntry {}
     unsafe impl aya::Pod for MemberStats {}
+    unsafe impl aya::Pod for PortCounters {}
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
     unsafe impl aya::Pod for GenRewrite {}

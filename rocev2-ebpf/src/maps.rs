@@ -45,7 +45,7 @@ pub static EGRESS_DEVS: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS_DEV
 pub static CONFIG: Array<DataplaneConfig> = Array::with_max_entries(1, 0);
 
 #[map]
-pub static PORT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PORT_COUNTER_ENTRIES, 0);
+pub static PORT_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(PORT_COUNTER_ENTRIES, 0);
 
 #[map]
 pub static MEMBER_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);

@@ -32,13 +32,14 @@ use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
     counters::{EgressCounter, PortCounter},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
+    features::{Features, FEATURES_GLOBAL},
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        self, bucket_table_index, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
-        FlowletKey, GenRewrite, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6,
-        PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
-        MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
+        self, bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GenRewrite,
+        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
+        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
+        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
 
@@ -65,7 +66,7 @@ pub struct Maps {
     ports: HashMap<MapData, u32, PortEntry>,
     egress_devs: DevMapHash<MapData>,
     config: Array<MapData, DataplaneConfig>,
-    port_counters: PerCpuArray<MapData, u64>,
+    port_counters: PerCpuArray<MapData, PortCounters>,
     member_stats: PerCpuArray<MapData, MemberStats>,
     flowlets: HashMap<MapData, FlowletKey, FlowletEntry>,
     pins_v4: LpmTrie<MapData, PinKeyV4, PinEntry>,
@@ -549,14 +550,24 @@ impl Maps {
 
     /// Sum over CPUs of one port counter.
     pub fn port_counter(&self, slot: u32, counter: PortCounter) -> Result<u64> {
-        let values =
-            self.port_counters.get(&port_counter_index(slot, counter), 0).context("cannot read PORT_COUNTERS")?;
-        Ok(values.iter().sum())
+        Ok(self.port_counter_sums(slot)?.get(counter))
     }
 
     /// All counters of a port slot, summed over CPUs.
     pub fn port_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
-        PortCounter::ALL.iter().map(|c| Ok((c.name(), self.port_counter(slot, *c)?))).collect()
+        let sums = self.port_counter_sums(slot)?;
+        Ok(PortCounter::ALL.iter().map(|c| (c.name(), sums.get(*c))).collect())
+    }
+
+    /// A port slot's counter block, summed over CPUs (one map read).
+    fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
+        let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
+        Ok(values.iter().fold(PortCounters::default(), |mut acc, cpu| {
+            for (sum, v) in acc.counts.iter_mut().zip(cpu.counts) {
+                *sum += v;
+            }
+            acc
+        }))
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.
@@ -616,6 +627,8 @@ pub struct Dataplane {
     tc_links: BTreeMap<(String, bool), SchedClassifierLinkId>,
     /// Set by [`Dataplane::hand_over`]: leave programs and pins in place.
     handed_over: bool,
+    /// Fixed at load time (the FEATURES constant).
+    features: Features,
 }
 
 /// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
@@ -642,12 +655,21 @@ impl Dataplane {
 
     /// Like [`Dataplane::load`] with the flowlet table sized to `flowlet_table_size` flows.
     pub fn load_with(pin_dir: Option<&Path>, flowlet_table_size: u32) -> Result<Self> {
+        Self::load_with_features(pin_dir, flowlet_table_size, Features::ALL)
+    }
+
+    /// Like [`Dataplane::load_with`] with only `features` in the programs:
+    /// the verifier removes the code of the others (see
+    /// rocev2_common::features). A group, queue or class that needs a
+    /// missing feature is not served until the programs are loaded again.
+    pub fn load_with_features(pin_dir: Option<&Path>, flowlet_table_size: u32, features: Features) -> Result<Self> {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
         // The tc programs are loaded (and verified, which costs CPU) only
@@ -672,7 +694,13 @@ impl Dataplane {
             xdp_links: BTreeMap::new(),
             tc_links: BTreeMap::new(),
             handed_over: false,
+            features,
         })
+    }
+
+    /// The features the loaded programs carry.
+    pub fn features(&self) -> Features {
+        self.features
     }
 
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {

@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rocev2_common::buckets::Rebalance;
+use rocev2_common::features::Features;
 use rocev2_common::hash::HashMode;
 use rocev2_common::maps::PIN_DIR;
 
@@ -507,6 +508,24 @@ impl Config {
             })
             .sum();
         total.clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    /// The pipeline features this config uses, for the programs' load-time
+    /// constant: code for the others is left out of the loaded programs.
+    /// The built-in `control` class counts as a class (`class = []` turns
+    /// classes off).
+    pub fn features(&self) -> Features {
+        let policies = self.groups.iter().map(|g| &g.policy).chain(self.route_policies.iter().map(|p| &p.policy));
+        let (mut flowlet, mut pinned) = (false, false);
+        for policy in policies {
+            flowlet |= matches!(policy, Policy::Flowlet(_));
+            pinned |= matches!(policy, Policy::Pinned);
+        }
+        Features::COUNTERS
+            .with(Features::when(flowlet, Features::FLOWLET))
+            .with(Features::when(pinned, Features::PINNED))
+            .with(Features::when(!self.egress.is_empty(), Features::ECN))
+            .with(Features::when(!self.classes.is_empty(), Features::CLASSES))
     }
 
     /// The classes as the dataplane's CLASSES map entries, in match order.
