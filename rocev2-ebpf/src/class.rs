@@ -1,8 +1,9 @@
 //! Traffic classes: the first configured class a packet matches gives its
 //! DSCP rewrite, skb priority and ECN treatment.
 
-use rocev2_common::class::{
-    self, ClassAction, ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY, MAX_CLASSES,
+use rocev2_common::{
+    class::{self, ClassAction, ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY, MAX_CLASSES},
+    ecn::NO_PROFILE,
 };
 
 use crate::{
@@ -14,6 +15,11 @@ use crate::{
 
 /// Returned by [`classify_index`] when no class matches.
 pub const NO_CLASS: u32 = u32::MAX;
+
+/// The action of "no class": no flag set, so nothing changes. A plain
+/// value rather than an Option: LLVM may leave the fields of a `None`
+/// undefined, and the verifier rejects reads of undefined registers.
+pub const NO_ACTION: ClassAction = ClassAction { flags: 0, set_dscp: 0, priority: 0, profile: NO_PROFILE };
 
 /// What the class matcher reads from a packet.
 #[inline(always)]
@@ -29,7 +35,7 @@ pub fn fields(roce: &Roce, dscp: u8) -> ClassFields {
 
 /// The first class that matches, with its index.
 #[inline(always)]
-pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
+fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
     let count = CONFIG.get(0).map_or(0, |c| c.class_count);
     for i in 0..MAX_CLASSES {
         if i >= count {
@@ -50,32 +56,35 @@ pub fn classify_index(fields: &ClassFields) -> u32 {
     classify(fields).map_or(NO_CLASS, |(i, _)| i)
 }
 
-/// The matching class's action, counted against the class.
+/// The matching class's action, counted against the class; NO_ACTION
+/// when none matches.
 #[inline(always)]
-pub fn matched(fields: &ClassFields, len: u64) -> Option<ClassAction> {
+pub fn matched(fields: &ClassFields, len: u64) -> ClassAction {
     match classify_index(fields) {
-        NO_CLASS => None,
+        NO_CLASS => NO_ACTION,
         index => {
             counters::class_matched(index, len);
-            CLASSES.get(index).map(|c| c.action())
+            CLASSES.get(index).map_or(NO_ACTION, |c| c.action())
         }
     }
 }
 
 /// `tos` after the class's DSCP rewrite, if it has one.
 #[inline(always)]
-pub fn apply_dscp(class: &Option<ClassAction>, tos: u8) -> u8 {
-    match class {
-        Some(c) if c.flags & CLASS_SET_DSCP != 0 => rewrite::with_dscp(tos, c.set_dscp as u8),
-        _ => tos,
+pub fn apply_dscp(class: &ClassAction, tos: u8) -> u8 {
+    if class.flags & CLASS_SET_DSCP != 0 {
+        rewrite::with_dscp(tos, class.set_dscp as u8)
+    } else {
+        tos
     }
 }
 
 /// The skb priority the class asks for (0 = leave as is).
 #[inline(always)]
-pub fn priority(class: &Option<ClassAction>) -> u32 {
-    match class {
-        Some(c) if c.flags & CLASS_SET_PRIORITY != 0 => c.priority,
-        _ => 0,
+pub fn priority(class: &ClassAction) -> u32 {
+    if class.flags & CLASS_SET_PRIORITY != 0 {
+        class.priority
+    } else {
+        0
     }
 }

@@ -18,7 +18,7 @@ use crate::{
 /// returns the TOS/traffic-class byte to send (CE set when marked), or a
 /// drop for Not-ECT traffic when the profile asks for it.
 #[inline(always)]
-pub fn mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, now: u64) -> Result<u8, Outcome> {
+pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
     let Some(egress) = egress_entry(ifindex).copied() else { return Ok(tos) };
     counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
     counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
@@ -31,16 +31,11 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, now: u
         *q = next;
         next.depth_bytes
     };
-    let mut profile_id = egress.profile;
-    if let Some(c) = class {
-        if c.flags & CLASS_ECN_EXEMPT != 0 {
-            counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
-            return Ok(tos);
-        }
-        if c.flags & CLASS_ECN_PROFILE != 0 {
-            profile_id = c.profile;
-        }
+    if class.flags & CLASS_ECN_EXEMPT != 0 {
+        counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
+        return Ok(tos);
     }
+    let profile_id = if class.flags & CLASS_ECN_PROFILE != 0 { class.profile } else { egress.profile };
     if profile_id == NO_PROFILE {
         return Ok(tos);
     }
@@ -76,7 +71,7 @@ pub const ECN_DROP: u32 = 0x100;
 #[inline(never)]
 pub fn mark_code(ifindex: u32, tos: u32, len: u64, class: ClassEcn, now: u64) -> u32 {
     let action = ClassAction { flags: class.flags(), set_dscp: 0, priority: 0, profile: class.profile() };
-    match mark(ifindex, tos as u8, len, Some(&action), now) {
+    match mark(ifindex, tos as u8, len, &action, now) {
         Ok(t) => u32::from(t),
         Err(_) => ECN_DROP,
     }
@@ -84,9 +79,8 @@ pub fn mark_code(ifindex: u32, tos: u32, len: u64, class: ClassEcn, now: u64) ->
 
 /// The TOS byte to send after marking, or the drop.
 #[inline(always)]
-pub fn mark_forwarded(ifindex: u32, tos: u8, len: u64, class: &Option<ClassAction>, now: u64) -> Result<u8, Outcome> {
-    let (flags, profile) = class.map_or((0, NO_PROFILE), |c| (c.flags, c.profile));
-    match mark_code(ifindex, u32::from(tos), len, ClassEcn::new(flags, profile), now) {
+pub fn mark_forwarded(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
+    match mark_code(ifindex, u32::from(tos), len, ClassEcn::new(class.flags, class.profile), now) {
         ECN_DROP => Err(drop(PortCounter::DropNotEct)),
         t => Ok(t as u8),
     }

@@ -125,7 +125,8 @@ struct Decision {
     position: u32,
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
-    class: Option<ClassAction>,
+    /// class::NO_ACTION when no class matched.
+    class: ClassAction,
     /// The clock reading if the member choice took one, else 0.
     now: u64,
 }
@@ -161,7 +162,8 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, 
     if member.flags & MEMBER_UP == 0 {
         return Err(no_member);
     }
-    let class = if enabled(Features::CLASSES) { class::matched(&class::fields(&l4.roce, dscp), len) } else { None };
+    let class =
+        if enabled(Features::CLASSES) { class::matched(&class::fields(&l4.roce, dscp), len) } else { class::NO_ACTION };
     Ok(Decision { ifindex: member.ifindex, position, src_mac: member.src_mac, dst_mac: member.dst_mac, class, now })
 }
 
@@ -179,7 +181,7 @@ fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
 #[inline(always)]
 fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv4(ctx, l3_off)?;
+    let ip = parse::parse_ipv4(ctx, l3_off, len as usize)?;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv4 checked the header lies in the packet.
     let (src, dst, ttl, protocol, tos) =
@@ -218,7 +220,7 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
 #[inline(always)]
 fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv6(ctx, l3_off)?;
+    let ip = parse::parse_ipv6(ctx, l3_off, len as usize)?;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv6 checked the header lies in the packet. The
     // addresses are borrowed from the packet, not copied.

@@ -142,9 +142,10 @@ pub struct Ipv4 {
 
 /// IPv4 header of any length (options allowed). Headers the kernel would
 /// reject are dropped here; lengths are checked against the frame so later
-/// reads cannot run past the IP packet.
+/// reads cannot run past the IP packet. `frame_len` is [`frame_len`], read
+/// once per packet by the caller (it is a helper call).
 #[inline(always)]
-pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome> {
+pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv4, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv4Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
@@ -153,7 +154,7 @@ pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome>
     if vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN {
         return Err(bad);
     }
-    if total_len < header_len || l3_off + total_len > frame_len(ctx) {
+    if total_len < header_len || l3_off + total_len > frame_len {
         return Err(bad);
     }
     Ok(Ipv4 { hdr, l4_off: l3_off + header_len, l4_end: l3_off + total_len })
@@ -192,13 +193,13 @@ pub struct Ipv6 {
 }
 
 #[inline(always)]
-pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv6, Outcome> {
+pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv6, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
     let (version, payload_len) = unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
     let l4_off = l3_off + Ipv6Hdr::LEN;
-    if version != 6 || l4_off + payload_len > frame_len(ctx) {
+    if version != 6 || l4_off + payload_len > frame_len {
         return Err(bad);
     }
     Ok(Ipv6 { hdr, l4_off, l4_end: l4_off + payload_len })

@@ -85,7 +85,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
     let l2 = parse::parse_l2(ctx)?;
     match l2.kind {
         L3Kind::V4 => {
-            let ip = parse::parse_ipv4(ctx, l2.l3_off)?;
+            let ip = parse::parse_ipv4(ctx, l2.l3_off, len as usize)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv4.
             let (tos, ttl, protocol) = unsafe { ((*hdr).tos, (*hdr).ttl, (*hdr).proto) };
@@ -98,7 +98,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
             Ok(priority)
         }
         L3Kind::V6 => {
-            let ip = parse::parse_ipv6(ctx, l2.l3_off)?;
+            let ip = parse::parse_ipv6(ctx, l2.l3_off, len as usize)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv6.
             let (vcf, hop_limit, next_header) = unsafe { ((*hdr).vcf, (*hdr).hop_limit, (*hdr).next_hdr) };
@@ -115,15 +115,9 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
 /// The class's DSCP and priority, then ECN marking on the egress queue.
 #[inline(always)]
 fn local_tos(egress: u32, tos: u8, roce: &Roce, len: u64) -> Result<(u8, u32), Outcome> {
-    let matched = if enabled(Features::CLASSES) {
-        class::classify(&class::fields(roce, tos >> 2)).map(|(index, c)| {
-            counters::class_matched(index, len);
-            c
-        })
-    } else {
-        None
-    };
+    let matched =
+        if enabled(Features::CLASSES) { class::matched(&class::fields(roce, tos >> 2), len) } else { class::NO_ACTION };
     let tos = class::apply_dscp(&matched, tos);
-    let tos = if enabled(Features::ECN) { ecn::mark(egress, tos, len, matched.as_ref(), 0)? } else { tos };
+    let tos = if enabled(Features::ECN) { ecn::mark(egress, tos, len, &matched, 0)? } else { tos };
     Ok((tos, class::priority(&matched)))
 }
