@@ -27,6 +27,8 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    /// Not pinned: it holds program references and lives with the programs.
+    pub const CPUS: &str = "CPUS";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -71,6 +73,8 @@ pub const BUCKET_TABLES: u32 = MAX_GROUPS * MEMBER_BANKS;
 /// Port slots for counters; slot 0 collects frames from interfaces the
 /// control program did not register (should stay at zero).
 pub const MAX_PORTS: u32 = 64;
+/// Entries of CPUS: the CPUs the spreading stage can use.
+pub const MAX_SPREAD_CPUS: u32 = 64;
 /// Entries of PORT_COUNTERS: one [`PortCounters`] block per port slot.
 pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS;
 pub const MEMBER_STAT_ENTRIES: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP;
@@ -303,7 +307,9 @@ pub struct DataplaneConfig {
     /// Bumped by the control program after every route table change; a
     /// ROUTE_CACHE slot from an older generation is ignored.
     pub route_generation: u32,
-    pub _reserved: u32,
+    /// CPUs in CPUS that the spreading stage (`cpu_spread`) hands flows
+    /// to; 0 when it is off.
+    pub spread_cpus: u32,
 }
 
 /// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program

@@ -25,6 +25,7 @@ mod pin;
 mod rewrite;
 mod route;
 mod select;
+mod spread;
 mod tc;
 
 use aya_ebpf::{
@@ -38,6 +39,20 @@ use aya_ebpf::{
 /// work on drivers that split them.
 #[xdp(frags)]
 pub fn rocev2_xdp(ctx: XdpContext) -> u32 {
+    forward::xdp_forward(&ctx)
+}
+
+/// XDP ingress with `cpu_spread = "qp"`: hands each flow to a CPU by its
+/// hash through the CPUS map (see spread.rs).
+#[xdp(frags)]
+pub fn rocev2_xdp_spread(ctx: XdpContext) -> u32 {
+    spread::spread(&ctx)
+}
+
+/// Runs on each CPUS entry's CPU: the forwarding pipeline for the frames
+/// the spreading stage handed over (the ingress port is the original one).
+#[xdp(frags, map = "cpumap")]
+pub fn rocev2_xdp_cpu(ctx: XdpContext) -> u32 {
     forward::xdp_forward(&ctx)
 }
 

@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, CpuMap, DevMapHash, HashMap, MapData, PerCpuArray,
     },
     programs::{
         links::{FdLink, PinnedLink},
@@ -47,6 +47,12 @@ use crate::config::Prefix;
 
 /// Name of the forwarding program in the object.
 pub const XDP_PROGRAM: &str = "rocev2_xdp";
+/// The spreading stage on ports with `cpu_spread = "qp"`.
+pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
+/// The pipeline as each CPUS entry runs it.
+pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
+/// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
+const CPU_QUEUE_FRAMES: u32 = 2048;
 /// A program that passes everything (veth NAPI helper, benchmark floor).
 pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
 /// Sends every frame back out (XDP_TX): the live-frames traffic generator.
@@ -233,6 +239,12 @@ impl Maps {
 
     pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
         let config = DataplaneConfig { hash_seed: seed, ..self.dataplane_config()? };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
+    /// How many CPUs (CPUS entries 0..n) the spreading stage uses; 0 = off.
+    pub fn set_spread_cpus(&mut self, n: u32) -> Result<()> {
+        let config = DataplaneConfig { spread_cpus: n, ..self.dataplane_config()? };
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
@@ -559,6 +571,12 @@ impl Maps {
         Ok(PortCounter::ALL.iter().map(|c| (c.name(), sums.get(*c))).collect())
     }
 
+    /// One port counter on each CPU, in CPU order (which CPUs did the work).
+    pub fn port_counter_per_cpu(&self, slot: u32, counter: PortCounter) -> Result<Vec<u64>> {
+        let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
+        Ok(values.iter().map(|cpu| cpu.get(counter)).collect())
+    }
+
     /// A port slot's counter block, summed over CPUs (one map read).
     fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
         let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
@@ -629,6 +647,8 @@ pub struct Dataplane {
     handed_over: bool,
     /// Fixed at load time (the FEATURES constant).
     features: Features,
+    /// What `attach` puts on a port: the pipeline, or the spreading stage.
+    ingress_program: &'static str,
 }
 
 /// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
@@ -695,12 +715,43 @@ impl Dataplane {
             tc_links: BTreeMap::new(),
             handed_over: false,
             features,
+            ingress_program: XDP_PROGRAM,
         })
     }
 
     /// The features the loaded programs carry.
     pub fn features(&self) -> Features {
         self.features
+    }
+
+    /// Turns on the spreading stage (`cpu_spread = "qp"`): every online
+    /// CPU gets a CPUS entry running the pipeline (XDP_CPU_PROGRAM), and
+    /// ports attached from now on get XDP_SPREAD_PROGRAM, which hands each
+    /// flow to one of them. Returns the CPUs in use.
+    pub fn enable_cpu_spread(&mut self) -> Result<Vec<u32>> {
+        for name in [XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM] {
+            self.xdp_program(name)?.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        let cpu_program =
+            self.xdp_program(XDP_CPU_PROGRAM)?.fd()?.try_clone().context("cannot duplicate a program fd")?;
+        let online = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+        let map = self.ebpf.map_mut(names::CPUS).context("eBPF object has no map CPUS")?;
+        let mut cpus: CpuMap<&mut MapData> = CpuMap::try_from(map).context("CPUS is not a CPU map")?;
+        let mut used = Vec::new();
+        for cpu in online {
+            if cpu >= maps::MAX_SPREAD_CPUS {
+                break;
+            }
+            cpus.set(cpu, CPU_QUEUE_FRAMES, Some(&cpu_program), 0)
+                .with_context(|| format!("cannot add CPU {cpu} to CPUS"))?;
+            used.push(cpu);
+        }
+        // Keys are CPU numbers: the stage hashes over 0..=highest, and a
+        // flow hashed to an offline CPU is forwarded where it arrived.
+        let span = used.iter().max().map_or(0, |m| m + 1);
+        self.maps.set_spread_cpus(span)?;
+        self.ingress_program = XDP_SPREAD_PROGRAM;
+        Ok(used)
     }
 
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
@@ -723,14 +774,14 @@ impl Dataplane {
                 .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
             let old = XdpLink::try_from(FdLink::from(pinned))
                 .with_context(|| format!("{} is not an XDP link", path.display()))?;
-            let program = self.xdp_program(XDP_PROGRAM)?;
+            let program = self.xdp_program(self.ingress_program)?;
             let id =
                 program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
             let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
             self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
             return Ok(true);
         }
-        let program = self.xdp_program(XDP_PROGRAM)?;
+        let program = self.xdp_program(self.ingress_program)?;
         let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
                 XdpMode::Driver => {

@@ -25,7 +25,7 @@ use rocev2_common::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Attach, Config, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
+    config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
     netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
     routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
@@ -237,8 +237,17 @@ impl Runner {
         } else {
             Dataplane::load_with_features(Some(&pin_dir), config.flowlet_table_size(), config.features())?
         };
+        let mut dataplane = dataplane;
         let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
         tracing::info!(features = features.as_str(), "programs loaded with features: {features}");
+        if config.dataplane.cpu_spread == CpuSpread::Qp {
+            if config.dataplane.attach == Attach::Tc {
+                bail!("dataplane.cpu_spread = \"qp\" needs attach = \"xdp\" (the CPU map is an XDP redirect); set one of them back");
+            }
+            let cpus = dataplane.enable_cpu_spread()?;
+            let list = cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+            tracing::info!(cpus = list.as_str(), "cpu_spread = qp: flows spread over CPUs {list} by their qp hash");
+        }
         let state = RunState {
             pid: std::process::id(),
             config: config.path.clone(),
@@ -374,6 +383,9 @@ impl Runner {
         }
         if old.xdp_mode != newd.xdp_mode {
             fixed.push("dataplane.xdp_mode");
+        }
+        if old.cpu_spread != newd.cpu_spread {
+            fixed.push("dataplane.cpu_spread");
         }
         if self.config.routing != new.routing {
             fixed.push("[routing]");

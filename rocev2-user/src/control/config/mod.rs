@@ -226,6 +226,21 @@ pub struct Dataplane {
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
     pub attach: Attach,
+    /// `cpu_spread`: a first XDP stage that hands each flow to a CPU by
+    /// its hash (DestQP included) through a CPUMAP, whose program runs the
+    /// pipeline.
+    pub cpu_spread: CpuSpread,
+}
+
+/// `dataplane.cpu_spread`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuSpread {
+    /// The CPU that receives a packet forwards it (the NIC's RSS decides).
+    #[default]
+    Off,
+    /// Flows are spread over every online CPU by their `qp` hash; one flow
+    /// (one QP) always goes to the same CPU, so its packets stay in order.
+    Qp,
 }
 
 impl Default for Dataplane {
@@ -237,6 +252,7 @@ impl Default for Dataplane {
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
             attach: Attach::Xdp,
+            cpu_spread: CpuSpread::Off,
         }
     }
 }
