@@ -6,7 +6,7 @@
 //! `rocev2_xdp_cpu` program runs the pipeline. One flow always maps to one
 //! CPU, so a QP's packets stay in order.
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use rocev2_common::{
     hash::{flow_hash, FlowKey},
     maps::MAX_SPREAD_CPUS,
