@@ -32,8 +32,16 @@ pub fn fib_forward(ctx: &XdpContext) -> u32 {
     if ttl <= 1 {
         return xdp_action::XDP_PASS;
     }
-    // SAFETY: an all-zero lookup request is valid; the fields it needs follow.
-    let mut fib: FibParams = unsafe { core::mem::zeroed() };
+    // Zeroed word by word: `mem::zeroed` becomes a call to memset, a byte
+    // loop on BPF, where C's __builtin_memset (xdp-forward) is inlined.
+    let mut fib = core::mem::MaybeUninit::<FibParams>::uninit();
+    let words = fib.as_mut_ptr() as *mut u64;
+    for i in 0..core::mem::size_of::<FibParams>() / 8 {
+        // SAFETY: within the struct, which is a multiple of 8 bytes.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+    }
+    // SAFETY: all-zero is a valid lookup request; the fields it needs follow.
+    let mut fib = unsafe { fib.assume_init() };
     fib.family = AF_INET;
     fib.l4_protocol = protocol;
     fib.__bindgen_anon_1.tot_len = u16::from_be_bytes(tot_len);

@@ -4,6 +4,8 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::dataplane::XDP_SPREAD_PROGRAM;
+use rocev2_common::counters::PortCounter;
 
 pub(super) const SENDER_MAC: [u8; 6] = [2, 0x42, 0, 0, 0, 1];
 pub(super) const SWITCH_MAC: [u8; 6] = [2, 0x42, 0, 0, 0, 0xFE];
@@ -126,6 +128,8 @@ pub(super) enum FwdRow {
     /// xdp-forward's method: bpf_fib_lookup per packet.
     FibPeer,
     Rocev2(Pipeline),
+    /// qp behind the `cpu_spread = "qp"` stage.
+    Spread,
 }
 
 impl FwdRow {
@@ -134,6 +138,7 @@ impl FwdRow {
             FwdRow::Kernel => "Linux kernel forwarding (multipath, hash policy 1)",
             FwdRow::Trivial => "trivial XDP redirect (limit)",
             FwdRow::FibPeer => "peer: XDP bpf_fib_lookup forwarding (xdp-forward's method)",
+            FwdRow::Spread => "rocev2 qp, cpu_spread = \"qp\"",
             FwdRow::Rocev2(p) => p.name(),
         }
     }
@@ -218,6 +223,22 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
         p.configure(&mut dp, &members, &uplinks)?;
         switch.push(dp);
     }
+    // qp again, behind the spreading stage.
+    let spread_instance = switch.len();
+    {
+        let mut dp = load_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, Pipeline::Qp.features())?;
+        dp.maps.set_port(p0, 1)?;
+        in_ns(&sw, || {
+            for idx in &uplinks {
+                dp.maps.add_egress_dev(*idx)?;
+            }
+            Ok(())
+        })?;
+        dp.sync_routes(&wanted)?;
+        Pipeline::Qp.configure(&mut dp, &members, &uplinks)?;
+        dp.enable_cpu_spread()?;
+        switch.push(dp);
+    }
 
     // Which generator can feed the kernel path? Live frames first.
     let (live_sent, live_got) = measure(&lab, 1.0, GenMode::LiveFrames)?;
@@ -240,6 +261,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     let rows_all: Vec<FwdRow> = [FwdRow::Kernel, FwdRow::Trivial, FwdRow::FibPeer]
         .into_iter()
         .chain(PIPELINES.iter().map(|p| FwdRow::Rocev2(*p)))
+        .chain([FwdRow::Spread])
         .collect();
     let mut runs: Vec<(GenMode, Vec<FwdRow>)> = vec![(kernel_mode, rows_all.clone())];
     if kernel_mode == GenMode::Packet {
@@ -254,6 +276,8 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             GenMode::LiveFrames => "XDP live frames",
         };
         let mut samples: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
+        // Packets the pipeline forwarded on each CPU, per row.
+        let mut cpu_work: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         for round in 0..args.fwd_rounds {
             // Rotate the order each round so slow drifts of a noisy machine
             // do not always hit the same row.
@@ -262,15 +286,22 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
                 let r = rows[i];
                 let instance = match r {
                     FwdRow::Rocev2(p) => PIPELINES.iter().position(|q| *q == p).unwrap_or(0),
+                    FwdRow::Spread => spread_instance,
                     _ => 0,
                 };
                 let target = &mut switch[instance];
                 let link = attach_row(target, &sw, p0, r)?;
+                let before = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
                 let m = measure(&lab, args.seconds, mode);
                 if let Some((name, id)) = link {
                     in_ns(&sw, || Ok(target.xdp_program(name)?.detach(id)?))?;
                 }
                 let m = m?;
+                let after = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
+                let cpus = cpu_work.entry(i).or_insert_with(|| vec![0; after.len()]);
+                for ((sum, a), b) in cpus.iter_mut().zip(&after).zip(&before) {
+                    *sum += a - b;
+                }
                 eprintln!(
                     "bench:   {gen_name:>15} {:<50} sent {:.3} Mpps, received {:.3} Mpps",
                     r.name(),
@@ -314,7 +345,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             out.push(row(
                 "2 forwarding",
                 r.name(),
-                format!("IPv4, {gen_name}, offered {:.2} Mpps", sent(i) / 1e6),
+                format!("IPv4, {gen_name}, offered {:.2} Mpps{}", sent(i) / 1e6, cpu_shares(cpu_work.get(&i))),
                 format!("{mpps:.3} Mpps"),
                 rel.join(", "),
                 target,
@@ -325,6 +356,18 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     drop(rx);
     drop(lab);
     Ok(out)
+}
+
+/// "; forwarded on CPU 0/1: 100%/0%" for rows whose pipeline counted.
+fn cpu_shares(work: Option<&Vec<u64>>) -> String {
+    let Some(work) = work else { return String::new() };
+    let total: u64 = work.iter().sum();
+    if total == 0 {
+        return String::new();
+    }
+    let cpus = (0..work.len()).map(|c| c.to_string()).collect::<Vec<_>>().join("/");
+    let shares = work.iter().map(|w| format!("{:.0}%", 100.0 * *w as f64 / total as f64)).collect::<Vec<_>>().join("/");
+    format!("; forwarded on CPU {cpus}: {shares}")
 }
 
 /// Sets the switch up for one row; returns the attached program and link.
@@ -339,6 +382,7 @@ pub(super) fn attach_row(
         FwdRow::Trivial => XDP_REDIRECT_PROGRAM,
         FwdRow::FibPeer => XDP_FIB_PROGRAM,
         FwdRow::Rocev2(_) => XDP_PROGRAM,
+        FwdRow::Spread => XDP_SPREAD_PROGRAM,
     };
     let id = in_ns(sw, || Ok(dp.xdp_program(name)?.attach_to_if_index(p0, XdpMode::Driver)?))?;
     Ok(Some((name, id)))
