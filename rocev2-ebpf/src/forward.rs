@@ -9,6 +9,8 @@
 //! Nothing covered by the RoCEv2 ICRC is touched: TTL/hop limit, DSCP, ECN
 //! and the IPv4 header checksum are masked out of it; MACs are outside it.
 
+use core::{mem::MaybeUninit, ptr::write_volatile};
+
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, programs::XdpContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
@@ -16,7 +18,7 @@ use rocev2_common::{
     class::ClassAction,
     counters::PortCounter,
     features::Features,
-    hash::FlowKey,
+    hash::{ipv4_words, FlowKey},
     maps::{member_index, MAX_MEMBERS_PER_GROUP, MEMBER_UP, POLICY_FLOWLET},
 };
 
@@ -162,8 +164,11 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, 
     if member.flags & MEMBER_UP == 0 {
         return Err(no_member);
     }
-    let class =
-        if enabled(Features::CLASSES) { class::matched(&class::fields(&l4.roce, dscp), len) } else { class::NO_ACTION };
+    let class = if enabled(Features::CLASSES) {
+        class::matched(&class::fields(&l4.roce, l4.dest_qp, dscp), len)
+    } else {
+        class::NO_ACTION
+    };
     Ok(Decision { ifindex: member.ifindex, position, src_mac: member.src_mac, dst_mac: member.dst_mac, class, now })
 }
 
@@ -205,7 +210,7 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         return Err(drop(PortCounter::DropBadIpv4Checksum));
     }
     let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
-    let key = flow_key(FlowKey::v4(src, dst, protocol, l4.src_port, l4.dst_port), &l4);
+    let key = flow_key_v4(src, dst, protocol, &l4);
     let pin = if enabled(Features::PINNED) { pin::pinned_v4(dst, &l4, group) } else { NO_PIN };
     let d = decide(slot, group, &key, &l4, tos >> 2, pin, len)?;
     let tos_out = new_tos(&d, tos, len)?;
@@ -235,9 +240,7 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     }
     let l4 = parse::parse_l4(ctx, next_header, ip.l4_off, ip.l4_end)?;
     let mut key = FlowKey::v6_ref(src, dst, next_header, l4.src_port, l4.dst_port);
-    if let Roce::Yes { dest_qp, .. } = l4.roce {
-        key.dest_qp = dest_qp & 0x00FF_FFFF;
-    }
+    key.dest_qp = l4.dest_qp;
     let tc = rewrite::ipv6_traffic_class(vcf);
     let pin = if enabled(Features::PINNED) { pin::pinned_v6(dst, &l4, group) } else { NO_PIN };
     let d = decide(slot, group, &key, &l4, tc >> 2, pin, len)?;
@@ -250,10 +253,25 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
 }
 
+/// `FlowKey::v4` plus the DestQP, one store per field. Built the plain
+/// way, LLVM merges the key's zero words into a call to memset, which on
+/// BPF is a byte loop; volatile stores are never merged.
 #[inline(always)]
-fn flow_key(key: FlowKey, l4: &L4) -> FlowKey {
-    match l4.roce {
-        Roce::Yes { dest_qp, .. } => key.with_dest_qp(dest_qp),
-        _ => key,
+pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> FlowKey {
+    let dest_qp = l4.dest_qp;
+    let (src, dst) = (ipv4_words(src), ipv4_words(dst));
+    let mut key = MaybeUninit::<FlowKey>::uninit();
+    let k = key.as_mut_ptr();
+    // SAFETY: every field is written before the key is read; padding never is.
+    unsafe {
+        for i in 0..4 {
+            write_volatile(&raw mut (*k).src[i], src[i]);
+            write_volatile(&raw mut (*k).dst[i], dst[i]);
+        }
+        write_volatile(&raw mut (*k).src_port, l4.src_port);
+        write_volatile(&raw mut (*k).dst_port, l4.dst_port);
+        write_volatile(&raw mut (*k).protocol, protocol);
+        write_volatile(&raw mut (*k).dest_qp, dest_qp);
+        key.assume_init()
     }
 }

@@ -17,21 +17,21 @@ pub const NO_PIN: u32 = u32::MAX;
 /// other packet skips.
 #[inline(always)]
 pub fn pinned_v4(dst: [u8; 4], l4: &L4, group_id: u32) -> u32 {
-    let Roce::Yes { dest_qp, .. } = l4.roce else { return NO_PIN };
+    let Roce::Yes { .. } = l4.roce else { return NO_PIN };
     if !is_pinned(group_id) {
         return NO_PIN;
     }
-    lookup_v4(u32::from_ne_bytes(dst), dest_qp, group_id)
+    lookup_v4(u32::from_ne_bytes(dst), l4.dest_qp, group_id)
 }
 
 /// [`pinned_v4`] for IPv6.
 #[inline(always)]
 pub fn pinned_v6(dst: &[u8; 16], l4: &L4, group_id: u32) -> u32 {
-    let Roce::Yes { dest_qp, .. } = l4.roce else { return NO_PIN };
+    let Roce::Yes { .. } = l4.roce else { return NO_PIN };
     if !is_pinned(group_id) {
         return NO_PIN;
     }
-    lookup_v6(dst, dest_qp, group_id)
+    lookup_v6(dst, l4.dest_qp, group_id)
 }
 
 #[inline(always)]

@@ -14,7 +14,7 @@ use rocev2_common::{
 
 use crate::{
     maps::{CONFIG, CPUS},
-    parse::{self, L3Kind, Roce},
+    parse::{self, L3Kind},
 };
 
 /// Hands the frame to its flow's CPU; a frame that cannot be parsed that
@@ -55,10 +55,7 @@ fn flow_of(ctx: &XdpContext) -> FlowKey {
             // SAFETY: parse_ipv4 checked the header.
             let (src, dst, protocol) = unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto) };
             let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return key };
-            key = FlowKey::v4(src, dst, protocol, l4.src_port, l4.dst_port);
-            if let Roce::Yes { dest_qp, .. } = l4.roce {
-                key = key.with_dest_qp(dest_qp);
-            }
+            key = crate::forward::flow_key_v4(src, dst, protocol, &l4);
         }
         L3Kind::V6 => {
             let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off, len) else { return key };
@@ -66,9 +63,7 @@ fn flow_of(ctx: &XdpContext) -> FlowKey {
             let (src, dst, next) = unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr) };
             let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return key };
             key = FlowKey::v6_ref(src, dst, next, l4.src_port, l4.dst_port);
-            if let Roce::Yes { dest_qp, .. } = l4.roce {
-                key = key.with_dest_qp(dest_qp);
-            }
+            key.dest_qp = l4.dest_qp;
         }
     }
     key

@@ -14,7 +14,7 @@ use crate::{
     class, counters, ecn,
     features::enabled,
     forward::{forward, Forward},
-    parse::{self, drop, L3Kind, Outcome, Roce, Verdict},
+    parse::{self, drop, L3Kind, Outcome, Verdict, L4},
     rewrite,
 };
 
@@ -90,7 +90,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
             // SAFETY: header checked by parse_ipv4.
             let (tos, ttl, protocol) = unsafe { ((*hdr).tos, (*hdr).ttl, (*hdr).proto) };
             let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
-            let (tos_out, priority) = local_tos(egress, tos, &l4.roce, len)?;
+            let (tos_out, priority) = local_tos(egress, tos, &l4, len)?;
             if tos_out != tos {
                 // SAFETY: as above.
                 unsafe { rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl) };
@@ -104,7 +104,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
             let (vcf, hop_limit, next_header) = unsafe { ((*hdr).vcf, (*hdr).hop_limit, (*hdr).next_hdr) };
             let l4 = parse::parse_l4(ctx, next_header, ip.l4_off, ip.l4_end)?;
             let tc = rewrite::ipv6_traffic_class(vcf);
-            let (tc_out, priority) = local_tos(egress, tc, &l4.roce, len)?;
+            let (tc_out, priority) = local_tos(egress, tc, &l4, len)?;
             // SAFETY: as above.
             unsafe { rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit) };
             Ok(priority)
@@ -114,9 +114,12 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
 
 /// The class's DSCP and priority, then ECN marking on the egress queue.
 #[inline(always)]
-fn local_tos(egress: u32, tos: u8, roce: &Roce, len: u64) -> Result<(u8, u32), Outcome> {
-    let matched =
-        if enabled(Features::CLASSES) { class::matched(&class::fields(roce, tos >> 2), len) } else { class::NO_ACTION };
+fn local_tos(egress: u32, tos: u8, l4: &L4, len: u64) -> Result<(u8, u32), Outcome> {
+    let matched = if enabled(Features::CLASSES) {
+        class::matched(&class::fields(&l4.roce, l4.dest_qp, tos >> 2), len)
+    } else {
+        class::NO_ACTION
+    };
     let tos = class::apply_dscp(&matched, tos);
     let tos = if enabled(Features::ECN) { ecn::mark(egress, tos, len, &matched, 0)? } else { tos };
     Ok((tos, class::priority(&matched)))
