@@ -2,6 +2,8 @@
 //! packet's port counters are one block (PortCounters) found with one
 //! lookup and added to in place.
 
+use core::mem::MaybeUninit;
+
 use rocev2_common::{
     counters::{EgressCounter, PortCounter},
     features::Features,
@@ -38,7 +40,7 @@ pub fn add(slot: u32, counter: PortCounter, value: u64) {
 /// Everything a packet moves: received, and forwarded (with its member)
 /// or the reason it left the fast path.
 #[inline(always)]
-pub fn count_packet(slot: u32, len: u64, f: &Forward, result: Result<(), Outcome>) {
+pub fn count_packet(slot: u32, len: u64, out: &MaybeUninit<Forward>, result: Result<(), Outcome>) {
     if !enabled(Features::COUNTERS) {
         return;
     }
@@ -47,6 +49,8 @@ pub fn count_packet(slot: u32, len: u64, f: &Forward, result: Result<(), Outcome
     c.add(PortCounter::RxBytes, len);
     match result {
         Ok(()) => {
+            // SAFETY: the pipeline wrote `out` when it returned Ok.
+            let f = unsafe { out.assume_init_ref() };
             c.add(PortCounter::Forwarded, 1);
             c.add(PortCounter::ForwardedBytes, len);
             match f.roce {

@@ -3,6 +3,8 @@
 //! itself sends (host bridge mode), which passes through the kernel's
 //! qdiscs (an HTB with priority classes serves control packets first).
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     helpers::bpf_redirect,
@@ -38,17 +40,19 @@ pub fn tc_forward(ctx: &TcContext) -> i32 {
     let slot = counters::port_slot(skb_field(ctx, |s| s.ifindex));
     let len = u64::from(ctx.len());
     pull_headers(ctx);
-    let mut out = Forward::EMPTY;
-    let result = forward(ctx, slot, len, &mut out).and_then(|()| {
-        if out.priority != 0 {
+    let mut out = MaybeUninit::<Forward>::uninit();
+    let mut result = forward(ctx, slot, len, &mut out);
+    if result.is_ok() {
+        // SAFETY: forward wrote `out` when it returned Ok.
+        let f = unsafe { out.assume_init_ref() };
+        if f.priority != 0 {
             // SAFETY: priority is writable by tc programs.
-            unsafe { (*ctx.skb.skb).priority = out.priority };
+            unsafe { (*ctx.skb.skb).priority = f.priority };
         }
-        match unsafe { bpf_redirect(out.ifindex, 0) } as i32 {
-            TC_ACT_REDIRECT => Ok(()),
-            _ => Err(drop(PortCounter::DropRedirectFailed)),
+        if unsafe { bpf_redirect(f.ifindex, 0) } as i32 != TC_ACT_REDIRECT {
+            result = Err(drop(PortCounter::DropRedirectFailed));
         }
-    });
+    }
     counters::count_packet(slot, len, &out, result);
     match result {
         Ok(()) => TC_ACT_REDIRECT,
