@@ -885,61 +885,54 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 const READING: &str = "
-- What was profiled and changed. `rocev2 bench --loop <pipeline>`
-  (five-tuple, qp, flowlet, full, floor) runs one part-1 measurement over
-  and over so `perf record -a` can sample it (`bpftool prog profile` is not
-  built into Debian 12's bpftool, and this VM has no hardware counters:
-  `perf stat -e cycles` says not supported; perf's cpu-clock sampling
-  works, with JITed programs named in its report).
-  Four design changes came out of it, each with a test:
-  1. The flowlet table was updated with BPF_MAP_UPDATE_ELEM on every
-     packet (LRU bucket lock, free-list pop and push: more than the rest of
-     the pipeline). A known flow's entry is now written in place; only a
-     new or evicted flow inserts. Flowlet row 700 -> 480 ns, full 900 ->
-     580 ns (both at repeat 250, the old method).
-  2. The virtual queue's drain did six 64-bit divisions per packet. The
-     control program now precomputes a multiplier and shift per port
-     (`DrainRate`, within 1/2^23 plus one byte of exact, never above).
-  3. Ports and egress queues were found by two hash lookups per packet;
-     now by an array indexed by ifindex (the hash maps remain for
-     ifindexes of 16,384 and above).
-  4. The LPM route lookup sits behind a per-CPU direct-mapped destination
-     cache (256 slots), valid only while the route generation the control
-     program bumps after every route change is unchanged. Most RoCE
-     packets of a rack go to few destinations; the `route-cache miss` rows
-     show the cost when every packet misses (the trie lookup plus a failed
-     compare), which is also what the 100k-route rows would cost for
-     traffic to many destinations.
-  Also: the clock is read once per packet, and a random number is drawn
-  only where ECN marking is probabilistic. Before and after, measured
-  interleaved in one session (the old build is commit 7f50b6b with this
-  bench; `--loop`, IPv4, 10 routes, repeat 1, median of about 50
-  measurements of 50,000 calls each), ns above the floor:
-
-  | pipeline | before | after |
-  |---|---|---|
-  | five-tuple | 421 | 267 |
-  | qp | 492 | 337 |
-  | flowlet | 656 | 321 |
-  | flowlet+ECN+classes | 818 | 391 |
-
-  The machine is noisy: consecutive measurements of one row ranged from
-  180 to 420 ns, which is why every row is a median of rounds.
-- What remains above the floor, from a cpu-clock profile of the full
-  pipeline after these changes (`--loop full`, IPv4, share of the samples
-  inside the program and the kernel functions it calls): the forwarding
-  code itself (parse, route cache, group and member lookups, checksum
-  patch) 26 %; the flowlet table lookup (jhash of its 44-byte key, the
-  bucket walk, the key compare) 22 %; the ECN code (virtual queue
-  read-modify-write, profile, counters) 13 %; the entry point (port slot,
-  counters, redirect decision) 12 %; member choice 8 %; the clock read
-  (`read_tsc` in this VM) about 8 %; the class match 6 %; the devmap
-  redirect 5 %. None of these is a division or a lock
-  any more; each is a map access or straight-line code. The 50 ns target
-  would leave room for about one hash-map lookup, so a full pipeline with
-  per-flow flowlet state and per-port ECN cannot meet it with kernel maps;
-  a hash-indexed flowlet array without keys (what switch ASICs use) would
-  be the next step, at the price of flows sharing state on collisions.
+- Load-time features. `rocev2 run` loads the pipeline with only the
+  features its config uses (flowlet, pinned, ECN, classes; counters always)
+  as a read-only constant the verifier folds, so the code of the others is
+  gone from the loaded program: the `as loaded for` lines above give each
+  row's program size. Each part-1 row runs on its own instance loaded the
+  way `rocev2 run` would load it; the `marginal` rows are qp plus one
+  feature (or minus the counters, or with every feature loaded but unused,
+  which is what every config paid before) read against the qp row of the
+  same round.
+- What changed in the hot path, with the qp row of the baseline run on
+  this machine (same bench, all features always loaded; IPv4, 10 routes,
+  ns above the floor) for comparison with the table: five-tuple +173, qp
+  +173, flowlet +242, flowlet+ECN+classes +266; through veths qp forwarded
+  65 % of the redirect, 3.2x the kernel; `rocev2_xdp` was 4,286 xlated
+  instructions for every config.
+  1. Feature gating (above): qp 4,286 -> about 2,150 instructions.
+  2. Port counters are one per-CPU block per port, found once per packet
+     (five to seven array lookups before).
+  3. The forwarding programs called `memset` three times per packet (a
+     zeroed result struct and the IPv4 flow key's zero words). On BPF that
+     is a byte loop: 44 iterations, about 220 instructions. The key is now
+     written one field at a time and the result is left unwritten until
+     the pipeline fills it; `llvm-objdump -r` of the object shows no memset
+     relocation in the forwarding programs.
+  4. The frame length (a helper call) is read once per packet, not twice.
+- Where the qp row's remaining cost goes (cpu-clock profile of
+  `rocev2 bench --loop qp`, samples inside the program and the kernel
+  functions it calls; static instruction counts from `llvm-objdump -d` of
+  the object): the entry function `rocev2_xdp` (219 instructions: port
+  slot, frame length helper, Ethernet parse, counter block and member
+  counters, the devmap redirect) about 40 %; `forward_v4_call` (676
+  instructions: IPv4 checks and checksum, route cache, UDP/BTH parse, flow
+  key, group and member lookups, rewrite) about 30 %; `choose_position`'s
+  hash path (MurmurHash3 over 11 words, the bucket table) about 23 %; the
+  devmap lookup of the redirect about 8 %, which the floor pays too.
+  Next design steps, in the order of what they save: hash only the words
+  an IPv4 key carries (5 mixes instead of 11; one change in
+  rocev2_common::hash serves the kernel, explain and the simulator), fold
+  the per-member counters into the port block (one per-CPU lookup fewer),
+  and read the frame length from data_end - data unless the frame has
+  fragments. The flowlet rows are dominated by the LRU table (jhash of a
+  44-byte key, bucket walk, compare); a keyless hash-indexed table (what
+  switch ASICs use) is the step that would bring them to the target.
+- cpu_spread = \"qp\" row: the spreading program runs where the frame
+  arrives and hands it through a CPU map to the CPU its qp hash names, so
+  the pipeline's work is split over both CPUs (the per-CPU shares come
+  from the port counters); on this 2-core VM the sender shares those CPUs,
+  so the row shows the spread, not a higher rate.
 - Part 2 compares rows fed by the same generator in one run. On this
   2-core machine the sender, the switch and the receivers share the two
   CPUs, so a row's rate is also limited by how much CPU it leaves to the
