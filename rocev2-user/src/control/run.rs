@@ -923,11 +923,6 @@ fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedP
     (&config.route_policies, default)
 }
 
-/// Default pin directory path for a config (used by `stats --config`).
-pub fn pin_dir_of(config: &Config) -> PathBuf {
-    config.dataplane.pin_dir.clone()
-}
-
 /// `rocev2 reload`: sends SIGHUP to the `rocev2 run` using `pin_dir` and
 /// waits until it reports the result. Returns the config file it reloaded;
 /// a failed reload is an error carrying the reason (the old config stays).
