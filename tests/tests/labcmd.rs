@@ -51,6 +51,8 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         hash: "qp".into(),
         config_out: None,
         routing: LabRouting::Static,
+        racks: None,
+        seed: rocev2_user::fabric::SeedPlan::Auto,
     }
 }
 

@@ -127,9 +127,8 @@ impl Frr {
     fn stop(&self) {
         for name in ["bgpd", "zebra"] {
             if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("{name}.pid"))) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on the pid our own daemon wrote.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                if let Ok(pid) = pid.trim().parse::<u32>() {
+                    let _ = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
                 }
             }
         }
@@ -198,7 +197,9 @@ pub fn bgp_config(asn: u32, router_id: &str, neighbours: &[(String, String)], ne
         for n in networks.iter().filter(|n| n.contains(':') == v6) {
             out.push_str(&format!("  network {n}\n"));
         }
-        out.push_str("  maximum-paths 8\n exit-address-family\n");
+        // Every session may be an equal path (a fabric leaf with many uplinks).
+        let paths = neighbours.len().clamp(8, 64);
+        out.push_str(&format!("  maximum-paths {paths}\n exit-address-family\n"));
     }
     out.push_str("!\n");
     out

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::netns::ip;
 
-const RUN_DIR: &str = "/run/rocev2";
+pub(crate) use crate::paths::RUN_DIR;
 const MAX_NAME: usize = 8;
 const MAX_HOSTS: u32 = 250;
 const MAX_SPINES: u32 = 15;
@@ -50,6 +50,7 @@ pub const DEST_PREFIX_V4: &str = "10.1.0.0/16";
 pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
+pub mod fabric;
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum LabCommand {
@@ -57,8 +58,14 @@ pub enum LabCommand {
     Up(LabUpArgs),
     /// Remove every namespace and file `lab up` made.
     Down(LabNameArgs),
-    /// Show the lab's namespaces, links, addresses and whether a dataplane is attached.
+    /// Show the lab's namespaces, links, addresses and whether a dataplane is attached
+    /// (a fabric: every switch's dataplane and counters).
     Status(LabNameArgs),
+    /// Run a collective's traffic over a fabric (`lab up --racks`): a generator on
+    /// every host, a sink checking every packet, per-link loads by tier.
+    Traffic(fabric::LabTrafficArgs),
+    /// A fabric's per-link loads by tier from every switch's member counters.
+    Stats(fabric::LabStatsArgs),
 }
 
 impl LabCommand {
@@ -68,6 +75,8 @@ impl LabCommand {
             Self::Up(_) => "lab up",
             Self::Down(_) => "lab down",
             Self::Status(_) => "lab status",
+            Self::Traffic(_) => "lab traffic",
+            Self::Stats(_) => "lab stats",
         }
     }
 }
@@ -100,6 +109,15 @@ pub struct LabUpArgs {
     /// spine, eBGP per link; rocev2 follows the kernel routes zebra installs).
     #[arg(long, value_enum, default_value = "static")]
     pub routing: LabRouting,
+    /// Build a fabric of this many racks (each `--hosts` hosts behind a leaf,
+    /// `--spines` spines, `--links-per-spine` links per leaf-spine pair) with
+    /// rocev2 running on every switch. Without it: the single-rack lab.
+    #[arg(long)]
+    pub racks: Option<u32>,
+    /// Fabric hash seeds: `same` on every switch (shows polarization) or
+    /// `auto` (each switch's own, from its port MACs).
+    #[arg(long, value_enum, default_value = "auto", requires = "racks")]
+    pub seed: crate::fabric::SeedPlan,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,21 +132,8 @@ pub struct LabNameArgs {
     pub name: String,
 }
 
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LabFamily {
-    V4,
-    V6,
-    Both,
-}
-
-impl LabFamily {
-    fn v4(self) -> bool {
-        self != LabFamily::V6
-    }
-    fn v6(self) -> bool {
-        self != LabFamily::V4
-    }
-}
+/// The address families of a lab (one type with the fabric simulator's).
+pub use crate::fabric::Family as LabFamily;
 
 pub fn run(cmd: &LabCommand) -> Result<()> {
     match cmd {
@@ -145,6 +150,8 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             print!("{}", status(&args.name)?);
             Ok(())
         }
+        LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
+        LabCommand::Stats(args) => fabric::stats(args),
     }
 }
 
@@ -163,6 +170,12 @@ pub struct LabRecord {
     /// once the namespaces (and so the daemons) are gone.
     #[serde(default)]
     pub frr_dirs: Vec<PathBuf>,
+    /// A fabric lab (`lab up --racks`): its shape, for `lab traffic` and `lab stats`.
+    #[serde(default)]
+    pub fabric: Option<crate::fabric::Fabric>,
+    /// A fabric's dataplanes, one per switch.
+    #[serde(default)]
+    pub switches: Vec<fabric::SwitchRecord>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {
@@ -185,7 +198,7 @@ impl LabRecord {
         serde_json::from_slice(&text).with_context(|| format!("{} is not a rocev2 lab record", path.display()))
     }
 
-    fn write(&self) -> Result<()> {
+    pub(crate) fn write(&self) -> Result<()> {
         fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
         let path = record_path(&self.name);
         let tmp = path.with_extension("json.tmp");
@@ -261,6 +274,20 @@ fn dst_spine_mac(j: u32) -> [u8; 6] {
     [0x02, 0x52, 0x32, 0x14, 0x00, j as u8]
 }
 
+/// No DAD, no reverse-path filter, kernel forwarding on or off.
+fn base_sysctls(forward: bool) -> Vec<String> {
+    let f = if forward { "1" } else { "0" };
+    let mut s = strs(&[
+        "net.ipv6.conf.all.accept_dad=0",
+        "net.ipv6.conf.default.accept_dad=0",
+        "net.ipv4.conf.all.rp_filter=0",
+        "net.ipv4.conf.default.rp_filter=0",
+    ]);
+    s.push(format!("net.ipv4.ip_forward={f}"));
+    s.push(format!("net.ipv6.conf.all.forwarding={f}"));
+    s
+}
+
 fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -311,18 +338,6 @@ impl LabPlan {
         }
         let fam = args.family;
         let ns = |suffix: &str| format!("{name}-{suffix}");
-        let base_sysctls = |forward: bool| {
-            let f = if forward { "1" } else { "0" };
-            let mut s = strs(&[
-                "net.ipv6.conf.all.accept_dad=0",
-                "net.ipv6.conf.default.accept_dad=0",
-                "net.ipv4.conf.all.rp_filter=0",
-                "net.ipv4.conf.default.rp_filter=0",
-            ]);
-            s.push(format!("net.ipv4.ip_forward={f}"));
-            s.push(format!("net.ipv6.conf.all.forwarding={f}"));
-            s
-        };
         let pick = |v4: Vec<String>, v6: Vec<String>| -> Vec<String> {
             let mut out = Vec::new();
             if fam.v4() {
@@ -454,7 +469,7 @@ impl LabPlan {
             routes: r,
         });
 
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rocev2-{name}"));
+        let pin_dir = crate::paths::pin_dir_named(name);
         let config_path =
             args.config_out.clone().unwrap_or_else(|| Path::new(RUN_DIR).join(format!("lab-{name}")).join("rtsw.toml"));
         let mut text = format!(
@@ -535,6 +550,9 @@ fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
 /// Builds the lab described by `args`; returns the text to print. On
 /// failure everything made so far is removed again.
 pub fn up(args: &LabUpArgs) -> Result<String> {
+    if let Some(racks) = args.racks {
+        return fabric::up(args, racks);
+    }
     let plan = LabPlan::new(args)?;
     let name = &plan.name;
     if record_path(name).exists() {
@@ -613,7 +631,37 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
 }
 
 fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
-    for ns in &plan.namespaces {
+    build_topology(&plan.namespaces, &plan.links, record)?;
+    if let Some(dir) = plan.config_path.parent() {
+        make_dir(dir, record)?;
+    }
+    write_file(&plan.config_path, &plan.config_text, record)?;
+    record.config = Some(plan.config_path.clone());
+    record.write()
+}
+
+/// Makes `dir` (and records it for `lab down`) unless it exists.
+pub(crate) fn make_dir(dir: &Path, record: &mut LabRecord) -> Result<()> {
+    if !dir.as_os_str().is_empty() && !dir.exists() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        record.dirs.push(dir.to_path_buf());
+        record.write()?;
+    }
+    Ok(())
+}
+
+/// Writes a file `lab down` removes (recorded before it exists).
+pub(crate) fn write_file(path: &Path, text: &str, record: &mut LabRecord) -> Result<()> {
+    record.files.push(path.to_path_buf());
+    record.write()?;
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Makes the namespaces (sysctls, loopback addresses), the veth pairs with
+/// their MACs and addresses, then every namespace's routes; each namespace
+/// is recorded as soon as it exists.
+pub(crate) fn build_topology(namespaces: &[NsPlan], links: &[VethPlan], record: &mut LabRecord) -> Result<()> {
+    for ns in namespaces {
         ip(&["netns", "add", &ns.name]).with_context(|| format!("creating network namespace {:?}", ns.name))?;
         record.namespaces.push(ns.name.clone());
         record.write()?;
@@ -625,7 +673,7 @@ fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
             ip(&["-n", &ns.name, "addr", "add", a, "dev", "lo"])?;
         }
     }
-    for l in &plan.links {
+    for l in links {
         let (a_mac, b_mac) = (crate::sys::format_mac(&l.a_mac), crate::sys::format_mac(&l.b_mac));
         #[rustfmt::skip]
         ip(&[
@@ -650,25 +698,13 @@ fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
                 .with_context(|| format!("turning GRO on for {}/{}", l.b_ns, l.b_if))?;
         }
     }
-    for ns in &plan.namespaces {
+    for ns in namespaces {
         for r in &ns.routes {
             let mut args = vec!["-n", ns.name.as_str()];
             args.extend(r.iter().map(String::as_str));
             ip(&args)?;
         }
     }
-    if let Some(dir) = plan.config_path.parent() {
-        if !dir.as_os_str().is_empty() && !dir.exists() {
-            fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            record.dirs.push(dir.to_path_buf());
-            record.write()?;
-        }
-    }
-    record.files.push(plan.config_path.clone());
-    record.config = Some(plan.config_path.clone());
-    record.write()?;
-    fs::write(&plan.config_path, &plan.config_text)
-        .with_context(|| format!("cannot write {}", plan.config_path.display()))?;
     Ok(())
 }
 
@@ -732,6 +768,16 @@ fn remove(record: &LabRecord) -> Result<String> {
             Err(e) => errors.push(format!("{e:#}")),
         }
     }
+    // A dataplane stopped by SIGTERM unpins its maps; one that was killed leaves them.
+    for s in &record.switches {
+        match fs::remove_dir_all(&s.pin_dir) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}/ (left pinned)", s.pin_dir.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", s.pin_dir.display())),
+        }
+    }
     for d in &record.frr_dirs {
         match fs::remove_dir_all(d) {
             Ok(()) => {
@@ -784,6 +830,9 @@ pub fn down(name: &str) -> Result<String> {
 pub fn status(name: &str) -> Result<String> {
     validate_name(name)?;
     let record = LabRecord::read(name)?;
+    if let Some(f) = &record.fabric {
+        return fabric::status(&record, f);
+    }
     let mut out = format!("Lab {name:?}");
     if let Some(c) = &record.config {
         let _ = write!(out, " (config {}, pin_dir {})", c.display(), record.pin_dir.display());
@@ -833,6 +882,8 @@ mod tests {
             hash: "qp".into(),
             config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
             routing: LabRouting::Static,
+            racks: None,
+            seed: crate::fabric::SeedPlan::Auto,
         }
     }
 

@@ -117,7 +117,28 @@ pub struct EntropyArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Fabric mode: this many racks of `--hosts` hosts behind leaves, `--spines`
+    /// spines, every link's load predicted as `rocev2 lab up --racks` would count it.
+    #[arg(long)]
+    pub racks: Option<u32>,
+    /// Fabric mode: spine switches.
+    #[arg(long, default_value_t = 4, requires = "racks")]
+    pub spines: u32,
+    /// Fabric mode: parallel links per leaf-spine pair.
+    #[arg(long, default_value_t = 1, requires = "racks")]
+    pub links_per_spine: u32,
+    /// Fabric mode: one seed on every switch (`same`) or each switch's own (`auto`).
+    #[arg(long, value_enum, default_value = "auto", requires = "racks")]
+    pub seeds: crate::fabric::SeedPlan,
+    /// Fabric mode: the address families the hosts send (each connection once per family).
+    #[arg(long, value_enum, default_value = "v4", requires = "racks")]
+    pub family: crate::fabric::Family,
+    /// Fabric mode: the collective's traffic pattern.
+    #[arg(long, value_enum, default_value = "ring", requires = "racks")]
+    pub pattern: crate::fabric::Pattern,
 }
+
+mod fabric;
 
 /// One simulated traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -347,6 +368,9 @@ pub fn sweep(base: &Scenario, qps: &[u32]) -> Result<Vec<SweepRow>> {
 }
 
 pub fn run(args: &EntropyArgs) -> Result<()> {
+    if let Some(racks) = args.racks {
+        return fabric::run(args, racks);
+    }
     let base = Scenario::from_args(args);
     if let Some(text) = &args.sweep {
         let qps = parse_sweep(text)?;

@@ -3,6 +3,7 @@
 
 pub mod entropy;
 pub mod explain;
+pub mod fabric;
 pub mod gen;
 pub mod packet;
 pub mod sink;

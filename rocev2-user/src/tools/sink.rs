@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use rocev2_common::bth::opcode;
 use serde::Serialize;
 
-use crate::{gen::SigintGuard, packet::parse_roce, rawsock::PacketSocket};
+use crate::{packet::parse_roce, rawsock::PacketSocket, signals::SigintGuard};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
 use rocev2_common::bth::PSN_MASK;
@@ -186,6 +186,8 @@ pub struct SinkReport {
     pub gaps: u64,
     pub missing: u64,
     pub duplicates: u64,
+    /// Packets by IPv4 TTL / IPv6 hop limit: each switch on the way takes one.
+    pub ttl: std::collections::BTreeMap<u8, u64>,
     /// From the first to the last RoCEv2 packet.
     pub elapsed_secs: f64,
     pub pps: f64,
@@ -331,6 +333,7 @@ impl Tally {
         if p.ipv4_checksum_ok == Some(false) {
             r.bad_ipv4_checksum += 1;
         }
+        *r.ttl.entry(p.ttl_or_hop_limit).or_default() += 1;
         match p.ecn {
             0 => r.ecn.not_ect += 1,
             2 => r.ecn.ect0 += 1,

@@ -75,6 +75,21 @@ pub fn state_dir(run_dir: &Path, netns: &str) -> PathBuf {
     run_dir.join(format!("frr-{netns}"))
 }
 
+/// Waits until namespace `ns`'s kernel route to `prefix` has `paths` next hops.
+pub fn wait_paths(ns: &str, prefix: &str, paths: usize, deadline: Instant) -> Result<()> {
+    loop {
+        let family = if prefix.contains(':') { "-6" } else { "-4" };
+        let shown = crate::netns::ip(&["-n", ns, family, "route", "show", prefix]).unwrap_or_default();
+        if shown.matches(" via ").count() >= paths || (paths == 1 && shown.contains(" via ")) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("BGP did not converge in time: {ns}'s route {prefix} is {shown:?}, wanted {paths} path(s)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Starts every speaker (left running for `lab down` to stop) and waits
 /// until the RTSW's kernel has `paths` next hops for the destination
 /// prefixes. Returns a line saying how long that took.
@@ -93,17 +108,7 @@ pub fn start(speakers: &[BgpSpeaker], run_dir: &Path, paths: usize, v4: bool, v6
         waiting.push(DEST_PREFIX_V6);
     }
     for prefix in waiting {
-        loop {
-            let family = if prefix.contains(':') { "-6" } else { "-4" };
-            let shown = crate::netns::ip(&["-n", rtsw, family, "route", "show", prefix]).unwrap_or_default();
-            if shown.matches(" via ").count() >= paths || (paths == 1 && shown.contains(" via ")) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("BGP did not converge within 60 s: the RTSW's route {prefix} is {shown:?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_paths(rtsw, prefix, paths, deadline)?;
     }
     let mut line = String::new();
     let _ = write!(

@@ -1,0 +1,609 @@
+//! A two-tier Clos fabric as data: racks of hosts behind leaf switches
+//! (RTSW), a spine tier (CTSW), `links` parallel links per leaf-spine pair.
+//! One description serves the lab that builds it (`rocev2 lab up --racks`),
+//! the collective traffic it carries (`lab traffic`) and the simulator that
+//! predicts every link's load (`rocev2 entropy --racks`): names, addresses,
+//! MACs, the order of every group's members and every switch's hash seed
+//! are computed here and nowhere else.
+//!
+//! ```text
+//!  r1h1 eth0 --- h1 [l1] s1p1 --- l1p1 [s1] l2p1 --- s1p1 [l2] h1 --- eth0 r2h1
+//!  r1h2 eth0 --- h2      s2p1 --- l1p1 [s2] l2p1 --- s2p1      h2 --- eth0 r2h2
+//! ```
+//! Host i of rack r: 10.r.i.1/24 and fd00:r:i::1/64 (leaf .254 / ::fe); the
+//! rack's prefixes are 10.r.0.0/16 and fd00:r::/32. Link k between leaf r
+//! and spine j: 172.(16+k).(16r+j).0/24 and fdfa:r:j:k::/64 (leaf .1/::1,
+//! spine .2/::2).
+//!
+//! The prediction walks each packet the generator would send through the
+//! switches with the dataplane's own hash ([`member_hash`]) and bucket
+//! table ([`even_table`], [`member_for`]), so it equals the counters of a
+//! lab whose groups were filled in one go (static routes, or BGP converged
+//! before the dataplanes started).
+
+use std::{
+    collections::BTreeMap,
+    fmt::{self, Write as _},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use anyhow::{bail, Result};
+use rocev2_common::{
+    buckets::{even_table, member_for},
+    flowlet::rehash_position,
+    hash::{auto_seed, member_hash, HashMode},
+};
+use serde::Serialize;
+
+use crate::{
+    explain::PacketFields,
+    gen::{build_frames, GenArgs, SportModel},
+    packet::parse_roce,
+};
+
+pub const MAX_RACKS: u32 = 15;
+pub const MAX_HOSTS_PER_RACK: u32 = 32;
+pub const MAX_SPINES: u32 = 15;
+pub const MAX_LINKS: u32 = 4;
+/// The dataplane's port slots (1..64).
+const MAX_PORTS: u32 = 63;
+/// The seed every switch gets with `--seed same`.
+pub const SAME_SEED: u32 = 0x5eed;
+/// The TTL the generator sends with; a packet crossing n switches arrives with this minus n.
+pub const SENT_TTL: u8 = 64;
+/// Packets per generated WRITE message.
+pub const MESSAGE_PACKETS: u32 = 4;
+/// RDMA payload bytes per packet.
+pub const PAYLOAD: usize = 1024;
+
+/// A value as its command-line spelling (`same`, `all-to-all`, `nic`).
+pub fn flag<T: clap::ValueEnum>(v: T) -> String {
+    v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+/// Address families to configure (and, in the fabric, to send).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Family {
+    V4,
+    V6,
+    Both,
+}
+
+impl Family {
+    pub fn v4(self) -> bool {
+        self != Family::V6
+    }
+    pub fn v6(self) -> bool {
+        self != Family::V4
+    }
+}
+
+/// Hash seeds of the switches: all equal (polarization) or each switch's own.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeedPlan {
+    /// One seed on every switch: the spine re-hashes what the leaf already split on the same hash.
+    Same,
+    /// `hash_seed = "auto"`: each switch derives its seed from its port MACs.
+    Auto,
+}
+
+/// The collective's traffic pattern.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pattern {
+    /// One ring all-reduce step: host i of rack r sends to host i of rack r+1.
+    Ring,
+    /// Every host sends to every other host.
+    AllToAll,
+}
+
+/// A switch of the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+pub enum Switch {
+    Leaf(u32),
+    Spine(u32),
+}
+
+impl fmt::Display for Switch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Switch::Leaf(r) => write!(f, "l{r}"),
+            Switch::Spine(j) => write!(f, "s{j}"),
+        }
+    }
+}
+
+/// The tiers a packet crosses, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tier {
+    /// Leaf to spine.
+    LeafUp,
+    /// Spine to leaf.
+    SpineDown,
+    /// Leaf to host.
+    LeafDown,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::LeafUp, Tier::SpineDown, Tier::LeafDown];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::LeafUp => "leaf->spine",
+            Tier::SpineDown => "spine->leaf",
+            Tier::LeafDown => "leaf->host",
+        }
+    }
+}
+
+/// One direction of one link, named by the switch that sends on it and its port.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+pub struct LinkId {
+    pub tier: Tier,
+    pub switch: Switch,
+    pub port: String,
+}
+
+impl fmt::Display for LinkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.switch, self.port)
+    }
+}
+
+/// Packets and bytes sent on one link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Load {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// The fabric's shape and the dataplane settings every switch gets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Fabric {
+    pub racks: u32,
+    pub hosts: u32,
+    pub spines: u32,
+    pub links: u32,
+    pub v4: bool,
+    pub v6: bool,
+    #[serde(with = "hash_mode_name")]
+    pub hash: HashMode,
+    pub seeds: SeedPlan,
+}
+
+/// One generator's traffic: a QP set from one host to another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Connection {
+    pub src: (u32, u32),
+    pub dst: (u32, u32),
+    pub v6: bool,
+    pub first_qp: u32,
+}
+
+/// What `lab traffic` sends on every connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TrafficSpec {
+    pub pattern: Pattern,
+    pub qps: u32,
+    pub messages: u32,
+    pub sport: SportModel,
+}
+
+impl Fabric {
+    pub fn validate(&self) -> Result<()> {
+        let check = |flag: &str, v: u32, max: u32| -> Result<()> {
+            if !(1..=max).contains(&v) {
+                bail!("{flag} must be 1..={max}, not {v}");
+            }
+            Ok(())
+        };
+        check("--racks", self.racks, MAX_RACKS)?;
+        check("--hosts", self.hosts, MAX_HOSTS_PER_RACK)?;
+        check("--spines", self.spines, MAX_SPINES)?;
+        check("--links-per-spine", self.links, MAX_LINKS)?;
+        let leaf_ports = self.hosts + self.spines * self.links;
+        if leaf_ports > MAX_PORTS {
+            bail!(
+                "{} hosts + {} uplinks = {leaf_ports} leaf ports, more than the dataplane's {MAX_PORTS}",
+                self.hosts,
+                self.spines * self.links
+            );
+        }
+        if self.racks * self.links > MAX_PORTS {
+            bail!("{} racks x {} links = more spine ports than the dataplane's {MAX_PORTS}", self.racks, self.links);
+        }
+        if !self.v4 && !self.v6 {
+            bail!("a fabric needs IPv4, IPv6 or both");
+        }
+        Ok(())
+    }
+
+    pub fn switches(&self) -> Vec<Switch> {
+        let leaves = (1..=self.racks).map(Switch::Leaf);
+        leaves.chain((1..=self.spines).map(Switch::Spine)).collect()
+    }
+
+    pub fn host_v4(r: u32, i: u32) -> Ipv4Addr {
+        Ipv4Addr::new(10, r as u8, i as u8, 1)
+    }
+    pub fn host_v6(r: u32, i: u32) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, r as u16, i as u16, 0, 0, 0, 0, 1)
+    }
+    pub fn host_addr(r: u32, i: u32, v6: bool) -> IpAddr {
+        if v6 {
+            Self::host_v6(r, i).into()
+        } else {
+            Self::host_v4(r, i).into()
+        }
+    }
+    pub fn rack_prefix_v4(r: u32) -> String {
+        format!("10.{r}.0.0/16")
+    }
+    pub fn rack_prefix_v6(r: u32) -> String {
+        format!("fd00:{r}::/32")
+    }
+    /// (leaf end, spine end) IPv4 addresses of link k between leaf r and spine j.
+    pub fn fabric_v4(r: u32, j: u32, k: u32) -> (String, String) {
+        let (a, b) = (16 + k, 16 * r + j);
+        (format!("172.{a}.{b}.1"), format!("172.{a}.{b}.2"))
+    }
+    pub fn fabric_v6(r: u32, j: u32, k: u32) -> (String, String) {
+        (format!("fdfa:{r}:{j}:{k}::1"), format!("fdfa:{r}:{j}:{k}::2"))
+    }
+
+    pub fn host_port(i: u32) -> String {
+        format!("h{i}")
+    }
+    pub fn uplink_port(j: u32, k: u32) -> String {
+        format!("s{j}p{k}")
+    }
+    pub fn downlink_port(r: u32, k: u32) -> String {
+        format!("l{r}p{k}")
+    }
+    pub fn leaf_host_mac(r: u32, i: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x46, r as u8, 0x00, i as u8]
+    }
+    pub fn host_mac(r: u32, i: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x46, r as u8, 0x01, i as u8]
+    }
+    pub fn leaf_uplink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x47, r as u8, j as u8, k as u8]
+    }
+    pub fn spine_downlink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x48, r as u8, j as u8, k as u8]
+    }
+
+    /// The leaf's uplinks as (spine, link) in group member order: link 1 of
+    /// every spine, then link 2, ... (the order the lab creates them in, so
+    /// the kernel's next hops, sorted by interface, come out the same).
+    pub fn uplinks(&self) -> Vec<(u32, u32)> {
+        (1..=self.links).flat_map(|k| (1..=self.spines).map(move |j| (j, k))).collect()
+    }
+
+    /// A switch's ports in config order, with their MACs.
+    pub fn ports(&self, switch: Switch) -> Vec<(String, [u8; 6])> {
+        match switch {
+            Switch::Leaf(r) => {
+                let hosts = (1..=self.hosts).map(|i| (Self::host_port(i), Self::leaf_host_mac(r, i)));
+                let ups =
+                    self.uplinks().into_iter().map(|(j, k)| (Self::uplink_port(j, k), Self::leaf_uplink_mac(r, j, k)));
+                hosts.chain(ups).collect()
+            }
+            Switch::Spine(j) => (1..=self.racks)
+                .flat_map(|r| {
+                    (1..=self.links).map(move |k| (Self::downlink_port(r, k), Self::spine_downlink_mac(r, j, k)))
+                })
+                .collect(),
+        }
+    }
+
+    /// The seed `rocev2 run` will use on `switch`.
+    pub fn seed(&self, switch: Switch) -> u32 {
+        match self.seeds {
+            SeedPlan::Same => SAME_SEED,
+            SeedPlan::Auto => auto_seed(self.ports(switch).into_iter().map(|(_, mac)| mac)),
+        }
+    }
+
+    /// The `hash_seed` value of the generated configs.
+    pub fn seed_setting(&self) -> String {
+        match self.seeds {
+            SeedPlan::Same => SAME_SEED.to_string(),
+            SeedPlan::Auto => "\"auto\"".into(),
+        }
+    }
+
+    /// Every generator of one collective step.
+    pub fn connections(&self, pattern: Pattern) -> Vec<Connection> {
+        let mut pairs = Vec::new();
+        for r in 1..=self.racks {
+            for i in 1..=self.hosts {
+                match pattern {
+                    Pattern::Ring if self.racks > 1 => pairs.push(((r, i), (r % self.racks + 1, i))),
+                    Pattern::Ring => pairs.push(((r, i), (r, i % self.hosts + 1))),
+                    Pattern::AllToAll => {
+                        for r2 in 1..=self.racks {
+                            for i2 in 1..=self.hosts {
+                                if (r2, i2) != (r, i) {
+                                    pairs.push(((r, i), (r2, i2)));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        pairs.retain(|(s, d)| s != d);
+        let families: Vec<bool> = [(self.v4, false), (self.v6, true)].iter().filter(|f| f.0).map(|f| f.1).collect();
+        let index = |(r, i): (u32, u32)| (r - 1) * self.hosts + i;
+        let mut out = Vec::new();
+        for &v6 in &families {
+            for &(src, dst) in &pairs {
+                // Distinct QP numbers per connection and family (24 bits):
+                // source host above bit 12, destination above bit 6, QP below.
+                let first_qp = (u32::from(v6) << 23) | (index(src) << 12) | (index(dst) << 6);
+                out.push(Connection { src, dst, v6, first_qp });
+            }
+        }
+        out
+    }
+
+    /// The generator arguments of one connection (on the source host's eth0).
+    pub fn gen_args(&self, c: &Connection, spec: &TrafficSpec) -> GenArgs {
+        let mac = crate::sys::format_mac(&Self::leaf_host_mac(c.src.0, c.src.1));
+        let mut args = GenArgs::new(
+            "eth0",
+            &mac,
+            Self::host_addr(c.src.0, c.src.1, c.v6),
+            Self::host_addr(c.dst.0, c.dst.1, c.v6),
+        );
+        args.qps = spec.qps;
+        args.first_qp = c.first_qp;
+        args.sport = spec.sport;
+        args.message_packets = MESSAGE_PACKETS;
+        args.payload = PAYLOAD;
+        args.count = Some(u64::from(spec.qps) * u64::from(spec.messages) * u64::from(MESSAGE_PACKETS));
+        args
+    }
+
+    /// Switches a packet from `src` to `dst` crosses (its TTL drops by this).
+    pub fn hops(src: (u32, u32), dst: (u32, u32)) -> u8 {
+        if src.0 == dst.0 {
+            1
+        } else {
+            3
+        }
+    }
+
+    /// Every link's load for `spec`, from the frames the generators send.
+    pub fn predict(&self, spec: &TrafficSpec) -> Result<BTreeMap<LinkId, Load>> {
+        self.predict_policy(spec, false)
+    }
+
+    /// Like [`Fabric::predict`]; with `flowlet` every switch re-hashes each
+    /// message as a new flowlet (the dataplane's `rehash_position`), as if
+    /// every message followed an idle gap.
+    pub fn predict_policy(&self, spec: &TrafficSpec, flowlet: bool) -> Result<BTreeMap<LinkId, Load>> {
+        let mut loads = BTreeMap::new();
+        let up_table = even_table(self.spines * self.links);
+        let down_table = even_table(self.links);
+        let uplinks = self.uplinks();
+        for c in self.connections(spec.pattern) {
+            let args = self.gen_args(&c, spec);
+            let frames = build_frames(&args, Self::host_mac(c.src.0, c.src.1), args.count.unwrap_or(0))?;
+            // The generator sends one message of every QP per pass.
+            let per_pass = (spec.qps * MESSAGE_PACKETS) as usize;
+            for (n, frame) in frames.into_iter().enumerate() {
+                let message = (n / per_pass) as u32;
+                let p = parse_roce(&frame)?;
+                let fields = PacketFields {
+                    src: p.src_ip,
+                    dst: p.dst_ip,
+                    protocol: 17,
+                    src_port: p.src_port,
+                    dst_port: p.dst_port,
+                    dest_qp: Some(p.bth.dest_qp),
+                };
+                let Some(key) = fields.flow_key() else { bail!("no flow key for {fields:?}") };
+                let mut add = |tier, switch, port: String| {
+                    let l: &mut Load = loads.entry(LinkId { tier, switch, port }).or_default();
+                    l.packets += 1;
+                    l.bytes += frame.len() as u64;
+                };
+                let (src_rack, (dst_rack, dst_host)) = (c.src.0, c.dst);
+                if src_rack != dst_rack {
+                    let pick = |table, switch| match flowlet {
+                        true => rehash_position(&key, self.seed(switch), message, table),
+                        false => member_for(table, member_hash(&key, self.hash, self.seed(switch))),
+                    };
+                    let leaf = Switch::Leaf(src_rack);
+                    let (j, k) = uplinks[pick(&up_table, leaf) as usize];
+                    add(Tier::LeafUp, leaf, Self::uplink_port(j, k));
+                    let spine = Switch::Spine(j);
+                    let k = pick(&down_table, spine) + 1;
+                    add(Tier::SpineDown, spine, Self::downlink_port(dst_rack, k));
+                }
+                add(Tier::LeafDown, Switch::Leaf(dst_rack), Self::host_port(dst_host));
+            }
+        }
+        Ok(loads)
+    }
+
+    /// Every directed switch-to-switch and switch-to-host link, so idle links show as 0.
+    pub fn all_links(&self) -> Vec<LinkId> {
+        let mut out = Vec::new();
+        for r in 1..=self.racks {
+            for (j, k) in self.uplinks() {
+                out.push(LinkId { tier: Tier::LeafUp, switch: Switch::Leaf(r), port: Self::uplink_port(j, k) });
+            }
+            for i in 1..=self.hosts {
+                out.push(LinkId { tier: Tier::LeafDown, switch: Switch::Leaf(r), port: Self::host_port(i) });
+            }
+        }
+        for j in 1..=self.spines {
+            for r in 1..=self.racks {
+                for k in 1..=self.links {
+                    out.push(LinkId {
+                        tier: Tier::SpineDown,
+                        switch: Switch::Spine(j),
+                        port: Self::downlink_port(r, k),
+                    });
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The tier of the link `switch` sends on through `port`.
+    pub fn tier_of(switch: Switch, port: &str) -> Tier {
+        match switch {
+            Switch::Spine(_) => Tier::SpineDown,
+            Switch::Leaf(_) if port.starts_with('h') => Tier::LeafDown,
+            Switch::Leaf(_) => Tier::LeafUp,
+        }
+    }
+}
+
+/// A hash mode in JSON records by its config name.
+mod hash_mode_name {
+    use rocev2_common::hash::HashMode;
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(mode: &HashMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(mode.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMode, D::Error> {
+        let name = String::deserialize(d)?;
+        HashMode::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown hash mode {name:?}")))
+    }
+}
+
+/// Per-tier summary of link loads: the busiest link over the mean bounds a
+/// collective's completion time (it finishes when the busiest link does).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TierSummary {
+    pub tier: Tier,
+    pub links: usize,
+    pub idle: usize,
+    pub total_bytes: u64,
+    pub max_bytes: u64,
+    pub mean_bytes: f64,
+    /// max / mean; 1.0 is perfect balance.
+    pub max_over_mean: f64,
+    pub busiest: Option<String>,
+}
+
+/// Summaries per tier over `loads` (links missing from it count as idle).
+pub fn summarize(all: &[LinkId], loads: &BTreeMap<LinkId, Load>) -> Vec<TierSummary> {
+    Tier::ALL
+        .iter()
+        .map(|&tier| {
+            let links: Vec<(&LinkId, u64)> =
+                all.iter().filter(|l| l.tier == tier).map(|l| (l, loads.get(l).map_or(0, |x| x.bytes))).collect();
+            let total: u64 = links.iter().map(|(_, b)| b).sum();
+            let busiest = links.iter().max_by_key(|(_, b)| *b).filter(|(_, b)| *b > 0);
+            let mean = if links.is_empty() { 0.0 } else { total as f64 / links.len() as f64 };
+            let max = busiest.map_or(0, |(_, b)| *b);
+            TierSummary {
+                tier,
+                links: links.len(),
+                idle: links.iter().filter(|(_, b)| *b == 0).count(),
+                total_bytes: total,
+                max_bytes: max,
+                mean_bytes: mean,
+                max_over_mean: if mean > 0.0 { max as f64 / mean } else { 0.0 },
+                busiest: busiest.map(|(l, _)| l.to_string()),
+            }
+        })
+        .collect()
+}
+
+/// One table per tier (every link, idle ones too) and the per-tier summary.
+pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
+    let all = fabric.all_links();
+    let tiers = summarize(&all, loads);
+    let mut out = String::new();
+    for (tier, sum) in Tier::ALL.iter().zip(&tiers) {
+        let mut table = comfy_table::Table::new();
+        table.load_style(comfy_table::presets::NOTHING);
+        table.set_header([tier.name(), "packets", "bytes", "load"]);
+        for l in all.iter().filter(|l| l.tier == *tier) {
+            let x = loads.get(l).copied().unwrap_or_default();
+            let width = if sum.max_bytes > 0 { (x.bytes * 30).div_ceil(sum.max_bytes) as usize } else { 0 };
+            table.add_row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), "#".repeat(width)]);
+        }
+        let _ = writeln!(out, "{table}");
+        let _ = writeln!(
+            out,
+            "  {}: {} links, {} idle, busiest {} at {:.2}x the mean\n",
+            tier.name(),
+            sum.links,
+            sum.idle,
+            sum.busiest.as_deref().unwrap_or("-"),
+            sum.max_over_mean
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fabric(seeds: SeedPlan) -> Fabric {
+        Fabric { racks: 2, hosts: 2, spines: 2, links: 2, v4: true, v6: false, hash: HashMode::Qp, seeds }
+    }
+
+    fn spec() -> TrafficSpec {
+        TrafficSpec { pattern: Pattern::Ring, qps: 8, messages: 2, sport: SportModel::Nic }
+    }
+
+    #[test]
+    fn fabric_ring_connects_host_i_of_each_rack_to_the_next_rack() {
+        let f = fabric(SeedPlan::Same);
+        let c = f.connections(Pattern::Ring);
+        let pairs: Vec<_> = c.iter().map(|c| (c.src, c.dst)).collect();
+        assert_eq!(pairs, [((1, 1), (2, 1)), ((1, 2), (2, 2)), ((2, 1), (1, 1)), ((2, 2), (1, 2))]);
+        assert_eq!(f.connections(Pattern::AllToAll).len(), 4 * 3);
+        let qps: std::collections::BTreeSet<u32> =
+            f.connections(Pattern::AllToAll).iter().map(|c| c.first_qp).collect();
+        assert_eq!(qps.len(), 12, "every connection has its own QP numbers");
+    }
+
+    #[test]
+    fn fabric_prediction_conserves_packets_per_tier() {
+        let f = fabric(SeedPlan::Auto);
+        let loads = f.predict(&spec()).unwrap();
+        let sent = 4 * 8 * 2 * u64::from(MESSAGE_PACKETS);
+        for tier in Tier::ALL {
+            let n: u64 = loads.iter().filter(|(l, _)| l.tier == tier).map(|(_, x)| x.packets).sum();
+            assert_eq!(n, sent, "{tier:?}");
+        }
+    }
+
+    #[test]
+    fn fabric_same_seed_polarizes_the_spine_tier_and_auto_does_not() {
+        let all = fabric(SeedPlan::Same).all_links();
+        let same = summarize(&all, &fabric(SeedPlan::Same).predict(&spec()).unwrap());
+        let auto = summarize(&all, &fabric(SeedPlan::Auto).predict(&spec()).unwrap());
+        // With one seed a spine only ever picks the link the leaf's choice implies.
+        assert_eq!(same[1].idle, 4, "{same:?}");
+        assert!(auto[1].idle < same[1].idle && auto[1].max_over_mean < same[1].max_over_mean, "{auto:?} {same:?}");
+    }
+
+    #[test]
+    fn fabric_sizes_are_checked() {
+        let mut f = fabric(SeedPlan::Same);
+        f.racks = 0;
+        assert!(f.validate().unwrap_err().to_string().contains("--racks"));
+        let mut f = fabric(SeedPlan::Same);
+        f.hosts = 32;
+        f.spines = 15;
+        f.links = 4;
+        assert!(f.validate().unwrap_err().to_string().contains("leaf ports"));
+    }
+}
