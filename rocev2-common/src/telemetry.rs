@@ -23,9 +23,6 @@ pub mod names {
     pub const MEMBER_TRANSPORT: &str = "MEMBER_TRANSPORT";
     pub const TRACE_FILTER: &str = "TRACE_FILTER";
     pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
-    /// The load-time switch (`EbpfLoader::set_global`): 0 leaves the
-    /// telemetry code out of the verified program.
-    pub const ENABLED_GLOBAL: &str = "TELEMETRY_ENABLED";
 }
 
 /// A data QP: destination address (IPv4 in the first word) and DestQP.

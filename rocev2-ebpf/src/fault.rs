@@ -14,7 +14,7 @@ pub static FAULT_DROPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FAULTS
 
 #[inline(always)]
 pub fn xdp_fault(ctx: &XdpContext) -> u32 {
-    let Some(at) = transport::locate(ctx) else { return xdp_action::XDP_PASS };
+    let Some(at) = transport::locate(ctx, crate::parse::frame_len(ctx)) else { return xdp_action::XDP_PASS };
     if let Some(left) = FAULT_DROPS.get_ptr_mut(fault_key(at.bth.dest_qp, at.bth.psn)) {
         // SAFETY: a plain u32 in the map; a lost race drops once more or less.
         unsafe {

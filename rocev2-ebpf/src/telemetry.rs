@@ -3,9 +3,9 @@
 //! replies (ACK/NAK, CNP) are attributed to the data QP they answer and to
 //! the member its data took.
 //!
-//! Off unless `rocev2 run` sets TELEMETRY_ENABLED at load time: the
-//! verifier knows the constant and drops the whole call, so a dataplane
-//! without telemetry runs the same instructions as before.
+//! A load-time feature (`Features::TELEMETRY`, on with `telemetry_qps`):
+//! off, the verifier drops the whole call, so a dataplane without
+//! telemetry runs the same instructions as before.
 //!
 //! Updates are plain stores: a QP's data arrives on one CPU (receive
 //! hashing keeps a flow on one queue) and its replies, which may arrive on
@@ -25,10 +25,6 @@ use rocev2_common::{
 };
 
 use crate::{ctx::PacketBuf, forward::Forward, parse, transport};
-
-/// Set to 1 through `EbpfLoader::set_global` to turn telemetry on.
-#[unsafe(no_mangle)]
-static TELEMETRY_ENABLED: u32 = 0;
 
 /// The most recently active data QPs; sized at load time.
 #[map]
@@ -62,12 +58,6 @@ pub struct Scratch {
 #[map]
 static TELEMETRY_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-#[inline(always)]
-pub fn enabled() -> bool {
-    // SAFETY: a read of a constant the loader may have patched.
-    unsafe { core::ptr::read_volatile(&TELEMETRY_ENABLED) != 0 }
-}
-
 /// Records a forwarded packet (its headers already rewritten) and the
 /// member it took. Called with the caller's own output, so nothing is
 /// computed or kept across the call: the forwarding functions' frames are
@@ -80,7 +70,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     let Some(scratch) = TELEMETRY_SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: this CPU's own scratch slot.
     let scratch = unsafe { &mut *scratch };
-    if !transport::locate_into(ctx, &mut scratch.at) {
+    if !transport::locate_into(ctx, len as usize, &mut scratch.at) {
         return;
     }
     let at = &scratch.at;

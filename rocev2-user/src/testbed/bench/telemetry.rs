@@ -5,7 +5,7 @@
 use super::*;
 use rocev2_common::telemetry::DEFAULT_QP_TABLE_SIZE;
 
-pub(super) const HOW: &str = "- Telemetry rows: the qp pipeline (10 routes) loaded twice, with `telemetry_qps = 0` and with the default 4096-entry QP table, measured interleaved like the rest of part 1, on one QP's stream of 64 WRITE frames with consecutive PSNs taken in turn (the QP's entry exists after the first call and is updated in place: the steady state of a busy QP; the ICRC of these frames is not recomputed, which the dataplane does not check). Off, the load-time constant removes the telemetry call from the verified program.\n";
+pub(super) const HOW: &str = "- Telemetry rows: the qp pipeline (10 routes) loaded twice, with `telemetry_qps = 0` and with the default 4096-entry QP table, measured interleaved like the rest of part 1, on one QP's stream of 64 WRITE frames with consecutive PSNs taken in turn (the QP's entry exists after the first call and is updated in place: the steady state of a busy QP; the ICRC of these frames is not recomputed, which the dataplane does not check). Off, the load-time feature switch removes the telemetry call from the verified program.\n";
 
 /// Frames in the telemetry rows' stream.
 const PSNS: u32 = 64;
@@ -13,8 +13,9 @@ const PSNS: u32 = 64;
 /// Rows: the qp pipeline with telemetry off and on, per family.
 pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
     eprintln!("bench: per-packet cost of per-QP telemetry");
-    let mut off = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, 0)?;
-    let mut on = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, DEFAULT_QP_TABLE_SIZE)?;
+    let qp = Pipeline::Qp.features();
+    let mut off = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp)?;
+    let mut on = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp.with(Features::TELEMETRY))?;
     // A QP's stream: consecutive PSNs, so telemetry sees packets in order
     // (one jump back per 64 packets, when the frames start over).
     let stream = |v6: bool| -> Vec<Vec<u8>> {
