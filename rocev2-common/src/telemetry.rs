@@ -188,7 +188,8 @@ mod pod {
     unsafe impl aya::Pod for super::TraceEvent {}
 }
 
-/// How a BTH counts for telemetry.
+/// What a BTH opcode carries: data, an acknowledgement or a CNP (for the
+/// telemetry, the sink and the RC responder alike).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seen {
     /// A request or response carrying data, with its PSN.
@@ -203,6 +204,7 @@ pub fn seen(op: u8) -> Seen {
     if op == opcode::CNP {
         Seen::Cnp
     } else if matches!(op & 0x1F, opcode::ACK | opcode::ATOMIC_ACK) && op >> 5 != 3 {
+        // RC/UC/RD (never UD) acknowledgements.
         Seen::Ack(0)
     } else {
         Seen::Data

@@ -33,7 +33,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use comfy_table::{presets::NOTHING, Table};
-use rocev2_common::bth::{aeth, ends_message, opcode, Bth, PSN_MASK};
+use rocev2_common::{
+    bth::{aeth, ends_message, opcode, Bth, PSN_MASK},
+    telemetry::{seen, Seen},
+};
 use serde::Serialize;
 
 use crate::{
@@ -444,7 +447,7 @@ impl Responder {
     pub fn frame(&mut self, p: &ParsedRoce) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         // Only requests: ACKs and CNPs going the other way are not ours.
-        if p.bth.opcode == opcode::CNP || matches!(p.bth.opcode & 0x1F, opcode::ACK | opcode::ATOMIC_ACK) {
+        if seen(p.bth.opcode) != Seen::Data {
             return out;
         }
         if !p.icrc_ok {

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use rocev2_common::bth::opcode;
+use rocev2_common::telemetry::{seen, Seen};
 use serde::Serialize;
 
 use crate::{packet::parse_roce, rawsock::PacketSocket, rc::Responder, signals::SigintGuard};
@@ -314,24 +314,6 @@ impl SinkReport {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Data,
-    Ack,
-    Cnp,
-}
-
-fn classify(op: u8) -> Class {
-    if op == opcode::CNP {
-        Class::Cnp
-    } else if matches!(op & 0x1F, opcode::ACK | opcode::ATOMIC_ACK) && op >> 5 != 3 {
-        // RC/UC/RD (never UD) acknowledgements.
-        Class::Ack
-    } else {
-        Class::Data
-    }
-}
-
 #[derive(Clone)]
 struct QpState {
     report: QpReport,
@@ -380,12 +362,12 @@ impl Tally {
         q.bytes += frame.len() as u64;
         q.bad_icrc += u64::from(!p.icrc_ok);
         q.ce += u64::from(p.ecn == 3);
-        let arrival = match classify(p.bth.opcode) {
-            Class::Cnp => {
+        let arrival = match seen(p.bth.opcode) {
+            Seen::Cnp => {
                 q.cnps += 1;
                 None // CNPs carry no PSN worth checking (NICs send 0)
             }
-            Class::Ack => {
+            Seen::Ack(_) => {
                 q.acks += 1;
                 // ACKs are cumulative: skipping PSNs is normal, going back is not.
                 match qp.acks.observe(p.bth.psn) {
@@ -393,7 +375,7 @@ impl Tally {
                     a => Some(a),
                 }
             }
-            Class::Data => {
+            Seen::Data => {
                 q.data += 1;
                 q.first_psn.get_or_insert(p.bth.psn);
                 q.last_psn = Some(p.bth.psn);
@@ -537,6 +519,7 @@ pub fn run(args: &SinkArgs) -> Result<SinkReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rocev2_common::bth::opcode;
 
     fn observe_all(psns: &[u32]) -> Vec<Arrival> {
         let mut t = PsnTracker::new();
