@@ -402,6 +402,9 @@ impl Runner {
         if self.config.flowlet_table_size() != new.flowlet_table_size() {
             fixed.push("flowlet_table_size (the table is sized at load time)");
         }
+        if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
+            fixed.push("dataplane.telemetry_qps (the QP table is sized at load time)");
+        }
         // Features are load-time constants: code for a feature the loaded
         // programs were built without is not there to run.
         let missing = new.features().without(self.dataplane.features());
