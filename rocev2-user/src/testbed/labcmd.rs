@@ -118,6 +118,13 @@ pub struct LabUpArgs {
     /// `auto` (each switch's own, from its port MACs).
     #[arg(long, value_enum, default_value = "auto", requires = "racks")]
     pub seed: crate::fabric::SeedPlan,
+    /// Split the fabric's racks and spines into this many zones, joined by
+    /// `--aggs` aggregation switches (a third tier).
+    #[arg(long, default_value_t = 1, requires = "racks")]
+    pub zones: u32,
+    /// Aggregation switches joining the zones (each linked to every spine).
+    #[arg(long, default_value_t = 2, requires = "racks")]
+    pub aggs: u32,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -884,6 +891,8 @@ mod tests {
             routing: LabRouting::Static,
             racks: None,
             seed: crate::fabric::SeedPlan::Auto,
+            zones: 1,
+            aggs: 2,
         }
     }
 

@@ -40,9 +40,12 @@ mod view;
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
 pub use view::{link_loads, stats, LabStatsArgs};
 
-/// ASN of leaf r is LEAF_ASN + r; the spine tier shares SPINE_ASN (RFC 7938).
+/// ASN of leaf r is LEAF_ASN + r; the spines of zone z share SPINE_ASN +
+/// z - 1 and the aggregation tier AGG_ASN (RFC 7938: a tier, or a cluster's
+/// tier, shares one ASN, so no path goes down and up again through it).
 pub const LEAF_ASN: u32 = 65000;
 pub const SPINE_ASN: u32 = 65100;
+pub const AGG_ASN: u32 = 65200;
 /// How long a dataplane may take to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -94,6 +97,8 @@ impl FabricPlan {
             v6: args.family.v6(),
             hash,
             seeds: args.seed,
+            zones: args.zones,
+            aggs: if args.zones > 1 { args.aggs } else { 0 },
         };
         fabric.validate()?;
         if args.config_out.is_some() {
@@ -160,7 +165,7 @@ impl FabricPlan {
             }
             // Uplinks in group member order, so interface indexes (and so the
             // kernel's sorted next hops under BGP) follow it too.
-            for (j, k) in f.uplinks() {
+            for (j, k) in f.uplinks(r) {
                 let ((l4, s4), (l6, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                 links.push(VethPlan {
                     a_ns: leaf.clone(),
@@ -172,6 +177,24 @@ impl FabricPlan {
                     b_mac: Fabric::spine_downlink_mac(r, j, k),
                     b_addrs: pick(format!("{s4}/24"), format!("{s6}/64")),
                     // Both ends run XDP, which gives each the NAPI a redirect needs.
+                    gro_b: false,
+                });
+            }
+        }
+        // Spine-aggregation links, in the order of the spines' "aggs" groups
+        // and of the aggregation switches' zone groups.
+        for j in 1..=f.spines {
+            for a in 1..=f.aggs {
+                let ((s4, a4), (s6, a6)) = (Fabric::agg_v4(j, a), Fabric::agg_v6(j, a));
+                links.push(VethPlan {
+                    a_ns: switch_ns(&name, Switch::Spine(j)),
+                    a_if: Fabric::agg_port(a),
+                    a_mac: Fabric::spine_agg_mac(j, a),
+                    a_addrs: pick(format!("{s4}/24"), format!("{s6}/64")),
+                    b_ns: switch_ns(&name, Switch::Agg(a)),
+                    b_if: Fabric::spine_port(j),
+                    b_mac: Fabric::agg_spine_mac(j, a),
+                    b_addrs: pick(format!("{a4}/24"), format!("{a6}/64")),
                     gro_b: false,
                 });
             }
@@ -264,7 +287,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
             }
             if !bgp {
                 t.push_str("\n[[group]]\nname = \"spines\"\nmembers = [\n");
-                for (j, k) in f.uplinks() {
+                for (j, k) in f.uplinks(r) {
                     let ((_, s4), (_, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
                         writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::uplink_port(j, k), via(&s4, &s6));
@@ -281,7 +304,24 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
             }
         }
         Switch::Spine(j) if !bgp => {
-            for r in 1..=f.racks {
+            let zone = f.zone_of_spine(j);
+            if f.aggs > 0 {
+                t.push_str("\n[[group]]\nname = \"aggs\"\nmembers = [\n");
+                for a in 1..=f.aggs {
+                    let (a4, a6) = (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1);
+                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::agg_port(a), via(&a4, &a6));
+                }
+                t.push_str("]\n");
+                for r in (1..=f.racks).filter(|&r| f.zone_of_rack(r) != zone) {
+                    if f.v4 {
+                        route(&mut t, &Fabric::rack_prefix_v4(r), "aggs");
+                    }
+                    if f.v6 {
+                        route(&mut t, &Fabric::rack_prefix_v6(r), "aggs");
+                    }
+                }
+            }
+            for r in f.racks_of_zone(zone) {
                 let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\nmembers = [\n");
                 for k in 1..=f.links {
                     let ((l4, _), (l6, _)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
@@ -297,7 +337,25 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
         }
-        Switch::Spine(_) => {}
+        Switch::Agg(a) if !bgp => {
+            for z in 1..=f.zones {
+                let _ = write!(t, "\n[[group]]\nname = \"zone{z}\"\nmembers = [\n");
+                for j in f.spines_of_zone(z) {
+                    let (s4, s6) = (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0);
+                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::spine_port(j), via(&s4, &s6));
+                }
+                t.push_str("]\n");
+                for r in f.racks_of_zone(z) {
+                    if f.v4 {
+                        route(&mut t, &Fabric::rack_prefix_v4(r), &format!("zone{z}"));
+                    }
+                    if f.v6 {
+                        route(&mut t, &Fabric::rack_prefix_v6(r), &format!("zone{z}"));
+                    }
+                }
+            }
+        }
+        Switch::Spine(_) | Switch::Agg(_) => {}
     }
     t
 }
@@ -326,7 +384,7 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
         Switch::Leaf(r) => {
             for other in (1..=f.racks).filter(|&o| o != r) {
                 let hops = f
-                    .uplinks()
+                    .uplinks(r)
                     .into_iter()
                     .map(|(j, k)| {
                         (Fabric::fabric_v4(r, j, k).1, Fabric::fabric_v6(r, j, k).1, Fabric::uplink_port(j, k))
@@ -336,9 +394,25 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
             }
         }
         Switch::Spine(j) => {
-            for r in 1..=f.racks {
+            let zone = f.zone_of_spine(j);
+            for r in (1..=f.racks).filter(|&r| f.zone_of_rack(r) != zone) {
+                let hops = (1..=f.aggs)
+                    .map(|a| (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1, Fabric::agg_port(a)))
+                    .collect();
+                add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
+            }
+            for r in f.racks_of_zone(zone) {
                 let hops = (1..=f.links)
                     .map(|k| (Fabric::fabric_v4(r, j, k).0, Fabric::fabric_v6(r, j, k).0, Fabric::downlink_port(r, k)))
+                    .collect();
+                add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
+            }
+        }
+        Switch::Agg(a) => {
+            for r in 1..=f.racks {
+                let hops = f
+                    .spines_of_zone(f.zone_of_rack(r))
+                    .map(|j| (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0, Fabric::spine_port(j)))
                     .collect();
                 add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
             }
@@ -355,12 +429,13 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
         let mut networks = Vec::new();
         let (asn, router_id) = match s {
             Switch::Leaf(r) => {
-                for (j, k) in f.uplinks() {
+                let spine_asn = (SPINE_ASN + f.zone_of_rack(r) - 1).to_string();
+                for (j, k) in f.uplinks(r) {
                     if f.v4 {
-                        peers.push((Fabric::fabric_v4(r, j, k).1, SPINE_ASN.to_string()));
+                        peers.push((Fabric::fabric_v4(r, j, k).1, spine_asn.clone()));
                     }
                     if f.v6 {
-                        peers.push((Fabric::fabric_v6(r, j, k).1, SPINE_ASN.to_string()));
+                        peers.push((Fabric::fabric_v6(r, j, k).1, spine_asn.clone()));
                     }
                 }
                 if f.v4 {
@@ -372,7 +447,15 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
                 (LEAF_ASN + r, format!("10.255.1.{r}"))
             }
             Switch::Spine(j) => {
-                for r in 1..=f.racks {
+                for a in 1..=f.aggs {
+                    if f.v4 {
+                        peers.push((Fabric::agg_v4(j, a).1, AGG_ASN.to_string()));
+                    }
+                    if f.v6 {
+                        peers.push((Fabric::agg_v6(j, a).1, AGG_ASN.to_string()));
+                    }
+                }
+                for r in f.racks_of_zone(f.zone_of_spine(j)) {
                     for k in 1..=f.links {
                         if f.v4 {
                             peers.push((Fabric::fabric_v4(r, j, k).0, (LEAF_ASN + r).to_string()));
@@ -382,7 +465,19 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
                         }
                     }
                 }
-                (SPINE_ASN, format!("10.255.2.{j}"))
+                (SPINE_ASN + f.zone_of_spine(j) - 1, format!("10.255.2.{j}"))
+            }
+            Switch::Agg(a) => {
+                for j in 1..=f.spines {
+                    let asn = (SPINE_ASN + f.zone_of_spine(j) - 1).to_string();
+                    if f.v4 {
+                        peers.push((Fabric::agg_v4(j, a).0, asn.clone()));
+                    }
+                    if f.v6 {
+                        peers.push((Fabric::agg_v6(j, a).0, asn));
+                    }
+                }
+                (AGG_ASN, format!("10.255.3.{a}"))
             }
         };
         let networks: Vec<&str> = networks.iter().map(String::as_str).collect();
@@ -416,12 +511,13 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     };
     let f = &plan.fabric;
     let mut out = format!(
-        "Fabric {name:?} is up in {:.1} s: {} racks x {} hosts, {} spines, {} link(s) per leaf-spine pair, {} routing, hash {}, seeds {}\n",
+        "Fabric {name:?} is up in {:.1} s: {} racks x {} hosts, {} spines, {} link(s) per leaf-spine pair{}, {} routing, hash {}, seeds {}\n",
         started.elapsed().as_secs_f64(),
         f.racks,
         f.hosts,
         f.spines,
         f.links,
+        if f.zones > 1 { format!(", {} zones joined by {} aggregation switches", f.zones, f.aggs) } else { String::new() },
         if plan.routing == LabRouting::Bgp { "BGP" } else { "static" },
         f.hash.name(),
         if f.seeds == SeedPlan::Same { "same" } else { "auto" },
@@ -481,11 +577,17 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
     let deadline = started + Duration::from_secs(90);
     for s in f.switches() {
         let ns = switch_ns(&plan.name, s);
-        let (racks, paths): (Vec<u32>, usize) = match s {
-            Switch::Leaf(r) => ((1..=f.racks).filter(|&o| o != r).collect(), (f.spines * f.links) as usize),
-            Switch::Spine(_) => ((1..=f.racks).collect(), f.links as usize),
-        };
-        for r in racks {
+        // Paths each switch must have to each rack before the dataplanes start.
+        let wanted: Vec<(u32, usize)> = (1..=f.racks)
+            .filter_map(|r| match s {
+                Switch::Leaf(own) if own == r => None,
+                Switch::Leaf(_) => Some((r, (f.zone_spines() * f.links) as usize)),
+                Switch::Spine(j) if f.zone_of_spine(j) == f.zone_of_rack(r) => Some((r, f.links as usize)),
+                Switch::Spine(_) => Some((r, f.aggs as usize)),
+                Switch::Agg(_) => Some((r, f.zone_spines() as usize)),
+            })
+            .collect();
+        for (r, paths) in wanted {
             let mut prefixes = Vec::new();
             if f.v4 {
                 prefixes.push(Fabric::rack_prefix_v4(r));
@@ -502,7 +604,7 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
         "BGP converged in {:.1} s: {} speakers, every leaf has {} paths to every other rack",
         started.elapsed().as_secs_f64(),
         plan.bgp.len(),
-        f.spines * f.links
+        f.zone_spines() * f.links
     ))
 }
 

@@ -33,6 +33,8 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         v6: args.family.v6(),
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
         seeds,
+        zones: args.zones,
+        aggs: if args.zones > 1 { args.aggs } else { 0 },
     };
     f.validate()?;
     Ok(f)
