@@ -622,7 +622,8 @@ pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
     let all = fabric.all_links();
     let tiers = summarize(&all, loads);
     let mut out = String::new();
-    for (tier, sum) in Tier::ALL.iter().zip(&tiers) {
+    for sum in &tiers {
+        let tier = &sum.tier;
         let mut table = comfy_table::Table::new();
         table.load_style(comfy_table::presets::NOTHING);
         table.set_header([tier.name(), "packets", "bytes", "load"]);
@@ -698,6 +699,10 @@ mod tests {
         let auto = summarize(&all, &fabric(SeedPlan::Auto).predict(&spec()).unwrap());
         // With one seed a spine only ever picks the link the leaf's choice implies.
         assert_eq!(same[1].idle, 4, "{same:?}");
+        let text = render_loads(&fabric(SeedPlan::Same), &fabric(SeedPlan::Same).predict(&spec()).unwrap());
+        let tiers: Vec<&str> =
+            text.lines().filter_map(|l| l.trim().split(':').next().filter(|_| l.contains("busiest"))).collect();
+        assert_eq!(tiers, ["leaf->spine", "spine->leaf", "leaf->host"], "{text}");
         assert!(auto[1].idle < same[1].idle && auto[1].max_over_mean < same[1].max_over_mean, "{auto:?} {same:?}");
     }
 

@@ -652,6 +652,15 @@ pub fn alive(pid: u32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
 }
 
+/// The last line a dataplane logged, shortened for a table cell.
+fn last_line(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    // Its own last word ("rocev2: stopped; ...", "rocev2: error: ..."), else the last line.
+    let mut lines = text.lines().rev().filter(|l| !l.trim().is_empty());
+    let line = lines.clone().find(|l| l.starts_with("rocev2:")).or_else(|| lines.next()).unwrap_or("(empty log)");
+    line.chars().take(60).collect()
+}
+
 /// `lab status` of a fabric: each switch's dataplane state and counters.
 pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
     let mut table = comfy_table::Table::new();
@@ -663,7 +672,8 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         let state = match (running, &counters) {
             (true, Some(_)) => format!("running (pid {})", s.pid.unwrap_or_default()),
             (true, None) => "starting".into(),
-            (false, _) => "stopped".into(),
+            // A killed dataplane's programs stay attached (for the next run to take over).
+            (false, _) => format!("stopped: {}", last_line(&s.log)),
         };
         let get = |k: &str| counters.as_ref().map_or("-".into(), |c| c.get(k).copied().unwrap_or(0).to_string());
         table.add_row([
