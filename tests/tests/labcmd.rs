@@ -54,7 +54,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         racks: None,
         seed: rocev2_user::fabric::SeedPlan::Auto,
         zones: 1,
-        aggs: 2,
+        aggs: None,
     }
 }
 

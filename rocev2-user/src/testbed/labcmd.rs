@@ -122,9 +122,10 @@ pub struct LabUpArgs {
     /// `--aggs` aggregation switches (a third tier).
     #[arg(long, default_value_t = 1, requires = "racks")]
     pub zones: u32,
-    /// Aggregation switches joining the zones (each linked to every spine).
-    #[arg(long, default_value_t = 2, requires = "racks")]
-    pub aggs: u32,
+    /// Aggregation switches joining the zones, each linked to every spine
+    /// (default 2 with `--zones` 2 or more).
+    #[arg(long, requires = "zones")]
+    pub aggs: Option<u32>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -892,7 +893,7 @@ mod tests {
             racks: None,
             seed: crate::fabric::SeedPlan::Auto,
             zones: 1,
-            aggs: 2,
+            aggs: None,
         }
     }
 

@@ -136,9 +136,10 @@ pub struct EntropyArgs {
     /// Fabric mode: zones the racks and spines are split into, joined by `--aggs` aggregation switches.
     #[arg(long, default_value_t = 1, requires = "racks")]
     pub zones: u32,
-    /// Fabric mode: aggregation switches (with `--zones` 2 or more).
-    #[arg(long, default_value_t = 2, requires = "racks")]
-    pub aggs: u32,
+    /// Aggregation switches joining the zones, each linked to every spine
+    /// (default 2 with `--zones` 2 or more).
+    #[arg(long, requires = "zones")]
+    pub aggs: Option<u32>,
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
     pub pattern: crate::fabric::Pattern,

@@ -192,6 +192,16 @@ pub struct Fabric {
     pub seeds: SeedPlan,
 }
 
+/// The aggregation switches for `--zones` and `--aggs`: 2 by default when
+/// there are zones to join, none (and `--aggs` refused) with one zone.
+pub fn aggs_for(zones: u32, aggs: Option<u32>) -> Result<u32> {
+    match (zones, aggs) {
+        (0 | 1, Some(_)) => bail!("--aggs joins zones: use it with --zones 2 or more"),
+        (0 | 1, None) => Ok(0),
+        (_, a) => Ok(a.unwrap_or(2)),
+    }
+}
+
 fn one() -> u32 {
     1
 }

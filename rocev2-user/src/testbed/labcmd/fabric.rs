@@ -98,7 +98,7 @@ impl FabricPlan {
             hash,
             seeds: args.seed,
             zones: args.zones,
-            aggs: if args.zones > 1 { args.aggs } else { 0 },
+            aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
         };
         fabric.validate()?;
         if args.config_out.is_some() {

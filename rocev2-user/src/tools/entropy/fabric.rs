@@ -34,7 +34,7 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
         seeds,
         zones: args.zones,
-        aggs: if args.zones > 1 { args.aggs } else { 0 },
+        aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
     };
     f.validate()?;
     Ok(f)
