@@ -13,12 +13,13 @@
 //! `rocev2_user::lab`, ...), the paths the rest of the code uses.
 
 pub mod control;
+pub mod render;
 pub mod sys;
 pub mod testbed;
 pub mod tools;
 
-pub use control::{capacity, config, dataplane, metrics, notify, routing, run, state, stats, upgrade, watch};
-pub use sys::{bpffs, netlink, netns, privileges, rawsock};
+pub use control::{capacity, config, dataplane, errors, metrics, notify, routing, run, state, stats, upgrade, watch};
+pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
 pub use testbed::{bench, frr, lab, labcmd};
 pub use tools::{entropy, explain, fabric, gen, packet, sink};
 

@@ -336,3 +336,31 @@ for line in open(sys.argv[1]):
         assert_eq!(g, e, "frame {i} (scapy line vs expected)");
     }
 }
+
+/// Ctrl-C stops a running `rocev2 sink` early, and it still prints its
+/// report and exits successfully (SIGINT is a flag while it runs).
+#[test]
+fn sigint_stops_the_sink_with_its_report() {
+    let p = pair();
+    let mut sink = Command::new(rocev2_tests::rocev2_bin())
+        .args(["--netns", p.sink_ns.name(), "sink", "--dev", &p.sink_if, "--duration", "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start rocev2 sink");
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(sink.id() as i32, libc::SIGINT) }, 0);
+    while sink.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if sink.try_wait().unwrap().is_none() {
+        let _ = sink.kill();
+        panic!("rocev2 sink did not stop within 10 s of SIGINT");
+    }
+    let out = sink.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert!(stdout.contains("0 RoCEv2 packets"), "no report after SIGINT:\nstdout:\n{stdout}\nstderr:\n{stderr}");
+}

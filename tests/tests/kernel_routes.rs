@@ -484,3 +484,65 @@ fn explain_names_the_learned_group_and_the_member_packets_take() {
     }
     dataplane.stop().unwrap();
 }
+
+/// Writes `lines` to a file and runs it with `ip -batch` in `netns`.
+fn ip_batch(netns: &str, name: &str, lines: impl Iterator<Item = String>) {
+    let path = std::env::temp_dir().join(format!("{name}-{}.batch", std::process::id()));
+    std::fs::write(&path, lines.collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let result = rocev2_user::netns::ip(&["-n", netns, "-batch", &path.display().to_string()]);
+    std::fs::remove_file(&path).ok();
+    result.expect("ip -batch");
+}
+
+/// More learned IPv4 prefixes than the dataplane's route table holds: the
+/// run keeps going, what does not fit goes to the kernel (counted as
+/// `route_table_full`), and so does the /10 covering it, whose group would
+/// otherwise carry its traffic. Once routes are withdrawn, all fit again
+/// and the /10 is forwarded in XDP once more.
+#[test]
+fn prefixes_beyond_the_route_table_go_to_the_kernel_with_what_covers_them() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let config = lab.write_config_text("full", &kernel_config(&lab, "qp", "")).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let pin_dir = lab.pin_dir();
+    let host = |i: u32| std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + i);
+    let count = rocev2_common::maps::MAX_ROUTES_V4 + 500;
+    lab.in_switch(&["ip", "route", "add", "10.64.0.0/10", "via", "10.0.1.2", "dev", "u1"]).unwrap();
+    ip_batch(
+        lab.switch.name(),
+        "full-add",
+        (0..count).map(|i| format!("route add {}/32 via 10.0.2.2 dev u2", host(i))),
+    );
+
+    let target = |addr: &str| Maps::open_pinned(&pin_dir).unwrap().route_target(addr.parse().unwrap()).unwrap();
+    let kernel = Some(rocev2_common::maps::ROUTE_KERNEL);
+    let start = Instant::now();
+    // The last /32 did not fit: its address matches the /10, left to the kernel.
+    while target(&host(count - 1).to_string()) != kernel {
+        assert!(start.elapsed() < Duration::from_secs(60), "the overflow was never left to the kernel");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(target("10.127.0.1"), kernel, "the /10 covering unfit prefixes goes to the kernel");
+    let first = target(&host(0).to_string());
+    assert!(first.is_some() && first != kernel, "the first /32s are forwarded in XDP: {first:?}");
+    let learned = &stats_json(&pin_dir)["learned"];
+    let full = learned["to_kernel"]["route_table_full"].as_u64().unwrap_or(0);
+    assert!(full > 500, "at least the overflow and the /10 are counted: {learned}");
+
+    // Withdraw 2,000 /32s: everything fits again.
+    ip_batch(lab.switch.name(), "full-del", (count - 2000..count).map(|i| format!("route del {}/32", host(i))));
+    let start = Instant::now();
+    loop {
+        let learned = stats_json(&pin_dir)["learned"].clone();
+        if learned["to_kernel"].get("route_table_full").is_none() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the unfit prefixes never came back: {learned}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let covering = target("10.127.0.1");
+    assert!(covering.is_some() && covering != kernel, "the /10 is forwarded in XDP again: {covering:?}");
+    assert_eq!(target(&host(count - 2001).to_string()), first, "the last /32 left is installed, on the /32s' group");
+    dataplane.stop().expect("rocev2 run kept running through the overflow");
+}

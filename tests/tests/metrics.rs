@@ -51,8 +51,9 @@ fn metrics_endpoint_serves_the_running_dataplanes_counters() {
 
     let (head, body) = response.split_once("\r\n\r\n").expect("HTTP head and body");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
-    assert!(body.contains("# TYPE rocev2_port_rx_packets_total counter"), "{body}");
+    assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+    assert!(body.contains("# TYPE rocev2_port_rx_packets counter"), "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
     let s = samples(body);
     assert!(s["rocev2_port_rx_packets_total{port=\"p0\"}"] >= report.sent, "{body}");
     assert!(s["rocev2_port_forwarded_packets_total{port=\"p0\"}"] >= report.sent, "{body}");

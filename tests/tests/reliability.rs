@@ -186,7 +186,12 @@ fn a_full_route_table_is_a_clear_error() {
         .collect();
     let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
     let msg = format!("{err:#}");
-    assert!(msg.contains("route table full"), "{msg}");
+    assert!(msg.contains("route table full: 131072 of 131072 IPv4 routes installed"), "{msg}");
+    let typed = err.downcast_ref::<rocev2_user::errors::DataplaneError>();
+    assert!(
+        matches!(typed, Some(rocev2_user::errors::DataplaneError::RouteTableFull { installed: 131_072, .. })),
+        "a typed error callers can act on: {typed:?}"
+    );
 }
 
 #[test]

@@ -154,6 +154,12 @@ fn appears(expected: &[String], actual: &[String]) -> bool {
 }
 
 fn assert_shows(what: &str, expected: &[String], actual: &str) {
+    // To refresh the README's blocks after an output change: run this test
+    // with ROCEV2_TUTORIAL_OUTPUT=FILE and copy what each step printed.
+    if let Ok(path) = std::env::var("ROCEV2_TUTORIAL_OUTPUT") {
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        writeln!(file, "==== {what}\n{actual}").unwrap();
+    }
     let actual: Vec<String> = actual.lines().map(str::to_string).collect();
     assert!(
         appears(expected, &actual),

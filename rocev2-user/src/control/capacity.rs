@@ -1,7 +1,7 @@
 //! One log line when a table of the dataplane fills up, and one when it has
-//! room again: a full route table refuses routes, a full flowlet table
-//! evicts flows (which may then change path inside what would have been
-//! one flowlet).
+//! room again: a full route table leaves further learned prefixes to the
+//! kernel, a full flowlet table evicts flows (which may then change path
+//! inside what would have been one flowlet).
 
 use std::{collections::BTreeSet, sync::Mutex};
 

@@ -42,7 +42,7 @@ use rocev2_common::{
     },
 };
 
-use crate::config::Prefix;
+use crate::{config::Prefix, errors::DataplaneError};
 
 /// Name of the forwarding program in the object.
 pub const XDP_PROGRAM: &str = "rocev2_xdp";
@@ -238,7 +238,7 @@ impl Maps {
     /// Installs the priority classes, in match order.
     pub fn set_classes(&mut self, classes: &[ClassEntry]) -> Result<()> {
         if classes.len() > MAX_CLASSES as usize {
-            bail!("{} classes, more than the {MAX_CLASSES} supported", classes.len());
+            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES }.into());
         }
         // Shrink the live count first so no packet sees a half-written list.
         let config = self.dataplane_config()?;
@@ -252,7 +252,9 @@ impl Maps {
 
     pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {
         if id >= MAX_ECN_PROFILES {
-            bail!("ECN profile index {id} out of range (max {MAX_ECN_PROFILES})");
+            return Err(
+                DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES }.into()
+            );
         }
         self.ecn_profiles.set(id, profile, 0).context("cannot write ECN_PROFILES")
     }
@@ -261,7 +263,7 @@ impl Maps {
     /// a default ECN profile (NO_PROFILE for none) and counters.
     pub fn set_egress(&mut self, ifindex: u32, slot: u32, rate_bytes_per_sec: u64, profile: u32) -> Result<()> {
         if slot >= MAX_EGRESS_PORTS {
-            bail!("egress slot {slot} out of range (max {MAX_EGRESS_PORTS})");
+            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS }.into());
         }
         let entry = EgressEntry::new(slot, profile, rate_bytes_per_sec);
         let context = || format!("cannot configure egress ifindex {ifindex}");
@@ -369,7 +371,7 @@ impl Maps {
     /// Registers an ingress port and gives it a counter slot.
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
-            bail!("port slot {slot} out of range 1..{MAX_PORTS}");
+            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS }.into());
         }
         let context = || format!("cannot register port ifindex {ifindex}");
         if ifindex < MAX_DIRECT_IFINDEX {
@@ -452,10 +454,12 @@ impl Maps {
         buckets: &BucketTable,
     ) -> Result<u32> {
         if group >= MAX_GROUPS {
-            bail!("group index {group} out of range (max {MAX_GROUPS})");
+            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS }.into());
         }
         if members.len() > MAX_MEMBERS_PER_GROUP as usize {
-            bail!("group has {} members, more than {MAX_MEMBERS_PER_GROUP}", members.len());
+            return Err(
+                DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP }.into()
+            );
         }
         let current = self.groups.get(&group, 0).context("cannot read GROUPS")?;
         // A never-written group has member_count 0 and takes bank 0.
@@ -786,11 +790,7 @@ impl Dataplane {
         // caches never serve a result the tables no longer give.
         let additions: Vec<(Prefix, u32)> =
             wanted.iter().filter(|(p, t)| self.installed_routes.get(p) != Some(t)).map(|(p, t)| (*p, *t)).collect();
-        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| {
-            self.maps.set_route(prefix, *target)?;
-            self.installed_routes.insert(*prefix, *target);
-            Ok(())
-        });
+        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
         if !additions.is_empty() {
             self.maps.bump_route_generation()?;
         }
@@ -805,6 +805,29 @@ impl Dataplane {
             self.maps.bump_route_generation()?;
         }
         removed
+    }
+
+    /// Writes one route. A full table is reported as
+    /// [`DataplaneError::RouteTableFull`], with the numbers (the kernel
+    /// says only "no space").
+    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
+        if let Err(e) = self.maps.set_route(prefix, target) {
+            let no_space = e
+                .chain()
+                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOSPC)));
+            if !no_space {
+                return Err(e);
+            }
+            let (v4, v6) = self.route_counts();
+            let (family, installed, capacity) = match prefix {
+                Prefix::V4 { .. } => ("IPv4", v4, rocev2_common::maps::MAX_ROUTES_V4),
+                Prefix::V6 { .. } => ("IPv6", v6, rocev2_common::maps::MAX_ROUTES_V6),
+            };
+            let prefix = prefix.to_string();
+            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix }.into());
+        }
+        self.installed_routes.insert(*prefix, target);
+        Ok(())
     }
 
     /// Routes installed now: (IPv4, IPv6).
@@ -823,10 +846,7 @@ impl Dataplane {
         }
         let applied: Result<()> = changes.iter().try_for_each(|(prefix, target)| {
             match target {
-                Some(t) if self.installed_routes.get(prefix) != Some(t) => {
-                    self.maps.set_route(prefix, *t)?;
-                    self.installed_routes.insert(*prefix, *t);
-                }
+                Some(t) if self.installed_routes.get(prefix) != Some(t) => self.install_route(prefix, *t)?,
                 Some(_) => {}
                 None => {
                     if self.installed_routes.remove(prefix).is_some() {

@@ -1,5 +1,6 @@
-//! Prometheus text exposition of the dataplane counters, and a minimal HTTP
-//! server for `rocev2 run --metrics-addr 127.0.0.1:9464`.
+//! Prometheus exposition of the dataplane counters (through
+//! `prometheus-client`, OpenMetrics text), and the HTTP endpoint (hyper) for
+//! `rocev2 run --metrics-addr 127.0.0.1:9464`.
 //!
 //! Metrics (all counters, one sample per port or member):
 //! - `rocev2_port_rx_packets_total{port}`, `rocev2_port_rx_bytes_total{port}`
@@ -16,39 +17,126 @@
 //! `rocev2_kernel_routes{table,reason}`, `rocev2_route_messages_total{table}`,
 //! `rocev2_route_resyncs_total{table}` and
 //! `rocev2_route_apply_microseconds{table,quantile}`.
+//!
+//! Every scrape reads the pinned maps afresh and encodes one [`Snapshot`]:
+//! the counters live in the kernel, so the registry holds no state of its
+//! own, only a collector over that snapshot.
 
 use std::{
-    fmt::Write as _,
+    convert::Infallible,
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
-use rocev2_common::counters::PortCounter;
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::watch,
+use http_body_util::Full;
+use hyper::{
+    body::{Bytes, Incoming},
+    header::CONTENT_TYPE as CONTENT_TYPE_HEADER,
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
 };
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, MetricEncoder},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+use rocev2_common::counters::PortCounter;
+use tokio::{net::TcpListener, sync::watch};
 
 use crate::{dataplane::Maps, state::RunState, stats::Snapshot};
 
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-const MAX_REQUEST: usize = 8192;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The OpenMetrics text format, which Prometheus negotiates and parses.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// A client that has not sent its request head by then is disconnected.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Escapes a label value: backslash, double quote and newline.
-pub fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
+/// One sample's labels, in the order they are printed.
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family: its samples as (labels, value).
+#[derive(Debug)]
+struct Family {
+    /// Without the `_total` suffix for counters (the encoder adds it).
+    name: String,
+    help: String,
+    kind: MetricType,
+    samples: Vec<(Labels, u64)>,
+}
+
+/// The families of one scrape, in the order they were added.
+#[derive(Debug, Default)]
+struct Exposition {
+    families: Vec<Family>,
+}
+
+impl Exposition {
+    /// Adds samples to the family `metric` (created on first use). Counter
+    /// names are given as exposed, with `_total`; help as a sentence.
+    fn add(&mut self, metric: &str, kind: MetricType, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
+        let name = match kind {
+            MetricType::Counter => metric.strip_suffix("_total").unwrap_or(metric),
+            _ => metric,
+        };
+        let index = match self.families.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                // The registry's format puts no full stop after the help text.
+                let help = help.strip_suffix('.').unwrap_or(help).to_owned();
+                self.families.push(Family { name: name.to_owned(), help, kind, samples: Vec::new() });
+                self.families.len() - 1
+            }
+        };
+        self.families[index].samples.extend(samples);
     }
-    out
+
+    fn counter(&mut self, metric: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
+        self.add(metric, MetricType::Counter, help, samples)
+    }
+
+    fn gauge(&mut self, metric: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
+        self.add(metric, MetricType::Gauge, help, samples)
+    }
+
+    fn encode(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for family in &self.families {
+            let mut metric = encoder.encode_descriptor(&family.name, &family.help, None, family.kind)?;
+            match family.samples.as_slice() {
+                // A lone unlabelled sample is encoded bare: an empty family
+                // label set would print `name{} value`.
+                [(labels, value)] if labels.is_empty() => encode_value(family.kind, *value, metric)?,
+                samples => {
+                    for (labels, value) in samples {
+                        encode_value(family.kind, *value, metric.encode_family(labels)?)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn encode_value(kind: MetricType, value: u64, encoder: MetricEncoder) -> std::fmt::Result {
+    match kind {
+        MetricType::Counter => ConstCounter::new(value).encode(encoder),
+        _ => ConstGauge::new(value).encode(encoder),
+    }
 }
 
 /// Metric name and extra label (`reason`) for one port counter.
@@ -71,235 +159,161 @@ fn port_metric(counter: PortCounter) -> (String, Option<&'static str>) {
 
 fn help_for(metric: &str, counter: PortCounter) -> String {
     match metric {
-        "rocev2_port_pass_total" => "Frames handed to the kernel stack (XDP_PASS), by reason.".into(),
-        "rocev2_port_drop_total" => "Frames dropped by the dataplane, by reason.".into(),
+        "rocev2_port_pass_total" => "Frames handed to the kernel stack (XDP_PASS), by reason".into(),
+        "rocev2_port_drop_total" => "Frames dropped by the dataplane, by reason".into(),
         _ => {
-            let mut h = counter.help().to_owned();
-            if let Some(first) = h.get(..1) {
-                h.replace_range(..1, &first.to_uppercase());
+            let mut help = counter.help().to_owned();
+            if let Some(first) = help.get(..1) {
+                help.replace_range(..1, &first.to_uppercase());
             }
-            h.push('.');
-            h
+            help
         }
     }
 }
 
-/// A metric family's samples: (labels, value).
-type Samples = Vec<(String, u64)>;
+fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+    pairs.into_iter().map(|(key, value)| (key, value.to_owned())).collect()
+}
 
-/// The snapshot in the Prometheus text format (version 0.0.4).
+/// The snapshot in the OpenMetrics text format.
 pub fn render_prometheus(snapshot: &Snapshot) -> String {
-    let mut out = String::new();
-    // Group the samples by metric so each family gets one HELP/TYPE block.
-    // (metric, help, samples) per family, in first-seen order.
-    let mut families: Vec<(String, String, Samples)> = Vec::new();
+    let mut out = Exposition::default();
     for &counter in PortCounter::ALL {
         let (metric, reason) = port_metric(counter);
-        let idx = match families.iter().position(|(m, _, _)| *m == metric) {
-            Some(i) => i,
-            None => {
-                families.push((metric.clone(), help_for(&metric, counter), Vec::new()));
-                families.len() - 1
-            }
-        };
-        for port in &snapshot.ports {
-            let value = port.counters.get(counter.name()).copied().unwrap_or(0);
-            let labels = match reason {
-                Some(r) => format!("port=\"{}\",reason=\"{}\"", escape_label(&port.name), escape_label(r)),
-                None => format!("port=\"{}\"", escape_label(&port.name)),
-            };
-            families[idx].2.push((labels, value));
-        }
-    }
-    for (metric, help, samples) in &families {
-        family(&mut out, metric, "counter", help, samples.iter().cloned());
+        let help = help_for(&metric, counter);
+        out.counter(
+            &metric,
+            &help,
+            snapshot.ports.iter().map(|port| {
+                let value = port.counters.get(counter.name()).copied().unwrap_or(0);
+                let mut sample = labels([("port", &port.name)]);
+                sample.extend(reason.map(|r| ("reason", r.to_owned())));
+                (sample, value)
+            }),
+        );
     }
 
     let member_labels = |group: &str, m: &crate::stats::MemberSnapshot| {
-        format!(
-            "group=\"{}\",member=\"{}\",next_hop=\"{}\"",
-            escape_label(group),
-            escape_label(&m.dev),
-            escape_label(&m.next_hop)
-        )
+        labels([("group", group), ("member", &m.dev), ("next_hop", &m.next_hop)])
     };
     let members = || snapshot.groups.iter().flat_map(|g| g.members.iter().map(move |m| (g, m)));
-    family(
-        &mut out,
+    out.counter(
         "rocev2_member_packets_total",
-        "counter",
         "Packets forwarded to a group member (the hash distribution).",
         members().map(|(g, m)| (member_labels(&g.name, m), m.packets)),
     );
-    family(
-        &mut out,
+    out.counter(
         "rocev2_member_bytes_total",
-        "counter",
         "Bytes forwarded to a group member.",
         members().map(|(g, m)| (member_labels(&g.name, m), m.bytes)),
     );
-    family(
-        &mut out,
+    out.gauge(
         "rocev2_group_members",
-        "gauge",
         "Usable members of a next-hop group.",
-        snapshot.groups.iter().map(|g| {
-            (format!("group=\"{}\",hash=\"{}\"", escape_label(&g.name), escape_label(&g.hash)), g.members.len() as u64)
-        }),
+        snapshot.groups.iter().map(|g| (labels([("group", &g.name), ("hash", &g.hash)]), g.members.len() as u64)),
     );
-    family(
-        &mut out,
+    out.gauge(
         "rocev2_group_policy",
-        "gauge",
         "A next-hop group's policy and its knobs, as labels (always 1).",
         snapshot.groups.iter().map(|g| {
-            let mut labels = format!(
-                "group=\"{}\",policy=\"{}\",hash=\"{}\"",
-                escape_label(&g.name),
-                escape_label(&g.policy),
-                escape_label(&g.hash)
-            );
+            let mut sample = labels([("group", &g.name), ("policy", &g.policy), ("hash", &g.hash)]);
             if let Some(f) = &g.flowlet {
-                labels.push_str(&format!(
-                    ",flowlet_gap_us=\"{}\",flowlet_choice=\"{}\",flowlet_boundary=\"{}\"",
-                    f.gap_us,
-                    escape_label(&f.choice),
-                    f.boundary
-                ));
+                sample.extend(labels([
+                    ("flowlet_gap_us", &f.gap_us.to_string()),
+                    ("flowlet_choice", &f.choice),
+                    ("flowlet_boundary", &f.boundary.to_string()),
+                ]));
             }
-            (labels, 1)
+            (sample, 1)
         }),
     );
     if !snapshot.egress.is_empty() {
-        let port = |e: &crate::stats::EgressSnapshot| format!("port=\"{}\"", escape_label(&e.name));
+        let port = |e: &crate::stats::EgressSnapshot| labels([("port", &e.name)]);
         for &c in rocev2_common::counters::EgressCounter::ALL {
-            family(
-                &mut out,
+            out.counter(
                 &format!("rocev2_egress_{}_total", c.name()),
-                "counter",
-                &format!("{}.", c.help()),
+                c.help(),
                 snapshot.egress.iter().map(|e| (port(e), e.counters.get(c.name()).copied().unwrap_or(0))),
             );
         }
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_egress_queue_bytes",
-            "gauge",
             "Virtual queue depth at the port's last packet.",
             snapshot.egress.iter().map(|e| (port(e), e.queue_bytes)),
         );
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_egress_queue_high_water_bytes",
-            "gauge",
             "Deepest the virtual queue has been.",
             snapshot.egress.iter().map(|e| (port(e), e.queue_high_water_bytes)),
         );
     }
     if !snapshot.classes.is_empty() {
-        let class = |c: &crate::stats::ClassSnapshot| format!("class=\"{}\"", escape_label(&c.name));
-        family(
-            &mut out,
+        let class = |c: &crate::stats::ClassSnapshot| labels([("class", &c.name)]);
+        out.counter(
             "rocev2_class_packets_total",
-            "counter",
             "Packets matched by a priority class.",
             snapshot.classes.iter().map(|c| (class(c), c.packets)),
         );
-        family(
-            &mut out,
+        out.counter(
             "rocev2_class_bytes_total",
-            "counter",
             "Bytes matched by a priority class.",
             snapshot.classes.iter().map(|c| (class(c), c.bytes)),
         );
     }
-    family(
-        &mut out,
-        "rocev2_flowlet_entries",
-        "gauge",
-        "Flows in the flowlet table.",
-        [(String::new(), snapshot.flowlet_entries)],
-    );
-    family(
-        &mut out,
+    out.gauge("rocev2_flowlet_entries", "Flows in the flowlet table.", [(Labels::new(), snapshot.flowlet_entries)]);
+    out.counter(
         "rocev2_flowlet_evictions_total",
-        "counter",
         "Flows evicted from the full flowlet table (LRU).",
-        [(String::new(), snapshot.flowlet_evictions())],
+        [(Labels::new(), snapshot.flowlet_evictions())],
     );
-    family(&mut out, "rocev2_hash_seed", "gauge", "The hash seed in use.", [(String::new(), u64::from(snapshot.seed))]);
+    out.gauge("rocev2_hash_seed", "The hash seed in use.", [(Labels::new(), u64::from(snapshot.seed))]);
     if let Some(l) = &snapshot.learned {
-        let table = format!("table=\"{}\"", l.table);
-        family(
-            &mut out,
+        let table = || labels([("table", &l.table.to_string())]);
+        out.gauge(
             "rocev2_learned_routes",
-            "gauge",
             "Prefixes of the kernel table forwarded in XDP (host entries included).",
-            [(table.clone(), l.routes as u64)],
+            [(table(), l.routes as u64)],
         );
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_learned_host_entries",
-            "gauge",
             "Host entries made from the neighbour table on connected subnets.",
-            [(table.clone(), l.hosts as u64)],
+            [(table(), l.hosts as u64)],
         );
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_learned_groups",
-            "gauge",
             "Groups made for the kernel table's next-hop sets.",
-            [(table.clone(), l.groups as u64)],
+            [(table(), l.groups as u64)],
         );
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_kernel_routes",
-            "gauge",
             "Prefixes of the kernel table left to the kernel, by reason.",
             crate::routing::fib::KernelReason::ALL.iter().map(|r| {
-                (format!("{table},reason=\"{}\"", r.name()), l.to_kernel.get(r.name()).copied().unwrap_or(0) as u64)
+                let mut sample = table();
+                sample.push(("reason", r.name().to_owned()));
+                (sample, l.to_kernel.get(r.name()).copied().unwrap_or(0) as u64)
             }),
         );
-        family(
-            &mut out,
+        out.counter(
             "rocev2_route_messages_total",
-            "counter",
             "Netlink messages from the kernel applied.",
-            [(table.clone(), l.messages)],
+            [(table(), l.messages)],
         );
-        family(
-            &mut out,
+        out.counter(
             "rocev2_route_resyncs_total",
-            "counter",
             "Full re-reads of the kernel's tables (start, socket overflow).",
-            [(table.clone(), l.resyncs)],
+            [(table(), l.resyncs)],
         );
-        family(
-            &mut out,
+        out.gauge(
             "rocev2_route_apply_microseconds",
-            "gauge",
             "Kernel change to dataplane updated, over the last 1,000 batches.",
-            [
-                (format!("{table},quantile=\"0.5\""), l.apply_us_p50),
-                (format!("{table},quantile=\"0.99\""), l.apply_us_p99),
-            ],
+            [("0.5", l.apply_us_p50), ("0.99", l.apply_us_p99)].map(|(quantile, value)| {
+                let mut sample = table();
+                sample.push(("quantile", quantile.to_owned()));
+                (sample, value)
+            }),
         );
     }
-    out
-}
-
-/// One metric family: its HELP and TYPE lines, then a sample per
-/// (labels, value); empty labels print the bare metric name.
-fn family(out: &mut String, metric: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, u64)>) {
-    let _ = writeln!(out, "# HELP {metric} {help}");
-    let _ = writeln!(out, "# TYPE {metric} {kind}");
-    for (labels, value) in samples {
-        let _ = if labels.is_empty() {
-            writeln!(out, "{metric} {value}")
-        } else {
-            writeln!(out, "{metric}{{{labels}}} {value}")
-        };
-    }
+    out.encode()
 }
 
 /// Reads the running instance's state and pinned maps (fresh each scrape,
@@ -308,6 +322,25 @@ pub fn scrape(pin_dir: &Path) -> Result<String> {
     let state = RunState::read(pin_dir)?;
     let maps = Maps::open_pinned(pin_dir)?;
     Ok(render_prometheus(&Snapshot::collect(&maps, &state)?))
+}
+
+/// Status, content type and body for one request.
+pub fn respond(
+    method: &Method,
+    path: &str,
+    scrape: impl FnOnce() -> Result<String>,
+) -> (StatusCode, &'static str, String) {
+    if method != Method::GET || path != "/metrics" {
+        return (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: try GET /metrics\n".into());
+    }
+    match scrape() {
+        Ok(body) => (StatusCode::OK, CONTENT_TYPE, body),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            format!("cannot read the dataplane counters: {e:#}\n"),
+        ),
+    }
 }
 
 /// Serves `GET /metrics` on `addr` until `shutdown` turns true (or its
@@ -325,6 +358,7 @@ pub async fn serve_listener(
     pin_dir: PathBuf,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
+    let pin_dir = Arc::new(pin_dir);
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -336,18 +370,44 @@ pub async fn serve_listener(
                 }
             }
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
                     Err(e) => {
                         // E.g. EMFILE: keep serving rather than take `run` down.
-                        eprintln!("rocev2: metrics: accept failed: {e}");
+                        tracing::warn!("metrics: accept failed: {e}");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 };
-                let pin_dir = pin_dir.clone();
+                let pin_dir = Arc::clone(&pin_dir);
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let pin_dir = Arc::clone(&pin_dir);
+                    async move {
+                        // Reading the maps is a few syscalls per entry: off the reactor.
+                        let method = request.method().clone();
+                        let path = request.uri().path().to_owned();
+                        let (status, content_type, body) = tokio::task::spawn_blocking(move || {
+                            respond(&method, &path, || scrape(&pin_dir))
+                        })
+                        .await
+                        .unwrap_or_else(|e| {
+                            (StatusCode::INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", format!("scrape failed: {e}\n"))
+                        });
+                        let mut response = Response::new(Full::new(Bytes::from(body)));
+                        *response.status_mut() = status;
+                        response.headers_mut().insert(CONTENT_TYPE_HEADER, hyper::header::HeaderValue::from_static(content_type));
+                        Ok::<_, Infallible>(response)
+                    }
+                });
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, &pin_dir)).await;
+                    let connection = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_TIMEOUT)
+                        .keep_alive(false)
+                        .serve_connection(TokioIo::new(stream), service);
+                    if let Err(e) = connection.await {
+                        tracing::debug!("metrics: connection ended: {e}");
+                    }
                 });
             }
         }
@@ -400,89 +460,6 @@ impl Drop for MetricsServer {
     fn drop(&mut self) {
         let _ = self.finish();
     }
-}
-
-/// Method and path of a request head; None until the head is complete.
-fn request_line(head: &[u8]) -> Option<(String, String)> {
-    let end = head.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| head.windows(2).position(|w| w == b"\n\n"))?;
-    let text = String::from_utf8_lossy(&head[..end]);
-    let mut parts = text.lines().next()?.split_whitespace();
-    Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
-}
-
-/// Status line, content type and body for one request.
-pub fn respond(
-    method: &str,
-    path: &str,
-    scrape: impl FnOnce() -> Result<String>,
-) -> (&'static str, &'static str, String) {
-    let path = path.split('?').next().unwrap_or("");
-    if method != "GET" || path != "/metrics" {
-        return ("404 Not Found", "text/plain; charset=utf-8", "not found: try GET /metrics\n".into());
-    }
-    match scrape() {
-        Ok(body) => ("200 OK", CONTENT_TYPE, body),
-        Err(e) => (
-            "503 Service Unavailable",
-            "text/plain; charset=utf-8",
-            format!("cannot read the dataplane counters: {e:#}\n"),
-        ),
-    }
-}
-
-// Plain readiness + try_read/try_write: tokio's `net` feature is enough,
-// no `io-util` needed.
-async fn read_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
-    loop {
-        stream.readable().await?;
-        match stream.try_read(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            other => return other,
-        }
-    }
-}
-
-async fn write_all(stream: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
-    while !data.is_empty() {
-        stream.writable().await?;
-        match stream.try_write(data) {
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-async fn handle(stream: TcpStream, pin_dir: &Path) -> Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    let (method, path) = loop {
-        let n = read_some(&stream, &mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-        if let Some(line) = request_line(&head) {
-            break line;
-        }
-        if head.len() > MAX_REQUEST {
-            write_all(
-                &stream,
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            )
-            .await?;
-            return Ok(());
-        }
-    };
-    let (status, content_type, body) = respond(&method, &path, || scrape(pin_dir));
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    write_all(&stream, response.as_bytes()).await?;
-    // Dropping the stream closes it; the client reads to EOF.
-    Ok(())
 }
 
 #[cfg(test)]
@@ -587,19 +564,23 @@ mod tests {
             "{text}"
         );
 
-        // Every family has exactly one HELP and one TYPE line, before its samples,
-        // and every sample line is `name{labels} integer`.
-        let mut seen_type = std::collections::BTreeSet::new();
+        // Every family has exactly one HELP and one TYPE line, before its
+        // samples; every sample line is `name{labels} integer`, a counter's
+        // name being its family's with `_total`; the text ends with `# EOF`.
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let mut seen_type = std::collections::BTreeMap::new();
         let mut samples = 0;
-        for line in text.lines() {
+        for line in text.lines().filter(|l| *l != "# EOF") {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let name = rest.split(' ').next().unwrap();
-                assert!(seen_type.insert(name.to_owned()), "two TYPE lines for {name}");
-                assert!(rest.ends_with(" counter") || rest.ends_with(" gauge"), "{line}");
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(seen_type.insert(name.to_owned(), kind.to_owned()).is_none(), "two TYPE lines for {name}");
+                assert!(kind == "counter" || kind == "gauge", "{line}");
             } else if line.starts_with("# HELP ") {
             } else {
                 let name = &line[..line.find(['{', ' ']).unwrap()];
-                assert!(seen_type.contains(name), "sample before its TYPE: {line}");
+                let family = name.strip_suffix("_total").filter(|f| seen_type.get(*f).is_some_and(|k| k == "counter"));
+                let family = family.unwrap_or(name);
+                assert!(seen_type.contains_key(family), "sample before its TYPE: {line}");
                 let value = line.rsplit(' ').next().unwrap();
                 value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
                 samples += 1;
@@ -618,20 +599,13 @@ mod tests {
     }
 
     #[test]
-    fn escape_label_values() {
-        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
-
-    #[test]
     fn only_get_metrics_is_served() {
         let ok = || Ok("x 1\n".to_string());
-        assert_eq!(respond("GET", "/metrics", ok).0, "200 OK");
-        assert_eq!(respond("GET", "/metrics?x=1", ok).1, CONTENT_TYPE);
-        assert_eq!(respond("GET", "/", ok).0, "404 Not Found");
-        assert_eq!(respond("POST", "/metrics", ok).0, "404 Not Found");
-        let failed = respond("GET", "/metrics", || anyhow::bail!("no state"));
-        assert!(failed.0.starts_with("503") && failed.2.contains("no state"));
-        assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(("GET".into(), "/metrics".into())));
-        assert_eq!(request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), None);
+        assert_eq!(respond(&Method::GET, "/metrics", ok).0, StatusCode::OK);
+        assert_eq!(respond(&Method::GET, "/metrics", ok).1, CONTENT_TYPE);
+        assert_eq!(respond(&Method::GET, "/", ok).0, StatusCode::NOT_FOUND);
+        assert_eq!(respond(&Method::POST, "/metrics", ok).0, StatusCode::NOT_FOUND);
+        let failed = respond(&Method::GET, "/metrics", || anyhow::bail!("no state"));
+        assert!(failed.0 == StatusCode::SERVICE_UNAVAILABLE && failed.2.contains("no state"));
     }
 }

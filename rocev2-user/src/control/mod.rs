@@ -5,6 +5,7 @@
 pub mod capacity;
 pub mod config;
 pub mod dataplane;
+pub mod errors;
 pub mod metrics;
 pub mod notify;
 pub mod routing;

@@ -19,7 +19,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
 use rocev2_common::{
     buckets::{BucketTable, Rebalance},
-    maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN},
+    maps::{PinEntry, MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN},
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -314,9 +314,8 @@ impl Runner {
     /// Reports a route or flowlet table that is filling up (see capacity).
     fn check_fill(&self) {
         use crate::capacity::Fill;
-        use rocev2_common::maps::{MAX_ROUTES_V4, MAX_ROUTES_V6};
         let (v4, v6) = self.dataplane.route_counts();
-        let route_hint = "further routes are refused; aggregate prefixes";
+        let route_hint = "further learned prefixes (and those covering them) go to the kernel (route_table_full); aggregate prefixes";
         let mut fills = vec![
             Fill { table: "IPv4 route table", used: v4 as u64, capacity: MAX_ROUTES_V4.into(), hint: route_hint },
             Fill { table: "IPv6 route table", used: v6 as u64, capacity: MAX_ROUTES_V6.into(), hint: route_hint },
@@ -608,7 +607,9 @@ impl Runner {
     /// Plans the learned routes, prepares new egress links, publishes the
     /// learned groups; returns the route changes to install.
     async fn sync_kernel(&mut self) -> Result<Vec<(Prefix, Option<u32>)>> {
+        let (v4, v6) = self.learned_route_capacity();
         let Some(kernel) = &mut self.kernel else { return Ok(Vec::new()) };
+        kernel.set_route_capacity(v4, v6);
         let reserved: BTreeSet<u32> = self.slots.values().copied().collect();
         let (policies, default) = learned_policies(&self.config);
         let plan = kernel.plan(policies, &reserved);
@@ -623,6 +624,19 @@ impl Runner {
         }
         kernel.publish_plan(&mut self.dataplane.maps, policies, default, &plan)?;
         Ok(plan.changes)
+    }
+
+    /// Route table entries left for learned prefixes, per family: the
+    /// tables' size less the config's routes, the box's own addresses and
+    /// some room for addresses added before the next refresh.
+    fn learned_route_capacity(&self) -> (usize, usize) {
+        const ADDRESS_HEADROOM: usize = 64;
+        let configured_v4 = self.config.routes.iter().filter(|r| matches!(r.prefix, Prefix::V4 { .. })).count();
+        let configured_v6 = self.config.routes.len() - configured_v4;
+        let local_v4 = self.local.iter().filter(|a| a.is_ipv4()).count();
+        let local_v6 = self.local.len() - local_v4;
+        let left = |size: u32, taken: usize| (size as usize).saturating_sub(taken + ADDRESS_HEADROOM);
+        (left(MAX_ROUTES_V4, configured_v4 + local_v4), left(MAX_ROUTES_V6, configured_v6 + local_v6))
     }
 
     /// A batch of kernel route, nexthop, link, neighbour or address
@@ -909,19 +923,13 @@ fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedP
     (&config.route_policies, default)
 }
 
-/// Default pin directory path for a config (used by `stats --config`).
-pub fn pin_dir_of(config: &Config) -> PathBuf {
-    config.dataplane.pin_dir.clone()
-}
-
 /// `rocev2 reload`: sends SIGHUP to the `rocev2 run` using `pin_dir` and
 /// waits until it reports the result. Returns the config file it reloaded;
 /// a failed reload is an error carrying the reason (the old config stays).
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
-    // SAFETY: kill(2) with a pid read from our own state file.
-    if unsafe { libc::kill(before.pid as i32, libc::SIGHUP) } != 0 {
-        bail!("cannot signal rocev2 run (pid {}): {}", before.pid, std::io::Error::last_os_error());
+    if let Err(e) = crate::sys::signal_process(before.pid, nix::sys::signal::Signal::SIGHUP) {
+        bail!("cannot signal rocev2 run (pid {}): {e}", before.pid);
     }
     let deadline = Instant::now() + timeout;
     loop {

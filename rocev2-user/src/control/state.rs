@@ -5,14 +5,13 @@
 use std::{
     fs,
     io::Write as _,
-    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-const RUN_DIR: &str = "/run/rocev2";
+use crate::paths::RUN_DIR;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunState {
@@ -183,7 +182,8 @@ impl RunState {
 
 /// An exclusive lock on a pin directory, held for the life of `rocev2 run`.
 pub struct RunLock {
-    _file: fs::File,
+    /// Holds the lock until dropped.
+    _file: nix::fcntl::Flock<fs::File>,
     path: PathBuf,
 }
 
@@ -191,22 +191,24 @@ impl RunLock {
     pub fn acquire(pin_dir: &Path) -> Result<Self> {
         fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
         let path = run_file(pin_dir, "lock");
-        let mut file = fs::OpenOptions::new()
+        let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
             .open(&path)
             .with_context(|| format!("cannot open lock file {}", path.display()))?;
-        // SAFETY: valid fd.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let holder = fs::read_to_string(&path).unwrap_or_default();
-            bail!(
-                "another `rocev2 run` (pid {}) already uses pin_dir {}; stop it or set a different [dataplane] pin_dir",
-                holder.trim(),
-                pin_dir.display()
-            );
-        }
+        let mut file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => locked,
+            Err(_) => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                bail!(
+                    "another `rocev2 run` (pid {}) already uses pin_dir {}; stop it or set a different [dataplane] pin_dir",
+                    holder.trim(),
+                    pin_dir.display()
+                );
+            }
+        };
         file.set_len(0)?;
         write!(file, "{}", std::process::id())?;
         Ok(Self { _file: file, path })

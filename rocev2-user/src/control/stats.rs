@@ -6,7 +6,11 @@ use anyhow::Result;
 use rocev2_common::counters::PortCounter;
 use serde::Serialize;
 
-use crate::{dataplane::Maps, state::RunState};
+use crate::{
+    dataplane::Maps,
+    render::{share_bar, Align, Table},
+    state::RunState,
+};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Snapshot {
@@ -150,25 +154,34 @@ impl Snapshot {
     pub fn render(&self) -> String {
         let mut out = self.render_ports_and_groups();
         if !self.egress.is_empty() {
-            out.push_str("\nEGRESS            RATE            QUEUE  HIGH-WATER  COUNTERS\n");
+            let mut table = Table::new(&[
+                ("EGRESS", Align::Left),
+                ("RATE", Align::Right),
+                ("QUEUE", Align::Right),
+                ("HIGH-WATER", Align::Right),
+                ("COUNTERS", Align::Left),
+            ]);
             for e in &self.egress {
                 let counters: Vec<String> =
                     e.counters.iter().filter(|(_, v)| **v != 0).map(|(k, v)| format!("{k}={v}")).collect();
-                out.push_str(&format!(
-                    "{:<17} {:>8.2} Gbit/s {:>7} {:>11}  {}\n",
-                    e.name,
-                    e.rate_bytes_per_sec as f64 * 8.0 / 1e9,
-                    e.queue_bytes,
-                    e.queue_high_water_bytes,
-                    if counters.is_empty() { "(no traffic)".to_string() } else { counters.join(" ") }
-                ));
+                table.row([
+                    e.name.clone(),
+                    format!("{:.2} Gbit/s", e.rate_bytes_per_sec as f64 * 8.0 / 1e9),
+                    e.queue_bytes.to_string(),
+                    e.queue_high_water_bytes.to_string(),
+                    if counters.is_empty() { "(no traffic)".to_string() } else { counters.join(" ") },
+                ]);
             }
+            out.push('\n');
+            out.push_str(&table.render());
         }
         if !self.classes.is_empty() {
-            out.push_str("\nCLASS             PACKETS        BYTES\n");
+            let mut table = Table::new(&[("CLASS", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)]);
             for c in &self.classes {
-                out.push_str(&format!("{:<17} {:>8} {:>12}\n", c.name, c.packets, c.bytes));
+                table.row([c.name.clone(), c.packets.to_string(), c.bytes.to_string()]);
             }
+            out.push('\n');
+            out.push_str(&table.render());
         }
         let inserted: u64 = self.ports.iter().map(|p| p.counters.get("flowlet_inserted").copied().unwrap_or(0)).sum();
         if inserted > 0 || self.flowlet_entries > 0 {
@@ -202,41 +215,45 @@ impl Snapshot {
     }
 
     fn render_ports_and_groups(&self) -> String {
-        let mut out = String::new();
-        out.push_str("PORT              COUNTER                      VALUE\n");
+        let mut ports = Table::new(&[("PORT", Align::Left), ("COUNTER", Align::Left), ("VALUE", Align::Right)]);
         for port in &self.ports {
             let mut any = false;
             for counter in PortCounter::ALL {
                 let value = port.counters.get(counter.name()).copied().unwrap_or(0);
                 if value != 0 {
-                    out.push_str(&format!("{:<17} {:<28} {value:>10}\n", port.name, counter.name()));
+                    ports.row([port.name.clone(), counter.name().to_string(), value.to_string()]);
                     any = true;
                 }
             }
             if !any {
-                out.push_str(&format!("{:<17} {:<28} {:>10}\n", port.name, "(no traffic)", 0));
+                ports.row([port.name.as_str(), "(no traffic)", "0"]);
             }
         }
+        let mut out = ports.render();
         for group in &self.groups {
             let total: u64 = group.members.iter().map(|m| m.packets).sum();
             out.push_str(&format!("\nGROUP {} ({})\n", group.name, group.describe()));
-            out.push_str("  MEMBER            NEXT HOP                     PACKETS        BYTES  SHARE\n");
+            let mut members = Table::new(&[
+                ("MEMBER", Align::Left),
+                ("NEXT HOP", Align::Left),
+                ("PACKETS", Align::Right),
+                ("BYTES", Align::Right),
+                ("SHARE", Align::Right),
+                ("", Align::Left),
+            ]);
             for m in &group.members {
-                let share = if total == 0 { 0.0 } else { 100.0 * m.packets as f64 / total as f64 };
-                out.push_str(&format!(
-                    "  {:<17} {:<24} {:>12} {:>12} {share:>5.1}%  {}\n",
-                    m.dev,
-                    m.next_hop,
-                    m.packets,
-                    m.bytes,
-                    bar(share)
-                ));
+                let share = if total == 0 { 0.0 } else { m.packets as f64 / total as f64 };
+                members.row([
+                    m.dev.clone(),
+                    m.next_hop.clone(),
+                    m.packets.to_string(),
+                    m.bytes.to_string(),
+                    format!("{:.1}%", 100.0 * share),
+                    share_bar(share),
+                ]);
             }
+            out.push_str(&members.indent(2).render());
         }
         out
     }
-}
-
-fn bar(percent: f64) -> String {
-    "#".repeat((percent / 5.0).round() as usize)
 }

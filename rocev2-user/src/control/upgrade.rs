@@ -76,9 +76,8 @@ pub fn upgrade(pin_dir: &Path, unit: Option<String>, timeout: Duration) -> Resul
     }
     let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
 
-    // SAFETY: kill(2) with the pid from the instance's own state file.
-    if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } != 0 {
-        bail!("cannot signal rocev2 run (pid {pid}): {}", std::io::Error::last_os_error());
+    if let Err(e) = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGUSR1) {
+        bail!("cannot signal rocev2 run (pid {pid}): {e}");
     }
     let deadline = Instant::now() + timeout;
     while alive(pid) {

@@ -13,11 +13,15 @@ use std::{
 use anyhow::{bail, Result};
 use rocev2_common::counters::PortCounter;
 
-use crate::{dataplane::Maps, state::RunState, stats::Snapshot};
+use crate::{
+    dataplane::Maps,
+    render::{share_bar, Align, Table},
+    state::RunState,
+    stats::Snapshot,
+};
 
 /// Clears the terminal and moves the cursor home.
 const CLEAR: &str = "\x1b[2J\x1b[H";
-const BAR_WIDTH: f64 = 30.0;
 
 fn collect(pin_dir: &Path) -> Result<Snapshot> {
     // Both are re-read every time: the state names the live members and a
@@ -92,24 +96,27 @@ fn sum_prefix(counters: &std::collections::BTreeMap<&'static str, u64>, prefix: 
 pub fn render_rates(prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64().max(1e-9);
     let rate = |new: u64, old: u64| new.saturating_sub(old) as f64 / secs;
-    let mut out = String::new();
-    let _ =
-        writeln!(out, "{:<16} {:>12} {:>12} {:>12} {:>12}", "PORT", "RX pps", "FORWARD pps", "PASS pps", "DROP pps");
+    let mut ports = Table::new(&[
+        ("PORT", Align::Left),
+        ("RX pps", Align::Right),
+        ("FORWARD pps", Align::Right),
+        ("PASS pps", Align::Right),
+        ("DROP pps", Align::Right),
+    ]);
     for port in &now.ports {
         let old = prev.ports.iter().find(|p| p.name == port.name);
         let get = |f: &dyn Fn(&std::collections::BTreeMap<&'static str, u64>) -> u64| {
-            rate(f(&port.counters), old.map(|o| f(&o.counters)).unwrap_or(0))
+            format!("{:.0}", rate(f(&port.counters), old.map(|o| f(&o.counters)).unwrap_or(0)))
         };
-        let _ = writeln!(
-            out,
-            "{:<16} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
-            port.name,
+        ports.row([
+            port.name.clone(),
             get(&|c| counter(c, PortCounter::RxPackets.name())),
             get(&|c| counter(c, PortCounter::Forwarded.name())),
             get(&|c| sum_prefix(c, "pass_")),
             get(&|c| sum_prefix(c, "drop_")),
-        );
+        ]);
     }
+    let mut out = ports.render();
     for group in &now.groups {
         let old = prev.groups.iter().find(|g| g.name == group.name);
         let rates: Vec<f64> = group
@@ -124,18 +131,24 @@ pub fn render_rates(prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> Strin
             .collect();
         let total: f64 = rates.iter().sum();
         let _ = writeln!(out, "\nGROUP {} ({})  {total:.0} pps", group.name, group.describe());
-        let _ = writeln!(out, "  {:<16} {:<26} {:>12} {:>6}", "MEMBER", "NEXT HOP", "pps", "SHARE");
+        let mut members = Table::new(&[
+            ("MEMBER", Align::Left),
+            ("NEXT HOP", Align::Left),
+            ("pps", Align::Right),
+            ("SHARE", Align::Right),
+            ("", Align::Left),
+        ]);
         for (m, r) in group.members.iter().zip(&rates) {
             let share = if total > 0.0 { r / total } else { 0.0 };
-            let _ = writeln!(
-                out,
-                "  {:<16} {:<26} {r:>12.0} {:>5.1}% {}",
-                m.dev,
-                m.next_hop,
-                100.0 * share,
-                "#".repeat((share * BAR_WIDTH).round() as usize)
-            );
+            members.row([
+                m.dev.clone(),
+                m.next_hop.clone(),
+                format!("{r:.0}"),
+                format!("{:.1}%", 100.0 * share),
+                share_bar(share),
+            ]);
         }
+        out.push_str(&members.indent(2).render());
     }
     out
 }

@@ -1,19 +1,14 @@
 //! The BPF filesystem where maps are pinned so other processes (`rocev2
 //! stats`) can open them while `rocev2 run` keeps the dataplane loaded.
 
-use std::{ffi::CString, fs, os::unix::fs::DirBuilderExt as _, path::Path};
+use std::{fs, os::unix::fs::DirBuilderExt as _, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 
-const BPF_FS_MAGIC: i64 = 0xCAFE_4A11;
-const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
+use crate::paths::BPFFS as DEFAULT_BPFFS;
 
 fn is_bpffs(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid C string and out-pointer.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// Makes sure `dir` can hold pins: mounts bpffs on /sys/fs/bpf when the
@@ -24,16 +19,9 @@ pub fn prepare_pin_dir(dir: &Path) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("/"));
     if !is_bpffs(parent) {
         if parent == Path::new(DEFAULT_BPFFS) {
-            let src = CString::new("bpf").expect("static");
-            let target = CString::new(DEFAULT_BPFFS).expect("static");
-            let opts = CString::new("mode=0700").expect("static");
-            // SAFETY: valid C strings.
-            let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, opts.as_ptr().cast()) };
-            if rc != 0 {
-                bail!(
-                    "cannot mount the BPF filesystem on {DEFAULT_BPFFS}: {} (needs CAP_SYS_ADMIN)",
-                    std::io::Error::last_os_error()
-                );
+            let flags = nix::mount::MsFlags::empty();
+            if let Err(e) = nix::mount::mount(Some("bpf"), DEFAULT_BPFFS, Some("bpf"), flags, Some("mode=0700")) {
+                bail!("cannot mount the BPF filesystem on {DEFAULT_BPFFS}: {e} (needs CAP_SYS_ADMIN)");
             }
         } else {
             bail!(

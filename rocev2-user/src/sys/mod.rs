@@ -1,12 +1,20 @@
 //! System interfaces: rtnetlink (links, addresses, neighbours), network
-//! namespaces, the BPF filesystem, privileges and raw packet sockets.
+//! namespaces, the BPF filesystem, privileges, raw packet sockets and signals.
 
 pub mod bpffs;
 pub mod netlink;
 pub mod netns;
+pub mod paths;
 pub mod privileges;
 pub mod rawsock;
+pub mod signals;
 pub mod suggest;
+
+/// Sends `signal` to process `pid` (kill(2)).
+pub fn signal_process(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| nix::errno::Errno::ESRCH)?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+}
 
 /// A MAC address as `02:52:32:00:00:01`: the one formatter for configs,
 /// state files, `stats`, labs and messages.

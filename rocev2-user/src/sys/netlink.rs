@@ -30,7 +30,7 @@ use rtnetlink::packet_route::{
 };
 
 /// How often `resolve_neighbour` looks at the table while waiting.
-const NEIGHBOUR_POLL: Duration = Duration::from_millis(20);
+pub const NEIGHBOUR_POLL: Duration = Duration::from_millis(20);
 /// The discard port: a datagram there provokes resolution and nothing else.
 const DISCARD_PORT: u16 = 9;
 
@@ -76,14 +76,14 @@ pub enum PeerNapi {
 
 /// A neighbour table entry for one address on one interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Neighbour {
+pub struct Neighbour {
     state: NeighbourState,
     mac: Option<[u8; 6]>,
 }
 
 impl Neighbour {
     /// The MAC if the kernel itself would transmit to it.
-    fn usable_mac(&self) -> Option<[u8; 6]> {
+    pub fn usable_mac(&self) -> Option<[u8; 6]> {
         use NeighbourState as S;
         match self.state {
             S::Reachable | S::Stale | S::Delay | S::Probe | S::Permanent | S::Noarp => self.mac,
@@ -221,7 +221,7 @@ impl Netlink {
 
     /// The kernel's entry for `addr` on `ifindex`, if any (RTM_GETNEIGH for
     /// one entry rather than a dump: refreshes run often).
-    async fn neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<Option<Neighbour>> {
+    pub async fn neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<Option<Neighbour>> {
         let mut message = NeighbourMessage::default();
         message.header.family = address_family(addr);
         message.header.ifindex = ifindex;
@@ -269,7 +269,7 @@ impl Netlink {
     /// RTM_NEWNEIGH with NTF_USE. The kernel then ignores the state and only
     /// runs neigh_event_send(); REPLACE (not EXCL) lets that happen for an
     /// existing entry too.
-    async fn use_neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<(), rtnetlink::Error> {
+    pub async fn use_neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<(), rtnetlink::Error> {
         self.handle
             .neighbours()
             .add(ifindex, addr)
@@ -333,7 +333,7 @@ fn neighbour_address(addr: IpAddr) -> NeighbourAddress {
 
 /// Sends one empty UDP datagram to `addr`:9 out of `device`, so the kernel
 /// has to resolve `addr` (or its gateway) on that device.
-fn poke_with_datagram(device: &str, ifindex: u32, addr: IpAddr) -> Result<()> {
+pub fn poke_with_datagram(device: &str, ifindex: u32, addr: IpAddr) -> Result<()> {
     let (local, remote): (SocketAddr, SocketAddr) = match addr {
         IpAddr::V4(_) => (([0, 0, 0, 0], 0).into(), (addr, DISCARD_PORT).into()),
         // Link-local IPv6 addresses are meaningless without the interface.
@@ -416,14 +416,7 @@ fn enable_gro(ifindex: u32, netns: &str) -> Result<PeerNapi> {
 }
 
 fn ifindex_to_name(ifindex: u32) -> Result<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
-    let name = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if name.is_null() {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: on success `buf` holds a NUL-terminated name.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    let name = nix::net::if_::if_indextoname(ifindex).with_context(|| format!("no interface has index {ifindex}"))?;
     Ok(name.to_string_lossy().into_owned())
 }
 
@@ -576,263 +569,5 @@ mod ethtool {
             return Err(std::io::Error::last_os_error().into());
         }
         Ok(value.data)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::{future::Future, net::Ipv4Addr, process::Command};
-
-    use super::*;
-
-    /// Two fresh namespaces joined by a veth (`va` in `a`, `vb` in `b`),
-    /// deleted on drop — also when the test panics.
-    struct VethPair {
-        a: String,
-        b: String,
-    }
-
-    const MAC_A: [u8; 6] = [0x02, 0x00, 0x00, 0xaa, 0x00, 0x01];
-    const MAC_B: [u8; 6] = [0x02, 0x00, 0x00, 0xbb, 0x00, 0x02];
-
-    impl VethPair {
-        /// Namespaces named after the process and `tag`, so parallel tests
-        /// and parallel runs never collide. Addresses: 10.`net`.0.1/24 and
-        /// fd00:`net`::1/64 on `va`, .2 / ::2 on `vb`.
-        fn new(tag: &str, net: u8) -> Self {
-            let pid = std::process::id();
-            let pair = Self { a: format!("rocev2-nl-{pid}-{tag}-a"), b: format!("rocev2-nl-{pid}-{tag}-b") };
-            for ns in [&pair.a, &pair.b] {
-                ip(&["netns", "add", ns]);
-                // Without this NDP waits ~2s for link-local DAD on fresh links.
-                ip(&["netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"]);
-            }
-            let (a, b) = (pair.a.as_str(), pair.b.as_str());
-            ip(&[
-                "link",
-                "add",
-                "va",
-                "address",
-                "02:00:00:aa:00:01",
-                "netns",
-                a,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "vb",
-                "address",
-                "02:00:00:bb:00:02",
-                "netns",
-                b,
-            ]);
-            for (ns, dev, host) in [(a, "va", 1), (b, "vb", 2)] {
-                ip(&["-n", ns, "addr", "add", &format!("10.{net}.0.{host}/24"), "dev", dev]);
-                let v6 = format!("fd00:{net}::{host}/64");
-                ip(&["-n", ns, "addr", "add", &v6, "dev", dev, "nodad"]);
-                ip(&["-n", ns, "link", "set", dev, "up"]);
-            }
-            pair
-        }
-    }
-
-    impl Drop for VethPair {
-        fn drop(&mut self) {
-            for ns in [&self.a, &self.b] {
-                let _ = Command::new("ip").args(["netns", "del", ns]).status();
-            }
-        }
-    }
-
-    fn ip(args: &[&str]) {
-        let status = Command::new("ip").args(args).status().expect("running ip");
-        assert!(status.success(), "ip {} failed", args.join(" "));
-    }
-
-    fn is_root() -> bool {
-        // SAFETY: no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root {
-            eprintln!("skipped: needs root for network namespaces");
-        }
-        root
-    }
-
-    /// Runs `f` on a current-thread runtime in a thread inside namespace `ns`.
-    fn in_netns<F, Fut, T>(ns: &str, f: F) -> T
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = T>,
-        T: Send + 'static,
-    {
-        let path = PathBuf::from("/run/netns").join(ns);
-        std::thread::spawn(move || {
-            enter_netns(&path).expect("entering the test namespace");
-            let runtime =
-                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("building a tokio runtime");
-            runtime.block_on(f())
-        })
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    }
-
-    #[test]
-    fn netlink_link_finds_veth_and_its_peer() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("link", 201);
-        let vb = in_netns(&pair.b, || async { Netlink::new()?.link("vb").await }).expect("link vb");
-        let (va, missing) = in_netns(&pair.a, || async {
-            let netlink = Netlink::new().expect("Netlink::new");
-            (netlink.link("va").await, netlink.link("nosuchdev0").await)
-        });
-        let va = va.expect("link va");
-        assert_eq!(va.name, "va");
-        assert_eq!(va.mac, MAC_A);
-        assert!(va.up);
-        assert_eq!(va.kind.as_deref(), Some("veth"));
-        let peer = va.veth_peer.expect("veth peer");
-        assert_eq!(peer.ifindex, vb.ifindex);
-        assert!(peer.netnsid.is_some(), "peer in another namespace must carry an nsid");
-        assert_eq!(vb.mac, MAC_B);
-        let missing = missing.expect_err("nosuchdev0 must not exist");
-        assert_eq!(missing.to_string(), "no interface named nosuchdev0");
-    }
-
-    #[test]
-    fn netlink_local_addresses_lists_configured_addresses() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("addr", 202);
-        let addresses = in_netns(&pair.a, || async { Netlink::new()?.local_addresses().await }).expect("addresses");
-        assert!(addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 1))), "{addresses:?}");
-        assert!(addresses.contains(&"fd00:202::1".parse().unwrap()), "{addresses:?}");
-        assert!(!addresses.contains(&IpAddr::V4(Ipv4Addr::new(10, 202, 0, 2))), "{addresses:?}");
-    }
-
-    #[test]
-    fn netlink_resolve_neighbour_from_empty_table() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("neigh", 203);
-        in_netns(&pair.a, || async {
-            let netlink = Netlink::new().expect("Netlink::new");
-            let va = netlink.link("va").await.expect("link va");
-            let peer_v4: IpAddr = "10.203.0.2".parse().unwrap();
-            let peer_v6: IpAddr = "fd00:203::2".parse().unwrap();
-
-            assert_eq!(netlink.neighbour(va.ifindex, peer_v4).await.unwrap(), None);
-            let timeout = Duration::from_secs(3);
-            let mac = netlink.resolve_neighbour(va.ifindex, peer_v4, timeout).await.expect("ARP");
-            assert_eq!(mac, MAC_B);
-            let mac = netlink.resolve_neighbour(va.ifindex, peer_v6, timeout).await.expect("NDP");
-            assert_eq!(mac, MAC_B);
-            let refreshed = netlink.refresh_neighbour(va.ifindex, peer_v4).await.expect("refresh");
-            assert_eq!(refreshed, Some(MAC_B));
-
-            // Nobody has .99: a clear error, on time.
-            let started = Instant::now();
-            let error = netlink
-                .resolve_neighbour(va.ifindex, "10.203.0.99".parse().unwrap(), Duration::from_secs(1))
-                .await
-                .expect_err("10.203.0.99 must not resolve");
-            assert!(started.elapsed() < Duration::from_millis(1500), "took {:?}", started.elapsed());
-            assert_eq!(error.to_string(), "neighbour 10.203.0.99 on va did not answer ARP within 1s");
-            // A missing entry is created and resolution started, not reported.
-            let absent = netlink.refresh_neighbour(va.ifindex, "10.203.0.98".parse().unwrap()).await;
-            assert_eq!(absent.expect("refresh of an absent entry"), None);
-        });
-    }
-
-    /// Polls the table (no triggering) until `addr` has a usable entry.
-    async fn wait_for_usable_entry(netlink: &Netlink, ifindex: u32, addr: IpAddr) -> [u8; 6] {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            let entry = netlink.neighbour(ifindex, addr).await.expect("neighbour get");
-            if let Some(mac) = entry.as_ref().and_then(Neighbour::usable_mac) {
-                return mac;
-            }
-            assert!(Instant::now() < deadline, "{addr} never became usable: {entry:?}");
-            tokio::time::sleep(NEIGHBOUR_POLL).await;
-        }
-    }
-
-    /// Both trigger mechanisms work on their own on this kernel.
-    #[test]
-    fn netlink_ntf_use_and_datagram_each_trigger_resolution() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("trig", 205);
-        in_netns(&pair.a, || async {
-            let netlink = Netlink::new().expect("Netlink::new");
-            let va = netlink.link("va").await.expect("link va");
-            for (addr, via_ntf_use) in
-                [("10.205.0.2", true), ("fd00:205::2", true), ("10.205.0.2", false), ("fd00:205::2", false)]
-            {
-                let addr: IpAddr = addr.parse().unwrap();
-                ip(&["neigh", "flush", "dev", "va"]);
-                assert_eq!(netlink.neighbour(va.ifindex, addr).await.unwrap(), None);
-                if via_ntf_use {
-                    netlink.use_neighbour(va.ifindex, addr).await.expect("NTF_USE");
-                } else {
-                    poke_with_datagram("va", va.ifindex, addr).expect("datagram");
-                }
-                assert_eq!(wait_for_usable_entry(&netlink, va.ifindex, addr).await, MAC_B);
-            }
-        });
-    }
-
-    #[test]
-    fn netlink_enables_gro_on_peer_in_other_namespace() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("gro", 204);
-        let gro_of_vb = || {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &pair.b, "ethtool", "-k", "vb"])
-                .output()
-                .expect("running ethtool");
-            let out = String::from_utf8_lossy(&out.stdout).into_owned();
-            out.lines().find(|l| l.starts_with("generic-receive-offload:")).map(str::to_string)
-        };
-        assert_eq!(gro_of_vb().as_deref(), Some("generic-receive-offload: off"));
-
-        let (first, second, lo) = in_netns(&pair.a, || async {
-            let netlink = Netlink::new().expect("Netlink::new");
-            let va = netlink.link("va").await.expect("link va");
-            let lo = netlink.link("lo").await.expect("link lo");
-            (ensure_veth_peer_napi(&va), ensure_veth_peer_napi(&va), ensure_veth_peer_napi(&lo))
-        });
-        assert_eq!(
-            first.expect("first call"),
-            PeerNapi::EnabledGro { peer_name: "vb".into(), netns: format!("/run/netns/{}", pair.b) }
-        );
-        assert_eq!(second.expect("second call"), PeerNapi::AlreadyOn);
-        assert_eq!(lo.expect("lo"), PeerNapi::NotVeth);
-        assert_eq!(gro_of_vb().as_deref(), Some("generic-receive-offload: on"));
-    }
-
-    #[test]
-    fn netlink_enables_gro_on_peer_in_same_namespace() {
-        if !is_root() {
-            return;
-        }
-        let pair = VethPair::new("gro1", 206);
-        ip(&["-n", &pair.a, "link", "add", "vc", "type", "veth", "peer", "name", "vd"]);
-        let (vc, result) = in_netns(&pair.a, || async {
-            let vc = Netlink::new().expect("Netlink::new").link("vc").await.expect("link vc");
-            let result = ensure_veth_peer_napi(&vc);
-            (vc, result)
-        });
-        assert_eq!(vc.veth_peer.and_then(|p| p.netnsid), None);
-        assert_eq!(
-            result.expect("ensure_veth_peer_napi"),
-            PeerNapi::EnabledGro { peer_name: "vd".into(), netns: "current network namespace".into() }
-        );
     }
 }

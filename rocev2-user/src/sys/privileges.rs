@@ -38,8 +38,7 @@ fn effective_caps() -> Option<u64> {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    nix::unistd::geteuid().as_raw()
 }
 
 /// The capabilities `need` calls for that the process lacks, by name.

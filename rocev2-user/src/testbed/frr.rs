@@ -127,9 +127,8 @@ impl Frr {
     fn stop(&self) {
         for name in ["bgpd", "zebra"] {
             if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("{name}.pid"))) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on the pid our own daemon wrote.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                if let Ok(pid) = pid.trim().parse::<u32>() {
+                    let _ = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
                 }
             }
         }

@@ -30,6 +30,7 @@ use crate::{
     netns::{self, spawn_in_netns, unique_name, veth_between, Netns},
     packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     rawsock::PacketSocket,
+    render::{share_bar, Align, Table},
     run::READY_LINE,
 };
 
@@ -101,7 +102,7 @@ impl EcmpLab {
 
     /// Pin directory unique to this lab, so parallel labs never collide.
     pub fn pin_dir(&self) -> PathBuf {
-        PathBuf::from(format!("/sys/fs/bpf/rocev2-{}", self.tag))
+        crate::paths::pin_dir_named(&self.tag)
     }
 
     /// A dataplane config for the switch. Members use all three next-hop
@@ -390,21 +391,31 @@ impl LabReport {
 
     pub fn render(&self) -> String {
         let total = self.received().max(1);
-        let mut out = String::from("  UPLINK   PACKETS  SHARE                           QPs  TTL-1  CHECKSUM  ICRC\n");
+        let mut table = Table::new(&[
+            ("UPLINK", Align::Left),
+            ("PACKETS", Align::Right),
+            ("SHARE", Align::Right),
+            ("", Align::Left),
+            ("QPs", Align::Right),
+            ("TTL-1", Align::Left),
+            ("CHECKSUM", Align::Left),
+            ("ICRC", Align::Left),
+        ]);
         for u in &self.uplinks {
-            let share = 100.0 * u.packets as f64 / total as f64;
+            let share = u.packets as f64 / total as f64;
             let ok = |bad: u64| if bad == 0 { "ok".to_string() } else { format!("{bad} bad") };
-            out.push_str(&format!(
-                "  up{:<5} {:>8}  {share:>5.1}% {:<25} {:>4}  {:<5}  {:<8}  {}\n",
-                u.uplink,
-                u.packets,
-                "#".repeat((share / 4.0).round() as usize),
-                u.qps.len(),
+            table.row([
+                format!("up{}", u.uplink),
+                u.packets.to_string(),
+                format!("{:.1}%", 100.0 * share),
+                share_bar(share),
+                u.qps.len().to_string(),
                 ok(u.bad_ttl),
                 ok(u.bad_ipv4_checksum),
-                ok(u.bad_icrc)
-            ));
+                ok(u.bad_icrc),
+            ]);
         }
+        let mut out = table.indent(2).render();
         out.push_str(&format!(
             "  sent {} received {}; {} of {} uplinks used; busiest uplink carries {:.2}x its fair share\n",
             self.sent,
@@ -588,8 +599,7 @@ impl DataplaneProcess {
 
     fn terminate(&mut self) -> Result<String> {
         let Some(mut child) = self.child.take() else { return Ok(self.output()) };
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = crate::sys::signal_process(child.id(), nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
             if let Some(status) = child.try_wait()? {

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::netns::ip;
 
-pub(crate) const RUN_DIR: &str = "/run/rocev2";
+pub(crate) use crate::paths::RUN_DIR;
 const MAX_NAME: usize = 8;
 const MAX_HOSTS: u32 = 250;
 const MAX_SPINES: u32 = 15;
@@ -477,7 +477,7 @@ impl LabPlan {
             routes: r,
         });
 
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rocev2-{name}"));
+        let pin_dir = crate::paths::pin_dir_named(name);
         let config_path =
             args.config_out.clone().unwrap_or_else(|| Path::new(RUN_DIR).join(format!("lab-{name}")).join("rtsw.toml"));
         let mut text = format!(

@@ -428,10 +428,10 @@ fn new_flowlet(
 
 /// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // CLOCK_MONOTONIC cannot fail on Linux.
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 /// A destination no `[[route]]` covers: a running dataplane that follows

@@ -45,10 +45,7 @@
 use rocev2_common::rng::splitmix64;
 use std::{
     net::IpAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Mutex,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -65,6 +62,7 @@ use crate::{
     dataplane::{Dataplane, XDP_TX_PROGRAM},
     packet::{build_roce_frame, RoceFrameSpec},
     rawsock::PacketSocket,
+    signals::SigintGuard,
 };
 
 /// PSNs and MSNs are 24 bits and wrap.
@@ -759,7 +757,6 @@ fn send_packets(args: &GenArgs, source: &mut FrameSource, limit: u64, deadline: 
 mod live;
 mod pace;
 
-pub(crate) use live::SigintGuard;
 pub use pace::{allowed_cpus, CpuPin};
 #[allow(unused_imports)]
 use {live::*, pace::*};

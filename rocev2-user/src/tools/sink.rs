@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use rocev2_common::bth::opcode;
 use serde::Serialize;
 
-use crate::{gen::SigintGuard, packet::parse_roce, rawsock::PacketSocket};
+use crate::{packet::parse_roce, rawsock::PacketSocket, signals::SigintGuard};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
 use rocev2_common::bth::PSN_MASK;

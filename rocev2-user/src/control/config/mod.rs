@@ -375,6 +375,11 @@ impl Prefix {
         addr.is_ipv4() == self.addr().is_ipv4() && Prefix::masked(addr, self.prefix_len()) == *self
     }
 
+    /// The shorter prefixes containing this one, longest first, down to /0.
+    pub fn ancestors(&self) -> impl Iterator<Item = Prefix> + '_ {
+        (0..self.prefix_len()).rev().map(|len| Prefix::masked(self.addr(), len))
+    }
+
     /// Whether `other` lies inside this prefix (or is it).
     pub fn covers(&self, other: &Prefix) -> bool {
         other.prefix_len() >= self.prefix_len() && self.contains(other.addr())

@@ -7,20 +7,23 @@ use rocev2_common::hash::HashMode;
 
 use super::*;
 
+/// "150 KB" -> (150.0, "KB"): the number before the first letter, and the
+/// rest, trimmed. `None` when the number does not parse.
+fn number_and_unit(s: &str) -> Option<(f64, &str)> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
+    Some((num.trim().parse().ok()?, unit.trim()))
+}
+
 /// A byte count: an integer, or a string with a unit (B, KB, MB, GB in
 /// powers of 1000; KiB, MiB, GiB in powers of 1024), e.g. "150KB", "1MiB".
 pub(super) fn parse_bytes(v: &toml::Value) -> Result<u64, String> {
     match v {
         toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
         toml::Value::String(s) => {
-            let t = s.trim();
-            let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-            let (num, unit) = t.split_at(split);
-            let num: f64 = num
-                .trim()
-                .parse()
-                .map_err(|_| format!("{s:?} is not a size; write e.g. \"150KB\", \"1MiB\" or a number of bytes"))?;
-            let scale: f64 = match unit.trim() {
+            let (num, unit) = number_and_unit(s)
+                .ok_or_else(|| format!("{s:?} is not a size; write e.g. \"150KB\", \"1MiB\" or a number of bytes"))?;
+            let scale: f64 = match unit {
                 "" | "B" => 1.0,
                 "KB" | "kB" => 1e3,
                 "MB" => 1e6,
@@ -46,14 +49,9 @@ pub(super) fn parse_rate(v: &toml::Value) -> Result<u64, String> {
     let bytes = match v {
         toml::Value::Integer(n) if *n > 0 => *n as u64,
         toml::Value::String(s) => {
-            let t = s.trim();
-            let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-            let (num, unit) = t.split_at(split);
-            let num: f64 = num
-                .trim()
-                .parse()
-                .map_err(|_| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
-            let unit = unit.trim().trim_end_matches("ps").trim_end_matches("bit").trim_end_matches("/s");
+            let (num, unit) = number_and_unit(s)
+                .ok_or_else(|| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
+            let unit = unit.trim_end_matches("ps").trim_end_matches("bit").trim_end_matches("/s");
             let bits_per: f64 = match unit {
                 "" => 1.0,
                 "K" | "k" => 1e3,

@@ -93,16 +93,21 @@ pub enum KernelReason {
     MissingNexthop,
     /// Every group slot of the dataplane is taken.
     GroupTableFull,
+    /// The dataplane's route table has no room for the prefix, or the
+    /// prefix covers one that had none (its group would otherwise carry
+    /// the missing prefix's traffic).
+    RouteTableFull,
 }
 
 impl KernelReason {
-    pub const ALL: [KernelReason; 6] = [
+    pub const ALL: [KernelReason; 7] = [
         KernelReason::Reject,
         KernelReason::Encap,
         KernelReason::Device,
         KernelReason::Connected,
         KernelReason::MissingNexthop,
         KernelReason::GroupTableFull,
+        KernelReason::RouteTableFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +118,7 @@ impl KernelReason {
             KernelReason::Connected => "connected",
             KernelReason::MissingNexthop => "missing_nexthop",
             KernelReason::GroupTableFull => "group_table_full",
+            KernelReason::RouteTableFull => "route_table_full",
         }
     }
 }

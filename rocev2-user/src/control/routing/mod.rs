@@ -34,7 +34,7 @@ use anyhow::{Context as _, Result};
 use rocev2_common::{
     buckets::{BucketTable, Rebalance},
     hash::HashMode,
-    maps::{PinEntry, MAX_GROUPS, PIN_MEMBER_DOWN, ROUTE_KERNEL},
+    maps::{PinEntry, MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN, ROUTE_KERNEL},
 };
 
 use self::{
@@ -55,11 +55,28 @@ pub struct Plan {
     neighbours: bool,
 }
 
+/// Work in progress of one [`KernelRoutes::plan`].
+struct Planning {
+    changes: Vec<(Prefix, Option<u32>)>,
+    fresh_groups: BTreeSet<u32>,
+    /// Prefixes to plan again: they cover a prefix that became (or stopped
+    /// being) unfit.
+    recheck: Vec<Prefix>,
+}
+
+/// 0 for IPv4, 1 for IPv6: the index of per-family counts.
+fn family_of(prefix: &Prefix) -> usize {
+    usize::from(matches!(prefix, Prefix::V6 { .. }))
+}
+
 /// What a learned prefix is installed as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Installed {
     Group((Vec<Hop>, Option<usize>)),
     Kernel(KernelReason),
+    /// Not in the route table: it had no room. The kernel forwards it, and
+    /// every prefix covering it is installed as ROUTE_KERNEL.
+    Unfit,
 }
 
 /// Counts for `stats` and the metrics.
@@ -113,6 +130,12 @@ pub struct KernelRoutes {
     measuring: bool,
     all_dirty: bool,
     neighbours_dirty: bool,
+    /// Route table entries learned prefixes may take, and take now, per
+    /// family (IPv4, IPv6).
+    route_capacity: [usize; 2],
+    route_counts: [usize; 2],
+    /// Prefixes that found no room in the route table.
+    unfit: BTreeSet<Prefix>,
     pub stats: LearnedStats,
 }
 
@@ -146,6 +169,9 @@ impl KernelRoutes {
             measuring: false,
             all_dirty: false,
             neighbours_dirty: false,
+            route_capacity: [MAX_ROUTES_V4 as usize, MAX_ROUTES_V6 as usize],
+            route_counts: [0, 0],
+            unfit: BTreeSet::new(),
             stats: LearnedStats { table, ..Default::default() },
         };
         me.resync()?;
@@ -244,79 +270,165 @@ impl KernelRoutes {
             todo.extend(self.hosts.keys().filter(|p| !hosts.contains_key(p)).copied());
             self.hosts = hosts;
         }
-        let mut changes = Vec::new();
-        let mut fresh_groups = BTreeSet::new();
+        // Prefixes that found no room are tried again once some is free.
+        for family in [0, 1] {
+            let room = self.route_capacity[family].saturating_sub(self.route_counts[family]);
+            todo.extend(self.unfit.iter().filter(|p| family_of(p) == family).take(room).copied());
+        }
+        let mut planning = Planning { changes: Vec::new(), fresh_groups: BTreeSet::new(), recheck: Vec::new() };
         for prefix in todo {
-            let target =
-                self.fib.target(&prefix).or_else(|| self.hosts.get(&prefix).map(|h| Target::Hops(vec![h.clone()])));
-            let old = self.installed.get(&prefix).cloned();
-            let new = match target {
-                None => None,
-                Some(Target::Kernel(reason)) => Some(Installed::Kernel(reason)),
-                Some(Target::Hops(hops)) => {
-                    let policy = policy_index(policies, &prefix);
-                    Some(Installed::Group((hops, policy)))
-                }
-            };
-            if new == old {
-                continue;
-            }
-            let new = match new {
-                Some(Installed::Group(key)) => {
-                    let inherit = match &old {
-                        Some(Installed::Group(k)) => Some(k.clone()),
-                        _ => None,
-                    };
-                    let used: BTreeSet<u32> = self.groups.by_key.values().map(|g| g.slot).collect();
-                    let links = &self.fib.links;
-                    let made = self.groups.get_or_make(
-                        &key.0,
-                        key.1,
-                        inherit.as_ref(),
-                        |h| links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
-                        || (0..MAX_GROUPS).find(|s| !reserved_slots.contains(s) && !used.contains(s)),
-                    );
-                    match made {
-                        Some(group) => {
-                            group.prefixes += 1;
-                            if group.prefixes == 1 {
-                                fresh_groups.insert(group.slot);
-                            }
-                            Some(Installed::Group(key))
-                        }
-                        None => Some(Installed::Kernel(KernelReason::GroupTableFull)),
-                    }
-                }
-                other => other,
-            };
-            if let Some(Installed::Group(k)) = &old {
-                if let Some(g) = self.groups.by_key.get_mut(k) {
-                    g.prefixes = g.prefixes.saturating_sub(1);
-                }
-            }
-            let route = match &new {
-                Some(Installed::Group(k)) => Some(self.groups.by_key[k].slot),
-                Some(Installed::Kernel(_)) => Some(ROUTE_KERNEL),
-                None => None,
-            };
-            if let Some(o) = &old {
-                tally(&mut self.stats, o, false);
-            }
-            match (route, &new) {
-                (Some(target), Some(n)) => {
-                    tally(&mut self.stats, n, true);
-                    self.routes.insert(prefix, target);
-                    self.installed.insert(prefix, n.clone());
-                }
-                _ => {
-                    self.routes.remove(&prefix);
-                    self.installed.remove(&prefix);
-                }
-            }
-            changes.push((prefix, route));
+            self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
+        }
+        // Prefixes covering one that became (or stopped being) unfit.
+        while let Some(prefix) = planning.recheck.pop() {
+            self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
         }
         let neighbours = std::mem::take(&mut self.neighbours_dirty);
-        Plan { changes, fresh_groups, neighbours }
+        Plan { changes: planning.changes, fresh_groups: planning.fresh_groups, neighbours }
+    }
+
+    /// What one prefix becomes now, against what it was.
+    fn plan_prefix(
+        &mut self,
+        prefix: Prefix,
+        policies: &[RoutePolicy],
+        reserved_slots: &BTreeSet<u32>,
+        planning: &mut Planning,
+    ) {
+        let target =
+            self.fib.target(&prefix).or_else(|| self.hosts.get(&prefix).map(|h| Target::Hops(vec![h.clone()])));
+        let old = self.installed.get(&prefix).cloned();
+        let mut new = match target {
+            None => None,
+            Some(Target::Kernel(reason)) => Some(Installed::Kernel(reason)),
+            Some(Target::Hops(hops)) => Some(Installed::Group((hops, policy_index(policies, &prefix)))),
+        };
+        // A prefix with a missing more-specific inside goes to the kernel
+        // whole: forwarding it in XDP would send the missing prefix's
+        // traffic over this prefix's next hops.
+        if matches!(new, Some(Installed::Group(_))) && self.covers_unfit(&prefix) {
+            new = Some(Installed::Kernel(KernelReason::RouteTableFull));
+        }
+        // Every installed prefix takes an entry in the route table, those
+        // left to the kernel too (as ROUTE_KERNEL, so they win over a
+        // shorter prefix forwarded in XDP).
+        let family = family_of(&prefix);
+        if new.is_some()
+            && !self.routes.contains_key(&prefix)
+            && self.route_counts[family] >= self.route_capacity[family]
+        {
+            new = Some(Installed::Unfit);
+        }
+        if new == old {
+            return;
+        }
+        let new = match new {
+            Some(Installed::Group(key)) => {
+                let inherit = match &old {
+                    Some(Installed::Group(k)) => Some(k.clone()),
+                    _ => None,
+                };
+                let used: BTreeSet<u32> = self.groups.by_key.values().map(|g| g.slot).collect();
+                let links = &self.fib.links;
+                let made = self.groups.get_or_make(
+                    &key.0,
+                    key.1,
+                    inherit.as_ref(),
+                    |h| links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
+                    || (0..MAX_GROUPS).find(|s| !reserved_slots.contains(s) && !used.contains(s)),
+                );
+                match made {
+                    Some(group) => {
+                        group.prefixes += 1;
+                        if group.prefixes == 1 {
+                            planning.fresh_groups.insert(group.slot);
+                        }
+                        Some(Installed::Group(key))
+                    }
+                    None => Some(Installed::Kernel(KernelReason::GroupTableFull)),
+                }
+            }
+            other => other,
+        };
+        if let Some(Installed::Group(k)) = &old {
+            if let Some(g) = self.groups.by_key.get_mut(k) {
+                g.prefixes = g.prefixes.saturating_sub(1);
+            }
+        }
+        let was_unfit = matches!(old, Some(Installed::Unfit));
+        let is_unfit = matches!(new, Some(Installed::Unfit));
+        if was_unfit != is_unfit {
+            self.recheck_covering(prefix, planning);
+        }
+        let route = match &new {
+            Some(Installed::Group(k)) => Some(self.groups.by_key[k].slot),
+            Some(Installed::Kernel(_)) => Some(ROUTE_KERNEL),
+            Some(Installed::Unfit) | None => None,
+        };
+        if let Some(o) = &old {
+            tally(&mut self.stats, o, false);
+        }
+        match &new {
+            Some(n) => {
+                tally(&mut self.stats, n, true);
+                self.installed.insert(prefix, n.clone());
+            }
+            None => {
+                self.installed.remove(&prefix);
+            }
+        }
+        let was_in_table = match route {
+            Some(target) => self.routes.insert(prefix, target).is_some(),
+            None => self.routes.remove(&prefix).is_some(),
+        };
+        match (was_in_table, route.is_some()) {
+            (false, true) => self.route_counts[family] += 1,
+            (true, false) => self.route_counts[family] -= 1,
+            _ => {}
+        }
+        if is_unfit {
+            self.unfit.insert(prefix);
+        } else {
+            self.unfit.remove(&prefix);
+        }
+        if was_in_table || route.is_some() {
+            planning.changes.push((prefix, route));
+        }
+    }
+
+    /// Plans again every learned prefix covering `prefix`, which became
+    /// (or stopped being) unfit: whether they may be forwarded in XDP
+    /// depends on it.
+    fn recheck_covering(&self, prefix: Prefix, planning: &mut Planning) {
+        planning.recheck.extend(prefix.ancestors().filter(|a| self.installed.contains_key(a)));
+    }
+
+    /// Whether an unfit prefix lies strictly inside `prefix`.
+    fn covers_unfit(&self, prefix: &Prefix) -> bool {
+        let (first, last) = match *prefix {
+            Prefix::V4 { addr, len } => {
+                let last = u32::from(addr) | u32::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+                (Prefix::V4 { addr, len: 0 }, Prefix::V4 { addr: last.into(), len: 32 })
+            }
+            Prefix::V6 { addr, len } => {
+                let last = u128::from(addr) | u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+                (Prefix::V6 { addr, len: 0 }, Prefix::V6 { addr: last.into(), len: 128 })
+            }
+        };
+        // Prefixes sort by address, then length: all that lie inside are in
+        // this range, beside at most a few shorter ones at the same address.
+        self.unfit.range(first..=last).any(|p| p != prefix && prefix.covers(p))
+    }
+
+    /// Caps the learned prefixes per family (IPv4, IPv6) at what the
+    /// dataplane's route tables have room for beside the config's routes
+    /// and the box's own addresses; prefixes beyond go to the kernel
+    /// (`route_table_full`).
+    pub fn set_route_capacity(&mut self, v4: usize, v6: usize) {
+        if self.route_capacity != [v4, v6] {
+            self.route_capacity = [v4, v6];
+            self.all_dirty = true;
+        }
     }
 
     /// Egress links of learned next hops that have not been prepared for
@@ -533,7 +645,7 @@ impl KernelRoutes {
                 let p = Prefix::of(pin.prefix.addr(), len)?;
                 match self.installed.get(&p)? {
                     Installed::Group(k) => Some(k),
-                    Installed::Kernel(_) => None,
+                    Installed::Kernel(_) | Installed::Unfit => None,
                 }
             });
             let Some(group) = key.and_then(|k| self.groups.by_key.get(k)) else { continue };
@@ -591,7 +703,11 @@ fn tally(stats: &mut LearnedStats, installed: &Installed, add: bool) {
     match installed {
         Installed::Group(_) if add => stats.routes += 1,
         Installed::Group(_) => stats.routes = stats.routes.saturating_sub(1),
-        Installed::Kernel(reason) => {
+        Installed::Kernel(_) | Installed::Unfit => {
+            let reason = match installed {
+                Installed::Kernel(reason) => *reason,
+                _ => KernelReason::RouteTableFull,
+            };
             let n = stats.to_kernel.entry(reason.name().to_string()).or_default();
             *n = if add { *n + 1 } else { n.saturating_sub(1) };
             if *n == 0 {

@@ -141,7 +141,7 @@ impl RouteLab {
         ipn(&["nexthop", "add", "id", "11", "group", "2/3/4"])?;
         let dir = std::path::PathBuf::from(format!("/tmp/rocev2-bench-{tag}"));
         std::fs::create_dir_all(&dir)?;
-        Ok(Self { ns, pin_dir: format!("/sys/fs/bpf/rocev2-{tag}").into(), dir })
+        Ok(Self { ns, pin_dir: crate::paths::pin_dir_named(&tag), dir })
     }
 
     fn batch(&self, name: &str, lines: impl Iterator<Item = String>) -> Result<Duration> {

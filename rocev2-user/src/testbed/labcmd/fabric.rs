@@ -204,7 +204,7 @@ impl FabricPlan {
         for s in f.switches() {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
-            let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rocev2-{ns}"));
+            let pin_dir = crate::paths::pin_dir_named(&ns);
             let text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
             if !bgp_mode {
                 let plan = namespaces.iter_mut().find(|n| n.name == ns).expect("switch namespace planned");

@@ -92,9 +92,9 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
         if !(args.interval > 0.0 && args.interval.is_finite()) {
             bail!("--interval must be a positive number of seconds, not {}", args.interval);
         }
-        let _sigint = crate::gen::SigintGuard::install();
+        let _sigint = crate::signals::SigintGuard::install();
         let mut before = link_loads(&record)?;
-        while !crate::gen::SigintGuard::interrupted() {
+        while !crate::signals::SigintGuard::interrupted() {
             std::thread::sleep(Duration::from_secs_f64(args.interval));
             let now = link_loads(&record)?;
             let d = delta(&now, &before);

@@ -1,0 +1,87 @@
+//! Text output shared by every command: aligned tables (comfy-table, no
+//! borders, so the output reads like `ip` or `ss` and stays easy to grep)
+//! and share bars on one scale.
+
+use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement};
+
+/// How a column's cells line up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A table of named columns, rendered without borders: two spaces between
+/// columns, numbers right-aligned, no trailing spaces.
+pub struct Table {
+    table: comfy_table::Table,
+    indent: usize,
+}
+
+impl Table {
+    /// A table with these (header, alignment) columns.
+    pub fn new(columns: &[(&str, Align)]) -> Self {
+        let mut table = comfy_table::Table::new();
+        table.load_style(NOTHING).set_content_arrangement(ContentArrangement::Disabled);
+        table.set_header(columns.iter().map(|(name, _)| *name));
+        for (i, (_, align)) in columns.iter().enumerate() {
+            let column = table.column_mut(i).expect("a column per header cell");
+            column.set_padding((0, 2));
+            column.set_cell_alignment(match align {
+                Align::Left => CellAlignment::Left,
+                Align::Right => CellAlignment::Right,
+            });
+        }
+        Self { table, indent: 0 }
+    }
+
+    /// Indents every line by `spaces` (e.g. a group's members under it).
+    pub fn indent(mut self, spaces: usize) -> Self {
+        self.indent = spaces;
+        self
+    }
+
+    pub fn row<I, C>(&mut self, cells: I) -> &mut Self
+    where
+        I: IntoIterator<Item = C>,
+        C: Into<comfy_table::Cell>,
+    {
+        self.table.add_row(cells);
+        self
+    }
+
+    /// The lines, each ending in a newline.
+    pub fn render(&self) -> String {
+        let pad = " ".repeat(self.indent);
+        self.table.lines().map(|line| format!("{pad}{}\n", line.trim_end())).collect()
+    }
+}
+
+/// Characters of a bar for a whole (100 %) share.
+pub const BAR_WIDTH: f64 = 30.0;
+
+/// A bar of `#` as long as `share` (0.0 to 1.0) of [`BAR_WIDTH`].
+pub fn share_bar(share: f64) -> String {
+    "#".repeat((share.clamp(0.0, 1.0) * BAR_WIDTH).round() as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align_without_borders_or_trailing_spaces() {
+        let mut t = Table::new(&[("NAME", Align::Left), ("PACKETS", Align::Right), ("", Align::Left)]);
+        t.row(["u1", "7", ""]).row(["uplink-two", "12345", "##"]);
+        let t = t.indent(2);
+        assert_eq!(t.render(), "  NAME        PACKETS\n  u1                7\n  uplink-two    12345  ##\n");
+    }
+
+    #[test]
+    fn bars_share_one_scale() {
+        assert_eq!(share_bar(1.0).len(), 30);
+        assert_eq!(share_bar(0.5).len(), 15);
+        assert_eq!(share_bar(0.0), "");
+        assert_eq!(share_bar(2.0).len(), 30);
+    }
+}
