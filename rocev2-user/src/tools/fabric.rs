@@ -39,6 +39,7 @@ use crate::{
     explain::PacketFields,
     gen::{build_frames, GenArgs, SportModel},
     packet::parse_roce,
+    render::{share_bar, Align, Table},
 };
 
 pub const MAX_RACKS: u32 = 15;
@@ -634,15 +635,18 @@ pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
     let mut out = String::new();
     for sum in &tiers {
         let tier = &sum.tier;
-        let mut table = comfy_table::Table::new();
-        table.load_style(comfy_table::presets::NOTHING);
-        table.set_header([tier.name(), "packets", "bytes", "load"]);
+        let mut table = Table::new(&[
+            (tier.name(), Align::Left),
+            ("PACKETS", Align::Right),
+            ("BYTES", Align::Right),
+            ("LOAD", Align::Left),
+        ]);
         for l in all.iter().filter(|l| l.tier == *tier) {
             let x = loads.get(l).copied().unwrap_or_default();
-            let width = if sum.max_bytes > 0 { (x.bytes * 30).div_ceil(sum.max_bytes) as usize } else { 0 };
-            table.add_row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), "#".repeat(width)]);
+            let share = if sum.max_bytes > 0 { x.bytes as f64 / sum.max_bytes as f64 } else { 0.0 };
+            table.row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), share_bar(share)]);
         }
-        let _ = writeln!(out, "{table}");
+        out.push_str(&table.render());
         let _ = writeln!(
             out,
             "  {}: {} links, {} idle, busiest {} at {:.2}x the mean\n",

@@ -32,6 +32,7 @@ use super::{
 use crate::{
     fabric::{Fabric, SeedPlan, Switch},
     frr::bgp_config,
+    render::{Align, Table},
 };
 
 mod traffic;
@@ -663,9 +664,16 @@ fn last_line(log: &Path) -> String {
 
 /// `lab status` of a fabric: each switch's dataplane state and counters.
 pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
-    let mut table = comfy_table::Table::new();
-    table.load_style(comfy_table::presets::NOTHING);
-    table.set_header(["switch", "namespace", "dataplane", "forwarded", "fwd bytes", "to kernel", "dropped", "log"]);
+    let mut table = Table::new(&[
+        ("SWITCH", Align::Left),
+        ("NAMESPACE", Align::Left),
+        ("DATAPLANE", Align::Left),
+        ("FORWARDED", Align::Right),
+        ("BYTES", Align::Right),
+        ("TO KERNEL", Align::Right),
+        ("DROPPED", Align::Right),
+        ("LOG", Align::Left),
+    ]);
     for s in &record.switches {
         let running = s.pid.is_some_and(alive) && netns_exists(&s.netns);
         let counters = view::port_totals(&s.pin_dir).ok();
@@ -676,7 +684,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
             (false, _) => format!("stopped: {}", last_line(&s.log)),
         };
         let get = |k: &str| counters.as_ref().map_or("-".into(), |c| c.get(k).copied().unwrap_or(0).to_string());
-        table.add_row([
+        table.row([
             s.switch.to_string(),
             s.netns.clone(),
             state,
@@ -692,7 +700,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         .filter(|(r, i)| !netns_exists(&host_ns(&record.name, *r, *i)))
         .count();
     Ok(format!(
-        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {}; {} of {} host namespaces missing\n{table}\n",
+        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {}; {} of {} host namespaces missing\n{}",
         record.name,
         fabric.racks,
         fabric.hosts,
@@ -701,6 +709,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         fabric.hash.name(),
         crate::fabric::flag(fabric.seeds),
         hosts,
-        fabric.racks * fabric.hosts
+        fabric.racks * fabric.hosts,
+        table.render()
     ))
 }
