@@ -526,17 +526,24 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(line) = bgp_line {
         let _ = writeln!(out, "{line}");
     }
+    let mut table = Table::new(&[
+        ("SWITCH", Align::Left),
+        ("NAMESPACE", Align::Left),
+        ("ROCEV2 PID", Align::Right),
+        ("CONFIG", Align::Left),
+        ("LOG", Align::Left),
+    ])
+    .indent(2);
     for s in &record.switches {
-        let _ = writeln!(
-            out,
-            "  {:<4} {:<12} rocev2 pid {:<7} config {}  log {}",
+        table.row([
             s.switch.to_string(),
-            s.netns,
+            s.netns.clone(),
             s.pid.map_or("-".into(), |p| p.to_string()),
-            s.config.display(),
-            s.log.display()
-        );
+            s.config.display().to_string(),
+            s.log.display().to_string(),
+        ]);
     }
+    out.push_str(&table.render());
     let _ = writeln!(
         out,
         "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
