@@ -55,6 +55,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         seed: rocev2_user::fabric::SeedPlan::Auto,
         zones: 1,
         aggs: None,
+        unnumbered: false,
     }
 }
 

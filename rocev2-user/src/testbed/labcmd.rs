@@ -118,6 +118,11 @@ pub struct LabUpArgs {
     /// `auto` (each switch's own, from its port MACs).
     #[arg(long, value_enum, default_value = "auto", requires = "racks")]
     pub seed: crate::fabric::SeedPlan,
+    /// With `--routing bgp` in a fabric: BGP unnumbered, one session per
+    /// link over IPv6 link-local addresses carrying both families (IPv4
+    /// routes get IPv6 next hops, RFC 5549).
+    #[arg(long, requires = "racks")]
+    pub unnumbered: bool,
     /// Split the fabric's racks and spines into this many zones, joined by
     /// `--aggs` aggregation switches (a third tier).
     #[arg(long, default_value_t = 1, requires = "racks")]
@@ -894,6 +899,7 @@ mod tests {
             seed: crate::fabric::SeedPlan::Auto,
             zones: 1,
             aggs: None,
+            unnumbered: false,
         }
     }
 

@@ -235,7 +235,10 @@ impl FabricPlan {
                 }
             }
         }
-        let bgp = if bgp_mode { speakers(&name, f) } else { Vec::new() };
+        if args.unnumbered && !bgp_mode {
+            bail!("--unnumbered is a kind of BGP session: add --routing bgp");
+        }
+        let bgp = if bgp_mode { speakers(&name, f, args.unnumbered) } else { Vec::new() };
         Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp })
     }
 }
@@ -423,10 +426,17 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
 }
 
 /// Every switch's frr.conf: leaves advertise their rack's prefixes.
-fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
+fn speakers(name: &str, f: &Fabric, unnumbered: bool) -> Vec<bgp::BgpSpeaker> {
     let mut out = Vec::new();
     for s in f.switches() {
         let mut peers = Vec::new();
+        // Unnumbered: one session per port to another switch, whatever its ASN.
+        let unnumbered_peers: Vec<(String, String)> = f
+            .ports(s)
+            .into_iter()
+            .filter(|(port, _)| !(matches!(s, Switch::Leaf(_)) && port.starts_with('h')))
+            .map(|(port, _)| (port, "external".to_owned()))
+            .collect();
         let mut networks = Vec::new();
         let (asn, router_id) = match s {
             Switch::Leaf(r) => {
@@ -481,6 +491,9 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
                 (AGG_ASN, format!("10.255.3.{a}"))
             }
         };
+        if unnumbered {
+            peers = unnumbered_peers;
+        }
         let networks: Vec<&str> = networks.iter().map(String::as_str).collect();
         out.push(bgp::BgpSpeaker { netns: switch_ns(name, s), config: bgp_config(asn, &router_id, &peers, &networks) });
     }
