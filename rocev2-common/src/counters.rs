@@ -1,4 +1,5 @@
-//! Per-port counters: one per-CPU array indexed by `port_slot * PortCounter::COUNT + counter`.
+//! Per-port counters: one per-CPU array of [`crate::maps::PortCounters`]
+//! blocks indexed by port slot, each holding every counter below.
 //!
 //! Every packet the XDP program sees lands in `RxPackets` and in exactly one
 //! outcome counter: a `Forwarded*`, a `Pass*` (handed to the kernel stack) or

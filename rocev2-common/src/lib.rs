@@ -13,6 +13,7 @@ pub mod checksum;
 pub mod class;
 pub mod counters;
 pub mod ecn;
+pub mod features;
 pub mod flowlet;
 pub mod hash;
 pub mod maps;

@@ -27,6 +27,8 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    /// Not pinned: it holds program references and lives with the programs.
+    pub const CPUS: &str = "CPUS";
     /// Every map, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
@@ -71,7 +73,10 @@ pub const BUCKET_TABLES: u32 = MAX_GROUPS * MEMBER_BANKS;
 /// Port slots for counters; slot 0 collects frames from interfaces the
 /// control program did not register (should stay at zero).
 pub const MAX_PORTS: u32 = 64;
-pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS * PortCounter::COUNT;
+/// Entries of CPUS: the CPUs the spreading stage can use.
+pub const MAX_SPREAD_CPUS: u32 = 64;
+/// Entries of PORT_COUNTERS: one [`PortCounters`] block per port slot.
+pub const PORT_COUNTER_ENTRIES: u32 = MAX_PORTS;
 pub const MEMBER_STAT_ENTRIES: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP;
 pub const MAX_EGRESS_DEVS: u32 = 1024;
 /// Egress ports with a virtual queue and egress counters.
@@ -124,10 +129,30 @@ pub fn route_cache_slot(dst: &[u32; 4]) -> u32 {
     (dst[0] ^ dst[1] ^ dst[2] ^ dst[3]).wrapping_mul(0x9E37_79B1) >> 24
 }
 
-/// Index into PORT_COUNTERS for `counter` on port `slot`.
-#[inline(always)]
-pub const fn port_counter_index(slot: u32, counter: PortCounter) -> u32 {
-    slot * PortCounter::COUNT + counter as u32
+/// Value of PORT_COUNTERS (per CPU): every counter of one port, so the
+/// program finds them with one lookup per packet and adds in place.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCounters {
+    pub counts: [u64; PortCounter::COUNT as usize],
+}
+
+impl Default for PortCounters {
+    fn default() -> Self {
+        Self { counts: [0; PortCounter::COUNT as usize] }
+    }
+}
+
+impl PortCounters {
+    #[inline(always)]
+    pub fn get(&self, counter: PortCounter) -> u64 {
+        self.counts[counter as usize]
+    }
+
+    #[inline(always)]
+    pub fn add(&mut self, counter: PortCounter, value: u64) {
+        self.counts[counter as usize] += value;
+    }
 }
 
 /// Index into MEMBERS for member `position` of `group` in `bank`.
@@ -282,7 +307,9 @@ pub struct DataplaneConfig {
     /// Bumped by the control program after every route table change; a
     /// ROUTE_CACHE slot from an older generation is ignored.
     pub route_generation: u32,
-    pub _reserved: u32,
+    /// CPUs in CPUS that the spreading stage (`cpu_spread`) hands flows
+    /// to; 0 when it is off.
+    pub spread_cpus: u32,
 }
 
 /// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program
@@ -322,6 +349,7 @@ const _: () = {
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
+    assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
 };
 
 #[cfg(feature = "user")]
@@ -335,6 +363,7 @@ mod pod {
     unsafe impl aya::Pod for DataplaneConfig {}
     unsafe impl aya::Pod for RouteCacheEntry {}
     unsafe impl aya::Pod for MemberStats {}
+    unsafe impl aya::Pod for PortCounters {}
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
     unsafe impl aya::Pod for GenRewrite {}

@@ -3,16 +3,15 @@
 //! the kernel) rewrites their MACs and TTL in place. Restoring them before
 //! each XDP_TX keeps every trip identical.
 
+use crate::{
+    maps::GEN_REWRITE,
+    parse::{self, ptr_at, L3Kind},
+    rewrite,
+};
 use aya_ebpf::programs::XdpContext;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
-};
-use rocev2_common::checksum;
-
-use crate::{
-    maps::GEN_REWRITE,
-    parse::{self, ptr_at, L3Kind},
 };
 
 #[inline(always)]
@@ -23,27 +22,16 @@ pub fn restore(ctx: &XdpContext) {
     }
     let Some(eth) = ptr_at::<EthHdr, _>(ctx, 0) else { return };
     // SAFETY: bounds checked by ptr_at.
-    unsafe {
-        (*eth).dst_addr = r.dst_mac;
-        (*eth).src_addr = r.src_mac;
-    }
+    unsafe { rewrite::set_macs(eth, r.dst_mac, r.src_mac) };
     let Ok(l2) = parse::parse_l2(ctx) else { return };
     match l2.kind {
         L3Kind::V4 => {
             let Some(hdr) = ptr_at::<Ipv4Hdr, _>(ctx, l2.l3_off) else { return };
-            // SAFETY: bounds checked; the TTL shares a checksum word with
-            // the protocol (RFC 1624 patch).
+            // SAFETY: bounds checked; TOS kept, TTL restored with the
+            // checksum patched.
             unsafe {
-                let (ttl, proto) = ((*hdr).ttl, (*hdr).proto);
-                if ttl != r.ttl {
-                    let check = u16::from_be_bytes((*hdr).check);
-                    let check = checksum::update_u16(
-                        check,
-                        u16::from_be_bytes([ttl, proto]),
-                        u16::from_be_bytes([r.ttl, proto]),
-                    );
-                    (*hdr).ttl = r.ttl;
-                    (*hdr).check = check.to_be_bytes();
+                if (*hdr).ttl != r.ttl {
+                    rewrite::set_ipv4_tos_ttl(hdr, (*hdr).tos, r.ttl);
                 }
             }
         }

@@ -1,6 +1,8 @@
 //! rocev2's eBPF programs. The entry points are thin: each calls into a
-//! module per concern (parse, forward, counters), the way Cilium splits
-//! `bpf/lib/`. All decisions that do not need kernel helpers (hash, member
+//! module per concern (parse, route, select, pin, class, ecn, rewrite,
+//! counters; forward strings them together), the way Cilium splits
+//! `bpf/lib/`. Optional stages are gated by load-time constants
+//! (features.rs). All decisions that do not need kernel helpers (hash, member
 //! choice, checksum arithmetic, BTH fields) live in rocev2-common so host
 //! tests and the userspace simulator run the same code.
 // no_std/no_main only for the BPF target, so `cargo clippy --workspace`
@@ -8,14 +10,22 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod args;
+mod class;
 mod counters;
 mod ctx;
+mod ecn;
+mod features;
 mod forward;
 mod generator;
 mod maps;
 mod parse;
-mod qos;
+mod peer;
+mod pin;
+mod rewrite;
+mod route;
 mod select;
+mod spread;
 mod tc;
 
 use aya_ebpf::{
@@ -29,6 +39,20 @@ use aya_ebpf::{
 /// work on drivers that split them.
 #[xdp(frags)]
 pub fn rocev2_xdp(ctx: XdpContext) -> u32 {
+    forward::xdp_forward(&ctx)
+}
+
+/// XDP ingress with `cpu_spread = "qp"`: hands each flow to a CPU by its
+/// hash through the CPUS map (see spread.rs).
+#[xdp(frags)]
+pub fn rocev2_xdp_spread(ctx: XdpContext) -> u32 {
+    spread::spread(&ctx)
+}
+
+/// Runs on each CPUS entry's CPU: the forwarding pipeline for the frames
+/// the spreading stage handed over (the ingress port is the original one).
+#[xdp(frags, map = "cpumap")]
+pub fn rocev2_xdp_cpu(ctx: XdpContext) -> u32 {
     forward::xdp_forward(&ctx)
 }
 
@@ -71,6 +95,13 @@ pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
     match maps::EGRESS_DEVS.redirect(0, u64::from(aya_ebpf::bindings::xdp_action::XDP_DROP)) {
         Ok(action) | Err(action) => action,
     }
+}
+
+/// Benchmark peer (`rocev2 bench`): forwarding by the kernel FIB
+/// (`bpf_fib_lookup`), the method of xdp-forward.
+#[xdp]
+pub fn rocev2_xdp_fib(ctx: XdpContext) -> u32 {
+    peer::fib_forward(&ctx)
 }
 
 /// Benchmark receiver (`rocev2 bench`): drops every frame; the device's

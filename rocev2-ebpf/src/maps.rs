@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, CpuMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
@@ -45,7 +45,7 @@ pub static EGRESS_DEVS: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS_DEV
 pub static CONFIG: Array<DataplaneConfig> = Array::with_max_entries(1, 0);
 
 #[map]
-pub static PORT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PORT_COUNTER_ENTRIES, 0);
+pub static PORT_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(PORT_COUNTER_ENTRIES, 0);
 
 #[map]
 pub static MEMBER_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
@@ -123,6 +123,11 @@ pub struct FlowletScratch {
 
 #[map]
 pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// CPUs the spreading stage (`cpu_spread`) hands flows to; each entry
+/// runs `rocev2_xdp_cpu` on its CPU.
+#[map]
+pub static CPUS: CpuMap = CpuMap::with_max_entries(MAX_SPREAD_CPUS, 0);
 
 /// What the generator's XDP_TX program restores in each frame (see GenRewrite).
 #[map]

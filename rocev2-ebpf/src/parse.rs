@@ -142,9 +142,10 @@ pub struct Ipv4 {
 
 /// IPv4 header of any length (options allowed). Headers the kernel would
 /// reject are dropped here; lengths are checked against the frame so later
-/// reads cannot run past the IP packet.
+/// reads cannot run past the IP packet. `frame_len` is [`frame_len`], read
+/// once per packet by the caller (it is a helper call).
 #[inline(always)]
-pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome> {
+pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv4, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv4Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
@@ -153,7 +154,7 @@ pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome>
     if vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN {
         return Err(bad);
     }
-    if total_len < header_len || l3_off + total_len > frame_len(ctx) {
+    if total_len < header_len || l3_off + total_len > frame_len {
         return Err(bad);
     }
     Ok(Ipv4 { hdr, l4_off: l3_off + header_len, l4_end: l3_off + total_len })
@@ -192,13 +193,13 @@ pub struct Ipv6 {
 }
 
 #[inline(always)]
-pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv6, Outcome> {
+pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv6, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
     let (version, payload_len) = unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
     let l4_off = l3_off + Ipv6Hdr::LEN;
-    if version != 6 || l4_off + payload_len > frame_len(ctx) {
+    if version != 6 || l4_off + payload_len > frame_len {
         return Err(bad);
     }
     Ok(Ipv6 { hdr, l4_off, l4_end: l4_off + payload_len })
@@ -216,6 +217,11 @@ pub struct L4 {
     pub src_port: u16,
     pub dst_port: u16,
     pub roce: Roce,
+    /// The BTH DestQP (24 bits) of a RoCEv2 packet, else 0. Not in
+    /// [`Roce`]: a flow key built from an enum payload let LLVM compute on
+    /// an undefined register for the other variants, which the verifier
+    /// rejects when that register happens to hold a pointer.
+    pub dest_qp: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -224,7 +230,7 @@ pub enum Roce {
     No,
     /// RoCEv2 with a whole BTH. `payload_len` counts the bytes after the
     /// BTH (extension headers included) before pad and ICRC.
-    Yes { opcode: u8, dest_qp: u32, payload_len: u32 },
+    Yes { opcode: u8, payload_len: u32 },
     /// UDP 4791 whose payload is shorter than a BTH.
     ShortBth,
 }
@@ -243,6 +249,7 @@ pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usiz
             // SAFETY: bounds checked.
             let (src_port, dst_port) = unsafe { (u16::from_be_bytes((*udp).src), u16::from_be_bytes((*udp).dst)) };
             let mut roce = Roce::No;
+            let mut qp = 0;
             if dst_port == ROCEV2_UDP_PORT {
                 let bth_off = l4_off + UdpHdr::LEN;
                 roce = Roce::ShortBth;
@@ -253,11 +260,12 @@ pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usiz
                         let pad = ((b[1] >> 4) & 3) as usize;
                         let after_bth = l4_end - (bth_off + BTH_LEN);
                         let payload_len = after_bth.saturating_sub(bth::ICRC_LEN + pad) as u32;
-                        roce = Roce::Yes { opcode: b[0], dest_qp: bth::dest_qp(b), payload_len };
+                        qp = bth::dest_qp(b);
+                        roce = Roce::Yes { opcode: b[0], payload_len };
                     }
                 }
             }
-            Ok(L4 { src_port, dst_port, roce })
+            Ok(L4 { src_port, dst_port, roce, dest_qp: qp })
         }
         IPPROTO_TCP => {
             if l4_off + TCP_MIN_LEN > l4_end {
@@ -271,8 +279,9 @@ pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usiz
                 src_port: u16::from_be_bytes([p[0], p[1]]),
                 dst_port: u16::from_be_bytes([p[2], p[3]]),
                 roce: Roce::No,
+                dest_qp: 0,
             })
         }
-        _ => Ok(L4 { src_port: 0, dst_port: 0, roce: Roce::No }),
+        _ => Ok(L4 { src_port: 0, dst_port: 0, roce: Roce::No, dest_qp: 0 }),
     }
 }

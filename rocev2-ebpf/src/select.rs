@@ -3,6 +3,7 @@
 use rocev2_common::{
     buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
+    features::Features,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
     hash::{member_hash, FlowKey, HashMode},
     maps::{
@@ -11,37 +12,28 @@ use rocev2_common::{
 };
 
 use crate::{
+    args::{BoundaryPin, BoundarySeed, SlotGroup},
     counters,
+    features::enabled,
     maps::{egress_entry, BUCKETS, CONFIG, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
+    pin::NO_PIN,
 };
 
-/// Returned in place of a pin when there is none.
-pub const NO_PIN: u32 = u32::MAX;
-
 /// The chosen member's position, plus the counters the choice moved. Its
-/// own BPF function; scalars packed to keep within five arguments:
-/// `slot_group` = slot << 32 | group, `pin_boundary` = ends_message << 32 | pin.
+/// own BPF function (arguments packed to stay within five). A group whose
+/// policy needs a feature the program was loaded without is hashed.
 #[inline(never)]
-pub fn choose_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, pin_boundary: u64, now: u64) -> u32 {
-    let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
-    let ends_message = pin_boundary >> 32 != 0;
-    let pin = match pin_boundary as u32 {
-        NO_PIN => None,
-        p => Some(p),
-    };
+pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_pin: BoundaryPin, now: u64) -> u32 {
+    let (slot, group_id) = (at.slot(), at.group());
     let count = group.member_count;
     let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);
     let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
     match group.policy {
-        POLICY_FLOWLET => flowlet_position(
-            (u64::from(slot) << 32) | u64::from(group_id),
-            group,
-            key,
-            u64::from(seed) | (u64::from(ends_message) << 32),
-            now,
-        ),
-        POLICY_PINNED => match pin {
-            Some(position) if position < count => {
+        POLICY_FLOWLET if enabled(Features::FLOWLET) => {
+            flowlet_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
+        }
+        POLICY_PINNED if enabled(Features::PINNED) => match boundary_pin.pin() {
+            position if position != NO_PIN && position < count => {
                 counters::add(slot, PortCounter::PinHit, 1);
                 position
             }
@@ -72,9 +64,9 @@ fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
 /// push) costs more than the whole rest of the pipeline, so only a flow's
 /// first packet, or one whose entry was evicted, pays for an insert.
 #[inline(always)]
-fn flowlet_position(slot_group: u64, group: &GroupEntry, key: &FlowKey, seed_boundary: u64, now: u64) -> u32 {
-    let (slot, group_id) = ((slot_group >> 32) as u32, slot_group as u32);
-    let (seed, ends_message) = (seed_boundary as u32, seed_boundary >> 32 != 0);
+fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
+    let (slot, group_id) = (at.slot(), at.group());
+    let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
     let count = group.member_count;
     let Some(scratch) = FLOWLET_SCRATCH.get_ptr_mut(0) else {
         return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));

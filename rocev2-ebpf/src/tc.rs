@@ -3,22 +3,21 @@
 //! itself sends (host bridge mode), which passes through the kernel's
 //! qdiscs (an HTB with priority classes serves control packets first).
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     helpers::bpf_redirect,
     programs::TcContext,
 };
-use rocev2_common::{
-    checksum,
-    class::{ClassFields, RoceFields, CLASS_SET_DSCP, CLASS_SET_PRIORITY},
-    counters::PortCounter,
-};
+use rocev2_common::{counters::PortCounter, features::Features};
 
 use crate::{
-    counters,
-    forward::{count_forwarded, forward},
-    parse::{self, L3Kind, Outcome, Roce, Verdict},
-    qos,
+    class, counters, ecn,
+    features::enabled,
+    forward::{forward, Forward},
+    parse::{self, drop, L3Kind, Outcome, Verdict, L4},
+    rewrite,
 };
 
 /// Bytes of headers made linear before parsing: Ethernet + VLAN + IPv6 +
@@ -40,31 +39,25 @@ fn skb_field<T: Copy>(ctx: &TcContext, f: impl FnOnce(&aya_ebpf::bindings::__sk_
 pub fn tc_forward(ctx: &TcContext) -> i32 {
     let slot = counters::port_slot(skb_field(ctx, |s| s.ifindex));
     let len = u64::from(ctx.len());
-    counters::add(slot, PortCounter::RxPackets, 1);
-    counters::add(slot, PortCounter::RxBytes, len);
     pull_headers(ctx);
-    match forward(ctx, slot, len) {
-        Ok(f) => {
-            if f.priority != 0 {
-                // SAFETY: priority is writable by tc programs.
-                unsafe { (*ctx.skb.skb).priority = f.priority };
-            }
-            let action = unsafe { bpf_redirect(f.ifindex, 0) };
-            if action as i32 == TC_ACT_REDIRECT {
-                count_forwarded(slot, &f, len);
-                TC_ACT_REDIRECT
-            } else {
-                counters::add(slot, PortCounter::DropRedirectFailed, 1);
-                TC_ACT_SHOT
-            }
+    let mut out = MaybeUninit::<Forward>::uninit();
+    let mut result = forward(ctx, slot, len, &mut out);
+    if result.is_ok() {
+        // SAFETY: forward wrote `out` when it returned Ok.
+        let f = unsafe { out.assume_init_ref() };
+        if f.priority != 0 {
+            // SAFETY: priority is writable by tc programs.
+            unsafe { (*ctx.skb.skb).priority = f.priority };
         }
-        Err(Outcome { verdict, counter }) => {
-            counters::add(slot, counter, 1);
-            match verdict {
-                Verdict::Pass => TC_ACT_OK,
-                Verdict::Drop => TC_ACT_SHOT,
-            }
+        if unsafe { bpf_redirect(f.ifindex, 0) } as i32 != TC_ACT_REDIRECT {
+            result = Err(drop(PortCounter::DropRedirectFailed));
         }
+    }
+    counters::count_packet(slot, len, &out, result);
+    match result {
+        Ok(()) => TC_ACT_REDIRECT,
+        Err(Outcome { verdict: Verdict::Pass, .. }) => TC_ACT_OK,
+        Err(Outcome { verdict: Verdict::Drop, .. }) => TC_ACT_SHOT,
     }
 }
 
@@ -96,67 +89,42 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
     let l2 = parse::parse_l2(ctx)?;
     match l2.kind {
         L3Kind::V4 => {
-            let ip = parse::parse_ipv4(ctx, l2.l3_off)?;
+            let ip = parse::parse_ipv4(ctx, l2.l3_off, len as usize)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv4.
-            let (vihl, tos, protocol) = unsafe { ((*hdr).vihl, (*hdr).tos, (*hdr).proto) };
+            let (tos, ttl, protocol) = unsafe { ((*hdr).tos, (*hdr).ttl, (*hdr).proto) };
             let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
-            let (tos_out, priority) = local_tos(egress, tos, &l4.roce, len)?;
+            let (tos_out, priority) = local_tos(egress, tos, &l4, len)?;
             if tos_out != tos {
-                // SAFETY: as above; RFC 1624 patch of the first header word.
-                unsafe {
-                    let check = u16::from_be_bytes((*hdr).check);
-                    let check = checksum::update_u16(
-                        check,
-                        u16::from_be_bytes([vihl, tos]),
-                        u16::from_be_bytes([vihl, tos_out]),
-                    );
-                    (*hdr).tos = tos_out;
-                    (*hdr).check = check.to_be_bytes();
-                }
+                // SAFETY: as above.
+                unsafe { rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl) };
             }
             Ok(priority)
         }
         L3Kind::V6 => {
-            let ip = parse::parse_ipv6(ctx, l2.l3_off)?;
+            let ip = parse::parse_ipv6(ctx, l2.l3_off, len as usize)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv6.
-            let (vcf, next_header) = unsafe { ((*hdr).vcf, (*hdr).next_hdr) };
+            let (vcf, hop_limit, next_header) = unsafe { ((*hdr).vcf, (*hdr).hop_limit, (*hdr).next_hdr) };
             let l4 = parse::parse_l4(ctx, next_header, ip.l4_off, ip.l4_end)?;
-            let tc = ((vcf[0] & 0x0F) << 4) | (vcf[1] >> 4);
-            let (tc_out, priority) = local_tos(egress, tc, &l4.roce, len)?;
+            let tc = rewrite::ipv6_traffic_class(vcf);
+            let (tc_out, priority) = local_tos(egress, tc, &l4, len)?;
             // SAFETY: as above.
-            unsafe {
-                (*hdr).vcf[0] = (vcf[0] & 0xF0) | (tc_out >> 4);
-                (*hdr).vcf[1] = (vcf[1] & 0x0F) | (tc_out << 4);
-            }
+            unsafe { rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit) };
             Ok(priority)
         }
     }
 }
 
+/// The class's DSCP and priority, then ECN marking on the egress queue.
 #[inline(always)]
-fn local_tos(egress: u32, tos: u8, roce: &Roce, len: u64) -> Result<(u8, u32), Outcome> {
-    let fields = ClassFields {
-        roce: match *roce {
-            Roce::Yes { opcode, dest_qp, payload_len } => Some(RoceFields { opcode, dest_qp, payload_len }),
-            _ => None,
-        },
-        dscp: tos >> 2,
+fn local_tos(egress: u32, tos: u8, l4: &L4, len: u64) -> Result<(u8, u32), Outcome> {
+    let matched = if enabled(Features::CLASSES) {
+        class::matched(&class::fields(&l4.roce, l4.dest_qp, tos >> 2), len)
+    } else {
+        class::NO_ACTION
     };
-    let class = qos::classify(&fields).map(|(index, c)| {
-        counters::class_matched(index, len);
-        c
-    });
-    let mut tos = tos;
-    let mut priority = 0;
-    if let Some(c) = &class {
-        if c.flags & CLASS_SET_DSCP != 0 {
-            tos = ((c.set_dscp as u8) << 2) | (tos & 3);
-        }
-        if c.flags & CLASS_SET_PRIORITY != 0 {
-            priority = c.priority;
-        }
-    }
-    Ok((qos::ecn_mark(egress, tos, len, class.as_ref(), 0)?, priority))
+    let tos = class::apply_dscp(&matched, tos);
+    let tos = if enabled(Features::ECN) { ecn::mark(egress, tos, len, &matched, 0)? } else { tos };
+    Ok((tos, class::priority(&matched)))
 }

@@ -13,8 +13,9 @@ use rocev2_common::{
     bth::Bth,
     buckets::{even_table, member_for},
     checksum::internet_checksum,
+    features::Features,
     hash::{member_hash, FlowKey, HashMode},
-    maps::ROUTE_LOCAL,
+    maps::{DEFAULT_FLOWLET_TABLE_SIZE, ROUTE_LOCAL},
 };
 use rocev2_user::{
     config::Prefix,
@@ -99,6 +100,17 @@ pub fn loopback_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
     let mut dp = Dataplane::load(pin_dir).expect("load the eBPF object");
     add_loopback_port(&mut dp);
     dp
+}
+
+/// [`seeded_dataplane`] (no extra routes) with programs carrying only
+/// `features` (the others removed at load time, as `rocev2 run` does for a
+/// config that does not use them).
+pub fn seeded_dataplane_with(features: Features) -> Dataplane {
+    require_root();
+    let mut dp =
+        Dataplane::load_with_features(None, DEFAULT_FLOWLET_TABLE_SIZE, features).expect("load the eBPF object");
+    add_loopback_port(&mut dp);
+    with_two_groups(dp, SEED, &members(), &LEAF_ROUTES)
 }
 
 /// Makes lo the port in slot [`PORT_SLOT`] and an egress device.

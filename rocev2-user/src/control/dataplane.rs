@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, CpuMap, DevMapHash, HashMap, MapData, PerCpuArray,
     },
     programs::{
         links::{FdLink, PinnedLink},
@@ -32,13 +32,14 @@ use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
     counters::{EgressCounter, PortCounter},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
+    features::{Features, FEATURES_GLOBAL},
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        self, bucket_table_index, member_index, member_stat_index, names, port_counter_index, DataplaneConfig,
-        FlowletKey, GenRewrite, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6,
-        PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
-        MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
+        self, bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GenRewrite,
+        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
+        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
+        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
 };
 
@@ -46,6 +47,12 @@ use crate::{config::Prefix, errors::DataplaneError};
 
 /// Name of the forwarding program in the object.
 pub const XDP_PROGRAM: &str = "rocev2_xdp";
+/// The spreading stage on ports with `cpu_spread = "qp"`.
+pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
+/// The pipeline as each CPUS entry runs it.
+pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
+/// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
+const CPU_QUEUE_FRAMES: u32 = 2048;
 /// A program that passes everything (veth NAPI helper, benchmark floor).
 pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
 /// Sends every frame back out (XDP_TX): the live-frames traffic generator.
@@ -65,7 +72,7 @@ pub struct Maps {
     ports: HashMap<MapData, u32, PortEntry>,
     egress_devs: DevMapHash<MapData>,
     config: Array<MapData, DataplaneConfig>,
-    port_counters: PerCpuArray<MapData, u64>,
+    port_counters: PerCpuArray<MapData, PortCounters>,
     member_stats: PerCpuArray<MapData, MemberStats>,
     flowlets: HashMap<MapData, FlowletKey, FlowletEntry>,
     pins_v4: LpmTrie<MapData, PinKeyV4, PinEntry>,
@@ -232,6 +239,12 @@ impl Maps {
 
     pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
         let config = DataplaneConfig { hash_seed: seed, ..self.dataplane_config()? };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
+    /// How many CPUs (CPUS entries 0..n) the spreading stage uses; 0 = off.
+    pub fn set_spread_cpus(&mut self, n: u32) -> Result<()> {
+        let config = DataplaneConfig { spread_cpus: n, ..self.dataplane_config()? };
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
@@ -553,14 +566,30 @@ impl Maps {
 
     /// Sum over CPUs of one port counter.
     pub fn port_counter(&self, slot: u32, counter: PortCounter) -> Result<u64> {
-        let values =
-            self.port_counters.get(&port_counter_index(slot, counter), 0).context("cannot read PORT_COUNTERS")?;
-        Ok(values.iter().sum())
+        Ok(self.port_counter_sums(slot)?.get(counter))
     }
 
     /// All counters of a port slot, summed over CPUs.
     pub fn port_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
-        PortCounter::ALL.iter().map(|c| Ok((c.name(), self.port_counter(slot, *c)?))).collect()
+        let sums = self.port_counter_sums(slot)?;
+        Ok(PortCounter::ALL.iter().map(|c| (c.name(), sums.get(*c))).collect())
+    }
+
+    /// One port counter on each CPU, in CPU order (which CPUs did the work).
+    pub fn port_counter_per_cpu(&self, slot: u32, counter: PortCounter) -> Result<Vec<u64>> {
+        let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
+        Ok(values.iter().map(|cpu| cpu.get(counter)).collect())
+    }
+
+    /// A port slot's counter block, summed over CPUs (one map read).
+    fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
+        let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
+        Ok(values.iter().fold(PortCounters::default(), |mut acc, cpu| {
+            for (sum, v) in acc.counts.iter_mut().zip(cpu.counts) {
+                *sum += v;
+            }
+            acc
+        }))
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.
@@ -620,6 +649,10 @@ pub struct Dataplane {
     tc_links: BTreeMap<(String, bool), SchedClassifierLinkId>,
     /// Set by [`Dataplane::hand_over`]: leave programs and pins in place.
     handed_over: bool,
+    /// Fixed at load time (the FEATURES constant).
+    features: Features,
+    /// What `attach` puts on a port: the pipeline, or the spreading stage.
+    ingress_program: &'static str,
 }
 
 /// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
@@ -646,12 +679,21 @@ impl Dataplane {
 
     /// Like [`Dataplane::load`] with the flowlet table sized to `flowlet_table_size` flows.
     pub fn load_with(pin_dir: Option<&Path>, flowlet_table_size: u32) -> Result<Self> {
+        Self::load_with_features(pin_dir, flowlet_table_size, Features::ALL)
+    }
+
+    /// Like [`Dataplane::load_with`] with only `features` in the programs:
+    /// the verifier removes the code of the others (see
+    /// rocev2_common::features). A group, queue or class that needs a
+    /// missing feature is not served until the programs are loaded again.
+    pub fn load_with_features(pin_dir: Option<&Path>, flowlet_table_size: u32, features: Features) -> Result<Self> {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
         // The tc programs are loaded (and verified, which costs CPU) only
@@ -676,7 +718,44 @@ impl Dataplane {
             xdp_links: BTreeMap::new(),
             tc_links: BTreeMap::new(),
             handed_over: false,
+            features,
+            ingress_program: XDP_PROGRAM,
         })
+    }
+
+    /// The features the loaded programs carry.
+    pub fn features(&self) -> Features {
+        self.features
+    }
+
+    /// Turns on the spreading stage (`cpu_spread = "qp"`): every online
+    /// CPU gets a CPUS entry running the pipeline (XDP_CPU_PROGRAM), and
+    /// ports attached from now on get XDP_SPREAD_PROGRAM, which hands each
+    /// flow to one of them. Returns the CPUs in use.
+    pub fn enable_cpu_spread(&mut self) -> Result<Vec<u32>> {
+        for name in [XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM] {
+            self.xdp_program(name)?.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        let cpu_program =
+            self.xdp_program(XDP_CPU_PROGRAM)?.fd()?.try_clone().context("cannot duplicate a program fd")?;
+        let online = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+        let map = self.ebpf.map_mut(names::CPUS).context("eBPF object has no map CPUS")?;
+        let mut cpus: CpuMap<&mut MapData> = CpuMap::try_from(map).context("CPUS is not a CPU map")?;
+        let mut used = Vec::new();
+        for cpu in online {
+            if cpu >= maps::MAX_SPREAD_CPUS {
+                break;
+            }
+            cpus.set(cpu, CPU_QUEUE_FRAMES, Some(&cpu_program), 0)
+                .with_context(|| format!("cannot add CPU {cpu} to CPUS"))?;
+            used.push(cpu);
+        }
+        // Keys are CPU numbers: the stage hashes over 0..=highest, and a
+        // flow hashed to an offline CPU is forwarded where it arrived.
+        let span = used.iter().max().map_or(0, |m| m + 1);
+        self.maps.set_spread_cpus(span)?;
+        self.ingress_program = XDP_SPREAD_PROGRAM;
+        Ok(used)
     }
 
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
@@ -699,14 +778,14 @@ impl Dataplane {
                 .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
             let old = XdpLink::try_from(FdLink::from(pinned))
                 .with_context(|| format!("{} is not an XDP link", path.display()))?;
-            let program = self.xdp_program(XDP_PROGRAM)?;
+            let program = self.xdp_program(self.ingress_program)?;
             let id =
                 program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
             let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
             self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
             return Ok(true);
         }
-        let program = self.xdp_program(XDP_PROGRAM)?;
+        let program = self.xdp_program(self.ingress_program)?;
         let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
                 XdpMode::Driver => {

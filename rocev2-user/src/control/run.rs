@@ -19,12 +19,13 @@ use anyhow::{bail, Context as _, Result};
 use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
 use rocev2_common::{
     buckets::{BucketTable, Rebalance},
+    features::Features,
     maps::{PinEntry, MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN},
 };
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Attach, Config, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
+    config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
     netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
     routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
@@ -232,10 +233,21 @@ impl Runner {
             // them (the verifier: a few hundred ms of CPU, far more on a
             // busy box) then runs at the lowest priority, so it takes no
             // CPU from the forwarding (ksoftirqd) or the applications.
-            load_in_background(&pin_dir, config.flowlet_table_size())?
+            load_in_background(&pin_dir, config.flowlet_table_size(), config.features())?
         } else {
-            Dataplane::load_with(Some(&pin_dir), config.flowlet_table_size())?
+            Dataplane::load_with_features(Some(&pin_dir), config.flowlet_table_size(), config.features())?
         };
+        let mut dataplane = dataplane;
+        let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
+        tracing::info!(features = features.as_str(), "programs loaded with features: {features}");
+        if config.dataplane.cpu_spread == CpuSpread::Qp {
+            if config.dataplane.attach == Attach::Tc {
+                bail!("dataplane.cpu_spread = \"qp\" needs attach = \"xdp\" (the CPU map is an XDP redirect); set one of them back");
+            }
+            let cpus = dataplane.enable_cpu_spread()?;
+            let list = cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+            tracing::info!(cpus = list.as_str(), "cpu_spread = qp: flows spread over CPUs {list} by their qp hash");
+        }
         let state = RunState {
             pid: std::process::id(),
             config: config.path.clone(),
@@ -371,11 +383,23 @@ impl Runner {
         if old.xdp_mode != newd.xdp_mode {
             fixed.push("dataplane.xdp_mode");
         }
+        if old.cpu_spread != newd.cpu_spread {
+            fixed.push("dataplane.cpu_spread");
+        }
         if self.config.routing != new.routing {
             fixed.push("[routing]");
         }
         if self.config.flowlet_table_size() != new.flowlet_table_size() {
             fixed.push("flowlet_table_size (the table is sized at load time)");
+        }
+        // Features are load-time constants: code for a feature the loaded
+        // programs were built without is not there to run.
+        let missing = new.features().without(self.dataplane.features());
+        if missing != Features::NONE {
+            bail!(
+                "the new config uses {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic",
+                missing.names().collect::<Vec<_>>().join(", ")
+            );
         }
         if !fixed.is_empty() {
             bail!("{} changed; that needs a restart of `rocev2 run`", fixed.join(", "));
@@ -834,14 +858,14 @@ const TAKEOVER_LOAD_NICE: libc::c_int = 10;
 /// Loads the dataplane on a helper thread at nice TAKEOVER_LOAD_NICE (per-thread on
 /// Linux), which ends with the load: the control loop keeps its normal
 /// priority and nothing needs the privilege to raise it back.
-fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32) -> Result<Dataplane> {
+fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32, features: Features) -> Result<Dataplane> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: setpriority on this thread's own id.
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
                 tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
-            Dataplane::load_with(Some(pin_dir), flowlet_table_size)
+            Dataplane::load_with_features(Some(pin_dir), flowlet_table_size, features)
         })
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

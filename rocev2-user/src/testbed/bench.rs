@@ -33,6 +33,7 @@ use rocev2_common::{
     bth::{opcode, Bth},
     class::{add_opcode, ClassEntry, CLASS_ECN_EXEMPT, CLASS_MATCH_OPCODE, CLASS_MATCH_PAYLOAD, CLASS_SET_DSCP},
     ecn::{EcnProfile, ECT0},
+    features::Features,
     flowlet::FlowletChoice,
     hash::HashMode,
     maps::{route_cache_slot, DEFAULT_FLOWLET_TABLE_SIZE, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET},
@@ -48,6 +49,8 @@ use crate::{
 
 /// Trivial redirect to EGRESS_DEVS key 0: the floor and the limit.
 pub const XDP_REDIRECT_PROGRAM: &str = "rocev2_xdp_redirect";
+/// Forwards by bpf_fib_lookup (xdp-forward's method): the peer row.
+pub const XDP_FIB_PROGRAM: &str = "rocev2_xdp_fib";
 /// Drops everything: the receivers of the forwarding benchmark.
 pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
 
@@ -63,8 +66,8 @@ const GROUP: u32 = 0;
 /// copy of the frame and the program stays warm between calls.
 const TEST_REPEAT: u32 = 1;
 const BIG_ROUTES: usize = 100_000;
-/// Part-1 sample key of the route-cache-miss row (after the pipelines).
-const CACHE_MISS_ROW: usize = PIPELINES.len() + 1;
+/// Part-1 sample key of the route-cache-miss row (after the variants).
+const CACHE_MISS_ROW: usize = VARIANTS.len() + 1;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -144,32 +147,121 @@ impl Pipeline {
         };
         dp.maps.publish_group_with(GROUP, &policy, members)?;
         if self == Pipeline::Full {
-            // SONiC lossless defaults; a 25 Gbit/s port.
-            let pmax = (0.05 * u32::MAX as f64) as u32;
-            dp.maps.set_ecn_profile(
-                0,
-                EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 },
-            )?;
-            for (slot, ifindex) in egress.iter().enumerate() {
-                dp.maps.set_egress(*ifindex, slot as u32, 25_000_000_000 / 8, 0)?;
-            }
-            let mut control = ClassEntry {
-                flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT,
-                set_dscp: 48,
-                ..Default::default()
-            };
-            add_opcode(&mut control.opcodes, opcode::ACK);
-            add_opcode(&mut control.opcodes, opcode::CNP);
-            let mut cts = ClassEntry {
-                flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP,
-                set_dscp: 46,
-                max_payload: 64,
-                ..Default::default()
-            };
-            add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
-            dp.maps.set_classes(&[control, cts])?;
+            add_ecn_queue(dp, egress)?;
+            add_classes(dp)?;
         }
         Ok(())
+    }
+
+    /// The features `rocev2 run` loads for a config of this pipeline.
+    fn features(self) -> Features {
+        match self {
+            Pipeline::FiveTuple | Pipeline::Qp => Features::COUNTERS,
+            Pipeline::Flowlet => Features::COUNTERS.with(Features::FLOWLET),
+            Pipeline::Full => Features::COUNTERS.with(Features::FLOWLET).with(Features::ECN).with(Features::CLASSES),
+        }
+    }
+
+    /// Issue target in ns above the floor.
+    fn target_ns(self) -> f64 {
+        match self {
+            Pipeline::FiveTuple | Pipeline::Qp => 60.0,
+            Pipeline::Flowlet => 100.0,
+            Pipeline::Full => 120.0,
+        }
+    }
+}
+
+/// A virtual queue (SONiC's lossless ECN profile, a 25 Gbit/s port) on
+/// each of `egress`.
+fn add_ecn_queue(dp: &mut Dataplane, egress: &[u32]) -> Result<()> {
+    let pmax = (0.05 * u32::MAX as f64) as u32;
+    dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 })?;
+    for (slot, ifindex) in egress.iter().enumerate() {
+        dp.maps.set_egress(*ifindex, slot as u32, 25_000_000_000 / 8, 0)?;
+    }
+    Ok(())
+}
+
+/// Two classes: control (ACK, CNP) and small WRITE-with-immediate.
+fn add_classes(dp: &mut Dataplane) -> Result<()> {
+    let mut control = ClassEntry {
+        flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT,
+        set_dscp: 48,
+        ..Default::default()
+    };
+    add_opcode(&mut control.opcodes, opcode::ACK);
+    add_opcode(&mut control.opcodes, opcode::CNP);
+    let mut cts = ClassEntry {
+        flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP,
+        set_dscp: 46,
+        max_payload: 64,
+        ..Default::default()
+    };
+    add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
+    dp.maps.set_classes(&[control, cts])
+}
+
+/// A part-1 row measured on its own dataplane instance: the pipelines with
+/// the features `rocev2 run` would load for them, and the marginal rows
+/// (qp plus one feature, or minus the counters) read against qp.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Pipeline(Pipeline),
+    QpNoCounters,
+    QpClasses,
+    QpEcn,
+    QpAllFeaturesLoaded,
+}
+
+const VARIANTS: [Variant; 8] = [
+    Variant::Pipeline(Pipeline::FiveTuple),
+    Variant::Pipeline(Pipeline::Qp),
+    Variant::Pipeline(Pipeline::Flowlet),
+    Variant::Pipeline(Pipeline::Full),
+    Variant::QpNoCounters,
+    Variant::QpClasses,
+    Variant::QpEcn,
+    Variant::QpAllFeaturesLoaded,
+];
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Pipeline(p) => p.name(),
+            Variant::QpNoCounters => "rocev2 qp without counters (marginal: counters)",
+            Variant::QpClasses => "rocev2 qp + 2 classes (marginal: classes)",
+            Variant::QpEcn => "rocev2 qp + ECN virtual queue (marginal: ECN)",
+            Variant::QpAllFeaturesLoaded => "rocev2 qp, every feature loaded but unused (marginal: no gating)",
+        }
+    }
+
+    fn features(self) -> Features {
+        match self {
+            Variant::Pipeline(p) => p.features(),
+            Variant::QpNoCounters => Features::NONE,
+            Variant::QpClasses => Features::COUNTERS.with(Features::CLASSES),
+            Variant::QpEcn => Features::COUNTERS.with(Features::ECN),
+            Variant::QpAllFeaturesLoaded => Features::ALL,
+        }
+    }
+
+    fn configure(self, dp: &mut Dataplane) -> Result<()> {
+        let pipeline = match self {
+            Variant::Pipeline(p) => p,
+            _ => Pipeline::Qp,
+        };
+        pipeline.configure(dp, &lo_members(0xBB), &[LOOPBACK])?;
+        match self {
+            Variant::QpClasses => add_classes(dp),
+            Variant::QpEcn => add_ecn_queue(dp, &[LOOPBACK]),
+            _ => Ok(()),
+        }
+    }
+
+    /// Marginal rows are measured with 10 routes only.
+    fn marginal(self) -> bool {
+        !matches!(self, Variant::Pipeline(_))
     }
 }
 
@@ -216,7 +308,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Loads the dataplane plus the two benchmark programs.
 fn load_dataplane(flowlet_table: u32) -> Result<Dataplane> {
-    let mut dp = Dataplane::load_with(None, flowlet_table)?;
+    load_dataplane_with(flowlet_table, Features::ALL)
+}
+
+/// [`load_dataplane`] with the pipeline's programs carrying only `features`.
+fn load_dataplane_with(flowlet_table: u32, features: Features) -> Result<Dataplane> {
+    let mut dp = Dataplane::load_with_features(None, flowlet_table, features)?;
     for name in [XDP_REDIRECT_PROGRAM, XDP_DROP_PROGRAM] {
         dp.xdp_program(name)
             .with_context(|| format!("{name} is missing: rebuild the eBPF object (cargo xtask build --release)"))?
@@ -378,7 +475,11 @@ fn lo_members(tag: u8) -> Vec<MemberSpec> {
 /// A dataplane forwarding 10.1.0.0/16 and fd01::/64 over four members on
 /// lo (what BPF_PROG_TEST_RUN can redirect to).
 fn test_run_dataplane(flowlet_table: u32) -> Result<Dataplane> {
-    let mut dp = load_dataplane(flowlet_table)?;
+    test_run_dataplane_with(flowlet_table, Features::ALL)
+}
+
+fn test_run_dataplane_with(flowlet_table: u32, features: Features) -> Result<Dataplane> {
+    let mut dp = load_dataplane_with(flowlet_table, features)?;
     dp.maps.set_port(LOOPBACK, 1)?;
     dp.maps.add_egress_dev(LOOPBACK)?;
     set_floor_target(&mut dp, LOOPBACK)?;
@@ -392,6 +493,13 @@ struct Instructions {
     xlated: u32,
     jited_bytes: u32,
     verified: u32,
+}
+
+fn instructions_line(i: &Instructions, row: &str) -> String {
+    format!(
+        "- `{}` as loaded for {row}: {} xlated BPF instructions, {} bytes JITed, {} instructions processed by the verifier",
+        i.program, i.xlated, i.jited_bytes, i.verified
+    )
 }
 
 fn instructions(dp: &mut Dataplane, program: &'static str) -> Result<Instructions> {
@@ -459,14 +567,19 @@ struct Part1 {
 fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) -> Result<Part1> {
     let mut rows = Vec::new();
     let mut above_floor = Vec::new();
+    // One instance per row, loaded with that row's features and configured
+    // once (set_egress cannot be undone); routes change between the two
+    // route sets.
+    eprintln!("bench: loading {} dataplanes", VARIANTS.len());
+    let mut instances = Vec::new();
+    for v in VARIANTS {
+        let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, v.features())?;
+        v.configure(&mut dp)?;
+        instances.push(dp);
+    }
     for big in [false, true] {
         let routes = if big { "100k+100k routes" } else { "10 routes" };
         eprintln!("bench: per-packet cost, {routes}");
-        // Two instances: set_egress cannot be undone, so the full pipeline
-        // (with its virtual queue) gets its own.
-        let mut dp = test_run_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
-        let mut full = test_run_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
-        Pipeline::Full.configure(&mut full, &lo_members(0xBB), &[LOOPBACK])?;
         if big {
             // Part 3: loading 100,000 routes per family through sync_routes.
             let mut wanted = base_routes();
@@ -474,13 +587,17 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             let v6 = random_routes(BIG_ROUTES, true, 42);
             wanted.extend(v4.iter().map(|p| (*p, GROUP)));
             let t = Instant::now();
-            dp.sync_routes(&wanted)?;
+            instances[0].sync_routes(&wanted)?;
             let v4_secs = t.elapsed().as_secs_f64();
             wanted.extend(v6.iter().map(|p| (*p, GROUP)));
             let t = Instant::now();
-            full.sync_routes(&wanted)?;
+            instances[1].sync_routes(&wanted)?;
             let both_secs = t.elapsed().as_secs_f64();
-            dp.sync_routes(&wanted)?;
+            for (v, dp) in VARIANTS.iter().zip(instances.iter_mut()) {
+                if !v.marginal() {
+                    dp.sync_routes(&wanted)?;
+                }
+            }
             let ok = if v4_secs < 1.0 { "met" } else { "MISSED" };
             let ok2 = if both_secs < 2.0 { "met" } else { "MISSED" };
             control.push(row(
@@ -504,26 +621,25 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         let mut samples: BTreeMap<(usize, bool), Vec<f64>> = BTreeMap::new();
         let frames = [bench_frame(false, 255, [2, 0, 0, 0, 0, 0xFE]), bench_frame(true, 255, [2, 0, 0, 0, 0, 0xFE])];
         let twins = [false, true].map(|v6| bench_frame_to(cache_twin(v6), 255, [2, 0, 0, 0, 0, 0xFE]));
+        let qp_index = VARIANTS.iter().position(|v| *v == Variant::Pipeline(Pipeline::Qp)).expect("qp row");
         let t_rounds = Instant::now();
         for _round in 0..args.rounds {
             for (v6, frame) in [false, true].into_iter().zip(&frames) {
-                samples.entry((0, v6)).or_default().push(cost_ns(&mut dp, XDP_REDIRECT_PROGRAM, frame, args.packets)?);
+                let ns = cost_ns(&mut instances[qp_index], XDP_REDIRECT_PROGRAM, frame, args.packets)?;
+                samples.entry((0, v6)).or_default().push(ns);
             }
-            for (i, p) in PIPELINES.iter().enumerate() {
-                let target = if *p == Pipeline::Full {
-                    &mut full
-                } else {
-                    p.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
-                    &mut dp
-                };
+            for (i, (v, dp)) in VARIANTS.iter().zip(instances.iter_mut()).enumerate() {
+                if big && v.marginal() {
+                    continue;
+                }
                 for (v6, frame) in [false, true].into_iter().zip(&frames) {
-                    samples.entry((i + 1, v6)).or_default().push(cost_ns(target, XDP_PROGRAM, frame, args.packets)?);
+                    samples.entry((i + 1, v6)).or_default().push(cost_ns(dp, XDP_PROGRAM, frame, args.packets)?);
                 }
             }
             // The qp pipeline when every packet misses the route cache.
-            Pipeline::Qp.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
             for (v6, (frame, twin)) in [false, true].into_iter().zip(frames.iter().zip(&twins)) {
-                let ns = cost_ns_frames(&mut dp, XDP_PROGRAM, &[frame, twin], args.packets, TEST_REPEAT)?;
+                let ns =
+                    cost_ns_frames(&mut instances[qp_index], XDP_PROGRAM, &[frame, twin], args.packets, TEST_REPEAT)?;
                 samples.entry((CACHE_MISS_ROW, v6)).or_default().push(ns);
             }
         }
@@ -531,6 +647,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         for v6 in [false, true] {
             let fam = if v6 { "IPv6" } else { "IPv4" };
             let floor = median(samples[&(0, v6)].clone());
+            let qp = median(samples[&(qp_index + 1, v6)].clone());
             rows.push(row(
                 "1 per-packet",
                 "trivial redirect (floor)",
@@ -539,21 +656,27 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 "floor",
                 "",
             ));
-            for (i, p) in PIPELINES.iter().enumerate() {
-                let ns = median(samples[&(i + 1, v6)].clone());
+            for (i, v) in VARIANTS.iter().enumerate() {
+                let Some(ns) = samples.get(&(i + 1, v6)).map(|s| median(s.clone())) else { continue };
                 let above = ns - floor;
-                above_floor.push((*p, v6, big, above));
-                let target = if *p == Pipeline::Full {
-                    format!("<= floor + 50 ns: {}", if above <= 50.0 { "met" } else { "MISSED" })
-                } else {
-                    String::new()
+                let (relative, target) = match v {
+                    Variant::Pipeline(p) => {
+                        above_floor.push((*p, v6, big, above));
+                        let t = p.target_ns();
+                        (
+                            format!("+{above:.1} ns"),
+                            format!("<= +{t:.0} ns: {}", if above <= t { "met" } else { "MISSED" }),
+                        )
+                    }
+                    Variant::QpNoCounters => (format!("counters cost {:+.1} ns", qp - ns), String::new()),
+                    _ => (format!("{:+.1} ns against qp", ns - qp), String::new()),
                 };
                 rows.push(row(
                     "1 per-packet",
-                    p.name(),
+                    v.name(),
                     format!("{fam}, {routes}"),
                     format!("{ns:.1} ns"),
-                    format!("+{above:.1} ns"),
+                    relative,
                     target,
                 ));
             }
@@ -563,20 +686,20 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 "rocev2 qp, every packet a route-cache miss",
                 format!("{fam}, {routes}"),
                 format!("{ns:.1} ns"),
-                format!("+{:.1} ns", ns - floor),
+                format!("+{:.1} ns ({:+.1} ns against qp)", ns - floor, ns - qp),
                 "",
             ));
         }
         if !big {
-            for p in [XDP_REDIRECT_PROGRAM, XDP_PROGRAM] {
-                let i = instructions(&mut dp, p)?;
-                reading.push(format!(
-                    "- `{}`: {} xlated BPF instructions, {} bytes JITed, {} instructions processed by the verifier",
-                    i.program, i.xlated, i.jited_bytes, i.verified
-                ));
+            let i = instructions(&mut instances[qp_index], XDP_REDIRECT_PROGRAM)?;
+            reading.push(instructions_line(&i, "floor"));
+            for (v, dp) in VARIANTS.iter().zip(instances.iter_mut()) {
+                let i = instructions(dp, XDP_PROGRAM)?;
+                reading.push(instructions_line(&i, v.name()));
             }
         }
     }
+    drop(instances);
 
     // Group change: publish a new member list, then test-run until a packet
     // goes to one of the new members.
@@ -657,13 +780,13 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
 /// `--loop`: one pipeline's part-1 measurement over and over, for a
 /// profiler attached from outside (`perf record -a -g`).
 fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
-    let mut dp = test_run_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
+    let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
+    let features = pipeline.map_or(Features::ALL, |p| p.features());
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
     let (program, label) = if name == "floor" {
         (XDP_REDIRECT_PROGRAM, "floor".to_owned())
     } else {
-        let pipeline = PIPELINES
-            .into_iter()
-            .find(|p| p.short_name() == name)
+        let pipeline = pipeline
             .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
         pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
         (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
@@ -762,61 +885,54 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 const READING: &str = "
-- What was profiled and changed. `rocev2 bench --loop <pipeline>`
-  (five-tuple, qp, flowlet, full, floor) runs one part-1 measurement over
-  and over so `perf record -a` can sample it (`bpftool prog profile` is not
-  built into Debian 12's bpftool, and this VM has no hardware counters:
-  `perf stat -e cycles` says not supported; perf's cpu-clock sampling
-  works, with JITed programs named in its report).
-  Four design changes came out of it, each with a test:
-  1. The flowlet table was updated with BPF_MAP_UPDATE_ELEM on every
-     packet (LRU bucket lock, free-list pop and push: more than the rest of
-     the pipeline). A known flow's entry is now written in place; only a
-     new or evicted flow inserts. Flowlet row 700 -> 480 ns, full 900 ->
-     580 ns (both at repeat 250, the old method).
-  2. The virtual queue's drain did six 64-bit divisions per packet. The
-     control program now precomputes a multiplier and shift per port
-     (`DrainRate`, within 1/2^23 plus one byte of exact, never above).
-  3. Ports and egress queues were found by two hash lookups per packet;
-     now by an array indexed by ifindex (the hash maps remain for
-     ifindexes of 16,384 and above).
-  4. The LPM route lookup sits behind a per-CPU direct-mapped destination
-     cache (256 slots), valid only while the route generation the control
-     program bumps after every route change is unchanged. Most RoCE
-     packets of a rack go to few destinations; the `route-cache miss` rows
-     show the cost when every packet misses (the trie lookup plus a failed
-     compare), which is also what the 100k-route rows would cost for
-     traffic to many destinations.
-  Also: the clock is read once per packet, and a random number is drawn
-  only where ECN marking is probabilistic. Before and after, measured
-  interleaved in one session (the old build is commit 7f50b6b with this
-  bench; `--loop`, IPv4, 10 routes, repeat 1, median of about 50
-  measurements of 50,000 calls each), ns above the floor:
-
-  | pipeline | before | after |
-  |---|---|---|
-  | five-tuple | 421 | 267 |
-  | qp | 492 | 337 |
-  | flowlet | 656 | 321 |
-  | flowlet+ECN+classes | 818 | 391 |
-
-  The machine is noisy: consecutive measurements of one row ranged from
-  180 to 420 ns, which is why every row is a median of rounds.
-- What remains above the floor, from a cpu-clock profile of the full
-  pipeline after these changes (`--loop full`, IPv4, share of the samples
-  inside the program and the kernel functions it calls): the forwarding
-  code itself (parse, route cache, group and member lookups, checksum
-  patch) 26 %; the flowlet table lookup (jhash of its 44-byte key, the
-  bucket walk, the key compare) 22 %; the ECN code (virtual queue
-  read-modify-write, profile, counters) 13 %; the entry point (port slot,
-  counters, redirect decision) 12 %; member choice 8 %; the clock read
-  (`read_tsc` in this VM) about 8 %; the class match 6 %; the devmap
-  redirect 5 %. None of these is a division or a lock
-  any more; each is a map access or straight-line code. The 50 ns target
-  would leave room for about one hash-map lookup, so a full pipeline with
-  per-flow flowlet state and per-port ECN cannot meet it with kernel maps;
-  a hash-indexed flowlet array without keys (what switch ASICs use) would
-  be the next step, at the price of flows sharing state on collisions.
+- Load-time features. `rocev2 run` loads the pipeline with only the
+  features its config uses (flowlet, pinned, ECN, classes; counters always)
+  as a read-only constant the verifier folds, so the code of the others is
+  gone from the loaded program: the `as loaded for` lines above give each
+  row's program size. Each part-1 row runs on its own instance loaded the
+  way `rocev2 run` would load it; the `marginal` rows are qp plus one
+  feature (or minus the counters, or with every feature loaded but unused,
+  which is what every config paid before) read against the qp row of the
+  same round.
+- What changed in the hot path, with the qp row of the baseline run on
+  this machine (same bench, all features always loaded; IPv4, 10 routes,
+  ns above the floor) for comparison with the table: five-tuple +173, qp
+  +173, flowlet +242, flowlet+ECN+classes +266; through veths qp forwarded
+  65 % of the redirect, 3.2x the kernel; `rocev2_xdp` was 4,286 xlated
+  instructions for every config.
+  1. Feature gating (above): qp 4,286 -> about 2,150 instructions.
+  2. Port counters are one per-CPU block per port, found once per packet
+     (five to seven array lookups before).
+  3. The forwarding programs called `memset` three times per packet (a
+     zeroed result struct and the IPv4 flow key's zero words). On BPF that
+     is a byte loop: 44 iterations, about 220 instructions. The key is now
+     written one field at a time and the result is left unwritten until
+     the pipeline fills it; `llvm-objdump -r` of the object shows no memset
+     relocation in the forwarding programs.
+  4. The frame length (a helper call) is read once per packet, not twice.
+- Where the qp row's remaining cost goes (cpu-clock profile of
+  `rocev2 bench --loop qp`, samples inside the program and the kernel
+  functions it calls; static instruction counts from `llvm-objdump -d` of
+  the object): the entry function `rocev2_xdp` (219 instructions: port
+  slot, frame length helper, Ethernet parse, counter block and member
+  counters, the devmap redirect) about 40 %; `forward_v4_call` (676
+  instructions: IPv4 checks and checksum, route cache, UDP/BTH parse, flow
+  key, group and member lookups, rewrite) about 30 %; `choose_position`'s
+  hash path (MurmurHash3 over 11 words, the bucket table) about 23 %; the
+  devmap lookup of the redirect about 8 %, which the floor pays too.
+  Next design steps, in the order of what they save: hash only the words
+  an IPv4 key carries (5 mixes instead of 11; one change in
+  rocev2_common::hash serves the kernel, explain and the simulator), fold
+  the per-member counters into the port block (one per-CPU lookup fewer),
+  and read the frame length from data_end - data unless the frame has
+  fragments. The flowlet rows are dominated by the LRU table (jhash of a
+  44-byte key, bucket walk, compare); a keyless hash-indexed table (what
+  switch ASICs use) is the step that would bring them to the target.
+- cpu_spread = \"qp\" row: the spreading program runs where the frame
+  arrives and hands it through a CPU map to the CPU its qp hash names, so
+  the pipeline's work is split over both CPUs (the per-CPU shares come
+  from the port counters); on this 2-core VM the sender shares those CPUs,
+  so the row shows the spread, not a higher rate.
 - Part 2 compares rows fed by the same generator in one run. On this
   2-core machine the sender, the switch and the receivers share the two
   CPUs, so a row's rate is also limited by how much CPU it leaves to the

@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rocev2_common::buckets::Rebalance;
+use rocev2_common::features::Features;
 use rocev2_common::hash::HashMode;
 use rocev2_common::maps::PIN_DIR;
 
@@ -225,6 +226,21 @@ pub struct Dataplane {
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
     pub attach: Attach,
+    /// `cpu_spread`: a first XDP stage that hands each flow to a CPU by
+    /// its hash (DestQP included) through a CPUMAP, whose program runs the
+    /// pipeline.
+    pub cpu_spread: CpuSpread,
+}
+
+/// `dataplane.cpu_spread`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuSpread {
+    /// The CPU that receives a packet forwards it (the NIC's RSS decides).
+    #[default]
+    Off,
+    /// Flows are spread over every online CPU by their `qp` hash; one flow
+    /// (one QP) always goes to the same CPU, so its packets stay in order.
+    Qp,
 }
 
 impl Default for Dataplane {
@@ -236,6 +252,7 @@ impl Default for Dataplane {
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
             attach: Attach::Xdp,
+            cpu_spread: CpuSpread::Off,
         }
     }
 }
@@ -512,6 +529,24 @@ impl Config {
             })
             .sum();
         total.clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    /// The pipeline features this config uses, for the programs' load-time
+    /// constant: code for the others is left out of the loaded programs.
+    /// The built-in `control` class counts as a class (`class = []` turns
+    /// classes off).
+    pub fn features(&self) -> Features {
+        let policies = self.groups.iter().map(|g| &g.policy).chain(self.route_policies.iter().map(|p| &p.policy));
+        let (mut flowlet, mut pinned) = (false, false);
+        for policy in policies {
+            flowlet |= matches!(policy, Policy::Flowlet(_));
+            pinned |= matches!(policy, Policy::Pinned);
+        }
+        Features::COUNTERS
+            .with(Features::when(flowlet, Features::FLOWLET))
+            .with(Features::when(pinned, Features::PINNED))
+            .with(Features::when(!self.egress.is_empty(), Features::ECN))
+            .with(Features::when(!self.classes.is_empty(), Features::CLASSES))
     }
 
     /// The classes as the dataplane's CLASSES map entries, in match order.

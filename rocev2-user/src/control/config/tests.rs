@@ -760,3 +760,13 @@ fn member_weights_and_rebalance() {
     let bad = text.replace("\"gradual\"", "\"slow\"");
     assert_error(&bad, 6, "group[0].rebalance", &["\"immediate\"", "\"gradual\""]);
 }
+
+#[test]
+fn features_are_what_the_config_uses() {
+    use rocev2_common::features::Features;
+    // The base config: hash groups, the built-in control class, no egress.
+    assert_eq!(parse_ok(BASE).features(), Features::COUNTERS.with(Features::CLASSES));
+    assert_eq!(parse_ok(&format!("class = []\n{BASE}")).features(), Features::COUNTERS);
+    // Flowlet and pinned groups, an egress queue and classes: everything.
+    assert_eq!(parse_ok(QOS).features(), Features::ALL);
+}

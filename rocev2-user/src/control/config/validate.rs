@@ -218,6 +218,15 @@ impl Source<'_> {
                 )),
             })?;
         }
+        if let Some(v) = &raw.cpu_spread {
+            dp.cpu_spread = self.check("dataplane.cpu_spread", v, |s| match s.as_str() {
+                "off" => Ok(CpuSpread::Off),
+                "qp" => Ok(CpuSpread::Qp),
+                other => Err(format!(
+                    "{other:?} is not a spreading mode; use \"off\" (each packet stays on the CPU that received it) or \"qp\" (spread RoCE flows over every CPU by DestQP)"
+                )),
+            })?;
+        }
         if let Some(v) = &raw.neighbour_refresh_ms {
             dp.neighbour_refresh = self.check("dataplane.neighbour_refresh_ms", v, |&ms| {
                 if NEIGHBOUR_REFRESH_MS.contains(&ms) {

@@ -4,6 +4,8 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::dataplane::XDP_SPREAD_PROGRAM;
+use rocev2_common::counters::PortCounter;
 
 pub(super) const SENDER_MAC: [u8; 6] = [2, 0x42, 0, 0, 0, 1];
 pub(super) const SWITCH_MAC: [u8; 6] = [2, 0x42, 0, 0, 0, 0xFE];
@@ -123,7 +125,11 @@ impl Lab {
 pub(super) enum FwdRow {
     Kernel,
     Trivial,
+    /// xdp-forward's method: bpf_fib_lookup per packet.
+    FibPeer,
     Rocev2(Pipeline),
+    /// qp behind the `cpu_spread = "qp"` stage.
+    Spread,
 }
 
 impl FwdRow {
@@ -131,6 +137,8 @@ impl FwdRow {
         match self {
             FwdRow::Kernel => "Linux kernel forwarding (multipath, hash policy 1)",
             FwdRow::Trivial => "trivial XDP redirect (limit)",
+            FwdRow::FibPeer => "peer: XDP bpf_fib_lookup forwarding (xdp-forward's method)",
+            FwdRow::Spread => "rocev2 qp, cpu_spread = \"qp\"",
             FwdRow::Rocev2(p) => p.name(),
         }
     }
@@ -195,9 +203,13 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     }
     let mut wanted = BTreeMap::new();
     wanted.insert(Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP);
+    // One instance per pipeline, loaded with the features `rocev2 run`
+    // would load for it and configured once (egress queues cannot be
+    // removed); the floor and the FIB peer use the first one's maps.
     let mut switch = Vec::new();
-    for _ in 0..2 {
-        let mut dp = load_dataplane(DEFAULT_FLOWLET_TABLE_SIZE)?;
+    for p in PIPELINES {
+        let mut dp = load_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, p.features())?;
+        dp.xdp_program(XDP_FIB_PROGRAM)?.load().with_context(|| format!("the kernel rejected {XDP_FIB_PROGRAM}"))?;
         dp.maps.set_port(p0, 1)?;
         // Device-map entries resolve ifindexes in the caller's namespace:
         // write them from inside the switch's.
@@ -208,11 +220,25 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             set_floor_target(&mut dp, uplinks[0])
         })?;
         dp.sync_routes(&wanted)?;
+        p.configure(&mut dp, &members, &uplinks)?;
         switch.push(dp);
     }
-    let mut dpf = switch.pop().unwrap();
-    let mut dp = switch.pop().unwrap();
-    Pipeline::Full.configure(&mut dpf, &members, &uplinks)?;
+    // qp again, behind the spreading stage.
+    let spread_instance = switch.len();
+    {
+        let mut dp = load_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, Pipeline::Qp.features())?;
+        dp.maps.set_port(p0, 1)?;
+        in_ns(&sw, || {
+            for idx in &uplinks {
+                dp.maps.add_egress_dev(*idx)?;
+            }
+            Ok(())
+        })?;
+        dp.sync_routes(&wanted)?;
+        Pipeline::Qp.configure(&mut dp, &members, &uplinks)?;
+        dp.enable_cpu_spread()?;
+        switch.push(dp);
+    }
 
     // Which generator can feed the kernel path? Live frames first.
     let (live_sent, live_got) = measure(&lab, 1.0, GenMode::LiveFrames)?;
@@ -232,8 +258,11 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
         GenMode::Packet
     };
 
-    let rows_all: Vec<FwdRow> =
-        [FwdRow::Kernel, FwdRow::Trivial].into_iter().chain(PIPELINES.iter().map(|p| FwdRow::Rocev2(*p))).collect();
+    let rows_all: Vec<FwdRow> = [FwdRow::Kernel, FwdRow::Trivial, FwdRow::FibPeer]
+        .into_iter()
+        .chain(PIPELINES.iter().map(|p| FwdRow::Rocev2(*p)))
+        .chain([FwdRow::Spread])
+        .collect();
     let mut runs: Vec<(GenMode, Vec<FwdRow>)> = vec![(kernel_mode, rows_all.clone())];
     if kernel_mode == GenMode::Packet {
         // Only the trivial row: see the Reading on TTLs of recycled live frames.
@@ -247,19 +276,32 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             GenMode::LiveFrames => "XDP live frames",
         };
         let mut samples: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
+        // Packets the pipeline forwarded on each CPU, per row.
+        let mut cpu_work: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         for round in 0..args.fwd_rounds {
             // Rotate the order each round so slow drifts of a noisy machine
             // do not always hit the same row.
             for k in 0..rows.len() {
                 let i = (k + round) % rows.len();
                 let r = rows[i];
-                let target = if r == FwdRow::Rocev2(Pipeline::Full) { &mut dpf } else { &mut dp };
-                let link = attach_row(target, &sw, p0, r, &members, &uplinks)?;
+                let instance = match r {
+                    FwdRow::Rocev2(p) => PIPELINES.iter().position(|q| *q == p).unwrap_or(0),
+                    FwdRow::Spread => spread_instance,
+                    _ => 0,
+                };
+                let target = &mut switch[instance];
+                let link = attach_row(target, &sw, p0, r)?;
+                let before = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
                 let m = measure(&lab, args.seconds, mode);
                 if let Some((name, id)) = link {
                     in_ns(&sw, || Ok(target.xdp_program(name)?.detach(id)?))?;
                 }
                 let m = m?;
+                let after = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
+                let cpus = cpu_work.entry(i).or_insert_with(|| vec![0; after.len()]);
+                for ((sum, a), b) in cpus.iter_mut().zip(&after).zip(&before) {
+                    *sum += a - b;
+                }
                 eprintln!(
                     "bench:   {gen_name:>15} {:<50} sent {:.3} Mpps, received {:.3} Mpps",
                     r.name(),
@@ -273,6 +315,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
         let sent = |i: usize| median(samples[&i].iter().map(|m| m.0).collect());
         let limit = rows.iter().position(|r| *r == FwdRow::Trivial).map(rate);
         let kernel = rows.iter().position(|r| *r == FwdRow::Kernel).map(rate);
+        let peer = rows.iter().position(|r| *r == FwdRow::FibPeer).map(rate);
         for (i, r) in rows.iter().enumerate() {
             let mpps = rate(i) / 1e6;
             let mut rel = Vec::new();
@@ -282,33 +325,49 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             if let Some(k) = kernel {
                 rel.push(format!("{:.2}x kernel", rate(i) / k));
             }
-            let target = if *r == FwdRow::Rocev2(Pipeline::Full) {
-                let mut t = Vec::new();
-                if let Some(l) = limit {
-                    t.push(format!(">= 90% of limit: {}", if rate(i) >= 0.9 * l { "met" } else { "MISSED" }));
-                }
-                if let Some(k) = kernel {
-                    t.push(format!(">= 3x kernel: {}", if rate(i) >= 3.0 * k { "met" } else { "MISSED" }));
-                }
-                t.join("; ")
-            } else {
-                String::new()
+            let mut t = Vec::new();
+            let goal = match r {
+                FwdRow::Rocev2(Pipeline::Qp) => Some(0.9),
+                FwdRow::Rocev2(Pipeline::Full) => Some(0.8),
+                _ => None,
             };
+            if let (Some(goal), Some(l)) = (goal, limit) {
+                let met = if rate(i) >= goal * l { "met" } else { "MISSED" };
+                t.push(format!(">= {:.0}% of limit: {met}", goal * 100.0));
+                if let Some(k) = kernel {
+                    t.push(format!(">= 4x kernel: {}", if rate(i) >= 4.0 * k { "met" } else { "MISSED" }));
+                }
+            }
+            if let (FwdRow::Rocev2(Pipeline::Qp), Some(p)) = (r, peer) {
+                t.push(format!(">= FIB peer: {}", if rate(i) >= p { "met" } else { "MISSED" }));
+            }
+            let target = t.join("; ");
             out.push(row(
                 "2 forwarding",
                 r.name(),
-                format!("IPv4, {gen_name}, offered {:.2} Mpps", sent(i) / 1e6),
+                format!("IPv4, {gen_name}, offered {:.2} Mpps{}", sent(i) / 1e6, cpu_shares(cpu_work.get(&i))),
                 format!("{mpps:.3} Mpps"),
                 rel.join(", "),
                 target,
             ));
         }
     }
-    drop(dp);
-    drop(dpf);
+    drop(switch);
     drop(rx);
     drop(lab);
     Ok(out)
+}
+
+/// "; forwarded on CPU 0/1: 100%/0%" for rows whose pipeline counted.
+fn cpu_shares(work: Option<&Vec<u64>>) -> String {
+    let Some(work) = work else { return String::new() };
+    let total: u64 = work.iter().sum();
+    if total == 0 {
+        return String::new();
+    }
+    let cpus = (0..work.len()).map(|c| c.to_string()).collect::<Vec<_>>().join("/");
+    let shares = work.iter().map(|w| format!("{:.0}%", 100.0 * *w as f64 / total as f64)).collect::<Vec<_>>().join("/");
+    format!("; forwarded on CPU {cpus}: {shares}")
 }
 
 /// Sets the switch up for one row; returns the attached program and link.
@@ -317,18 +376,13 @@ pub(super) fn attach_row(
     sw: &str,
     p0: u32,
     r: FwdRow,
-    members: &[MemberSpec],
-    uplinks: &[u32],
 ) -> Result<Option<(&'static str, XdpLinkId)>> {
     let name = match r {
         FwdRow::Kernel => return Ok(None),
         FwdRow::Trivial => XDP_REDIRECT_PROGRAM,
-        FwdRow::Rocev2(p) => {
-            if p != Pipeline::Full {
-                p.configure(dp, members, uplinks)?;
-            }
-            XDP_PROGRAM
-        }
+        FwdRow::FibPeer => XDP_FIB_PROGRAM,
+        FwdRow::Rocev2(_) => XDP_PROGRAM,
+        FwdRow::Spread => XDP_SPREAD_PROGRAM,
     };
     let id = in_ns(sw, || Ok(dp.xdp_program(name)?.attach_to_if_index(p0, XdpMode::Driver)?))?;
     Ok(Some((name, id)))

@@ -1,39 +1,24 @@
-//! Priority classes and ECN marking against per-egress virtual queues.
+//! ECN marking against per-egress virtual queues.
 
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use rocev2_common::{
-    class::{self, ClassAction, ClassFields, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE, MAX_CLASSES},
+    class::{ClassAction, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE},
     counters::{EgressCounter, PortCounter},
     ecn::{self, Congestion, NO_PROFILE, PROFILE_DROP_NOT_ECT},
 };
 
 use crate::{
+    args::ClassEcn,
     counters,
-    maps::{egress_entry, CLASSES, CONFIG, ECN_PROFILES, VQUEUES},
+    maps::{egress_entry, ECN_PROFILES, VQUEUES},
     parse::{drop, Outcome},
 };
-
-/// The first class that matches, with its index.
-#[inline(always)]
-pub fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
-    let count = CONFIG.get(0).map_or(0, |c| c.class_count);
-    for i in 0..MAX_CLASSES {
-        if i >= count {
-            break;
-        }
-        let Some(c) = CLASSES.get(i) else { break };
-        if class::matches(c, fields) {
-            return Some((i, c.action()));
-        }
-    }
-    None
-}
 
 /// Runs the egress port's virtual queue for a packet of `len` bytes and
 /// returns the TOS/traffic-class byte to send (CE set when marked), or a
 /// drop for Not-ECT traffic when the profile asks for it.
 #[inline(always)]
-pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, now: u64) -> Result<u8, Outcome> {
+pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
     let Some(egress) = egress_entry(ifindex).copied() else { return Ok(tos) };
     counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
     counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
@@ -46,16 +31,11 @@ pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, no
         *q = next;
         next.depth_bytes
     };
-    let mut profile_id = egress.profile;
-    if let Some(c) = class {
-        if c.flags & CLASS_ECN_EXEMPT != 0 {
-            counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
-            return Ok(tos);
-        }
-        if c.flags & CLASS_ECN_PROFILE != 0 {
-            profile_id = c.profile;
-        }
+    if class.flags & CLASS_ECN_EXEMPT != 0 {
+        counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
+        return Ok(tos);
     }
+    let profile_id = if class.flags & CLASS_ECN_PROFILE != 0 { class.profile } else { egress.profile };
     if profile_id == NO_PROFILE {
         return Ok(tos);
     }
@@ -82,27 +62,26 @@ pub fn ecn_mark(ifindex: u32, tos: u8, len: u64, class: Option<&ClassAction>, no
     Ok(tos)
 }
 
-/// Returned by [`classify_index`] when no class matches.
-pub const NO_CLASS: u32 = u32::MAX;
-/// Returned by [`ecn_mark_code`] for "drop this packet".
+/// Returned by [`mark_code`] for "drop this packet".
 pub const ECN_DROP: u32 = 0x100;
 
-/// [`classify`] as its own BPF function (keeps the class loop's state out
-/// of the caller's stack frame); returns the class index or NO_CLASS.
+/// [`mark`] as its own BPF function with scalar arguments (at most five);
+/// `now` is the packet's clock reading, 0 if not read yet. Returns the new
+/// TOS byte, or ECN_DROP.
 #[inline(never)]
-pub fn classify_index(fields: &ClassFields) -> u32 {
-    classify(fields).map_or(NO_CLASS, |(i, _)| i)
-}
-
-/// [`ecn_mark`] as its own BPF function with scalar arguments (at most
-/// five): the class is passed as flags << 32 | profile (0 and NO_PROFILE
-/// for none); `now` is the packet's clock reading, 0 if not read yet.
-/// Returns the new TOS byte, or ECN_DROP.
-#[inline(never)]
-pub fn ecn_mark_code(ifindex: u32, tos: u32, len: u64, class: u64, now: u64) -> u32 {
-    let action = ClassAction { flags: (class >> 32) as u32, set_dscp: 0, priority: 0, profile: class as u32 };
-    match ecn_mark(ifindex, tos as u8, len, Some(&action), now) {
+pub fn mark_code(ifindex: u32, tos: u32, len: u64, class: ClassEcn, now: u64) -> u32 {
+    let action = ClassAction { flags: class.flags(), set_dscp: 0, priority: 0, profile: class.profile() };
+    match mark(ifindex, tos as u8, len, &action, now) {
         Ok(t) => u32::from(t),
         Err(_) => ECN_DROP,
+    }
+}
+
+/// The TOS byte to send after marking, or the drop.
+#[inline(always)]
+pub fn mark_forwarded(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
+    match mark_code(ifindex, u32::from(tos), len, ClassEcn::new(class.flags, class.profile), now) {
+        ECN_DROP => Err(drop(PortCounter::DropNotEct)),
+        t => Ok(t as u8),
     }
 }

@@ -1,0 +1,70 @@
+//! The spreading stage (`[dataplane] cpu_spread = "qp"`). A NIC's RSS
+//! hashes the five-tuple, so every QP between two hosts lands on one CPU:
+//! the low-entropy problem again, inside the box. This stage runs first on
+//! the receiving CPU, hashes the flow with its DestQP (the `qp` hash) and
+//! hands the frame through the CPUS map to the CPU the hash names, whose
+//! `rocev2_xdp_cpu` program runs the pipeline. One flow always maps to one
+//! CPU, so a QP's packets stay in order.
+
+use aya_ebpf::programs::XdpContext;
+use rocev2_common::{
+    hash::{flow_hash, FlowKey},
+    maps::MAX_SPREAD_CPUS,
+};
+
+use crate::{
+    maps::{CONFIG, CPUS},
+    parse::{self, L3Kind},
+};
+
+/// Hands the frame to its flow's CPU; a frame that cannot be parsed that
+/// far, or a stage with no CPUs, runs the pipeline here.
+#[inline(always)]
+pub fn spread(ctx: &XdpContext) -> u32 {
+    let Some(config) = CONFIG.get(0) else { return crate::forward::xdp_forward(ctx) };
+    let cpus = config.spread_cpus;
+    if cpus == 0 || cpus > MAX_SPREAD_CPUS {
+        return crate::forward::xdp_forward(ctx);
+    }
+    let hash = flow_hash_of(ctx, config.hash_seed);
+    // Multiply-shift: the hash's top bits pick one of `cpus` evenly.
+    let cpu = ((u64::from(hash) * u64::from(cpus)) >> 32) as u32;
+    match CPUS.redirect(cpu, 0) {
+        Ok(action) => action,
+        Err(_) => crate::forward::xdp_forward(ctx),
+    }
+}
+
+/// Its own BPF function: the parse and key stay out of the frame that
+/// also runs the pipeline's fallback (the stack limit is for the chain).
+#[inline(never)]
+fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
+    flow_hash(&flow_of(ctx), seed)
+}
+
+/// The flow key the pipeline's `qp` hash uses (zero where the frame ends
+/// early: such frames all go to one CPU, where the pipeline sorts them).
+#[inline(always)]
+fn flow_of(ctx: &XdpContext) -> FlowKey {
+    let mut key = FlowKey::default();
+    let Ok(l2) = parse::parse_l2(ctx) else { return key };
+    let len = parse::frame_len(ctx);
+    match l2.kind {
+        L3Kind::V4 => {
+            let Ok(ip) = parse::parse_ipv4(ctx, l2.l3_off, len) else { return key };
+            // SAFETY: parse_ipv4 checked the header.
+            let (src, dst, protocol) = unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto) };
+            let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return key };
+            key = crate::forward::flow_key_v4(src, dst, protocol, &l4);
+        }
+        L3Kind::V6 => {
+            let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off, len) else { return key };
+            // SAFETY: parse_ipv6 checked the header.
+            let (src, dst, next) = unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr) };
+            let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return key };
+            key = FlowKey::v6_ref(src, dst, next, l4.src_port, l4.dst_port);
+            key.dest_qp = l4.dest_qp;
+        }
+    }
+    key
+}
