@@ -133,6 +133,13 @@ pub struct EntropyArgs {
     /// Fabric mode: the address families the hosts send (each connection once per family).
     #[arg(long, value_enum, default_value = "v4", requires = "racks")]
     pub family: crate::fabric::Family,
+    /// Fabric mode: zones the racks and spines are split into, joined by `--aggs` aggregation switches.
+    #[arg(long, default_value_t = 1, requires = "racks")]
+    pub zones: u32,
+    /// Aggregation switches joining the zones, each linked to every spine
+    /// (default 2 with `--zones` 2 or more).
+    #[arg(long, requires = "zones")]
+    pub aggs: Option<u32>,
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
     pub pattern: crate::fabric::Pattern,
