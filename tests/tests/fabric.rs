@@ -147,3 +147,27 @@ fn fabric_same_seed_polarizes_the_spine_tier_and_auto_seeds_do_not() {
     assert_eq!(same.idle, 4, "{same:?}");
     assert!(auto.idle < same.idle && auto.max_over_mean < same.max_over_mean, "same {same:?} auto {auto:?}");
 }
+
+#[test]
+fn fabric_zones_with_bgp_unnumbered_carry_traffic_over_the_aggregation_tier() {
+    require_root();
+    let name = lab_name('z');
+    #[rustfmt::skip]
+    let out = Command::new(rocev2_bin())
+        .args(["lab", "up", "--name", &name, "--racks", "2", "--hosts", "1", "--spines", "2", "--zones", "2",
+               "--aggs", "2", "--routing", "bgp", "--unnumbered"])
+        .output()
+        .unwrap();
+    let _guard = LabGuard(name.clone());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let o = ring(&name);
+    // Rack 1 (zone 1) and rack 2 (zone 2): leaf, spine, aggregation, spine,
+    // leaf; IPv4 and IPv6 routes learned over IPv6 link-local sessions.
+    assert_eq!(o.sent, 2 * 2 * 8 * 4 * 4);
+    for h in &o.hosts {
+        assert_eq!(h.report.ttl.keys().copied().collect::<Vec<_>>(), [59], "{}: {:?}", h.host, h.report.ttl);
+    }
+    for tier in [Tier::SpineUp, Tier::AggDown] {
+        assert_eq!(tier_bytes(&o, tier).iter().sum::<u64>(), tier_bytes(&o, Tier::LeafUp).iter().sum::<u64>());
+    }
+}

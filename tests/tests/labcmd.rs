@@ -53,6 +53,9 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         routing: LabRouting::Static,
         racks: None,
         seed: rocev2_user::fabric::SeedPlan::Auto,
+        zones: 1,
+        aggs: None,
+        unnumbered: false,
     }
 }
 

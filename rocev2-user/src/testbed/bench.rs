@@ -10,6 +10,7 @@
 //! 3. Control plane: loading 100,000 routes, a group change taking effect,
 //!    memory of the maps.
 
+mod fabric;
 mod forwarding;
 mod kernel_routes;
 mod telemetry;
@@ -843,10 +844,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
+    let p5 = fabric::part5(&rocev2, &mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
     rows.extend(p2);
     rows.extend(p4);
+    rows.extend(p5);
     rows.extend(control);
     let table = render_table(&rows);
     println!("Machine: {machine}\n\n{table}");

@@ -184,11 +184,11 @@ pub fn bgp_config(asn: u32, router_id: &str, neighbours: &[(String, String)], ne
         out.push_str(&format!(" !\n address-family {family} unicast\n"));
         for (peer, _) in neighbours {
             let ip = peer.parse::<std::net::IpAddr>().ok();
-            // Unnumbered sessions carry IPv4 routes (RFC 5549); addressed
-            // sessions carry their own family.
+            // Unnumbered sessions carry both families (IPv4 over IPv6 next
+            // hops, RFC 5549); addressed sessions carry their own family.
             let carries = match ip {
                 Some(ip) => ip.is_ipv6() == v6,
-                None => !v6,
+                None => true,
             };
             if carries {
                 out.push_str(&format!("  neighbor {peer} activate\n"));

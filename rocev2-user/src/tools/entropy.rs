@@ -25,6 +25,8 @@ use rocev2_common::{
 };
 use serde::Serialize;
 
+use crate::render::{share_bar, Align, Table};
+
 /// Bytes each connection moves (only shares matter; a round number reads well in JSON).
 const CONNECTION_BYTES: f64 = (1u64 << 30) as f64;
 /// Limits that keep a run instant and the addressing scheme valid.
@@ -33,8 +35,6 @@ const MAX_QPS: u32 = 4096;
 const MAX_UPLINKS: u32 = 1024;
 const MAX_MESSAGES: u32 = 100_000;
 const MAX_WORK: u64 = 50_000_000;
-/// Width of the longest '#' bar.
-const BAR_WIDTH: f64 = 40.0;
 const IPPROTO_UDP: u8 = 17;
 
 /// How the NIC picks the RoCEv2 UDP source port.
@@ -133,6 +133,13 @@ pub struct EntropyArgs {
     /// Fabric mode: the address families the hosts send (each connection once per family).
     #[arg(long, value_enum, default_value = "v4", requires = "racks")]
     pub family: crate::fabric::Family,
+    /// Fabric mode: zones the racks and spines are split into, joined by `--aggs` aggregation switches.
+    #[arg(long, default_value_t = 1, requires = "racks")]
+    pub zones: u32,
+    /// Aggregation switches joining the zones, each linked to every spine
+    /// (default 2 with `--zones` 2 or more).
+    #[arg(long, requires = "zones")]
+    pub aggs: Option<u32>,
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
     pub pattern: crate::fabric::Pattern,
@@ -425,12 +432,15 @@ pub fn single_table(s: &Scenario, r: &SimResult) -> String {
     let unit = if s.hash == SimHash::Flowlet { "FLOWLETS" } else { "QPs" };
     let mut out = String::new();
     let _ = writeln!(out, "{}, hash {}", describe(s), s.hash.name());
-    let _ = writeln!(out, "  UPLINK   SHARE  {unit:>8}  LOAD");
+    let mut table =
+        Table::new(&[("UPLINK", Align::Right), ("SHARE", Align::Right), (unit, Align::Right), ("LOAD", Align::Left)]);
     for (i, (b, f)) in r.per_uplink.iter().zip(&r.flows_per_uplink).enumerate() {
-        let share = if total > 0.0 { 100.0 * b / total } else { 0.0 };
-        let bar = if max > 0.0 { "#".repeat((b / max * BAR_WIDTH).round() as usize) } else { String::new() };
-        let _ = writeln!(out, "  {i:>6}  {share:5.1}%  {f:>8}  {bar}");
+        let share = if total > 0.0 { b / total } else { 0.0 };
+        // The bar is relative to the busiest uplink, so the imbalance shows.
+        let load = if max > 0.0 { b / max } else { 0.0 };
+        table.row([i.to_string(), format!("{:.1}%", 100.0 * share), f.to_string(), share_bar(load)]);
     }
+    out.push_str(&table.indent(2).render());
     let _ = writeln!(
         out,
         "max/mean {:.2} (fair share is {:.1}%), idle uplinks {} of {}, Jain's index {:.3}",
@@ -457,20 +467,25 @@ pub fn sweep_table(s: &Scenario, rows: &[SweepRow]) -> String {
         s.messages
     );
     let _ = writeln!(out, "max/mean (1.00 = perfect), Jain's index (1.000 = perfect), idle uplinks");
-    let _ = writeln!(out, "  {:>4}  {:^22}  {:^22}  {:^22}", "", "five-tuple", "qp", "flowlet");
-    let _ = writeln!(
-        out,
-        "  {:>4}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}  {:>7} {:>6} {:>7}",
-        "QPs", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle", "max/mn", "Jain", "idle"
-    );
+    let mut columns = vec![("QPs", Align::Right)];
+    for hash in SimHash::ALL {
+        let name = match hash {
+            SimHash::FiveTuple => "five-tuple max/mean",
+            SimHash::Qp => "qp max/mean",
+            SimHash::Flowlet => "flowlet max/mean",
+        };
+        columns.extend([(name, Align::Right), ("Jain", Align::Right), ("idle", Align::Right)]);
+    }
+    let mut table = Table::new(&columns);
     for row in rows {
-        let mut line = format!("  {:>4}", row.qps);
+        let mut cells = vec![row.qps.to_string()];
         for hash in SimHash::ALL {
             let r = row.get(hash);
-            let _ = write!(line, "  {:>7.2} {:>6.3} {:>7}", r.max_over_mean, r.jain, r.idle_uplinks);
+            cells.extend([format!("{:.2}", r.max_over_mean), format!("{:.3}", r.jain), r.idle_uplinks.to_string()]);
         }
-        let _ = writeln!(out, "{line}");
+        table.row(cells);
     }
+    out.push_str(&table.indent(2).render());
     out
 }
 

@@ -39,12 +39,14 @@ use crate::{
     explain::PacketFields,
     gen::{build_frames, GenArgs, SportModel},
     packet::parse_roce,
+    render::{share_bar, Align, Table},
 };
 
 pub const MAX_RACKS: u32 = 15;
 pub const MAX_HOSTS_PER_RACK: u32 = 32;
 pub const MAX_SPINES: u32 = 15;
 pub const MAX_LINKS: u32 = 4;
+pub const MAX_AGGS: u32 = 8;
 /// The dataplane's port slots (1..64).
 const MAX_PORTS: u32 = 63;
 /// The seed every switch gets with `--seed same`.
@@ -103,6 +105,8 @@ pub enum Pattern {
 pub enum Switch {
     Leaf(u32),
     Spine(u32),
+    /// An aggregation switch (ATSW) joining the zones.
+    Agg(u32),
 }
 
 impl fmt::Display for Switch {
@@ -110,6 +114,7 @@ impl fmt::Display for Switch {
         match self {
             Switch::Leaf(r) => write!(f, "l{r}"),
             Switch::Spine(j) => write!(f, "s{j}"),
+            Switch::Agg(a) => write!(f, "a{a}"),
         }
     }
 }
@@ -120,6 +125,10 @@ impl fmt::Display for Switch {
 pub enum Tier {
     /// Leaf to spine.
     LeafUp,
+    /// Spine to aggregation (between zones).
+    SpineUp,
+    /// Aggregation to spine.
+    AggDown,
     /// Spine to leaf.
     SpineDown,
     /// Leaf to host.
@@ -127,11 +136,13 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 3] = [Tier::LeafUp, Tier::SpineDown, Tier::LeafDown];
+    pub const ALL: [Tier; 5] = [Tier::LeafUp, Tier::SpineUp, Tier::AggDown, Tier::SpineDown, Tier::LeafDown];
 
     pub fn name(self) -> &'static str {
         match self {
             Tier::LeafUp => "leaf->spine",
+            Tier::SpineUp => "spine->agg",
+            Tier::AggDown => "agg->spine",
             Tier::SpineDown => "spine->leaf",
             Tier::LeafDown => "leaf->host",
         }
@@ -162,15 +173,38 @@ pub struct Load {
 /// The fabric's shape and the dataplane settings every switch gets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Fabric {
+    /// Racks in all (split evenly among the zones).
     pub racks: u32,
     pub hosts: u32,
+    /// Spines in all (each zone has its own).
     pub spines: u32,
     pub links: u32,
+    /// Zones (the paper's AI zones): each a two-tier fabric of its own
+    /// racks and spines; with more than one, `aggs` aggregation switches
+    /// (ATSW) join every spine to every other zone.
+    #[serde(default = "one")]
+    pub zones: u32,
+    #[serde(default)]
+    pub aggs: u32,
     pub v4: bool,
     pub v6: bool,
     #[serde(with = "hash_mode_name")]
     pub hash: HashMode,
     pub seeds: SeedPlan,
+}
+
+/// The aggregation switches for `--zones` and `--aggs`: 2 by default when
+/// there are zones to join, none (and `--aggs` refused) with one zone.
+pub fn aggs_for(zones: u32, aggs: Option<u32>) -> Result<u32> {
+    match (zones, aggs) {
+        (0 | 1, Some(_)) => bail!("--aggs joins zones: use it with --zones 2 or more"),
+        (0 | 1, None) => Ok(0),
+        (_, a) => Ok(a.unwrap_or(2)),
+    }
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One generator's traffic: a QP set from one host to another.
@@ -203,15 +237,24 @@ impl Fabric {
         check("--hosts", self.hosts, MAX_HOSTS_PER_RACK)?;
         check("--spines", self.spines, MAX_SPINES)?;
         check("--links-per-spine", self.links, MAX_LINKS)?;
-        let leaf_ports = self.hosts + self.spines * self.links;
+        check("--zones", self.zones, MAX_RACKS)?;
+        if !self.racks.is_multiple_of(self.zones) || !self.spines.is_multiple_of(self.zones) {
+            bail!("--racks {} and --spines {} must split evenly into {} zones", self.racks, self.spines, self.zones);
+        }
+        match (self.zones, self.aggs) {
+            (1, 0) => {}
+            (1, _) => bail!("--aggs joins zones: use it with --zones 2 or more"),
+            (_, a) => check("--aggs", a, MAX_AGGS)?,
+        }
+        let leaf_ports = self.hosts + self.zone_spines() * self.links;
         if leaf_ports > MAX_PORTS {
             bail!(
                 "{} hosts + {} uplinks = {leaf_ports} leaf ports, more than the dataplane's {MAX_PORTS}",
                 self.hosts,
-                self.spines * self.links
+                self.zone_spines() * self.links
             );
         }
-        if self.racks * self.links > MAX_PORTS {
+        if self.zone_racks() * self.links + self.aggs > MAX_PORTS {
             bail!("{} racks x {} links = more spine ports than the dataplane's {MAX_PORTS}", self.racks, self.links);
         }
         if !self.v4 && !self.v6 {
@@ -222,7 +265,27 @@ impl Fabric {
 
     pub fn switches(&self) -> Vec<Switch> {
         let leaves = (1..=self.racks).map(Switch::Leaf);
-        leaves.chain((1..=self.spines).map(Switch::Spine)).collect()
+        let spines = (1..=self.spines).map(Switch::Spine);
+        leaves.chain(spines).chain((1..=self.aggs).map(Switch::Agg)).collect()
+    }
+
+    pub fn zone_racks(&self) -> u32 {
+        self.racks / self.zones
+    }
+    pub fn zone_spines(&self) -> u32 {
+        self.spines / self.zones
+    }
+    pub fn zone_of_rack(&self, r: u32) -> u32 {
+        (r - 1) / self.zone_racks() + 1
+    }
+    pub fn zone_of_spine(&self, j: u32) -> u32 {
+        (j - 1) / self.zone_spines() + 1
+    }
+    pub fn racks_of_zone(&self, z: u32) -> std::ops::RangeInclusive<u32> {
+        (z - 1) * self.zone_racks() + 1..=z * self.zone_racks()
+    }
+    pub fn spines_of_zone(&self, z: u32) -> std::ops::RangeInclusive<u32> {
+        (z - 1) * self.zone_spines() + 1..=z * self.zone_spines()
     }
 
     pub fn host_v4(r: u32, i: u32) -> Ipv4Addr {
@@ -253,6 +316,27 @@ impl Fabric {
         (format!("fdfa:{r}:{j}:{k}::1"), format!("fdfa:{r}:{j}:{k}::2"))
     }
 
+    /// (spine end, aggregation end) IPv4 addresses of the link between spine j and aggregation switch a.
+    pub fn agg_v4(j: u32, a: u32) -> (String, String) {
+        (format!("172.{}.{j}.1", 32 + a), format!("172.{}.{j}.2", 32 + a))
+    }
+    pub fn agg_v6(j: u32, a: u32) -> (String, String) {
+        (format!("fdfb:{j}:{a}::1"), format!("fdfb:{j}:{a}::2"))
+    }
+    /// Spine j's port to aggregation switch a, and a's port to spine j.
+    pub fn agg_port(a: u32) -> String {
+        format!("a{a}")
+    }
+    pub fn spine_port(j: u32) -> String {
+        format!("s{j}")
+    }
+    pub fn spine_agg_mac(j: u32, a: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x49, j as u8, a as u8, 0]
+    }
+    pub fn agg_spine_mac(j: u32, a: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x4a, j as u8, a as u8, 0]
+    }
+
     pub fn host_port(i: u32) -> String {
         format!("h{i}")
     }
@@ -278,8 +362,9 @@ impl Fabric {
     /// The leaf's uplinks as (spine, link) in group member order: link 1 of
     /// every spine, then link 2, ... (the order the lab creates them in, so
     /// the kernel's next hops, sorted by interface, come out the same).
-    pub fn uplinks(&self) -> Vec<(u32, u32)> {
-        (1..=self.links).flat_map(|k| (1..=self.spines).map(move |j| (j, k))).collect()
+    pub fn uplinks(&self, r: u32) -> Vec<(u32, u32)> {
+        let spines = self.spines_of_zone(self.zone_of_rack(r));
+        (1..=self.links).flat_map(|k| spines.clone().map(move |j| (j, k))).collect()
     }
 
     /// A switch's ports in config order, with their MACs.
@@ -288,14 +373,17 @@ impl Fabric {
             Switch::Leaf(r) => {
                 let hosts = (1..=self.hosts).map(|i| (Self::host_port(i), Self::leaf_host_mac(r, i)));
                 let ups =
-                    self.uplinks().into_iter().map(|(j, k)| (Self::uplink_port(j, k), Self::leaf_uplink_mac(r, j, k)));
+                    self.uplinks(r).into_iter().map(|(j, k)| (Self::uplink_port(j, k), Self::leaf_uplink_mac(r, j, k)));
                 hosts.chain(ups).collect()
             }
-            Switch::Spine(j) => (1..=self.racks)
-                .flat_map(|r| {
+            Switch::Spine(j) => {
+                let downs = self.racks_of_zone(self.zone_of_spine(j)).flat_map(|r| {
                     (1..=self.links).map(move |k| (Self::downlink_port(r, k), Self::spine_downlink_mac(r, j, k)))
-                })
-                .collect(),
+                });
+                let ups = (1..=self.aggs).map(|a| (Self::agg_port(a), Self::spine_agg_mac(j, a)));
+                downs.chain(ups).collect()
+            }
+            Switch::Agg(a) => (1..=self.spines).map(|j| (Self::spine_port(j), Self::agg_spine_mac(j, a))).collect(),
         }
     }
 
@@ -369,11 +457,13 @@ impl Fabric {
     }
 
     /// Switches a packet from `src` to `dst` crosses (its TTL drops by this).
-    pub fn hops(src: (u32, u32), dst: (u32, u32)) -> u8 {
+    pub fn hops(&self, src: (u32, u32), dst: (u32, u32)) -> u8 {
         if src.0 == dst.0 {
             1
-        } else {
+        } else if self.zone_of_rack(src.0) == self.zone_of_rack(dst.0) {
             3
+        } else {
+            5
         }
     }
 
@@ -387,9 +477,10 @@ impl Fabric {
     /// every message followed an idle gap.
     pub fn predict_policy(&self, spec: &TrafficSpec, flowlet: bool) -> Result<BTreeMap<LinkId, Load>> {
         let mut loads = BTreeMap::new();
-        let up_table = even_table(self.spines * self.links);
+        let up_table = even_table(self.zone_spines() * self.links);
         let down_table = even_table(self.links);
-        let uplinks = self.uplinks();
+        let agg_table = even_table(self.aggs.max(1));
+        let zone_table = even_table(self.zone_spines());
         for c in self.connections(spec.pattern) {
             let args = self.gen_args(&c, spec);
             let frames = build_frames(&args, Self::host_mac(c.src.0, c.src.1), args.count.unwrap_or(0))?;
@@ -419,8 +510,16 @@ impl Fabric {
                         false => member_for(table, member_hash(&key, self.hash, self.seed(switch))),
                     };
                     let leaf = Switch::Leaf(src_rack);
-                    let (j, k) = uplinks[pick(&up_table, leaf) as usize];
+                    let (mut j, k) = self.uplinks(src_rack)[pick(&up_table, leaf) as usize];
                     add(Tier::LeafUp, leaf, Self::uplink_port(j, k));
+                    let dst_zone = self.zone_of_rack(dst_rack);
+                    if self.zone_of_spine(j) != dst_zone {
+                        // Up to an aggregation switch, down to one of the destination zone's spines.
+                        let a = pick(&agg_table, Switch::Spine(j)) + 1;
+                        add(Tier::SpineUp, Switch::Spine(j), Self::agg_port(a));
+                        j = *self.spines_of_zone(dst_zone).start() + pick(&zone_table, Switch::Agg(a));
+                        add(Tier::AggDown, Switch::Agg(a), Self::spine_port(j));
+                    }
                     let spine = Switch::Spine(j);
                     let k = pick(&down_table, spine) + 1;
                     add(Tier::SpineDown, spine, Self::downlink_port(dst_rack, k));
@@ -435,7 +534,7 @@ impl Fabric {
     pub fn all_links(&self) -> Vec<LinkId> {
         let mut out = Vec::new();
         for r in 1..=self.racks {
-            for (j, k) in self.uplinks() {
+            for (j, k) in self.uplinks(r) {
                 out.push(LinkId { tier: Tier::LeafUp, switch: Switch::Leaf(r), port: Self::uplink_port(j, k) });
             }
             for i in 1..=self.hosts {
@@ -443,7 +542,11 @@ impl Fabric {
             }
         }
         for j in 1..=self.spines {
-            for r in 1..=self.racks {
+            for a in 1..=self.aggs {
+                out.push(LinkId { tier: Tier::SpineUp, switch: Switch::Spine(j), port: Self::agg_port(a) });
+                out.push(LinkId { tier: Tier::AggDown, switch: Switch::Agg(a), port: Self::spine_port(j) });
+            }
+            for r in self.racks_of_zone(self.zone_of_spine(j)) {
                 for k in 1..=self.links {
                     out.push(LinkId {
                         tier: Tier::SpineDown,
@@ -460,6 +563,8 @@ impl Fabric {
     /// The tier of the link `switch` sends on through `port`.
     pub fn tier_of(switch: Switch, port: &str) -> Tier {
         match switch {
+            Switch::Agg(_) => Tier::AggDown,
+            Switch::Spine(_) if port.starts_with('a') => Tier::SpineUp,
             Switch::Spine(_) => Tier::SpineDown,
             Switch::Leaf(_) if port.starts_with('h') => Tier::LeafDown,
             Switch::Leaf(_) => Tier::LeafUp,
@@ -501,6 +606,7 @@ pub struct TierSummary {
 pub fn summarize(all: &[LinkId], loads: &BTreeMap<LinkId, Load>) -> Vec<TierSummary> {
     Tier::ALL
         .iter()
+        .filter(|&&tier| all.iter().any(|l| l.tier == tier))
         .map(|&tier| {
             let links: Vec<(&LinkId, u64)> =
                 all.iter().filter(|l| l.tier == tier).map(|l| (l, loads.get(l).map_or(0, |x| x.bytes))).collect();
@@ -527,16 +633,20 @@ pub fn render_loads(fabric: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
     let all = fabric.all_links();
     let tiers = summarize(&all, loads);
     let mut out = String::new();
-    for (tier, sum) in Tier::ALL.iter().zip(&tiers) {
-        let mut table = comfy_table::Table::new();
-        table.load_style(comfy_table::presets::NOTHING);
-        table.set_header([tier.name(), "packets", "bytes", "load"]);
+    for sum in &tiers {
+        let tier = &sum.tier;
+        let mut table = Table::new(&[
+            (tier.name(), Align::Left),
+            ("PACKETS", Align::Right),
+            ("BYTES", Align::Right),
+            ("LOAD", Align::Left),
+        ]);
         for l in all.iter().filter(|l| l.tier == *tier) {
             let x = loads.get(l).copied().unwrap_or_default();
-            let width = if sum.max_bytes > 0 { (x.bytes * 30).div_ceil(sum.max_bytes) as usize } else { 0 };
-            table.add_row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), "#".repeat(width)]);
+            let share = if sum.max_bytes > 0 { x.bytes as f64 / sum.max_bytes as f64 } else { 0.0 };
+            table.row([l.to_string(), x.packets.to_string(), x.bytes.to_string(), share_bar(share)]);
         }
-        let _ = writeln!(out, "{table}");
+        out.push_str(&table.render());
         let _ = writeln!(
             out,
             "  {}: {} links, {} idle, busiest {} at {:.2}x the mean\n",
@@ -555,7 +665,18 @@ mod tests {
     use super::*;
 
     fn fabric(seeds: SeedPlan) -> Fabric {
-        Fabric { racks: 2, hosts: 2, spines: 2, links: 2, v4: true, v6: false, hash: HashMode::Qp, seeds }
+        Fabric {
+            racks: 2,
+            hosts: 2,
+            spines: 2,
+            links: 2,
+            zones: 1,
+            aggs: 0,
+            v4: true,
+            v6: false,
+            hash: HashMode::Qp,
+            seeds,
+        }
     }
 
     fn spec() -> TrafficSpec {
@@ -579,7 +700,7 @@ mod tests {
         let f = fabric(SeedPlan::Auto);
         let loads = f.predict(&spec()).unwrap();
         let sent = 4 * 8 * 2 * u64::from(MESSAGE_PACKETS);
-        for tier in Tier::ALL {
+        for tier in [Tier::LeafUp, Tier::SpineDown, Tier::LeafDown] {
             let n: u64 = loads.iter().filter(|(l, _)| l.tier == tier).map(|(_, x)| x.packets).sum();
             assert_eq!(n, sent, "{tier:?}");
         }
@@ -592,7 +713,29 @@ mod tests {
         let auto = summarize(&all, &fabric(SeedPlan::Auto).predict(&spec()).unwrap());
         // With one seed a spine only ever picks the link the leaf's choice implies.
         assert_eq!(same[1].idle, 4, "{same:?}");
+        let text = render_loads(&fabric(SeedPlan::Same), &fabric(SeedPlan::Same).predict(&spec()).unwrap());
+        let tiers: Vec<&str> =
+            text.lines().filter_map(|l| l.trim().split(':').next().filter(|_| l.contains("busiest"))).collect();
+        assert_eq!(tiers, ["leaf->spine", "spine->leaf", "leaf->host"], "{text}");
         assert!(auto[1].idle < same[1].idle && auto[1].max_over_mean < same[1].max_over_mean, "{auto:?} {same:?}");
+    }
+
+    #[test]
+    fn fabric_zones_cross_the_aggregation_tier_between_zones_only() {
+        let f = Fabric { racks: 4, spines: 4, links: 1, zones: 2, aggs: 2, ..fabric(SeedPlan::Auto) };
+        f.validate().unwrap();
+        assert_eq!(f.uplinks(3), [(3, 1), (4, 1)], "rack 3 is in zone 2 with spines 3 and 4");
+        assert_eq!((f.hops((1, 1), (2, 1)), f.hops((1, 1), (3, 1))), (3, 5));
+        let loads = f.predict(&spec()).unwrap();
+        let sent = 8 * 8 * 2 * u64::from(MESSAGE_PACKETS);
+        // The ring goes 1->2->3->4->1: racks 2->3 and 4->1 cross zones.
+        let tier = |t: Tier| loads.iter().filter(|(l, _)| l.tier == t).map(|(_, x)| x.packets).sum::<u64>();
+        assert_eq!((tier(Tier::LeafUp), tier(Tier::SpineDown), tier(Tier::LeafDown)), (sent, sent, sent));
+        assert_eq!((tier(Tier::SpineUp), tier(Tier::AggDown)), (sent / 2, sent / 2));
+        assert_eq!(summarize(&f.all_links(), &loads).len(), 5);
+        let mut bad = f.clone();
+        bad.racks = 3;
+        assert!(bad.validate().unwrap_err().to_string().contains("split evenly"));
     }
 
     #[test]

@@ -270,18 +270,21 @@ impl KernelRoutes {
             todo.extend(self.hosts.keys().filter(|p| !hosts.contains_key(p)).copied());
             self.hosts = hosts;
         }
-        // Prefixes that found no room are tried again once some is free.
-        for family in [0, 1] {
-            let room = self.route_capacity[family].saturating_sub(self.route_counts[family]);
-            todo.extend(self.unfit.iter().filter(|p| family_of(p) == family).take(room).copied());
-        }
         let mut planning = Planning { changes: Vec::new(), fresh_groups: BTreeSet::new(), recheck: Vec::new() };
-        for prefix in todo {
-            self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
-        }
-        // Prefixes covering one that became (or stopped being) unfit.
-        while let Some(prefix) = planning.recheck.pop() {
-            self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
+        loop {
+            for prefix in std::mem::take(&mut todo) {
+                self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
+            }
+            // Prefixes covering one that became (or stopped being) unfit.
+            while let Some(prefix) = planning.recheck.pop() {
+                self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
+            }
+            // Prefixes that found no room are tried again as soon as this
+            // batch has freed some (withdrawals), not at some later batch.
+            todo = self.unfit_that_fit_now();
+            if todo.is_empty() {
+                break;
+            }
         }
         let neighbours = std::mem::take(&mut self.neighbours_dirty);
         Plan { changes: planning.changes, fresh_groups: planning.fresh_groups, neighbours }
@@ -394,6 +397,16 @@ impl KernelRoutes {
         if was_in_table || route.is_some() {
             planning.changes.push((prefix, route));
         }
+    }
+
+    /// Unfit prefixes for which the route table has room now, per family.
+    fn unfit_that_fit_now(&self) -> BTreeSet<Prefix> {
+        let mut out = BTreeSet::new();
+        for family in [0, 1] {
+            let room = self.route_capacity[family].saturating_sub(self.route_counts[family]);
+            out.extend(self.unfit.iter().filter(|p| family_of(p) == family).take(room).copied());
+        }
+        out
     }
 
     /// Plans again every learned prefix covering `prefix`, which became

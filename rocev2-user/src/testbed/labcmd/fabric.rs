@@ -32,6 +32,7 @@ use super::{
 use crate::{
     fabric::{Fabric, SeedPlan, Switch},
     frr::bgp_config,
+    render::{Align, Table},
 };
 
 mod traffic;
@@ -40,9 +41,12 @@ mod view;
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
 pub use view::{link_loads, stats, LabStatsArgs};
 
-/// ASN of leaf r is LEAF_ASN + r; the spine tier shares SPINE_ASN (RFC 7938).
+/// ASN of leaf r is LEAF_ASN + r; the spines of zone z share SPINE_ASN +
+/// z - 1 and the aggregation tier AGG_ASN (RFC 7938: a tier, or a cluster's
+/// tier, shares one ASN, so no path goes down and up again through it).
 pub const LEAF_ASN: u32 = 65000;
 pub const SPINE_ASN: u32 = 65100;
+pub const AGG_ASN: u32 = 65200;
 /// How long a dataplane may take to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -94,6 +98,8 @@ impl FabricPlan {
             v6: args.family.v6(),
             hash,
             seeds: args.seed,
+            zones: args.zones,
+            aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
         };
         fabric.validate()?;
         if args.config_out.is_some() {
@@ -160,7 +166,7 @@ impl FabricPlan {
             }
             // Uplinks in group member order, so interface indexes (and so the
             // kernel's sorted next hops under BGP) follow it too.
-            for (j, k) in f.uplinks() {
+            for (j, k) in f.uplinks(r) {
                 let ((l4, s4), (l6, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                 links.push(VethPlan {
                     a_ns: leaf.clone(),
@@ -172,6 +178,24 @@ impl FabricPlan {
                     b_mac: Fabric::spine_downlink_mac(r, j, k),
                     b_addrs: pick(format!("{s4}/24"), format!("{s6}/64")),
                     // Both ends run XDP, which gives each the NAPI a redirect needs.
+                    gro_b: false,
+                });
+            }
+        }
+        // Spine-aggregation links, in the order of the spines' "aggs" groups
+        // and of the aggregation switches' zone groups.
+        for j in 1..=f.spines {
+            for a in 1..=f.aggs {
+                let ((s4, a4), (s6, a6)) = (Fabric::agg_v4(j, a), Fabric::agg_v6(j, a));
+                links.push(VethPlan {
+                    a_ns: switch_ns(&name, Switch::Spine(j)),
+                    a_if: Fabric::agg_port(a),
+                    a_mac: Fabric::spine_agg_mac(j, a),
+                    a_addrs: pick(format!("{s4}/24"), format!("{s6}/64")),
+                    b_ns: switch_ns(&name, Switch::Agg(a)),
+                    b_if: Fabric::spine_port(j),
+                    b_mac: Fabric::agg_spine_mac(j, a),
+                    b_addrs: pick(format!("{a4}/24"), format!("{a6}/64")),
                     gro_b: false,
                 });
             }
@@ -211,7 +235,10 @@ impl FabricPlan {
                 }
             }
         }
-        let bgp = if bgp_mode { speakers(&name, f) } else { Vec::new() };
+        if args.unnumbered && !bgp_mode {
+            bail!("--unnumbered is a kind of BGP session: add --routing bgp");
+        }
+        let bgp = if bgp_mode { speakers(&name, f, args.unnumbered) } else { Vec::new() };
         Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp })
     }
 }
@@ -264,7 +291,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
             }
             if !bgp {
                 t.push_str("\n[[group]]\nname = \"spines\"\nmembers = [\n");
-                for (j, k) in f.uplinks() {
+                for (j, k) in f.uplinks(r) {
                     let ((_, s4), (_, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
                         writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::uplink_port(j, k), via(&s4, &s6));
@@ -281,7 +308,24 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
             }
         }
         Switch::Spine(j) if !bgp => {
-            for r in 1..=f.racks {
+            let zone = f.zone_of_spine(j);
+            if f.aggs > 0 {
+                t.push_str("\n[[group]]\nname = \"aggs\"\nmembers = [\n");
+                for a in 1..=f.aggs {
+                    let (a4, a6) = (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1);
+                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::agg_port(a), via(&a4, &a6));
+                }
+                t.push_str("]\n");
+                for r in (1..=f.racks).filter(|&r| f.zone_of_rack(r) != zone) {
+                    if f.v4 {
+                        route(&mut t, &Fabric::rack_prefix_v4(r), "aggs");
+                    }
+                    if f.v6 {
+                        route(&mut t, &Fabric::rack_prefix_v6(r), "aggs");
+                    }
+                }
+            }
+            for r in f.racks_of_zone(zone) {
                 let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\nmembers = [\n");
                 for k in 1..=f.links {
                     let ((l4, _), (l6, _)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
@@ -297,7 +341,25 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
         }
-        Switch::Spine(_) => {}
+        Switch::Agg(a) if !bgp => {
+            for z in 1..=f.zones {
+                let _ = write!(t, "\n[[group]]\nname = \"zone{z}\"\nmembers = [\n");
+                for j in f.spines_of_zone(z) {
+                    let (s4, s6) = (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0);
+                    let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::spine_port(j), via(&s4, &s6));
+                }
+                t.push_str("]\n");
+                for r in f.racks_of_zone(z) {
+                    if f.v4 {
+                        route(&mut t, &Fabric::rack_prefix_v4(r), &format!("zone{z}"));
+                    }
+                    if f.v6 {
+                        route(&mut t, &Fabric::rack_prefix_v6(r), &format!("zone{z}"));
+                    }
+                }
+            }
+        }
+        Switch::Spine(_) | Switch::Agg(_) => {}
     }
     t
 }
@@ -326,7 +388,7 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
         Switch::Leaf(r) => {
             for other in (1..=f.racks).filter(|&o| o != r) {
                 let hops = f
-                    .uplinks()
+                    .uplinks(r)
                     .into_iter()
                     .map(|(j, k)| {
                         (Fabric::fabric_v4(r, j, k).1, Fabric::fabric_v6(r, j, k).1, Fabric::uplink_port(j, k))
@@ -336,9 +398,25 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
             }
         }
         Switch::Spine(j) => {
-            for r in 1..=f.racks {
+            let zone = f.zone_of_spine(j);
+            for r in (1..=f.racks).filter(|&r| f.zone_of_rack(r) != zone) {
+                let hops = (1..=f.aggs)
+                    .map(|a| (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1, Fabric::agg_port(a)))
+                    .collect();
+                add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
+            }
+            for r in f.racks_of_zone(zone) {
                 let hops = (1..=f.links)
                     .map(|k| (Fabric::fabric_v4(r, j, k).0, Fabric::fabric_v6(r, j, k).0, Fabric::downlink_port(r, k)))
+                    .collect();
+                add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
+            }
+        }
+        Switch::Agg(a) => {
+            for r in 1..=f.racks {
+                let hops = f
+                    .spines_of_zone(f.zone_of_rack(r))
+                    .map(|j| (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0, Fabric::spine_port(j)))
                     .collect();
                 add(Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r), hops);
             }
@@ -348,19 +426,27 @@ fn kernel_routes(f: &Fabric, s: Switch) -> Vec<Vec<String>> {
 }
 
 /// Every switch's frr.conf: leaves advertise their rack's prefixes.
-fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
+fn speakers(name: &str, f: &Fabric, unnumbered: bool) -> Vec<bgp::BgpSpeaker> {
     let mut out = Vec::new();
     for s in f.switches() {
         let mut peers = Vec::new();
+        // Unnumbered: one session per port to another switch, whatever its ASN.
+        let unnumbered_peers: Vec<(String, String)> = f
+            .ports(s)
+            .into_iter()
+            .filter(|(port, _)| !(matches!(s, Switch::Leaf(_)) && port.starts_with('h')))
+            .map(|(port, _)| (port, "external".to_owned()))
+            .collect();
         let mut networks = Vec::new();
         let (asn, router_id) = match s {
             Switch::Leaf(r) => {
-                for (j, k) in f.uplinks() {
+                let spine_asn = (SPINE_ASN + f.zone_of_rack(r) - 1).to_string();
+                for (j, k) in f.uplinks(r) {
                     if f.v4 {
-                        peers.push((Fabric::fabric_v4(r, j, k).1, SPINE_ASN.to_string()));
+                        peers.push((Fabric::fabric_v4(r, j, k).1, spine_asn.clone()));
                     }
                     if f.v6 {
-                        peers.push((Fabric::fabric_v6(r, j, k).1, SPINE_ASN.to_string()));
+                        peers.push((Fabric::fabric_v6(r, j, k).1, spine_asn.clone()));
                     }
                 }
                 if f.v4 {
@@ -372,7 +458,15 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
                 (LEAF_ASN + r, format!("10.255.1.{r}"))
             }
             Switch::Spine(j) => {
-                for r in 1..=f.racks {
+                for a in 1..=f.aggs {
+                    if f.v4 {
+                        peers.push((Fabric::agg_v4(j, a).1, AGG_ASN.to_string()));
+                    }
+                    if f.v6 {
+                        peers.push((Fabric::agg_v6(j, a).1, AGG_ASN.to_string()));
+                    }
+                }
+                for r in f.racks_of_zone(f.zone_of_spine(j)) {
                     for k in 1..=f.links {
                         if f.v4 {
                             peers.push((Fabric::fabric_v4(r, j, k).0, (LEAF_ASN + r).to_string()));
@@ -382,9 +476,24 @@ fn speakers(name: &str, f: &Fabric) -> Vec<bgp::BgpSpeaker> {
                         }
                     }
                 }
-                (SPINE_ASN, format!("10.255.2.{j}"))
+                (SPINE_ASN + f.zone_of_spine(j) - 1, format!("10.255.2.{j}"))
+            }
+            Switch::Agg(a) => {
+                for j in 1..=f.spines {
+                    let asn = (SPINE_ASN + f.zone_of_spine(j) - 1).to_string();
+                    if f.v4 {
+                        peers.push((Fabric::agg_v4(j, a).0, asn.clone()));
+                    }
+                    if f.v6 {
+                        peers.push((Fabric::agg_v6(j, a).0, asn));
+                    }
+                }
+                (AGG_ASN, format!("10.255.3.{a}"))
             }
         };
+        if unnumbered {
+            peers = unnumbered_peers;
+        }
         let networks: Vec<&str> = networks.iter().map(String::as_str).collect();
         out.push(bgp::BgpSpeaker { netns: switch_ns(name, s), config: bgp_config(asn, &router_id, &peers, &networks) });
     }
@@ -416,12 +525,13 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     };
     let f = &plan.fabric;
     let mut out = format!(
-        "Fabric {name:?} is up in {:.1} s: {} racks x {} hosts, {} spines, {} link(s) per leaf-spine pair, {} routing, hash {}, seeds {}\n",
+        "Fabric {name:?} is up in {:.1} s: {} racks x {} hosts, {} spines, {} link(s) per leaf-spine pair{}, {} routing, hash {}, seeds {}\n",
         started.elapsed().as_secs_f64(),
         f.racks,
         f.hosts,
         f.spines,
         f.links,
+        if f.zones > 1 { format!(", {} zones joined by {} aggregation switches", f.zones, f.aggs) } else { String::new() },
         if plan.routing == LabRouting::Bgp { "BGP" } else { "static" },
         f.hash.name(),
         if f.seeds == SeedPlan::Same { "same" } else { "auto" },
@@ -429,17 +539,24 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(line) = bgp_line {
         let _ = writeln!(out, "{line}");
     }
+    let mut table = Table::new(&[
+        ("SWITCH", Align::Left),
+        ("NAMESPACE", Align::Left),
+        ("ROCEV2 PID", Align::Right),
+        ("CONFIG", Align::Left),
+        ("LOG", Align::Left),
+    ])
+    .indent(2);
     for s in &record.switches {
-        let _ = writeln!(
-            out,
-            "  {:<4} {:<12} rocev2 pid {:<7} config {}  log {}",
+        table.row([
             s.switch.to_string(),
-            s.netns,
+            s.netns.clone(),
             s.pid.map_or("-".into(), |p| p.to_string()),
-            s.config.display(),
-            s.log.display()
-        );
+            s.config.display().to_string(),
+            s.log.display().to_string(),
+        ]);
     }
+    out.push_str(&table.render());
     let _ = writeln!(
         out,
         "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
@@ -481,11 +598,17 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
     let deadline = started + Duration::from_secs(90);
     for s in f.switches() {
         let ns = switch_ns(&plan.name, s);
-        let (racks, paths): (Vec<u32>, usize) = match s {
-            Switch::Leaf(r) => ((1..=f.racks).filter(|&o| o != r).collect(), (f.spines * f.links) as usize),
-            Switch::Spine(_) => ((1..=f.racks).collect(), f.links as usize),
-        };
-        for r in racks {
+        // Paths each switch must have to each rack before the dataplanes start.
+        let wanted: Vec<(u32, usize)> = (1..=f.racks)
+            .filter_map(|r| match s {
+                Switch::Leaf(own) if own == r => None,
+                Switch::Leaf(_) => Some((r, (f.zone_spines() * f.links) as usize)),
+                Switch::Spine(j) if f.zone_of_spine(j) == f.zone_of_rack(r) => Some((r, f.links as usize)),
+                Switch::Spine(_) => Some((r, f.aggs as usize)),
+                Switch::Agg(_) => Some((r, f.zone_spines() as usize)),
+            })
+            .collect();
+        for (r, paths) in wanted {
             let mut prefixes = Vec::new();
             if f.v4 {
                 prefixes.push(Fabric::rack_prefix_v4(r));
@@ -502,7 +625,7 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
         "BGP converged in {:.1} s: {} speakers, every leaf has {} paths to every other rack",
         started.elapsed().as_secs_f64(),
         plan.bgp.len(),
-        f.spines * f.links
+        f.zone_spines() * f.links
     ))
 }
 
@@ -550,21 +673,38 @@ pub fn alive(pid: u32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
 }
 
+/// The last line a dataplane logged, shortened for a table cell.
+fn last_line(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    // Its own last word ("rocev2: stopped; ...", "rocev2: error: ..."), else the last line.
+    let mut lines = text.lines().rev().filter(|l| !l.trim().is_empty());
+    let line = lines.clone().find(|l| l.starts_with("rocev2:")).or_else(|| lines.next()).unwrap_or("(empty log)");
+    line.chars().take(60).collect()
+}
+
 /// `lab status` of a fabric: each switch's dataplane state and counters.
 pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
-    let mut table = comfy_table::Table::new();
-    table.load_style(comfy_table::presets::NOTHING);
-    table.set_header(["switch", "namespace", "dataplane", "forwarded", "fwd bytes", "to kernel", "dropped", "log"]);
+    let mut table = Table::new(&[
+        ("SWITCH", Align::Left),
+        ("NAMESPACE", Align::Left),
+        ("DATAPLANE", Align::Left),
+        ("FORWARDED", Align::Right),
+        ("BYTES", Align::Right),
+        ("TO KERNEL", Align::Right),
+        ("DROPPED", Align::Right),
+        ("LOG", Align::Left),
+    ]);
     for s in &record.switches {
         let running = s.pid.is_some_and(alive) && netns_exists(&s.netns);
         let counters = view::port_totals(&s.pin_dir).ok();
         let state = match (running, &counters) {
             (true, Some(_)) => format!("running (pid {})", s.pid.unwrap_or_default()),
             (true, None) => "starting".into(),
-            (false, _) => "stopped".into(),
+            // A killed dataplane's programs stay attached (for the next run to take over).
+            (false, _) => format!("stopped: {}", last_line(&s.log)),
         };
         let get = |k: &str| counters.as_ref().map_or("-".into(), |c| c.get(k).copied().unwrap_or(0).to_string());
-        table.add_row([
+        table.row([
             s.switch.to_string(),
             s.netns.clone(),
             state,
@@ -580,7 +720,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         .filter(|(r, i)| !netns_exists(&host_ns(&record.name, *r, *i)))
         .count();
     Ok(format!(
-        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {}; {} of {} host namespaces missing\n{table}\n",
+        "Fabric {:?}: {} racks x {} hosts, {} spines x {} link(s), hash {}, seeds {}; {} of {} host namespaces missing\n{}",
         record.name,
         fabric.racks,
         fabric.hosts,
@@ -589,6 +729,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         fabric.hash.name(),
         crate::fabric::flag(fabric.seeds),
         hosts,
-        fabric.racks * fabric.hosts
+        fabric.racks * fabric.hosts,
+        table.render()
     ))
 }

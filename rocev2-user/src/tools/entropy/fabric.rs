@@ -13,6 +13,7 @@ use super::{parse_sweep, EntropyArgs, SimHash};
 use crate::{
     fabric::{flag, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
     gen::SportModel,
+    render::{Align, Table},
 };
 
 fn sport(args: &EntropyArgs) -> SportModel {
@@ -33,6 +34,8 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         v6: args.family.v6(),
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
         seeds,
+        zones: args.zones,
+        aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
     };
     f.validate()?;
     Ok(f)
@@ -82,13 +85,15 @@ pub fn run(args: &EntropyArgs, racks: u32) -> Result<()> {
 fn sweep(args: &EntropyArgs, racks: u32, qps: &[u32], spec: &dyn Fn(u32, u32) -> TrafficSpec) -> Result<()> {
     let columns: Vec<(SimHash, SeedPlan)> =
         SimHash::ALL.iter().flat_map(|&h| [SeedPlan::Same, SeedPlan::Auto].map(move |s| (h, s))).collect();
-    let mut table = comfy_table::Table::new();
-    table.load_style(comfy_table::presets::ASCII_MARKDOWN);
-    let mut header = vec!["QPs per connection".to_owned()];
-    header.extend(
-        columns.iter().map(|(h, s)| format!("{} {}", h.name(), if *s == SeedPlan::Same { "same" } else { "auto" })),
-    );
-    table.set_header(header);
+    let headers: Vec<String> = std::iter::once("QPS".to_owned())
+        .chain(columns.iter().map(|(h, s)| format!("{} {}", h.name(), flag(*s)).to_uppercase()))
+        .collect();
+    let spec_columns: Vec<(&str, Align)> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.as_str(), if i == 0 { Align::Right } else { Align::Left }))
+        .collect();
+    let mut table = Table::new(&spec_columns);
     let mut json = Vec::new();
     for &q in qps {
         // The same bytes per connection whatever the QP count: messages split over the QPs.
@@ -101,7 +106,7 @@ fn sweep(args: &EntropyArgs, racks: u32, qps: &[u32], spec: &dyn Fn(u32, u32) ->
             row.push(format!("{worst:.2}x (+{:.0}%)", (worst - 1.0) * 100.0));
             json.push(serde_json::json!({ "qps": q, "hash": hash.name(), "seeds": seeds, "worst_max_over_mean": worst, "tiers": tiers }));
         }
-        table.add_row(row);
+        table.row(row);
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
@@ -113,6 +118,6 @@ fn sweep(args: &EntropyArgs, racks: u32, qps: &[u32], spec: &dyn Fn(u32, u32) ->
          longer the step takes than with perfect balance (it ends when its busiest link does).",
         flag(args.pattern), args.hosts, args.spines, args.links_per_spine, args.messages, flag(sport(args))
     );
-    println!("{table}");
+    print!("{}", table.render());
     Ok(())
 }

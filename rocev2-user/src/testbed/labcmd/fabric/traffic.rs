@@ -121,7 +121,7 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
     // Per receiving host: packets expected, by TTL.
     let mut expected: BTreeMap<(u32, u32), BTreeMap<u8, u64>> = BTreeMap::new();
     for c in &connections {
-        *expected.entry(c.dst).or_default().entry(SENT_TTL - Fabric::hops(c.src, c.dst)).or_default() += per_connection;
+        *expected.entry(c.dst).or_default().entry(SENT_TTL - fabric.hops(c.src, c.dst)).or_default() += per_connection;
     }
 
     let started = Instant::now();
@@ -233,11 +233,12 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     if o.prediction_mismatches.is_empty() {
         let _ = writeln!(
             out,
-            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {} --hash {} --seeds {} --family {} --pattern {} --qps {} --messages {} --sport {}`) equals these counters on all {} links.",
+            "The simulator's prediction (`rocev2 entropy --racks {} --hosts {} --spines {} --links-per-spine {}{} --hash {} --seeds {} --family {} --pattern {} --qps {} --messages {} --sport {}`) equals these counters on all {} links.",
             fabric.racks,
             fabric.hosts,
             fabric.spines,
             fabric.links,
+            if fabric.zones > 1 { format!(" --zones {} --aggs {}", fabric.zones, fabric.aggs) } else { String::new() },
             fabric.hash.name(),
             flag(fabric.seeds),
             flag(match (fabric.v4, fabric.v6) {

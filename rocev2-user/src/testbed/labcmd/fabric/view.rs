@@ -141,7 +141,9 @@ pub fn svg(f: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
     let gap = 90.0;
     let width = (f.racks * f.hosts).max(f.spines).max(f.racks * 2) as f64 * gap + 80.0;
     let x_of = |i: u32, n: u32| (i as f64 - 0.5) * width / n as f64;
-    let (y_spine, y_leaf, y_host) = (50.0, 230.0, 360.0);
+    // A third row on top when aggregation switches join zones.
+    let top = if f.aggs > 0 { 130.0 } else { 0.0 };
+    let (y_agg, y_spine, y_leaf, y_host) = (50.0, 50.0 + top, 230.0 + top, 360.0 + top);
     let all = f.all_links();
     let tiers = summarize(&all, loads);
     let max_of = |t: Tier| tiers.iter().find(|s| s.tier == t).map_or(0, |s| s.max_bytes).max(1);
@@ -152,7 +154,8 @@ pub fn svg(f: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
         (format!("rgb({:.0},{:.0},{:.0})", r, g, g), if b == 0 { 1.0 } else { 1.5 + 4.0 * v })
     };
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"470\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        520.0 + top
     );
     let line = |s: &mut String, l: &LinkId, (x1, y1, x2, y2): (f64, f64, f64, f64)| {
         let (color, w) = shade(l);
@@ -164,7 +167,7 @@ pub fn svg(f: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
     };
     for r in 1..=f.racks {
         let lx = x_of(r, f.racks);
-        for (j, k) in f.uplinks() {
+        for (j, k) in f.uplinks(r) {
             let sx = x_of(j, f.spines);
             let off = (k as f64 - (f.links as f64 + 1.0) / 2.0) * 6.0;
             let up = LinkId { tier: Tier::LeafUp, switch: Switch::Leaf(r), port: Fabric::uplink_port(j, k) };
@@ -179,7 +182,16 @@ pub fn svg(f: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
             let _ = writeln!(s, "<circle cx=\"{hx:.1}\" cy=\"{y_host}\" r=\"8\" fill=\"#446\"/><text x=\"{hx:.1}\" y=\"{:.0}\" text-anchor=\"middle\">r{r}h{i}</text>", y_host + 24.0);
         }
     }
-    for (label, n, y) in [("s", f.spines, y_spine), ("l", f.racks, y_leaf)] {
+    for j in 1..=f.spines {
+        for a in 1..=f.aggs {
+            let (sx, ax) = (x_of(j, f.spines), x_of(a, f.aggs));
+            let up = LinkId { tier: Tier::SpineUp, switch: Switch::Spine(j), port: Fabric::agg_port(a) };
+            let down = LinkId { tier: Tier::AggDown, switch: Switch::Agg(a), port: Fabric::spine_port(j) };
+            line(&mut s, &up, (sx - 2.0, y_spine, ax - 2.0, y_agg));
+            line(&mut s, &down, (ax + 2.0, y_agg, sx + 2.0, y_spine));
+        }
+    }
+    for (label, n, y) in [("a", f.aggs, y_agg), ("s", f.spines, y_spine), ("l", f.racks, y_leaf)] {
         for i in 1..=n {
             let x = x_of(i, n);
             let _ = writeln!(
@@ -195,7 +207,7 @@ pub fn svg(f: &Fabric, loads: &BTreeMap<LinkId, Load>) -> String {
         let _ = writeln!(
             s,
             "<text x=\"10\" y=\"{}\">{}: busiest {:.2}x the mean, {} of {} links idle</text>",
-            410 + 18 * i,
+            410.0 + top + 18.0 * i as f64,
             t.tier.name(),
             t.max_over_mean,
             t.idle,
