@@ -55,6 +55,43 @@ pub mod opcode {
     pub const UD_SEND_ONLY: u8 = 0x64;
 }
 
+/// The ACK Extended Transport Header (AETH) that follows the BTH of an
+/// ACK: a syndrome byte and a 24-bit MSN. Syndrome bits 7..5 say what it
+/// is: 000 ACK, 001 RNR NAK, 011 NAK (bits 4..0 name the error).
+pub mod aeth {
+    /// Length of the AETH in bytes.
+    pub const LEN: usize = 4;
+    /// A plain ACK with credit count 0x1F ("invalid": end-to-end credits
+    /// not used), as NICs commonly send.
+    pub const ACK: u8 = 0x1F;
+    /// NAK: PSN sequence error (a PSN arrived ahead of the expected one).
+    /// The AETH's BTH carries the expected PSN: go-back-N restarts there.
+    pub const NAK_PSN_SEQUENCE_ERROR: u8 = 0x60;
+    /// Receiver not ready NAK; bits 4..0 hold the timer.
+    pub const RNR_NAK: u8 = 0x20;
+
+    /// What an AETH syndrome reports.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Kind {
+        Ack,
+        RnrNak,
+        SequenceError,
+        /// Invalid request, remote access or operational error, ...
+        OtherNak,
+        Reserved,
+    }
+
+    pub const fn kind(syndrome: u8) -> Kind {
+        match syndrome >> 5 {
+            0 => Kind::Ack,
+            1 => Kind::RnrNak,
+            3 if syndrome & 0x1F == 0 => Kind::SequenceError,
+            3 => Kind::OtherNak,
+            _ => Kind::Reserved,
+        }
+    }
+}
+
 /// The fields of a BTH that the dataplane looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bth {

@@ -28,17 +28,20 @@ impl Features {
     /// Per-port and per-member packet and byte counters. Always on in
     /// `rocev2 run`; `rocev2 bench` turns it off to show what it costs.
     pub const COUNTERS: Features = Features(1 << 4);
+    /// Per-QP transport telemetry (`telemetry_qps`) and `rocev2 trace`.
+    pub const TELEMETRY: Features = Features(1 << 5);
     pub const NONE: Features = Features(0);
     /// What an object loaded without an override runs with.
-    pub const ALL: Features = Features(0x1F);
+    pub const ALL: Features = Features(0x3F);
 
     /// Every feature with its name, in bit order.
-    pub const NAMED: [(Features, &'static str); 5] = [
+    pub const NAMED: [(Features, &'static str); 6] = [
         (Self::FLOWLET, "flowlet"),
         (Self::PINNED, "pinned"),
         (Self::ECN, "ecn"),
         (Self::CLASSES, "classes"),
         (Self::COUNTERS, "counters"),
+        (Self::TELEMETRY, "telemetry"),
     ];
 
     #[inline(always)]

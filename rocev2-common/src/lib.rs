@@ -18,3 +18,4 @@ pub mod flowlet;
 pub mod hash;
 pub mod maps;
 pub mod rng;
+pub mod telemetry;

@@ -3,6 +3,14 @@
 use crate::counters::PortCounter;
 
 /// Map names as they appear in the object file and under the pin directory.
+/// Entries of the lab fault injector's drop table.
+pub const MAX_FAULTS: u32 = 1024;
+
+/// Key of the fault injector's drop table: DestQP and PSN.
+pub const fn fault_key(dest_qp: u32, psn: u32) -> u64 {
+    ((dest_qp as u64) << 32) | psn as u64
+}
+
 pub mod names {
     pub const ROUTES_V4: &str = "ROUTES_V4";
     pub const ROUTES_V6: &str = "ROUTES_V6";
@@ -27,6 +35,7 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    pub const FAULT_DROPS: &str = "FAULT_DROPS";
     /// Not pinned: it holds program references and lives with the programs.
     pub const CPUS: &str = "CPUS";
     /// Every map, for pinning and for `rocev2 stats`.

@@ -31,7 +31,7 @@ use crate::{
     maps::{EGRESS_DEVS, GROUPS, MEMBERS},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
-    rewrite, route, select,
+    rewrite, route, select, telemetry,
 };
 
 /// A packet ready to leave: where to, and what to count.
@@ -95,7 +95,10 @@ const FORWARDED: u32 = u32::MAX;
 fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
     match forward_v4(ctx, slot, l3_off, len) {
         Ok(f) => {
-            out.write(f);
+            let f = out.write(f);
+            if enabled(Features::TELEMETRY) {
+                telemetry::observe(ctx, f);
+            }
             FORWARDED
         }
         Err(o) => o.encode(),
@@ -106,7 +109,10 @@ fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, ou
 fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
     match forward_v6(ctx, slot, l3_off, len) {
         Ok(f) => {
-            out.write(f);
+            let f = out.write(f);
+            if enabled(Features::TELEMETRY) {
+                telemetry::observe(ctx, f);
+            }
             FORWARDED
         }
         Err(o) => o.encode(),

@@ -15,6 +15,7 @@ mod class;
 mod counters;
 mod ctx;
 mod ecn;
+mod fault;
 mod features;
 mod forward;
 mod generator;
@@ -27,6 +28,8 @@ mod route;
 mod select;
 mod spread;
 mod tc;
+mod telemetry;
+mod transport;
 
 use aya_ebpf::{
     macros::{classifier, xdp},
@@ -68,6 +71,13 @@ pub fn rocev2_tc_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
     tc::tc_egress(&ctx)
+}
+
+/// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
+/// number of times, passes everything else.
+#[xdp]
+pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
+    fault::xdp_fault(&ctx)
 }
 
 /// Attached to veth peers that need NAPI for redirected frames to be

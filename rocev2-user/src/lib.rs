@@ -18,10 +18,13 @@ pub mod sys;
 pub mod testbed;
 pub mod tools;
 
-pub use control::{capacity, config, dataplane, errors, metrics, notify, routing, run, state, stats, upgrade, watch};
+pub use control::{
+    capacity, collisions, config, dataplane, errors, metrics, notify, qp_telemetry, routing, run, state, stats, top,
+    trace, upgrade, watch,
+};
 pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
-pub use testbed::{bench, frr, lab, labcmd};
-pub use tools::{entropy, explain, fabric, gen, packet, sink};
+pub use testbed::{bench, fault, frr, lab, labcmd};
+pub use tools::{entropy, explain, fabric, gen, packet, rc, sink};
 
 /// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));

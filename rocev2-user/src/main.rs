@@ -92,6 +92,12 @@ enum Command {
         #[arg(long, default_value_t = 1.0, requires = "watch")]
         interval: f64,
     },
+    /// The busiest and unhealthiest QPs of a running `rocev2 run`, live
+    /// (needs `telemetry_qps` in [dataplane]).
+    Top(rocev2_user::top::TopArgs),
+    /// Print each matching packet's forwarding decision as it happens
+    /// (needs `telemetry_qps` in [dataplane]).
+    Trace(rocev2_user::trace::TraceArgs),
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
@@ -328,12 +334,23 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             let state = RunState::read(&pin_dir)?;
             let maps = Maps::open_pinned(&pin_dir)?;
-            let snapshot = Snapshot::collect(&maps, &state)?;
+            let mut snapshot = Snapshot::collect(&maps, &state)?;
+            snapshot.add_transport(&pin_dir, &state)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
             } else {
                 print!("{}", snapshot.render());
             }
+        }
+        Command::Trace(args) => {
+            let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
+            privileges::require("trace", Need::PinnedMaps(&pin_dir))?;
+            rocev2_user::trace::run(&pin_dir, &args)?;
+        }
+        Command::Top(args) => {
+            let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
+            privileges::require("top", Need::PinnedMaps(&pin_dir))?;
+            rocev2_user::top::run(&pin_dir, &args)?;
         }
         Command::Demo { qps, packets_per_qp, uplinks } => {
             privileges::require("demo", Need::Namespaces)?;
@@ -360,7 +377,19 @@ fn real_main(cli: Cli) -> Result<()> {
             if args.mode == gen::GenMode::LiveFrames {
                 privileges::require("gen --mode live-frames", Need::LoadXdp)?;
             }
-            gen::run(&args)?;
+            if args.rc {
+                let report = rocev2_user::rc::request(&args)?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.render());
+                }
+                if !report.complete {
+                    anyhow::bail!("not every PSN was acknowledged within the time limit");
+                }
+            } else {
+                gen::run(&args)?;
+            }
         }
         Command::Sink(args) => {
             privileges::require("sink", Need::RawSockets)?;

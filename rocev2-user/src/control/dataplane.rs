@@ -41,6 +41,7 @@ use rocev2_common::{
         RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
         MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH, ROUTE_LOCAL,
     },
+    telemetry,
 };
 
 use crate::{config::Prefix, errors::DataplaneError};
@@ -686,13 +687,31 @@ impl Dataplane {
     /// the verifier removes the code of the others (see
     /// rocev2_common::features). A group, queue or class that needs a
     /// missing feature is not served until the programs are loaded again.
+    /// With the telemetry feature, the QP table holds the default number
+    /// of QPs.
     pub fn load_with_features(pin_dir: Option<&Path>, flowlet_table_size: u32, features: Features) -> Result<Self> {
+        Self::load_with_telemetry(pin_dir, flowlet_table_size, features, telemetry::DEFAULT_QP_TABLE_SIZE)
+    }
+
+    /// Like [`Dataplane::load_with_features`] with a QP telemetry table of
+    /// `telemetry_qps` entries (used only with the telemetry feature; its
+    /// maps hold one entry without it).
+    pub fn load_with_telemetry(
+        pin_dir: Option<&Path>,
+        flowlet_table_size: u32,
+        features: Features,
+        telemetry_qps: u32,
+    ) -> Result<Self> {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
+        let telemetry_on = features.contains(Features::TELEMETRY);
+        let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .map_max_entries(telemetry::names::QP_TELEMETRY, qp_table)
+            .map_max_entries(telemetry::names::QP_REPLIES, qp_table)
             .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
@@ -710,6 +729,9 @@ impl Dataplane {
             crate::bpffs::prepare_pin_dir(dir)?;
         }
         let maps = Maps::take(&mut ebpf, pin_dir)?;
+        if let (Some(dir), true) = (pin_dir, telemetry_on) {
+            crate::qp_telemetry::pin_maps(&mut ebpf, dir)?;
+        }
         Ok(Self {
             ebpf,
             maps,
@@ -963,7 +985,7 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in maps::names::ALL {
+            for name in maps::names::ALL.iter().chain(crate::qp_telemetry::PINNED) {
                 let _ = std::fs::remove_file(dir.join(name));
             }
             let _ = std::fs::remove_dir(&dir);

@@ -207,6 +207,42 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         "Bytes forwarded to a group member.",
         members().map(|(g, m)| (member_labels(&g.name, m), m.bytes)),
     );
+    // Per member, never per QP: bounded label sets (QP detail is in `rocev2 top`).
+    if let Some(qps) = snapshot.telemetry_qps {
+        out.gauge("rocev2_telemetry_qps", "QPs in the per-QP telemetry table.", [(Labels::new(), qps)]);
+        let transport = || members().filter_map(|(g, m)| m.transport.map(|t| (member_labels(&g.name, m), t)));
+        out.counter(
+            "rocev2_member_psn_gaps_total",
+            "Data PSNs ahead of the expected one on a member's QPs (loss before this switch).",
+            transport().map(|(l, t)| (l, t.psn_gaps)),
+        );
+        out.counter(
+            "rocev2_member_retransmits_total",
+            "Jumps back in a member's QPs' data PSNs (go-back-N resends, reordering).",
+            transport().map(|(l, t)| (l, t.retransmits)),
+        );
+        out.counter(
+            "rocev2_member_naks_total",
+            "NAKs answering a member's QPs, by AETH syndrome.",
+            transport().flat_map(|(l, t)| {
+                let mut sequence = l.clone();
+                sequence.push(("syndrome", "sequence_error".to_owned()));
+                let mut other = l;
+                other.push(("syndrome", "other".to_owned()));
+                [(sequence, t.naks_sequence), (other, t.naks_other)]
+            }),
+        );
+        out.counter(
+            "rocev2_member_cnps_total",
+            "CNPs answering a member's QPs.",
+            transport().map(|(l, t)| (l, t.cnps)),
+        );
+        out.counter(
+            "rocev2_member_ce_marked_total",
+            "A member's QPs' data packets leaving CE-marked.",
+            transport().map(|(l, t)| (l, t.ce_marked)),
+        );
+    }
     out.gauge(
         "rocev2_group_members",
         "Usable members of a next-hop group.",
@@ -321,7 +357,9 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
 pub fn scrape(pin_dir: &Path) -> Result<String> {
     let state = RunState::read(pin_dir)?;
     let maps = Maps::open_pinned(pin_dir)?;
-    Ok(render_prometheus(&Snapshot::collect(&maps, &state)?))
+    let mut snapshot = Snapshot::collect(&maps, &state)?;
+    snapshot.add_transport(pin_dir, &state)?;
+    Ok(render_prometheus(&snapshot))
 }
 
 /// Status, content type and body for one request.
@@ -490,12 +528,26 @@ mod tests {
                     table_size: 4096,
                 }),
                 members: vec![
-                    MemberSnapshot { dev: "u1".into(), next_hop: "via 10.0.1.2".into(), packets: 7, bytes: 700 },
+                    MemberSnapshot {
+                        dev: "u1".into(),
+                        next_hop: "via 10.0.1.2".into(),
+                        packets: 7,
+                        bytes: 700,
+                        transport: Some(crate::stats::MemberTransportView {
+                            psn_gaps: 1,
+                            retransmits: 2,
+                            naks_sequence: 3,
+                            naks_other: 4,
+                            cnps: 5,
+                            ce_marked: 6,
+                        }),
+                    },
                     MemberSnapshot {
                         dev: "u2".into(),
                         next_hop: "mac 02:00:00:00:00:02".into(),
                         packets: 9,
                         bytes: 900,
+                        transport: Some(Default::default()),
                     },
                 ],
             }],
@@ -516,6 +568,7 @@ mod tests {
                 to_kernel: [("reject".to_string(), 2)].into_iter().collect(),
                 ..Default::default()
             }),
+            telemetry_qps: Some(12),
         }
     }
 
@@ -532,6 +585,24 @@ mod tests {
         // flowlet_inserted is 10 + its index on both ports; 4 remain.
         let inserted = 2 * (10 + rocev2_common::counters::PortCounter::FlowletInserted as u64);
         assert!(text.contains(&format!("rocev2_flowlet_evictions_total {}", inserted - 4)));
+    }
+
+    #[test]
+    fn per_member_transport_metrics_have_no_qp_label() {
+        let text = render_prometheus(&snapshot());
+        let u1 = "group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"";
+        for line in [
+            "rocev2_telemetry_qps 12".to_string(),
+            format!("rocev2_member_psn_gaps_total{{{u1}}} 1"),
+            format!("rocev2_member_retransmits_total{{{u1}}} 2"),
+            format!("rocev2_member_naks_total{{{u1},syndrome=\"sequence_error\"}} 3"),
+            format!("rocev2_member_naks_total{{{u1},syndrome=\"other\"}} 4"),
+            format!("rocev2_member_cnps_total{{{u1}}} 5"),
+            format!("rocev2_member_ce_marked_total{{{u1}}} 6"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains("qp="), "{text}");
     }
 
     #[test]
@@ -592,10 +663,13 @@ mod tests {
         // policy), one egress port's counters and two queue gauges, a
         // class (packets and bytes), the two flowlet-table samples, the
         // seed, and the learned-route gauges and counters (routes, hosts,
-        // groups, one per kernel reason, messages, resyncs, two quantiles).
+        // groups, one per kernel reason, messages, resyncs, two quantiles),
+        // and telemetry: QPs tracked, six transport samples per member
+        // (gaps, retransmits, two NAK syndromes, CNPs, CE).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned);
+        let telemetry = 1 + 2 * 6;
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
     }
 
     #[test]

@@ -3,14 +3,18 @@
 //! and what an operator observes (stats, watch, metrics, the state file).
 
 pub mod capacity;
+pub mod collisions;
 pub mod config;
 pub mod dataplane;
 pub mod errors;
 pub mod metrics;
 pub mod notify;
+pub mod qp_telemetry;
 pub mod routing;
 pub mod run;
 pub mod state;
 pub mod stats;
+pub mod top;
+pub mod trace;
 pub mod upgrade;
 pub mod watch;

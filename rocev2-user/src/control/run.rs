@@ -233,9 +233,19 @@ impl Runner {
             // them (the verifier: a few hundred ms of CPU, far more on a
             // busy box) then runs at the lowest priority, so it takes no
             // CPU from the forwarding (ksoftirqd) or the applications.
-            load_in_background(&pin_dir, config.flowlet_table_size(), config.features())?
+            load_in_background(
+                &pin_dir,
+                config.flowlet_table_size(),
+                config.features(),
+                config.dataplane.telemetry_qps,
+            )?
         } else {
-            Dataplane::load_with_features(Some(&pin_dir), config.flowlet_table_size(), config.features())?
+            Dataplane::load_with_telemetry(
+                Some(&pin_dir),
+                config.flowlet_table_size(),
+                config.features(),
+                config.dataplane.telemetry_qps,
+            )?
         };
         let mut dataplane = dataplane;
         let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
@@ -391,6 +401,9 @@ impl Runner {
         }
         if self.config.flowlet_table_size() != new.flowlet_table_size() {
             fixed.push("flowlet_table_size (the table is sized at load time)");
+        }
+        if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
+            fixed.push("dataplane.telemetry_qps (the QP table is sized at load time)");
         }
         // Features are load-time constants: code for a feature the loaded
         // programs were built without is not there to run.
@@ -858,14 +871,19 @@ const TAKEOVER_LOAD_NICE: libc::c_int = 10;
 /// Loads the dataplane on a helper thread at nice TAKEOVER_LOAD_NICE (per-thread on
 /// Linux), which ends with the load: the control loop keeps its normal
 /// priority and nothing needs the privilege to raise it back.
-fn load_in_background(pin_dir: &std::path::Path, flowlet_table_size: u32, features: Features) -> Result<Dataplane> {
+fn load_in_background(
+    pin_dir: &std::path::Path,
+    flowlet_table_size: u32,
+    features: Features,
+    telemetry_qps: u32,
+) -> Result<Dataplane> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: setpriority on this thread's own id.
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
                 tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
-            Dataplane::load_with_features(Some(pin_dir), flowlet_table_size, features)
+            Dataplane::load_with_telemetry(Some(pin_dir), flowlet_table_size, features, telemetry_qps)
         })
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -1,6 +1,6 @@
 //! Counter snapshots: read from the maps, rendered as a table or JSON.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::Path};
 
 use anyhow::Result;
 use rocev2_common::counters::PortCounter;
@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::{
     dataplane::Maps,
+    qp_telemetry,
     render::{share_bar, Align, Table},
     state::RunState,
 };
@@ -28,6 +29,9 @@ pub struct Snapshot {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: learned routes and groups.
     pub learned: Option<crate::routing::LearnedStats>,
+    /// With `telemetry_qps`: QPs in the telemetry table now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub telemetry_qps: Option<u64>,
 }
 
 /// An egress port's marking counters and virtual queue.
@@ -80,9 +84,51 @@ pub struct MemberSnapshot {
     pub next_hop: String,
     pub packets: u64,
     pub bytes: u64,
+    /// The transport signals of the QPs this member carries (with
+    /// `telemetry_qps` on; see [`Snapshot::add_transport`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<MemberTransportView>,
+}
+
+/// Per member: what the QPs it carries went through.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct MemberTransportView {
+    /// Data PSNs ahead of the expected one (loss before this switch).
+    pub psn_gaps: u64,
+    /// Data PSNs going back (go-back-N resends, reordering).
+    pub retransmits: u64,
+    pub naks_sequence: u64,
+    /// RNR and other NAKs.
+    pub naks_other: u64,
+    pub cnps: u64,
+    /// Data packets leaving CE-marked.
+    pub ce_marked: u64,
 }
 
 impl Snapshot {
+    /// Adds the per-member transport sums when the dataplane under
+    /// `pin_dir` runs with telemetry (bounded: per member, never per QP).
+    pub fn add_transport(&mut self, pin_dir: &Path, state: &RunState) -> Result<()> {
+        if !qp_telemetry::is_on(pin_dir) {
+            return Ok(());
+        }
+        for (g, snapshot) in state.groups.iter().zip(&mut self.groups) {
+            let sums = qp_telemetry::read_members(pin_dir, g.index, snapshot.members.len() as u32)?;
+            for (m, t) in snapshot.members.iter_mut().zip(sums) {
+                m.transport = Some(MemberTransportView {
+                    psn_gaps: t.psn_forward_jumps,
+                    retransmits: t.psn_backward_jumps,
+                    naks_sequence: t.naks_sequence,
+                    naks_other: t.naks_other,
+                    cnps: t.cnps,
+                    ce_marked: t.ce_marked,
+                });
+            }
+        }
+        self.telemetry_qps = Some(qp_telemetry::count_qps(pin_dir)? as u64);
+        Ok(())
+    }
+
     pub fn collect(maps: &Maps, state: &RunState) -> Result<Self> {
         let mut ports = Vec::new();
         for port in &state.ports {
@@ -102,6 +148,7 @@ impl Snapshot {
                     next_hop: m.next_hop.clone(),
                     packets: s.packets,
                     bytes: s.bytes,
+                    transport: None,
                 });
             }
             groups.push(GroupSnapshot {
@@ -138,6 +185,7 @@ impl Snapshot {
             seed: state.seed,
             seed_auto: state.seed_auto,
             learned: state.learned.clone(),
+            telemetry_qps: None,
         })
     }
 
@@ -253,6 +301,31 @@ impl Snapshot {
                 ]);
             }
             out.push_str(&members.indent(2).render());
+            if group.members.iter().any(|m| m.transport.is_some()) {
+                let mut transport = Table::new(&[
+                    ("MEMBER", Align::Left),
+                    ("PSN GAPS", Align::Right),
+                    ("RETRANSMITS", Align::Right),
+                    ("SEQ NAKS", Align::Right),
+                    ("OTHER NAKS", Align::Right),
+                    ("CNPS", Align::Right),
+                    ("CE", Align::Right),
+                ]);
+                for m in &group.members {
+                    let t = m.transport.unwrap_or_default();
+                    transport.row([
+                        m.dev.clone(),
+                        t.psn_gaps.to_string(),
+                        t.retransmits.to_string(),
+                        t.naks_sequence.to_string(),
+                        t.naks_other.to_string(),
+                        t.cnps.to_string(),
+                        t.ce_marked.to_string(),
+                    ]);
+                }
+                out.push_str("  transport (QPs on each member, from telemetry):\n");
+                out.push_str(&transport.indent(2).render());
+            }
         }
         out
     }

@@ -172,7 +172,13 @@ mod tests {
     }
 
     fn member(dev: &str, packets: u64) -> MemberSnapshot {
-        MemberSnapshot { dev: dev.into(), next_hop: format!("via 10.0.0.{}", dev.len()), packets, bytes: packets * 100 }
+        MemberSnapshot {
+            dev: dev.into(),
+            next_hop: format!("via 10.0.0.{}", dev.len()),
+            packets,
+            bytes: packets * 100,
+            transport: None,
+        }
     }
 
     fn snapshot(p0: &[(PortCounter, u64)], members: &[(&str, u64)]) -> Snapshot {
@@ -196,6 +202,7 @@ mod tests {
             seed: 0,
             seed_auto: false,
             learned: None,
+            telemetry_qps: None,
         }
     }
 

@@ -13,6 +13,7 @@
 mod fabric;
 mod forwarding;
 mod kernel_routes;
+mod telemetry;
 
 use forwarding::{part2, UPLINKS};
 use rocev2_common::rng::splitmix64;
@@ -243,7 +244,8 @@ impl Variant {
             Variant::QpNoCounters => Features::NONE,
             Variant::QpClasses => Features::COUNTERS.with(Features::CLASSES),
             Variant::QpEcn => Features::COUNTERS.with(Features::ECN),
-            Variant::QpAllFeaturesLoaded => Features::ALL,
+            // Telemetry records every packet once loaded (it has its own rows).
+            Variant::QpAllFeaturesLoaded => Features::ALL.without(Features::TELEMETRY),
         }
     }
 
@@ -837,7 +839,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut control = Vec::new();
     let mut reading = Vec::new();
     let mut notes = Vec::new();
-    let p1 = part1(args, &mut control, &mut reading)?;
+    let mut p1 = part1(args, &mut control, &mut reading)?;
+    p1.rows.extend(telemetry::telemetry_rows(args)?);
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
@@ -872,6 +875,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for n in &notes {
         md.push_str(&format!("- {n}\n"));
     }
+    md.push_str(telemetry::HOW);
     md.push_str("- Part 3: routes through `Dataplane::sync_routes` (aya 0.14 has no BPF_MAP_UPDATE_BATCH wrapper); memory is `memlock` from /proc/self/fdinfo of every map the programs use.\n");
     md.push_str("\n## Reading\n\n");
     md.push_str(&format!(

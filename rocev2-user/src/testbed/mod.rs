@@ -2,6 +2,7 @@
 //! up|down|status` (`labcmd`), FRR per namespace (`frr`), and the benchmark.
 
 pub mod bench;
+pub mod fault;
 pub mod frr;
 pub mod lab;
 pub mod labcmd;

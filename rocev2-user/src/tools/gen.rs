@@ -70,14 +70,14 @@ pub use rocev2_common::bth::PSN_MASK;
 /// RDMA Extended Transport Header: virtual address, R_Key, DMA length.
 pub const RETH_LEN: usize = 16;
 /// ACK Extended Transport Header: syndrome + 24-bit MSN.
-pub const AETH_LEN: usize = 4;
+pub const AETH_LEN: usize = rocev2_common::bth::aeth::LEN;
 /// Immediate data of a WRITE with immediate.
 pub const IMM_LEN: usize = 4;
 /// A CNP carries 16 reserved bytes after its BTH.
 pub const CNP_RESERVED_LEN: usize = 16;
 /// AETH syndrome of a plain ACK: bits 7..5 = 000 (ACK), credit count 0x1F
 /// ("invalid": end-to-end flow control not used), as NICs commonly send.
-pub const AETH_ACK_SYNDROME: u8 = 0x1F;
+pub const AETH_ACK_SYNDROME: u8 = rocev2_common::bth::aeth::ACK;
 /// Frames are sent with this TTL / hop limit.
 pub const GEN_TTL: u8 = 64;
 /// Packets per token-bucket burst in rate-limited mode.
@@ -219,6 +219,23 @@ pub struct GenArgs {
     /// duration, send until then).
     #[arg(skip)]
     pub stop: Option<std::sync::Arc<AtomicBool>>,
+    /// Be an RC requester (`sink --rc` is the responder): send
+    /// `--messages` WRITE messages per QP with at most `--window` PSNs
+    /// unacknowledged, go back to a NAKed PSN, resend after
+    /// `--ack-timeout-ms` without progress; report retransmissions and
+    /// goodput per QP.
+    #[arg(long)]
+    pub rc: bool,
+    /// --rc: unacknowledged PSNs allowed per QP.
+    #[arg(long, default_value_t = 32)]
+    pub window: u32,
+    /// --rc: WRITE messages each QP delivers.
+    #[arg(long, default_value_t = 16)]
+    pub messages: u32,
+    /// --rc: resend from the oldest unacknowledged PSN after this long
+    /// without progress.
+    #[arg(long, default_value_t = 100)]
+    pub ack_timeout_ms: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -252,6 +269,10 @@ impl GenArgs {
             live_repeat: 64,
             cpu: None,
             stop: None,
+            rc: false,
+            window: 32,
+            messages: 16,
+            ack_timeout_ms: 100,
             json: false,
         }
     }
@@ -306,6 +327,16 @@ impl GenArgs {
         }
         Ok(())
     }
+}
+
+/// The RETH of a WRITE FIRST/ONLY of `qp` moving `dma_len` bytes: a per-QP
+/// buffer address and key (any values do, but a real NIC never sends zeros).
+pub fn reth(qp: u32, dma_len: u32) -> [u8; RETH_LEN] {
+    let mut r = [0u8; RETH_LEN];
+    r[..8].copy_from_slice(&(0x7F00_0000_0000u64 | (u64::from(qp) << 20)).to_be_bytes());
+    r[8..12].copy_from_slice(&(0x0010_0000 | qp).to_be_bytes());
+    r[12..].copy_from_slice(&dma_len.to_be_bytes());
+    r
 }
 
 /// The UDP source port a Linux RDMA stack (and NICs following it) derives
@@ -519,15 +550,7 @@ impl FrameSource {
                 let qp = args.first_qp + q as u32;
                 let mut bth = Bth::new(0, qp, next_psn[q]);
                 let message_bytes = u64::from(args.message_packets) * args.payload as u64;
-                let reth = |dma_len: u32| {
-                    let mut r = [0u8; RETH_LEN];
-                    // A per-QP buffer address and key: any values do, but a
-                    // real NIC never sends zeros.
-                    r[..8].copy_from_slice(&(0x7F00_0000_0000u64 | (u64::from(qp) << 20)).to_be_bytes());
-                    r[8..12].copy_from_slice(&(0x0010_0000 | qp).to_be_bytes());
-                    r[12..].copy_from_slice(&dma_len.to_be_bytes());
-                    r
-                };
+                let reth = |dma_len: u32| reth(qp, dma_len);
                 let (ext, data_len, psn_advance, msn_field): (Vec<u8>, usize, bool, bool) = match *op {
                     Op::Write { index, of } => {
                         bth.opcode = match (index, of) {

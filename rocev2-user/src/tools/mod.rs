@@ -1,9 +1,11 @@
 //! Traffic and teaching tools: the RoCEv2 generator and sink, frame
-//! building and ICRC, the entropy simulator and `explain`.
+//! building and ICRC, the RC requester and responder, the entropy
+//! simulator and `explain`.
 
 pub mod entropy;
 pub mod explain;
 pub mod fabric;
 pub mod gen;
 pub mod packet;
+pub mod rc;
 pub mod sink;

@@ -254,6 +254,17 @@ impl From<&PlainFrameSpec> for Envelope {
 /// # Panics
 /// On mixed IP families or out-of-range DSCP/ECN/VLAN values.
 pub fn build_roce_frame(spec: &RoceFrameSpec) -> Vec<u8> {
+    build_roce_frame_with_header(spec, &[])
+}
+
+/// Like [`build_roce_frame`], with `ext` (an extension header such as an
+/// AETH or RETH) as the first bytes after the BTH and the pattern after it;
+/// `spec.payload_len` counts both.
+///
+/// # Panics
+/// As [`build_roce_frame`], and if `ext` is longer than the payload.
+pub fn build_roce_frame_with_header(spec: &RoceFrameSpec, ext: &[u8]) -> Vec<u8> {
+    assert!(ext.len() <= spec.payload_len, "extension header longer than the payload");
     let pad = spec.pad_len();
     let mut bth = spec.bth;
     bth.pad_count = pad as u8;
@@ -271,7 +282,9 @@ pub fn build_roce_frame(spec: &RoceFrameSpec) -> Vec<u8> {
     };
     udp.extend_from_slice(&udp_header.to_bytes());
     udp.extend_from_slice(&bth.to_bytes());
+    let payload_at = udp.len();
     udp.extend_from_slice(&payload_pattern(spec.payload_len));
+    udp[payload_at..payload_at + ext.len()].copy_from_slice(ext);
     udp.resize(udp_len, 0); // pad and ICRC placeholder
 
     // The ICRC masks the UDP checksum, but the IPv6 UDP checksum covers the
@@ -448,6 +461,9 @@ pub struct ParsedRoce {
     pub bth: Bth,
     /// Bytes between the BTH and the pad (extension headers included).
     pub payload_len: usize,
+    /// Where the BTH starts in the frame; extension headers (RETH, AETH)
+    /// follow it.
+    pub bth_offset: usize,
     /// The ICRC as carried by the frame (wire bytes read little endian).
     pub icrc: u32,
     pub icrc_ok: bool,
@@ -497,6 +513,7 @@ pub fn parse_roce(frame: &[u8]) -> Result<ParsedRoce, PacketError> {
         dst_port: u16::from_be_bytes([loc.udp[2], loc.udp[3]]),
         bth,
         payload_len: after_bth.saturating_sub(usize::from(bth.pad_count)),
+        bth_offset: loc.udp.as_ptr() as usize - frame.as_ptr() as usize + UDP_HEADER_LEN,
         icrc: wire,
         icrc_ok: icrc == wire,
         ipv4_checksum_ok,

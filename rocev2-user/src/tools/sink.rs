@@ -15,10 +15,10 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use rocev2_common::bth::opcode;
+use rocev2_common::telemetry::{seen, Seen};
 use serde::Serialize;
 
-use crate::{packet::parse_roce, rawsock::PacketSocket, signals::SigintGuard};
+use crate::{packet::parse_roce, rawsock::PacketSocket, rc::Responder, signals::SigintGuard};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
 use rocev2_common::bth::PSN_MASK;
@@ -43,6 +43,18 @@ pub struct SinkArgs {
     /// Stop after this many seconds without RoCEv2 packets, once some came.
     #[arg(long, default_value_t = 2.0)]
     pub idle_exit: f64,
+    /// Be an RC responder (`gen --rc` is the requester): accept each QP's
+    /// PSNs only in order, ACK (coalesced), NAK a PSN gap with the
+    /// sequence-error syndrome, send CNPs for CE-marked data.
+    #[arg(long)]
+    pub rc: bool,
+    /// --rc: ACK at least every this many in-order packets (and always on
+    /// AckReq and when the link goes quiet).
+    #[arg(long, default_value_t = 8)]
+    pub ack_every: u32,
+    /// --rc: the PSN every QP starts at (as agreed at connection setup).
+    #[arg(long, default_value_t = 0)]
+    pub first_psn: u32,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -50,7 +62,16 @@ pub struct SinkArgs {
 
 impl SinkArgs {
     pub fn new(dev: &str) -> Self {
-        Self { dev: dev.to_owned(), duration: None, count: None, idle_exit: 2.0, json: false }
+        Self {
+            dev: dev.to_owned(),
+            duration: None,
+            count: None,
+            idle_exit: 2.0,
+            rc: false,
+            ack_every: 8,
+            first_psn: 0,
+            json: false,
+        }
     }
 }
 
@@ -193,6 +214,9 @@ pub struct SinkReport {
     pub pps: f64,
     /// Per QP, sorted by source, destination, DestQP.
     pub qps: Vec<QpReport>,
+    /// `--rc`: what the responder accepted and answered, per QP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub responder: Vec<crate::rc::ResponderQpReport>,
 }
 
 impl SinkReport {
@@ -282,25 +306,11 @@ impl SinkReport {
             )
         });
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
+        if !self.responder.is_empty() {
+            s.push('\n');
+            s.push_str(&crate::rc::render_responder(&self.responder));
+        }
         s
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Data,
-    Ack,
-    Cnp,
-}
-
-fn classify(op: u8) -> Class {
-    if op == opcode::CNP {
-        Class::Cnp
-    } else if matches!(op & 0x1F, opcode::ACK | opcode::ATOMIC_ACK) && op >> 5 != 3 {
-        // RC/UC/RD (never UD) acknowledgements.
-        Class::Ack
-    } else {
-        Class::Data
     }
 }
 
@@ -352,12 +362,12 @@ impl Tally {
         q.bytes += frame.len() as u64;
         q.bad_icrc += u64::from(!p.icrc_ok);
         q.ce += u64::from(p.ecn == 3);
-        let arrival = match classify(p.bth.opcode) {
-            Class::Cnp => {
+        let arrival = match seen(p.bth.opcode) {
+            Seen::Cnp => {
                 q.cnps += 1;
                 None // CNPs carry no PSN worth checking (NICs send 0)
             }
-            Class::Ack => {
+            Seen::Ack(_) => {
                 q.acks += 1;
                 // ACKs are cumulative: skipping PSNs is normal, going back is not.
                 match qp.acks.observe(p.bth.psn) {
@@ -365,7 +375,7 @@ impl Tally {
                     a => Some(a),
                 }
             }
-            Class::Data => {
+            Seen::Data => {
                 q.data += 1;
                 q.first_psn.get_or_insert(p.bth.psn);
                 q.last_psn = Some(p.bth.psn);
@@ -437,6 +447,9 @@ impl Sink {
         let duration = self.args.duration.map(Duration::from_secs_f64);
         let idle = Duration::from_secs_f64(self.args.idle_exit);
         let mut tally = Tally::default();
+        let mut responder = self.args.rc.then(|| Responder::new(self.args.first_psn, self.args.ack_every));
+        // A responder answers quiet links quickly (its coalesced ACKs).
+        let poll = if responder.is_some() { Duration::from_millis(1) } else { Duration::from_millis(100) };
         let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
         let mut buf = vec![0u8; 65536];
         loop {
@@ -449,11 +462,12 @@ impl Sink {
             // Idle is judged only when a receive found no RoCEv2 frame, so
             // frames queued while this thread was not scheduled still count.
             let idle_now = || last.is_some_and(|t: Instant| t.elapsed() >= idle);
-            let Some(n) = self
-                .socket
-                .recv(&mut buf, Duration::from_millis(100))
-                .with_context(|| format!("receiving on {}", self.args.dev))?
+            let Some(n) =
+                self.socket.recv(&mut buf, poll).with_context(|| format!("receiving on {}", self.args.dev))?
             else {
+                if let Some(r) = responder.as_mut() {
+                    self.send_all(r.flush())?;
+                }
                 if idle_now() {
                     break;
                 }
@@ -461,6 +475,11 @@ impl Sink {
             };
             let before = tally.report.packets;
             tally.frame(&buf[..n]);
+            if let Some(r) = responder.as_mut() {
+                if let Ok(p) = parse_roce(&buf[..n]) {
+                    self.send_all(r.frame(&p))?;
+                }
+            }
             if tally.report.packets > before {
                 let now = Instant::now();
                 first.get_or_insert(now);
@@ -473,7 +492,16 @@ impl Sink {
             (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
             _ => 0.0,
         };
-        Ok(tally.finish(&self.args.dev, elapsed))
+        let mut report = tally.finish(&self.args.dev, elapsed);
+        report.responder = responder.map(|r| r.report()).unwrap_or_default();
+        Ok(report)
+    }
+
+    fn send_all(&self, frames: Vec<Vec<u8>>) -> Result<()> {
+        for f in frames {
+            self.socket.send(&f).with_context(|| format!("sending an ACK on {}", self.args.dev))?;
+        }
+        Ok(())
     }
 }
 
@@ -491,6 +519,7 @@ pub fn run(args: &SinkArgs) -> Result<SinkReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rocev2_common::bth::opcode;
 
     fn observe_all(psns: &[u32]) -> Vec<Arrival> {
         let mut t = PsnTracker::new();

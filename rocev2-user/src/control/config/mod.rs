@@ -8,6 +8,7 @@
 //! xdp_mode = "native"              # or "skb"; default "native"
 //! pin_dir = "/sys/fs/bpf/rocev2"   # default rocev2_common::maps::PIN_DIR
 //! neighbour_refresh_ms = 1000      # default 1000, 100..=60000
+//! telemetry_qps = 4096             # per-QP telemetry table; default 0 (off)
 //!
 //! [[port]]
 //! name = "eth1"
@@ -51,6 +52,8 @@ use rocev2_common::maps::PIN_DIR;
 /// Default and allowed range of `dataplane.neighbour_refresh_ms`.
 const DEFAULT_NEIGHBOUR_REFRESH_MS: u64 = 1000;
 const NEIGHBOUR_REFRESH_MS: std::ops::RangeInclusive<i64> = 100..=60_000;
+/// Allowed range of `dataplane.telemetry_qps` (0 = off).
+const TELEMETRY_QPS: std::ops::RangeInclusive<i64> = 0..=1_048_576;
 
 /// Linux interface names are at most IFNAMSIZ - 1 = 15 bytes.
 const MAX_IFNAME_LEN: usize = 15;
@@ -226,6 +229,8 @@ pub struct Dataplane {
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
     pub attach: Attach,
+    /// Per-QP transport telemetry: the QP table's size, or 0 for off.
+    pub telemetry_qps: u32,
     /// `cpu_spread`: a first XDP stage that hands each flow to a CPU by
     /// its hash (DestQP included) through a CPUMAP, whose program runs the
     /// pipeline.
@@ -252,6 +257,7 @@ impl Default for Dataplane {
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
             attach: Attach::Xdp,
+            telemetry_qps: 0,
             cpu_spread: CpuSpread::Off,
         }
     }
@@ -547,6 +553,7 @@ impl Config {
             .with(Features::when(pinned, Features::PINNED))
             .with(Features::when(!self.egress.is_empty(), Features::ECN))
             .with(Features::when(!self.classes.is_empty(), Features::CLASSES))
+            .with(Features::when(self.dataplane.telemetry_qps > 0, Features::TELEMETRY))
     }
 
     /// The classes as the dataplane's CLASSES map entries, in match order.

@@ -107,6 +107,7 @@ pub(super) struct RawDataplane {
     pub(super) pin_dir: Option<Spanned<String>>,
     pub(super) neighbour_refresh_ms: Option<Spanned<i64>>,
     pub(super) attach: Option<Spanned<String>>,
+    pub(super) telemetry_qps: Option<Spanned<i64>>,
     pub(super) cpu_spread: Option<Spanned<String>>,
 }
 

@@ -241,6 +241,15 @@ impl Source<'_> {
                 }
             })?;
         }
+        if let Some(v) = &raw.telemetry_qps {
+            dp.telemetry_qps = self.check("dataplane.telemetry_qps", v, |&n| {
+                if TELEMETRY_QPS.contains(&n) {
+                    Ok(n as u32)
+                } else {
+                    Err(format!("{n} is out of range; use 0 (telemetry off) to {} QPs", TELEMETRY_QPS.end()))
+                }
+            })?;
+        }
         Ok(dp)
     }
 

@@ -1,0 +1,333 @@
+//! Per-QP transport telemetry: what the dataplane learns from the BTHs it
+//! forwards, kept in a bounded LRU table of the most recently active QPs
+//! (destination, DestQP) and summed per group member.
+//!
+//! Both directions of an RC connection cross a rack switch: the data one
+//! way, its ACKs, NAKs and CNPs the other. A reply carries the requester's
+//! QP number, not the data's, so the table links the two through the pair
+//! of addresses and the UDP source port, which a NIC derives from both QP
+//! numbers and uses in both directions.
+
+use crate::bth::{aeth, opcode, PSN_MASK};
+
+/// Default size of the QP table (entries; LRU beyond).
+pub const DEFAULT_QP_TABLE_SIZE: u32 = 4096;
+/// Sequence jumps larger than this (24-bit PSN space) are backward.
+pub const PSN_HALF: u32 = 0x80_0000;
+/// Set in [`QpStats::next_psn`] once a PSN was seen (PSNs are 24 bits).
+pub const PSN_SEEN: u32 = 1 << 31;
+
+pub mod names {
+    pub const QP_TELEMETRY: &str = "QP_TELEMETRY";
+    pub const QP_REPLIES: &str = "QP_REPLIES";
+    pub const MEMBER_TRANSPORT: &str = "MEMBER_TRANSPORT";
+    pub const TRACE_FILTER: &str = "TRACE_FILTER";
+    pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
+}
+
+/// A data QP: destination address (IPv4 in the first word) and DestQP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QpKey {
+    pub dst: [u32; 4],
+    pub dest_qp: u32,
+    /// 4 or 6.
+    pub family: u32,
+}
+
+/// The direction-free identity of a connection's packets: where a data
+/// packet goes, where it comes from, its UDP source port. A reply's key
+/// has the addresses the other way round.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReplyKey {
+    /// The data's destination (the reply's source).
+    pub responder: [u32; 4],
+    /// The data's source (the reply's destination).
+    pub requester: [u32; 4],
+    pub src_port: u32,
+    pub family: u32,
+}
+
+/// What the table holds per data QP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Data packets and their frame bytes.
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// The group and member position of the last data packet.
+    pub group: u32,
+    pub position: u32,
+    /// The PSN after the highest seen, with [`PSN_SEEN`] set once one was.
+    pub next_psn: u32,
+    /// The last data PSN seen.
+    pub last_psn: u32,
+    /// PSNs ahead of the next expected one (loss upstream) and the PSNs
+    /// they skipped.
+    pub psn_forward_jumps: u64,
+    pub psns_skipped: u64,
+    /// PSNs below the next expected one: retransmissions or reordering.
+    pub psn_backward_jumps: u64,
+    /// Replies from the responder attributed to this QP.
+    pub acks: u64,
+    pub naks_sequence: u64,
+    pub naks_rnr: u64,
+    pub naks_other: u64,
+    pub cnps: u64,
+    /// Data packets that left CE-marked (by this dataplane's ECN marking
+    /// or upstream).
+    pub ce_marked: u64,
+    /// Times the member carrying the QP's data changed.
+    pub member_changes: u64,
+    /// The data's source address and UDP source port (the rest of the
+    /// flow key: what `explain` needs to repeat the member choice).
+    pub src: [u32; 4],
+    pub src_port: u32,
+    pub _pad: u32,
+}
+
+/// Per group member: the transport signals of the QPs it carries. Indexed
+/// like MEMBER_STATS; per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberTransport {
+    pub psn_forward_jumps: u64,
+    pub psn_backward_jumps: u64,
+    pub naks_sequence: u64,
+    pub naks_other: u64,
+    pub cnps: u64,
+    pub ce_marked: u64,
+}
+
+/// `rocev2 trace`'s filter, in TRACE_FILTER[0]; `active` 0 = no trace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceFilter {
+    pub active: u32,
+    /// TRACE_MATCH_* bits: which of the fields below must match.
+    pub matches: u32,
+    pub family: u32,
+    pub dest_qp: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub opcode: u32,
+    /// UDP source port.
+    pub src_port: u32,
+}
+
+pub const TRACE_MATCH_SRC: u32 = 1;
+pub const TRACE_MATCH_DST: u32 = 2;
+pub const TRACE_MATCH_QP: u32 = 4;
+pub const TRACE_MATCH_OPCODE: u32 = 8;
+pub const TRACE_MATCH_PORT: u32 = 16;
+/// Ring buffer size for trace events (bytes, a power of two).
+pub const TRACE_RING_BYTES: u32 = 256 * 1024;
+
+/// One traced packet's decision, as forwarded (headers already rewritten).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    pub ts_ns: u64,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub family: u32,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub group: u32,
+    pub position: u32,
+    pub ifindex: u32,
+    /// skb priority the class set (tc only), 0 otherwise.
+    pub priority: u32,
+    pub len: u32,
+    pub src_port: u16,
+    pub opcode: u8,
+    /// DSCP << 2 | ECN as the packet leaves.
+    pub tos: u8,
+}
+
+impl TraceFilter {
+    #[inline(always)]
+    pub fn matches(
+        &self,
+        family: u32,
+        src: &[u32; 4],
+        dst: &[u32; 4],
+        src_port: u16,
+        dest_qp: u32,
+        opcode: u8,
+    ) -> bool {
+        let m = self.matches;
+        (m & (TRACE_MATCH_SRC | TRACE_MATCH_DST) == 0 || self.family == family)
+            && (m & TRACE_MATCH_SRC == 0 || self.src == *src)
+            && (m & TRACE_MATCH_DST == 0 || self.dst == *dst)
+            && (m & TRACE_MATCH_QP == 0 || self.dest_qp == dest_qp)
+            && (m & TRACE_MATCH_OPCODE == 0 || self.opcode == u32::from(opcode))
+            && (m & TRACE_MATCH_PORT == 0 || self.src_port == u32::from(src_port))
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<TraceFilter>() == 56);
+    assert!(core::mem::size_of::<TraceEvent>() == 80);
+    assert!(core::mem::size_of::<QpKey>() == 24);
+    assert!(core::mem::size_of::<ReplyKey>() == 40);
+    assert!(core::mem::size_of::<QpStats>() == 152);
+    assert!(core::mem::size_of::<MemberTransport>() == 48);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    unsafe impl aya::Pod for super::QpKey {}
+    unsafe impl aya::Pod for super::ReplyKey {}
+    unsafe impl aya::Pod for super::QpStats {}
+    unsafe impl aya::Pod for super::MemberTransport {}
+    unsafe impl aya::Pod for super::TraceFilter {}
+    unsafe impl aya::Pod for super::TraceEvent {}
+}
+
+/// What a BTH opcode carries: data, an acknowledgement or a CNP (for the
+/// telemetry, the sink and the RC responder alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A request or response carrying data, with its PSN.
+    Data,
+    /// An ACK whose AETH syndrome is given.
+    Ack(u8),
+    Cnp,
+}
+
+#[inline(always)]
+pub fn seen(op: u8) -> Seen {
+    if op == opcode::CNP {
+        Seen::Cnp
+    } else if matches!(op & 0x1F, opcode::ACK | opcode::ATOMIC_ACK) && op >> 5 != 3 {
+        // RC/UC/RD (never UD) acknowledgements.
+        Seen::Ack(0)
+    } else {
+        Seen::Data
+    }
+}
+
+/// What one data PSN says, given the QP's next expected PSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PsnStep {
+    InOrder,
+    /// Skipped this many PSNs.
+    Forward(u32),
+    Backward,
+}
+
+#[inline(always)]
+pub fn psn_step(next: u32, psn: u32) -> PsnStep {
+    let ahead = psn.wrapping_sub(next) & PSN_MASK;
+    if ahead == 0 {
+        PsnStep::InOrder
+    } else if ahead < PSN_HALF {
+        PsnStep::Forward(ahead)
+    } else {
+        PsnStep::Backward
+    }
+}
+
+impl QpStats {
+    /// Counts one data packet; `now` in ns, `position` the member it takes.
+    #[inline(always)]
+    pub fn data(&mut self, psn: u32, bytes: u64, group: u32, position: u32, ce_marked: bool, now: u64) -> PsnStep {
+        if self.packets == 0 {
+            self.first_seen_ns = now;
+        } else if self.group != group || self.position != position {
+            self.member_changes += 1;
+        }
+        self.packets += 1;
+        self.bytes += bytes;
+        self.last_seen_ns = now;
+        self.group = group;
+        self.position = position;
+        self.ce_marked += u64::from(ce_marked);
+        // Against the highest PSN: ahead is a gap (loss upstream). Behind
+        // it, a jump back from the last PSN starts a resend (or a late
+        // packet); the resend climbing back up in order is not counted again.
+        let step = if self.next_psn & PSN_SEEN == 0 {
+            PsnStep::InOrder
+        } else {
+            match psn_step(self.next_psn & PSN_MASK, psn) {
+                PsnStep::Backward if psn == (self.last_psn.wrapping_add(1) & PSN_MASK) => PsnStep::InOrder,
+                step => step,
+            }
+        };
+        match step {
+            PsnStep::Forward(n) => {
+                self.psn_forward_jumps += 1;
+                self.psns_skipped += u64::from(n);
+            }
+            PsnStep::Backward => self.psn_backward_jumps += 1,
+            PsnStep::InOrder => {}
+        }
+        let beyond_highest =
+            self.next_psn & PSN_SEEN == 0 || psn_step(self.next_psn & PSN_MASK, psn) != PsnStep::Backward;
+        if beyond_highest {
+            self.next_psn = (psn.wrapping_add(1) & PSN_MASK) | PSN_SEEN;
+        }
+        self.last_psn = psn & PSN_MASK;
+        step
+    }
+
+    /// Counts a reply (ACK/NAK with its AETH syndrome, or a CNP).
+    #[inline(always)]
+    pub fn reply(&mut self, seen: Seen) {
+        match seen {
+            Seen::Ack(syndrome) => match aeth::kind(syndrome) {
+                aeth::Kind::Ack => self.acks += 1,
+                aeth::Kind::SequenceError => self.naks_sequence += 1,
+                aeth::Kind::RnrNak => self.naks_rnr += 1,
+                aeth::Kind::OtherNak | aeth::Kind::Reserved => self.naks_other += 1,
+            },
+            Seen::Cnp => self.cnps += 1,
+            Seen::Data => {}
+        }
+    }
+}
+
+impl MemberTransport {
+    pub fn add(&mut self, other: &MemberTransport) {
+        self.psn_forward_jumps += other.psn_forward_jumps;
+        self.psn_backward_jumps += other.psn_backward_jumps;
+        self.naks_sequence += other.naks_sequence;
+        self.naks_other += other.naks_other;
+        self.cnps += other.cnps;
+        self.ce_marked += other.ce_marked;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_steps_and_replies() {
+        let mut s = QpStats::default();
+        assert_eq!(s.data(PSN_MASK, 100, 1, 2, false, 10), PsnStep::InOrder);
+        assert_eq!(s.data(0, 100, 1, 2, false, 11), PsnStep::InOrder);
+        assert_eq!(s.data(3, 100, 1, 2, true, 12), PsnStep::Forward(2));
+        assert_eq!(s.data(1, 100, 1, 3, false, 13), PsnStep::Backward);
+        // The go-back-N resend climbs back in order, then goes on.
+        assert_eq!(s.data(2, 100, 1, 3, false, 14), PsnStep::InOrder);
+        assert_eq!(s.data(3, 100, 1, 3, false, 15), PsnStep::InOrder);
+        assert_eq!(s.data(4, 100, 1, 3, false, 16), PsnStep::InOrder);
+        assert_eq!(s.next_psn, 5 | PSN_SEEN);
+        assert_eq!((s.psn_forward_jumps, s.psn_backward_jumps), (1, 1));
+        assert_eq!((s.packets, s.bytes, s.psns_skipped, s.ce_marked, s.member_changes), (7, 700, 2, 1, 1));
+        assert_eq!((s.first_seen_ns, s.last_seen_ns), (10, 16));
+        for syndrome in [aeth::ACK, aeth::NAK_PSN_SEQUENCE_ERROR, aeth::RNR_NAK | 3, 0x61] {
+            s.reply(Seen::Ack(syndrome));
+        }
+        s.reply(Seen::Cnp);
+        assert_eq!((s.acks, s.naks_sequence, s.naks_rnr, s.naks_other, s.cnps), (1, 1, 1, 1, 1));
+        assert_eq!(seen(opcode::ACK), Seen::Ack(0));
+        assert_eq!(seen(opcode::CNP), Seen::Cnp);
+        assert_eq!(seen(opcode::WRITE_LAST), Seen::Data);
+    }
+}

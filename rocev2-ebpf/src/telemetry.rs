@@ -1,0 +1,182 @@
+//! Per-QP transport telemetry (see rocev2_common::telemetry): after a
+//! packet is forwarded, data PSNs are followed per (destination, DestQP) and
+//! replies (ACK/NAK, CNP) are attributed to the data QP they answer and to
+//! the member its data took.
+//!
+//! A load-time feature (`Features::TELEMETRY`, on with `telemetry_qps`):
+//! off, the verifier drops the whole call, so a dataplane without
+//! telemetry runs the same instructions as before.
+//!
+//! Updates are plain stores: a QP's data arrives on one CPU (receive
+//! hashing keeps a flow on one queue) and its replies, which may arrive on
+//! another, touch other fields. A rare lost count is the price of no atomics.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_coarse_ns,
+    macros::map,
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+};
+use rocev2_common::{
+    maps::{member_stat_index, MEMBER_STAT_ENTRIES},
+    telemetry::{
+        seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
+        TRACE_RING_BYTES,
+    },
+};
+
+use crate::{ctx::PacketBuf, forward::Forward, parse, transport};
+
+/// The most recently active data QPs; sized at load time.
+#[map]
+pub static QP_TELEMETRY: LruHashMap<QpKey, QpStats> = LruHashMap::with_max_entries(DEFAULT_QP_TABLE_SIZE, 0);
+
+/// Reply direction -> the data QP it answers (see ReplyKey).
+#[map]
+pub static QP_REPLIES: LruHashMap<ReplyKey, QpKey> = LruHashMap::with_max_entries(DEFAULT_QP_TABLE_SIZE, 0);
+
+/// Transport signals per group member, per CPU.
+#[map]
+pub static MEMBER_TRANSPORT: PerCpuArray<MemberTransport> = PerCpuArray::with_max_entries(MEMBER_STAT_ENTRIES, 0);
+
+/// `rocev2 trace`'s filter (entry 0; inactive unless a trace runs).
+#[map]
+static TRACE_FILTER: Array<TraceFilter> = Array::with_max_entries(1, 0);
+
+/// Decisions of traced packets, read by `rocev2 trace`.
+#[map]
+static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
+
+/// Keys and a new entry: too big for the stack next to the pipeline's.
+#[repr(C)]
+pub struct Scratch {
+    at: transport::RoceAt,
+    qp: QpKey,
+    reply: ReplyKey,
+    stats: QpStats,
+}
+
+#[map]
+static TELEMETRY_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Records a forwarded packet (its headers already rewritten) and the
+/// member it took. Called with the caller's own output, so nothing is
+/// computed or kept across the call: the forwarding functions' frames are
+/// at the verifier's stack limit and must not grow.
+#[inline(never)]
+#[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the keys onto the stack")]
+pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
+    let (group, position) = (f.group, f.position);
+    let len = parse::frame_len(ctx) as u64;
+    let Some(scratch) = TELEMETRY_SCRATCH.get_ptr_mut(0) else { return };
+    // SAFETY: this CPU's own scratch slot.
+    let scratch = unsafe { &mut *scratch };
+    if !transport::locate_into(ctx, len as usize, &mut scratch.at) {
+        return;
+    }
+    let at = &scratch.at;
+    let ce_marked = at.ecn == 3;
+    trace(at, f, len);
+    match seen(at.bth.opcode) {
+        Seen::Data => {
+            scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
+            // The coarse clock (a tick's resolution) is plenty for first and
+            // last seen, and a fraction of the precise one's cost.
+            // SAFETY: ns clock helper.
+            let now = unsafe { bpf_ktime_get_coarse_ns() };
+            let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
+                // SAFETY: a map value; see the module note on races.
+                Some(s) => unsafe { (*s).data(at.bth.psn, len, group, position, ce_marked, now) },
+                None => {
+                    scratch.stats = QpStats { src: at.src, src_port: u32::from(at.src_port), ..QpStats::default() };
+                    let step = scratch.stats.data(at.bth.psn, len, group, position, ce_marked, now);
+                    let _ = QP_TELEMETRY.insert(&scratch.qp, &scratch.stats, 0);
+                    scratch.reply = ReplyKey {
+                        responder: at.dst,
+                        requester: at.src,
+                        src_port: u32::from(at.src_port),
+                        family: at.family,
+                    };
+                    let _ = QP_REPLIES.insert(&scratch.reply, &scratch.qp, 0);
+                    step
+                }
+            };
+            // The member sums change only on trouble: an in-order packet
+            // that was not marked costs no second lookup.
+            if step != PsnStep::InOrder || ce_marked {
+                member_add(group, position, |m| {
+                    m.ce_marked += u64::from(ce_marked);
+                    match step {
+                        PsnStep::InOrder => {}
+                        PsnStep::Forward(_) => m.psn_forward_jumps += 1,
+                        PsnStep::Backward => m.psn_backward_jumps += 1,
+                    }
+                });
+            }
+        }
+        reply => {
+            let reply = match reply {
+                Seen::Ack(_) => Seen::Ack(transport::aeth_syndrome(ctx, at).unwrap_or(0)),
+                other => other,
+            };
+            scratch.reply =
+                ReplyKey { responder: at.src, requester: at.dst, src_port: u32::from(at.src_port), family: at.family };
+            // SAFETY: map values, copied out.
+            let Some(qp) = (unsafe { QP_REPLIES.get(&scratch.reply) }) else { return };
+            scratch.qp = *qp;
+            let Some(s) = QP_TELEMETRY.get_ptr_mut(&scratch.qp) else { return };
+            // SAFETY: as above.
+            let (data_group, data_position) = unsafe {
+                (*s).reply(reply);
+                ((*s).group, (*s).position)
+            };
+            member_add(data_group, data_position, |m| match reply {
+                Seen::Ack(syndrome) => match rocev2_common::bth::aeth::kind(syndrome) {
+                    rocev2_common::bth::aeth::Kind::SequenceError => m.naks_sequence += 1,
+                    rocev2_common::bth::aeth::Kind::Ack => {}
+                    _ => m.naks_other += 1,
+                },
+                Seen::Cnp => m.cnps += 1,
+                Seen::Data => {}
+            });
+        }
+    }
+}
+
+/// `rocev2 trace`: when a trace runs and the packet matches its filter,
+/// the decision goes to the ring buffer, written in place (no stack copy).
+#[inline(always)]
+fn trace(at: &transport::RoceAt, f: &Forward, len: u64) {
+    let Some(filter) = TRACE_FILTER.get(0) else { return };
+    if filter.active == 0 || !filter.matches(at.family, &at.src, &at.dst, at.src_port, at.bth.dest_qp, at.bth.opcode) {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else { return };
+    let e = entry.as_mut_ptr();
+    // SAFETY: a reserved ring buffer record of TraceEvent's size; every
+    // field is written before it is submitted.
+    unsafe {
+        (*e).ts_ns = bpf_ktime_get_coarse_ns();
+        (*e).src = at.src;
+        (*e).dst = at.dst;
+        (*e).family = at.family;
+        (*e).dest_qp = at.bth.dest_qp;
+        (*e).psn = at.bth.psn;
+        (*e).group = f.group;
+        (*e).position = f.position;
+        (*e).ifindex = f.ifindex;
+        (*e).priority = f.priority;
+        (*e).len = len as u32;
+        (*e).src_port = at.src_port;
+        (*e).opcode = at.bth.opcode;
+        (*e).tos = at.tos;
+    }
+    entry.submit(0);
+}
+
+#[inline(always)]
+fn member_add(group: u32, position: u32, f: impl FnOnce(&mut MemberTransport)) {
+    if let Some(m) = MEMBER_TRANSPORT.get_ptr_mut(member_stat_index(group, position)) {
+        // SAFETY: per-CPU slot.
+        f(unsafe { &mut *m });
+    }
+}

@@ -1,0 +1,184 @@
+//! Reading the dataplane's per-QP transport telemetry (see
+//! rocev2_common::telemetry) from the maps a running `rocev2 run` pinned:
+//! the QP table for `rocev2 top`, the per-member sums for `stats` and the
+//! metrics.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray},
+    Ebpf,
+};
+use rocev2_common::{
+    maps::member_stat_index,
+    telemetry::{names, MemberTransport, QpKey, QpStats},
+};
+use serde::Serialize;
+
+/// The telemetry maps pinned next to the others when telemetry is on.
+pub const PINNED: &[&str] =
+    &[names::QP_TELEMETRY, names::QP_REPLIES, names::MEMBER_TRANSPORT, names::TRACE_FILTER, names::TRACE_EVENTS];
+
+/// Pins the telemetry maps under `dir` (replacing stale pins of a crashed run).
+pub fn pin_maps(ebpf: &mut Ebpf, dir: &Path) -> Result<()> {
+    for name in PINNED {
+        let path = dir.join(name);
+        let _ = std::fs::remove_file(&path);
+        let map = ebpf.map_mut(name).with_context(|| format!("eBPF object has no map {name}"))?;
+        map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// True if the running dataplane under `dir` has telemetry on.
+pub fn is_on(dir: &Path) -> bool {
+    dir.join(names::QP_TELEMETRY).exists()
+}
+
+pub fn open(dir: &Path, name: &str) -> Result<aya::maps::Map> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).with_context(|| {
+        format!(
+            "cannot open {}: is `rocev2 run` running with telemetry on (`telemetry_qps` in [dataplane])?",
+            path.display()
+        )
+    })?;
+    aya::maps::Map::from_map_data(data).with_context(|| format!("pinned map {} has an unknown type", path.display()))
+}
+
+/// One data QP as the table holds it.
+#[derive(Clone, Debug, Serialize)]
+pub struct QpEntry {
+    /// The data's source and UDP source port.
+    pub src: IpAddr,
+    pub src_port: u16,
+    pub dst: IpAddr,
+    pub dest_qp: u32,
+    pub stats: QpStatsView,
+}
+
+/// [`QpStats`] with serde names.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct QpStatsView {
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// The group's slot (`top` names it as `group`).
+    #[serde(rename = "group_index")]
+    pub group: u32,
+    pub position: u32,
+    pub psn_forward_jumps: u64,
+    pub psns_skipped: u64,
+    pub psn_backward_jumps: u64,
+    pub acks: u64,
+    pub naks_sequence: u64,
+    pub naks_rnr: u64,
+    pub naks_other: u64,
+    pub cnps: u64,
+    pub ce_marked: u64,
+    pub member_changes: u64,
+}
+
+impl From<QpStats> for QpStatsView {
+    fn from(s: QpStats) -> Self {
+        Self {
+            packets: s.packets,
+            bytes: s.bytes,
+            first_seen_ns: s.first_seen_ns,
+            last_seen_ns: s.last_seen_ns,
+            group: s.group,
+            position: s.position,
+            psn_forward_jumps: s.psn_forward_jumps,
+            psns_skipped: s.psns_skipped,
+            psn_backward_jumps: s.psn_backward_jumps,
+            acks: s.acks,
+            naks_sequence: s.naks_sequence,
+            naks_rnr: s.naks_rnr,
+            naks_other: s.naks_other,
+            cnps: s.cnps,
+            ce_marked: s.ce_marked,
+            member_changes: s.member_changes,
+        }
+    }
+}
+
+impl QpStatsView {
+    /// Transport trouble signals: NAKs, retransmissions, gaps and CNPs.
+    pub fn trouble(&self) -> u64 {
+        self.naks_sequence
+            + self.naks_rnr
+            + self.naks_other
+            + self.psn_backward_jumps
+            + self.psn_forward_jumps
+            + self.cnps
+    }
+}
+
+/// The dataplane's words for an address (rocev2_common::hash).
+pub fn addr_words(a: IpAddr) -> [u32; 4] {
+    match a {
+        IpAddr::V4(v4) => rocev2_common::hash::ipv4_words(v4.octets()),
+        IpAddr::V6(v6) => rocev2_common::hash::ipv6_words(&v6.octets()),
+    }
+}
+
+/// An address as the dataplane's words hold it (rocev2_common::hash).
+pub fn words_addr(words: &[u32; 4], family: u32) -> IpAddr {
+    if family == 6 {
+        let mut b = [0u8; 16];
+        for (i, w) in words.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        Ipv6Addr::from(b).into()
+    } else {
+        Ipv4Addr::from(words[0].to_ne_bytes()).into()
+    }
+}
+
+/// Every QP in the table (at most its size).
+pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
+    let map: HashMap<_, QpKey, QpStats> =
+        HashMap::try_from(open(dir, names::QP_TELEMETRY)?).context("QP_TELEMETRY has an unexpected type")?;
+    let mut out = Vec::new();
+    for item in map.iter() {
+        // An entry evicted while we walk ends the walk early; take what came.
+        let Ok((k, s)) = item else { break };
+        out.push(QpEntry {
+            src: words_addr(&s.src, k.family),
+            src_port: s.src_port as u16,
+            dst: words_addr(&k.dst, k.family),
+            dest_qp: k.dest_qp,
+            stats: s.into(),
+        });
+    }
+    Ok(out)
+}
+
+/// QPs in the table now.
+pub fn count_qps(dir: &Path) -> Result<usize> {
+    let map: HashMap<_, QpKey, QpStats> =
+        HashMap::try_from(open(dir, names::QP_TELEMETRY)?).context("QP_TELEMETRY has an unexpected type")?;
+    Ok(map.keys().take_while(Result::is_ok).count())
+}
+
+/// The per-member sums, summed over CPUs, for a group's first `members`
+/// positions.
+pub fn read_members(dir: &Path, group: u32, members: u32) -> Result<Vec<MemberTransport>> {
+    let map: PerCpuArray<_, MemberTransport> = PerCpuArray::try_from(open(dir, names::MEMBER_TRANSPORT)?)
+        .context("MEMBER_TRANSPORT has an unexpected type")?;
+    (0..members)
+        .map(|position| {
+            let per_cpu = map.get(&member_stat_index(group, position), 0).context("reading MEMBER_TRANSPORT")?;
+            let mut sum = MemberTransport::default();
+            for m in per_cpu.iter() {
+                sum.add(m);
+            }
+            Ok(sum)
+        })
+        .collect()
+}

@@ -1,0 +1,65 @@
+//! Part 1 addition: what per-QP telemetry (`telemetry_qps`) costs per
+//! packet, measured against the same pipeline with telemetry off.
+
+#[allow(unused_imports)]
+use super::*;
+use rocev2_common::telemetry::DEFAULT_QP_TABLE_SIZE;
+
+pub(super) const HOW: &str = "- Telemetry rows: the qp pipeline (10 routes) loaded twice, with `telemetry_qps = 0` and with the default 4096-entry QP table, measured interleaved like the rest of part 1, on one QP's stream of 64 WRITE frames with consecutive PSNs taken in turn (the QP's entry exists after the first call and is updated in place: the steady state of a busy QP; the ICRC of these frames is not recomputed, which the dataplane does not check). Off, the load-time feature switch removes the telemetry call from the verified program.\n";
+
+/// Frames in the telemetry rows' stream.
+const PSNS: u32 = 64;
+
+/// Rows: the qp pipeline with telemetry off and on, per family.
+pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
+    eprintln!("bench: per-packet cost of per-QP telemetry");
+    let qp = Pipeline::Qp.features();
+    let mut off = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp)?;
+    let mut on = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp.with(Features::TELEMETRY))?;
+    // A QP's stream: consecutive PSNs, so telemetry sees packets in order
+    // (one jump back per 64 packets, when the frames start over).
+    let stream = |v6: bool| -> Vec<Vec<u8>> {
+        (0..PSNS)
+            .map(|psn| {
+                let mut f = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+                let at = f.len() - 4 - 1024 - 3; // PSN: the BTH's last 3 bytes, before payload and ICRC
+                f[at..at + 3].copy_from_slice(&psn.to_be_bytes()[1..]);
+                f
+            })
+            .collect()
+    };
+    let streams = [stream(false), stream(true)];
+    let mut samples: BTreeMap<(bool, bool), Vec<f64>> = BTreeMap::new();
+    for _round in 0..args.rounds {
+        for (v6, frames) in [false, true].into_iter().zip(&streams) {
+            let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+            let off_ns = cost_ns_frames(&mut off, XDP_PROGRAM, &frames, args.packets, TEST_REPEAT)?;
+            samples.entry((v6, false)).or_default().push(off_ns);
+            let on_ns = cost_ns_frames(&mut on, XDP_PROGRAM, &frames, args.packets, TEST_REPEAT)?;
+            samples.entry((v6, true)).or_default().push(on_ns);
+        }
+    }
+    let mut rows = Vec::new();
+    for v6 in [false, true] {
+        let fam = if v6 { "IPv6" } else { "IPv4" };
+        let ns_off = median(samples[&(v6, false)].clone());
+        let ns_on = median(samples[&(v6, true)].clone());
+        rows.push(row(
+            "1 per-packet",
+            "rocev2 qp, telemetry off",
+            format!("{fam}, 10 routes"),
+            format!("{ns_off:.1} ns"),
+            "telemetry baseline",
+            "",
+        ));
+        rows.push(row(
+            "1 per-packet",
+            format!("rocev2 qp, telemetry on ({DEFAULT_QP_TABLE_SIZE} QPs)"),
+            format!("{fam}, 10 routes"),
+            format!("{ns_on:.1} ns"),
+            format!("{:+.1} ns vs off", ns_on - ns_off),
+            "",
+        ));
+    }
+    Ok(rows)
+}
