@@ -1,0 +1,442 @@
+//! The loaded dataplane: the eBPF object, its maps, and the operations the
+//! control program performs on them (install routes, publish groups,
+//! register ports, read counters).
+//!
+//! Map writes are ordered so a packet in flight never sees a half-written
+//! group: members go to the idle bank first, then one group-entry update
+//! switches banks.
+
+mod kernel_maps;
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+use aya::{
+    maps::{CpuMap, MapData},
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc,
+        tc::SchedClassifierLinkId,
+        xdp::XdpLink,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+    },
+    Ebpf, EbpfLoader,
+};
+use rocev2_common::{
+    features::{Features, FEATURES_GLOBAL},
+    maps::{self, names, ROUTE_LOCAL},
+    telemetry,
+};
+
+use crate::{config::Prefix, errors::DataplaneError};
+
+pub use self::kernel_maps::*;
+
+/// Name of the forwarding program in the object.
+pub const XDP_PROGRAM: &str = "rocev2_xdp";
+/// The spreading stage on ports with `cpu_spread = "qp"`.
+pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
+/// The pipeline as each CPUS entry runs it.
+pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
+/// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
+const CPU_QUEUE_FRAMES: u32 = 2048;
+/// A program that passes everything (veth NAPI helper, benchmark floor).
+pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
+/// Sends every frame back out (XDP_TX): the live-frames traffic generator.
+pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
+/// tc ingress forwarding (`attach = "tc"`).
+pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
+/// tc egress classes + ECN for locally originated traffic.
+pub const TC_EGRESS_PROGRAM: &str = "rocev2_tc_egress";
+
+/// An XDP attachment held as a bpf link pinned in the pin directory, so
+/// it outlives this process on a handover and the next `rocev2 run` can
+/// swap its program in atomically.
+struct PinnedXdp {
+    path: PathBuf,
+    link: FdLink,
+}
+
+/// The eBPF object loaded into the kernel, with its maps taken out.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    pub maps: Maps,
+    /// What ROUTES_V4/V6 hold now, so a sync writes only the differences.
+    installed_routes: BTreeMap<Prefix, u32>,
+    pin_dir: Option<PathBuf>,
+    /// XDP attachments by interface name.
+    xdp_links: BTreeMap<String, PinnedXdp>,
+    /// tc attachments by (interface, ingress?) for detaching on reload.
+    tc_links: BTreeMap<(String, bool), SchedClassifierLinkId>,
+    /// Set by [`Dataplane::hand_over`]: leave programs and pins in place.
+    handed_over: bool,
+    /// Fixed at load time (the FEATURES constant).
+    features: Features,
+    /// What `attach` puts on a port: the pipeline, or the spreading stage.
+    ingress_program: &'static str,
+}
+
+/// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
+/// over (or crashed) and its programs still forward.
+pub fn has_pinned_links(pin_dir: &Path) -> bool {
+    std::fs::read_dir(pin_dir)
+        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("link-")))
+        .unwrap_or(false)
+}
+
+/// File name of an XDP link pin for `ifname`.
+pub fn link_pin_name(ifname: &str) -> String {
+    format!("link-{ifname}")
+}
+
+impl Dataplane {
+    /// Loads the object and the XDP programs (not attached yet). With a
+    /// `pin_dir`, every map is pinned there (bpffs is mounted when needed,
+    /// stale pins of a crashed run are replaced) so `rocev2 stats` can read
+    /// them.
+    pub fn load(pin_dir: Option<&Path>) -> Result<Self> {
+        Self::load_with(pin_dir, maps::DEFAULT_FLOWLET_TABLE_SIZE)
+    }
+
+    /// Like [`Dataplane::load`] with the flowlet table sized to `flowlet_table_size` flows.
+    pub fn load_with(pin_dir: Option<&Path>, flowlet_table_size: u32) -> Result<Self> {
+        Self::load_with_features(pin_dir, flowlet_table_size, Features::ALL)
+    }
+
+    /// Like [`Dataplane::load_with`] with only `features` in the programs:
+    /// the verifier removes the code of the others (see
+    /// rocev2_common::features). A group, queue or class that needs a
+    /// missing feature is not served until the programs are loaded again.
+    /// With the telemetry feature, the QP table holds the default number
+    /// of QPs.
+    pub fn load_with_features(pin_dir: Option<&Path>, flowlet_table_size: u32, features: Features) -> Result<Self> {
+        Self::load_with_telemetry(pin_dir, flowlet_table_size, features, telemetry::DEFAULT_QP_TABLE_SIZE)
+    }
+
+    /// Like [`Dataplane::load_with_features`] with a QP telemetry table of
+    /// `telemetry_qps` entries (used only with the telemetry feature; its
+    /// maps hold one entry without it).
+    pub fn load_with_telemetry(
+        pin_dir: Option<&Path>,
+        flowlet_table_size: u32,
+        features: Features,
+        telemetry_qps: u32,
+    ) -> Result<Self> {
+        if crate::EBPF_OBJECT.is_empty() {
+            bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
+        }
+        crate::privileges::check()?;
+        let telemetry_on = features.contains(Features::TELEMETRY);
+        let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .map_max_entries(telemetry::names::QP_TELEMETRY, qp_table)
+            .map_max_entries(telemetry::names::QP_REPLIES, qp_table)
+            .override_global(FEATURES_GLOBAL, &features.0, true)
+            .load(crate::EBPF_OBJECT)
+            .context("cannot load the eBPF object")?;
+        // The tc programs are loaded (and verified, which costs CPU) only
+        // when something attaches them: see `tc_program`.
+        for name in [XDP_PROGRAM, XDP_PASS_PROGRAM, XDP_TX_PROGRAM] {
+            let program: &mut Xdp = ebpf
+                .program_mut(name)
+                .with_context(|| format!("eBPF object has no program {name}"))?
+                .try_into()
+                .with_context(|| format!("{name} is not an XDP program"))?;
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        if let Some(dir) = pin_dir {
+            crate::bpffs::prepare_pin_dir(dir)?;
+        }
+        let maps = Maps::take(&mut ebpf, pin_dir)?;
+        if let (Some(dir), true) = (pin_dir, telemetry_on) {
+            crate::qp_telemetry::pin_maps(&mut ebpf, dir)?;
+        }
+        Ok(Self {
+            ebpf,
+            maps,
+            installed_routes: BTreeMap::new(),
+            pin_dir: pin_dir.map(Path::to_path_buf),
+            xdp_links: BTreeMap::new(),
+            tc_links: BTreeMap::new(),
+            handed_over: false,
+            features,
+            ingress_program: XDP_PROGRAM,
+        })
+    }
+
+    /// The features the loaded programs carry.
+    pub fn features(&self) -> Features {
+        self.features
+    }
+
+    /// Turns on the spreading stage (`cpu_spread = "qp"`): every online
+    /// CPU gets a CPUS entry running the pipeline (XDP_CPU_PROGRAM), and
+    /// ports attached from now on get XDP_SPREAD_PROGRAM, which hands each
+    /// flow to one of them. Returns the CPUs in use.
+    pub fn enable_cpu_spread(&mut self) -> Result<Vec<u32>> {
+        for name in [XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM] {
+            self.xdp_program(name)?.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        let cpu_program =
+            self.xdp_program(XDP_CPU_PROGRAM)?.fd()?.try_clone().context("cannot duplicate a program fd")?;
+        let online = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+        let map = self.ebpf.map_mut(names::CPUS).context("eBPF object has no map CPUS")?;
+        let mut cpus: CpuMap<&mut MapData> = CpuMap::try_from(map).context("CPUS is not a CPU map")?;
+        let mut used = Vec::new();
+        for cpu in online {
+            if cpu >= maps::MAX_SPREAD_CPUS {
+                break;
+            }
+            cpus.set(cpu, CPU_QUEUE_FRAMES, Some(&cpu_program), 0)
+                .with_context(|| format!("cannot add CPU {cpu} to CPUS"))?;
+            used.push(cpu);
+        }
+        // Keys are CPU numbers: the stage hashes over 0..=highest, and a
+        // flow hashed to an offline CPU is forwarded where it arrived.
+        let span = used.iter().max().map_or(0, |m| m + 1);
+        self.maps.set_spread_cpus(span)?;
+        self.ingress_program = XDP_SPREAD_PROGRAM;
+        Ok(used)
+    }
+
+    pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
+        self.ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not an XDP program"))
+    }
+
+    /// Attaches the forwarding program to an ingress port. With a pin
+    /// directory the attachment is a pinned bpf link; if an earlier `rocev2
+    /// run` handed over (or crashed), its link is still there and this
+    /// program replaces the old one in it atomically: no packet is lost.
+    /// Returns true when it took over an existing attachment.
+    pub fn attach(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        let pin_path = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(ifname)));
+        if let Some(path) = pin_path.as_ref().filter(|p| p.exists()) {
+            let pinned = PinnedLink::from_pin(path)
+                .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
+            let old = XdpLink::try_from(FdLink::from(pinned))
+                .with_context(|| format!("{} is not an XDP link", path.display()))?;
+            let program = self.xdp_program(self.ingress_program)?;
+            let id =
+                program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
+            let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
+            self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
+            return Ok(true);
+        }
+        let program = self.xdp_program(self.ingress_program)?;
+        let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
+            let hint = match mode {
+                XdpMode::Driver => {
+                    "; the driver may lack native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP"
+                }
+                _ => "",
+            };
+            anyhow::anyhow!("cannot attach XDP ({}) to {ifname}: {e}{hint}", mode_name(mode))
+        })?;
+        if let Some(path) = pin_path {
+            let link = FdLink::try_from(program.take_link(id)?)
+                .context("the kernel attached XDP without a bpf link (needs Linux 5.9+ for handover)")?;
+            let pinned = link.pin(&path).with_context(|| format!("cannot pin the XDP link at {}", path.display()))?;
+            self.xdp_links.insert(ifname.to_string(), PinnedXdp { path, link: FdLink::from(pinned) });
+        }
+        Ok(false)
+    }
+
+    /// Detaches the forwarding program from a port (a reload removed it).
+    pub fn detach(&mut self, ifname: &str) {
+        if let Some(att) = self.xdp_links.remove(ifname) {
+            let _ = std::fs::remove_file(&att.path);
+            drop(att.link);
+        }
+        for ingress in [true, false] {
+            if let Some(id) = self.tc_links.remove(&(ifname.to_string(), ingress)) {
+                let name = if ingress { TC_INGRESS_PROGRAM } else { TC_EGRESS_PROGRAM };
+                if let Ok(program) = self.tc_program(name) {
+                    let _ = program.detach(id);
+                }
+            }
+        }
+    }
+
+    /// Removes XDP link pins of interfaces not in `keep` (a takeover found
+    /// a port the new config no longer has): detaches those programs.
+    pub fn drop_stale_links(&mut self, keep: &[String]) -> Result<Vec<String>> {
+        let Some(dir) = self.pin_dir.clone() else { return Ok(Vec::new()) };
+        let mut dropped = Vec::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if let Some(ifname) = name.strip_prefix("link-") {
+                if !keep.iter().any(|k| k == ifname) && !self.xdp_links.contains_key(ifname) {
+                    std::fs::remove_file(dir.join(&name)).ok();
+                    dropped.push(ifname.to_string());
+                }
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// A tc program, loaded into the kernel on first use.
+    fn tc_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a tc classifier"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
+    }
+
+    /// Leaves the programs attached and the maps pinned when this value is
+    /// dropped, for the next `rocev2 run` to take over.
+    pub fn hand_over(&mut self) {
+        self.handed_over = true;
+    }
+
+    /// Installs the route set `wanted` (prefix -> group index or ROUTE_LOCAL),
+    /// then removes routes that are no longer wanted: adding first means a
+    /// prefix that moves to another group is never briefly unrouted.
+    pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<()> {
+        // Only new or retargeted routes are written: `run` syncs on every
+        // refresh tick, and rewriting 100,000 unchanged routes each time
+        // would cost a fifth of a second of CPU per tick.
+        // The generation is bumped after the additions and again after the
+        // removals (even when one fails part-way), so the per-CPU route
+        // caches never serve a result the tables no longer give.
+        let additions: Vec<(Prefix, u32)> =
+            wanted.iter().filter(|(p, t)| self.installed_routes.get(p) != Some(t)).map(|(p, t)| (*p, *t)).collect();
+        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
+        if !additions.is_empty() {
+            self.maps.bump_route_generation()?;
+        }
+        added?;
+        let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
+        let removed: Result<()> = stale.iter().try_for_each(|prefix| {
+            self.maps.remove_route(prefix)?;
+            self.installed_routes.remove(prefix);
+            Ok(())
+        });
+        if !stale.is_empty() {
+            self.maps.bump_route_generation()?;
+        }
+        removed
+    }
+
+    /// Writes one route. A full table is reported as
+    /// [`DataplaneError::RouteTableFull`], with the numbers (the kernel
+    /// says only "no space").
+    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
+        if let Err(e) = self.maps.set_route(prefix, target) {
+            let no_space = e
+                .chain()
+                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOSPC)));
+            if !no_space {
+                return Err(e);
+            }
+            let (v4, v6) = self.route_counts();
+            let (family, installed, capacity) = match prefix {
+                Prefix::V4 { .. } => ("IPv4", v4, rocev2_common::maps::MAX_ROUTES_V4),
+                Prefix::V6 { .. } => ("IPv6", v6, rocev2_common::maps::MAX_ROUTES_V6),
+            };
+            let prefix = prefix.to_string();
+            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix }.into());
+        }
+        self.installed_routes.insert(*prefix, target);
+        Ok(())
+    }
+
+    /// Routes installed now: (IPv4, IPv6).
+    pub fn route_counts(&self) -> (usize, usize) {
+        let v4 = self.installed_routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count();
+        (v4, self.installed_routes.len() - v4)
+    }
+
+    /// Applies route changes (`None` = remove), then bumps the route
+    /// generation once: the incremental path for learned routes, where a
+    /// full [`Dataplane::sync_routes`] over 100,000 prefixes per change
+    /// would cost milliseconds.
+    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let applied: Result<()> = changes.iter().try_for_each(|(prefix, target)| {
+            match target {
+                Some(t) if self.installed_routes.get(prefix) != Some(t) => self.install_route(prefix, *t)?,
+                Some(_) => {}
+                None => {
+                    if self.installed_routes.remove(prefix).is_some() {
+                        self.maps.remove_route(prefix)?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        self.maps.bump_route_generation()?;
+        applied
+    }
+
+    /// Attaches a tc program (clsact) to `ifname`: the forwarding program on
+    /// ingress (`attach = "tc"`), or the local-traffic marker on egress.
+    pub fn attach_tc(&mut self, ifname: &str, attach_type: TcAttachType) -> Result<()> {
+        // aya attaches with TCX links where the kernel has them (6.6+) and
+        // needs a clsact qdisc only on older kernels; it may exist already,
+        // and a real problem shows up in attach() below.
+        let _ = tc::qdisc_add_clsact(ifname);
+        let ingress = matches!(attach_type, TcAttachType::Ingress);
+        let name = if ingress { TC_INGRESS_PROGRAM } else { TC_EGRESS_PROGRAM };
+        let program = self.tc_program(name)?;
+        let id = program
+            .attach(ifname, attach_type)
+            .with_context(|| format!("cannot attach {name} to {ifname} (tc {attach_type:?})"))?;
+        self.tc_links.insert((ifname.to_string(), ingress), id);
+        Ok(())
+    }
+
+    /// Detaches the XDP links and removes every pin (the maps go away
+    /// with the last reference).
+    pub fn unpin(&mut self) {
+        for (_, att) in std::mem::take(&mut self.xdp_links) {
+            let _ = std::fs::remove_file(&att.path);
+        }
+        if let Some(dir) = self.pin_dir.take() {
+            for name in maps::names::ALL.iter().chain(crate::qp_telemetry::PINNED) {
+                let _ = std::fs::remove_file(dir.join(name));
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        if !self.handed_over {
+            self.unpin();
+        }
+        // On a handover the link pins keep the programs attached and the
+        // programs keep their maps; dropping our fds changes nothing.
+    }
+}
+
+pub fn mode_name(mode: XdpMode) -> &'static str {
+    match mode {
+        XdpMode::Driver => "native",
+        XdpMode::Skb => "skb",
+        XdpMode::Hardware => "offload",
+        XdpMode::Default => "default",
+    }
+}
+
+/// Host routes that send traffic for the box's own addresses to the kernel.
+pub fn local_routes(addrs: &[IpAddr]) -> impl Iterator<Item = (Prefix, u32)> + '_ {
+    addrs.iter().map(|a| (Prefix::host(*a), ROUTE_LOCAL))
+}
