@@ -70,3 +70,17 @@ pub fn action_name(action: u32) -> &'static str {
         _ => "unknown",
     }
 }
+
+/// Takes down the persistent lab `name` (`rocev2 lab up --name NAME`) when
+/// the test ends, also on panic; a lab already down is left alone.
+pub struct LabGuard(pub String);
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if rocev2_user::labcmd::record_path(&self.0).exists() {
+            if let Err(e) = rocev2_user::labcmd::down(&self.0) {
+                eprintln!("warning: lab down {}: {e:#}", self.0);
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@
 
 use std::{path::Path, process::Command};
 
-use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
     fabric::{Pattern, SeedPlan, Tier},
     gen::SportModel,
@@ -21,19 +21,6 @@ use rocev2_user::{
 /// A lab name unique to this process and test: 1-8 of [a-z0-9].
 fn lab_name(tag: char) -> String {
     format!("f{tag}{:x}", std::process::id() % 0xFFFFF)
-}
-
-/// Takes the lab down when the test ends, also on panic.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if record_path(&self.0).exists() {
-            if let Err(e) = labcmd::down(&self.0) {
-                eprintln!("warning: lab down {}: {e:#}", self.0);
-            }
-        }
-    }
 }
 
 fn up(name: &str, routing: &str, hash: &str, seed: SeedPlan) -> LabGuard {

@@ -8,7 +8,7 @@ use std::{
     process::{Command, Output},
 };
 
-use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::lab::EcmpLab;
 
 fn rocev2(args: &[&str]) -> Output {
@@ -33,15 +33,6 @@ fn make_readable(config: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(config.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o644)).unwrap();
-}
-
-/// Removes a `lab up` lab whatever happens to the test.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        let _ = rocev2(&["lab", "down", "--name", &self.0]);
-    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
     config::Config,
     lab::DataplaneProcess,
@@ -26,19 +26,6 @@ fn lab_name(tag: char) -> String {
     }
     let name = format!("t{tag}{base36}");
     name[..name.len().min(8)].to_owned()
-}
-
-/// Takes the lab down when the test ends, also on panic.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if record_path(&self.0).exists() {
-            if let Err(e) = labcmd::down(&self.0) {
-                eprintln!("warning: lab down {}: {e:#}", self.0);
-            }
-        }
-    }
 }
 
 fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {

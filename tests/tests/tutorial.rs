@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 
 /// The tutorial: from its heading to the next section.
 fn tutorial() -> String {
@@ -278,15 +278,6 @@ impl Drop for Background {
             }
             thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-/// Removes the lab whatever happens to the test.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        let _ = Command::new(rocev2_bin()).args(["lab", "down", "--name", &self.0]).output();
     }
 }
 
