@@ -1,5 +1,6 @@
 //! Builds the eBPF programs (rocev2-ebpf) for the BPF target and leaves
-//! each program object at `$OUT_DIR/<bin name>` (`$OUT_DIR/rocev2`).
+//! each program object at `$OUT_DIR/<bin name>` (`$OUT_DIR/rocev2`, the
+//! forwarding programs, and `$OUT_DIR/rocev2-tools`, the tools' programs).
 //!
 //! This is the build aya-build 0.2 does (`rustup run nightly cargo build
 //! --target bpfel-unknown-none -Z build-std=core --release` with BTF), with
@@ -44,7 +45,9 @@ fn build() -> Result<()> {
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
-        fs::write(out_dir.join("rocev2"), [])?;
+        for object in ["rocev2", "rocev2-tools"] {
+            fs::write(out_dir.join(object), [])?;
+        }
         return Ok(());
     }
     let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(PACKAGE);

@@ -30,15 +30,16 @@ pub mod names {
     pub const CLASSES: &str = "CLASSES";
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const EGRESS_COUNTERS: &str = "EGRESS_COUNTERS";
-    pub const GEN_REWRITE: &str = "GEN_REWRITE";
     pub const IFINDEX_SLOTS: &str = "IFINDEX_SLOTS";
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
-    pub const FAULT_DROPS: &str = "FAULT_DROPS";
     /// Not pinned: it holds program references and lives with the programs.
     pub const CPUS: &str = "CPUS";
-    /// Every map, for pinning and for `rocev2 stats`.
+    /// The tools object's maps (rocev2-tools; never pinned).
+    pub const GEN_REWRITE: &str = "GEN_REWRITE";
+    pub const FAULT_DROPS: &str = "FAULT_DROPS";
+    /// Every map of the forwarding object, for pinning and for `rocev2 stats`.
     pub const ALL: &[&str] = &[
         FLOWLETS,
         PINS_V4,
@@ -49,7 +50,6 @@ pub mod names {
         CLASSES,
         CLASS_STATS,
         EGRESS_COUNTERS,
-        GEN_REWRITE,
         IFINDEX_SLOTS,
         EGRESS_BY_SLOT,
         ROUTE_CACHE,

@@ -5,6 +5,10 @@
 //! (features.rs). All decisions that do not need kernel helpers (hash, member
 //! choice, checksum arithmetic, BTH fields) live in rocev2-common so host
 //! tests and the userspace simulator run the same code.
+//!
+//! This object holds only what `rocev2 run` loads. The traffic tools' and
+//! the benchmark's programs (generator, fault injector, floor, FIB peer)
+//! are a second object with their own maps: tools/main.rs.
 // no_std/no_main only for the BPF target, so `cargo clippy --workspace`
 // can still type-check this crate on the host.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -15,13 +19,10 @@ mod class;
 mod counters;
 mod ctx;
 mod ecn;
-mod fault;
 mod features;
 mod forward;
-mod generator;
 mod maps;
 mod parse;
-mod peer;
 mod pin;
 mod rewrite;
 mod route;
@@ -71,54 +72,6 @@ pub fn rocev2_tc_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
     tc::tc_egress(&ctx)
-}
-
-/// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
-/// number of times, passes everything else.
-#[xdp]
-pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
-    fault::xdp_fault(&ctx)
-}
-
-/// Attached to veth peers that need NAPI for redirected frames to be
-/// delivered, and used as the benchmark floor: it passes everything.
-#[xdp]
-pub fn rocev2_xdp_pass(_ctx: XdpContext) -> u32 {
-    aya_ebpf::bindings::xdp_action::XDP_PASS
-}
-
-/// Transmits every frame back out of the device it runs on. The traffic
-/// generator runs it through BPF_PROG_TEST_RUN with live frames, which
-/// sends each XDP_TX frame out of the test run's ingress device; it first
-/// restores the MACs and TTL a recycled frame may have lost.
-#[xdp]
-pub fn rocev2_xdp_tx(ctx: XdpContext) -> u32 {
-    generator::restore(&ctx);
-    aya_ebpf::bindings::xdp_action::XDP_TX
-}
-
-/// Benchmark floor (`rocev2 bench`): redirects every frame, unparsed and
-/// unchanged, to the device stored under key 0 of EGRESS_DEVS (no real
-/// ifindex is 0, so the key never collides with a member's).
-#[xdp]
-pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
-    match maps::EGRESS_DEVS.redirect(0, u64::from(aya_ebpf::bindings::xdp_action::XDP_DROP)) {
-        Ok(action) | Err(action) => action,
-    }
-}
-
-/// Benchmark peer (`rocev2 bench`): forwarding by the kernel FIB
-/// (`bpf_fib_lookup`), the method of xdp-forward.
-#[xdp]
-pub fn rocev2_xdp_fib(ctx: XdpContext) -> u32 {
-    peer::fib_forward(&ctx)
-}
-
-/// Benchmark receiver (`rocev2 bench`): drops every frame; the device's
-/// rx counters count what arrived.
-#[xdp]
-pub fn rocev2_xdp_drop(_ctx: XdpContext) -> u32 {
-    aya_ebpf::bindings::xdp_action::XDP_DROP
 }
 
 #[cfg(target_arch = "bpf")]

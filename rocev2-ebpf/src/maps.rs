@@ -128,7 +128,3 @@ pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_
 /// runs `rocev2_xdp_cpu` on its CPU.
 #[map]
 pub static CPUS: CpuMap = CpuMap::with_max_entries(MAX_SPREAD_CPUS, 0);
-
-/// What the generator's XDP_TX program restores in each frame (see GenRewrite).
-#[map]
-pub static GEN_REWRITE: Array<GenRewrite> = Array::with_max_entries(1, 0);

@@ -23,8 +23,12 @@ pub use control::{
     trace, upgrade, watch,
 };
 pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
-pub use testbed::{bench, fault, frr, lab, labcmd};
-pub use tools::{entropy, explain, fabric, gen, packet, rc, sink};
+pub use testbed::{bench, fault, frr, lab, labcmd, topology};
+pub use tools::{entropy, explain, fabric, gen, packet, programs, rc, sink};
 
-/// The compiled eBPF object (empty when built with `AYA_BUILD_SKIP=1`).
+/// The compiled forwarding object, what `rocev2 run` loads (empty when
+/// built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2"));
+/// The tools' object: the generator's, fault injector's and benchmark's
+/// programs with their own maps (see tools/programs.rs).
+pub const TOOLS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rocev2-tools"));

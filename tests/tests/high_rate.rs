@@ -38,10 +38,11 @@ use std::{
 
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    dataplane::{Dataplane, Maps},
+    dataplane::Maps,
     gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
     lab::{uplink_mac, EcmpLab, DEST_V4},
     netns::{in_netns, in_netns_scoped, Netns},
+    programs::{ToolPrograms, XDP_DROP_PROGRAM},
     run::format_mac,
     state::RunState,
 };
@@ -153,12 +154,11 @@ fn hitless_at_a_high_packet_rate() {
         }
     }
     let config = lab.write_config_text("fast", &text).unwrap();
-    let mut receivers = Dataplane::load(None).unwrap();
-    receivers.xdp_program("rocev2_xdp_drop").unwrap().load().unwrap();
+    let mut receivers = ToolPrograms::load().unwrap();
     for up in &lab.uplinks {
         in_netns_scoped(up.name(), || {
             let ifindex = rocev2_user::rawsock::PacketSocket::open("up0")?.ifindex();
-            receivers.xdp_program("rocev2_xdp_drop")?.attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)?;
+            receivers.xdp(XDP_DROP_PROGRAM)?.attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)?;
             Ok(())
         })
         .unwrap();

@@ -185,6 +185,12 @@ impl Netns {
         Ok(ns)
     }
 
+    /// Takes ownership of namespace `name`, made by someone else (a
+    /// topology build): deleted when the guard drops.
+    pub fn adopt(name: &str) -> Self {
+        Self { name: name.to_owned() }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -225,21 +231,70 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}{suffix}")
 }
 
-fn add_addrs(ns: &Netns, ifname: &str, addrs: &[&str]) -> anyhow::Result<()> {
-    for addr in addrs {
-        let mut args = vec!["-n", ns.name(), "addr", "add", addr, "dev", ifname];
-        // Without nodad an IPv6 address stays tentative (unusable) for a
-        // second or two after the link comes up.
-        if addr.contains(':') {
-            args.push("nodad");
+/// A veth pair to make: `a_if` in namespace `a_ns` <-> `b_if` in `b_ns`,
+/// with MACs and CIDR addresses.
+#[derive(Clone, Debug)]
+pub struct VethPlan {
+    pub a_ns: String,
+    pub a_if: String,
+    pub a_mac: [u8; 6],
+    pub a_addrs: Vec<String>,
+    pub b_ns: String,
+    pub b_if: String,
+    pub b_mac: [u8; 6],
+    pub b_addrs: Vec<String>,
+    /// Turn GRO on for the `b` end (it receives XDP-redirected frames from the RTSW).
+    pub gro_b: bool,
+}
+
+impl VethPlan {
+    /// Makes the pair, adds the addresses and sets both ends up; returns
+    /// once both ends have carrier.
+    pub fn create(&self) -> anyhow::Result<()> {
+        let (a_mac, b_mac) = (crate::sys::format_mac(&self.a_mac), crate::sys::format_mac(&self.b_mac));
+        #[rustfmt::skip]
+        ip(&[
+            "-n", &self.a_ns, "link", "add", &self.a_if, "address", &a_mac, "type", "veth",
+            "peer", "name", &self.b_if, "address", &b_mac, "netns", &self.b_ns,
+        ])
+        .with_context(|| format!("creating veth {}/{} <-> {}/{}", self.a_ns, self.a_if, self.b_ns, self.b_if))?;
+        let ends = [(&self.a_ns, &self.a_if, &self.a_addrs), (&self.b_ns, &self.b_if, &self.b_addrs)];
+        for (ns, ifname, addrs) in ends {
+            for addr in addrs {
+                let mut args = vec!["-n", ns.as_str(), "addr", "add", addr.as_str(), "dev", ifname.as_str()];
+                // Without nodad an IPv6 address stays tentative (unusable)
+                // for a second or two after the link comes up.
+                if addr.contains(':') {
+                    args.push("nodad");
+                }
+                ip(&args)?;
+            }
+            ip(&["-n", ns, "link", "set", ifname, "up"])?;
         }
-        ip(&args)?;
+        if self.gro_b {
+            // XDP_REDIRECT into this veth pair needs NAPI on this end, or
+            // the kernel drops the frames silently.
+            ip(&["netns", "exec", &self.b_ns, "ethtool", "-K", &self.b_if, "gro", "on"])
+                .with_context(|| format!("turning GRO on for {}/{}", self.b_ns, self.b_if))?;
+        }
+        // A veth has carrier only once both ends are up, and under load that
+        // can lag the commands: frames sent before it are lost. Return only
+        // when both ends report LOWER_UP.
+        for (ns, ifname, _) in ends {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !ip(&["-n", ns, "-o", "link", "show", "dev", ifname])?.contains("LOWER_UP") {
+                if std::time::Instant::now() > deadline {
+                    bail!("{ifname} in {ns} has no carrier 5 s after `ip link set up`");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Creates a veth pair `a_if` (in `a`) <-> `b_if` (in `b`) with the given
-/// MACs and CIDR addresses, and sets both ends up.
+/// MACs and CIDR addresses, and sets both ends up (see [`VethPlan`]).
 #[allow(clippy::too_many_arguments)]
 pub fn veth_between(
     a: &Netns,
@@ -251,30 +306,19 @@ pub fn veth_between(
     b_mac: [u8; 6],
     b_addrs: &[&str],
 ) -> anyhow::Result<()> {
-    let (a_mac, b_mac) = (crate::sys::format_mac(&a_mac), crate::sys::format_mac(&b_mac));
-    #[rustfmt::skip]
-    ip(&[
-        "-n", a.name(), "link", "add", a_if, "address", &a_mac, "type", "veth",
-        "peer", "name", b_if, "address", &b_mac, "netns", b.name(),
-    ])
-    .with_context(|| format!("creating veth {}/{a_if} <-> {}/{b_if}", a.name(), b.name()))?;
-    add_addrs(a, a_if, a_addrs)?;
-    add_addrs(b, b_if, b_addrs)?;
-    ip(&["-n", a.name(), "link", "set", a_if, "up"])?;
-    ip(&["-n", b.name(), "link", "set", b_if, "up"])?;
-    // A veth has carrier only once both ends are up, and under load that
-    // can lag the commands: frames sent before it are lost. Return only
-    // when both ends report LOWER_UP.
-    for (ns, ifname) in [(a, a_if), (b, b_if)] {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !ip(&["-n", ns.name(), "-o", "link", "show", "dev", ifname])?.contains("LOWER_UP") {
-            if std::time::Instant::now() > deadline {
-                bail!("{ifname} in {} has no carrier 5 s after `ip link set up`", ns.name());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+    let owned = |addrs: &[&str]| addrs.iter().map(|a| a.to_string()).collect();
+    VethPlan {
+        a_ns: a.name().to_owned(),
+        a_if: a_if.to_owned(),
+        a_mac,
+        a_addrs: owned(a_addrs),
+        b_ns: b.name().to_owned(),
+        b_if: b_if.to_owned(),
+        b_mac,
+        b_addrs: owned(b_addrs),
+        gro_b: false,
     }
-    Ok(())
+    .create()
 }
 
 #[cfg(test)]

@@ -27,8 +27,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
-    maps::{DevMapHash, Map, MapData},
-    programs::{xdp::XdpLinkId, XdpMode},
+    programs::{xdp::XdpLinkId, Xdp, XdpMode},
     TestRun as _, TestRunOptions,
 };
 use rocev2_common::{
@@ -45,16 +44,10 @@ use crate::{
     config::Prefix,
     dataplane::{Dataplane, GroupPolicy, MemberSpec, XDP_PROGRAM},
     gen::{self, GenArgs, GenMode, SportModel},
-    netns::{self, unique_name, veth_between, Netns},
+    netns::{self, unique_name, Netns},
     packet::{build_roce_frame, RoceFrameSpec},
+    programs::{ToolPrograms, XDP_DROP_PROGRAM, XDP_FIB_PROGRAM, XDP_REDIRECT_PROGRAM},
 };
-
-/// Trivial redirect to EGRESS_DEVS key 0: the floor and the limit.
-pub const XDP_REDIRECT_PROGRAM: &str = "rocev2_xdp_redirect";
-/// Forwards by bpf_fib_lookup (xdp-forward's method): the peer row.
-pub const XDP_FIB_PROGRAM: &str = "rocev2_xdp_fib";
-/// Drops everything: the receivers of the forwarding benchmark.
-pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
 
 const XDP_REDIRECT: u32 = 4;
 const LOOPBACK: u32 = 1;
@@ -309,38 +302,41 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Loads the dataplane plus the two benchmark programs.
-fn load_dataplane(flowlet_table: u32) -> Result<Dataplane> {
-    load_dataplane_with(flowlet_table, Features::ALL)
-}
-
-/// [`load_dataplane`] with the pipeline's programs carrying only `features`.
+/// A dataplane as `rocev2 run` loads it for `features`.
 fn load_dataplane_with(flowlet_table: u32, features: Features) -> Result<Dataplane> {
-    let mut dp = Dataplane::load_with_features(None, flowlet_table, features)?;
-    for name in [XDP_REDIRECT_PROGRAM, XDP_DROP_PROGRAM] {
-        dp.xdp_program(name)
-            .with_context(|| format!("{name} is missing: rebuild the eBPF object (cargo xtask build --release)"))?
-            .load()
-            .with_context(|| format!("the kernel rejected {name}"))?;
+    Dataplane::load_with_features(None, flowlet_table, features)
+}
+
+/// Where the bench finds a program by name: a dataplane (the pipeline) or
+/// the tools object (the floor, the FIB peer, the receivers).
+pub(super) trait Programs: Send {
+    fn program(&mut self, name: &str) -> Result<&mut Xdp>;
+}
+
+impl Programs for Dataplane {
+    fn program(&mut self, name: &str) -> Result<&mut Xdp> {
+        self.xdp_program(name)
     }
-    Ok(dp)
 }
 
-/// Map ids the dataplane's programs use.
-fn map_ids(dp: &mut Dataplane, program: &str) -> Result<Vec<u32>> {
-    let info = dp.xdp_program(program)?.info().context("BPF_OBJ_GET_INFO_BY_FD")?;
+impl Programs for ToolPrograms {
+    fn program(&mut self, name: &str) -> Result<&mut Xdp> {
+        self.xdp(name)
+    }
+}
+
+/// The floor for BPF_PROG_TEST_RUN rows: redirects to lo.
+fn test_run_floor() -> Result<ToolPrograms> {
+    let mut floor = ToolPrograms::load()?;
+    floor.set_floor_target(LOOPBACK)?;
+    floor.xdp(XDP_REDIRECT_PROGRAM)?;
+    Ok(floor)
+}
+
+/// Map ids a program uses.
+fn map_ids(programs: &mut impl Programs, program: &str) -> Result<Vec<u32>> {
+    let info = programs.program(program)?.info().context("BPF_OBJ_GET_INFO_BY_FD")?;
     Ok(info.map_ids().context("map ids")?.unwrap_or_default())
-}
-
-/// Points EGRESS_DEVS key 0 (the trivial redirect's target) at `ifindex`.
-fn set_floor_target(dp: &mut Dataplane, ifindex: u32) -> Result<()> {
-    // The redirect program uses exactly one map: this instance's EGRESS_DEVS.
-    let ids = map_ids(dp, XDP_REDIRECT_PROGRAM)?;
-    let [id] = ids[..] else { bail!("{XDP_REDIRECT_PROGRAM} uses {} maps, expected 1", ids.len()) };
-    let map = Map::from_map_data(MapData::from_id(id)?)?;
-    let mut devs: DevMapHash<MapData> = map.try_into()?;
-    devs.insert(0, ifindex, None, 0).context("cannot set the redirect target")?;
-    Ok(())
 }
 
 fn bench_dst(v6: bool) -> IpAddr {
@@ -408,17 +404,17 @@ fn bench_frame_to(dst: IpAddr, ttl: u8, dst_mac: [u8; 6]) -> Vec<u8> {
 }
 
 /// Mean ns per packet over PACKETS runs of `program` on `frame`.
-fn cost_ns(dp: &mut Dataplane, program: &str, frame: &[u8], packets: u64) -> Result<f64> {
+fn cost_ns(dp: &mut impl Programs, program: &str, frame: &[u8], packets: u64) -> Result<f64> {
     cost_ns_repeat(dp, program, frame, packets, TEST_REPEAT)
 }
 
-fn cost_ns_repeat(dp: &mut Dataplane, program: &str, frame: &[u8], packets: u64, repeat: u32) -> Result<f64> {
+fn cost_ns_repeat(dp: &mut impl Programs, program: &str, frame: &[u8], packets: u64, repeat: u32) -> Result<f64> {
     cost_ns_frames(dp, program, &[frame], packets, repeat)
 }
 
 /// Like cost_ns_repeat, taking the frames in turn, one per call.
-fn cost_ns_frames(dp: &mut Dataplane, program: &str, frames: &[&[u8]], packets: u64, repeat: u32) -> Result<f64> {
-    let prog = dp.xdp_program(program)?;
+fn cost_ns_frames(dp: &mut impl Programs, program: &str, frames: &[&[u8]], packets: u64, repeat: u32) -> Result<f64> {
+    let prog = dp.program(program)?;
     let calls = (packets / u64::from(repeat)).max(1);
     let mut total_ns = 0u128;
     for call in 0..calls {
@@ -485,7 +481,6 @@ fn test_run_dataplane_with(flowlet_table: u32, features: Features) -> Result<Dat
     let mut dp = load_dataplane_with(flowlet_table, features)?;
     dp.maps.set_port(LOOPBACK, 1)?;
     dp.maps.add_egress_dev(LOOPBACK)?;
-    set_floor_target(&mut dp, LOOPBACK)?;
     dp.maps.publish_group(GROUP, HashMode::Qp, &lo_members(0xBB))?;
     dp.sync_routes(&base_routes())?;
     Ok(dp)
@@ -505,8 +500,8 @@ fn instructions_line(i: &Instructions, row: &str) -> String {
     )
 }
 
-fn instructions(dp: &mut Dataplane, program: &'static str) -> Result<Instructions> {
-    let info = dp.xdp_program(program)?.info()?;
+fn instructions(dp: &mut impl Programs, program: &'static str) -> Result<Instructions> {
+    let info = dp.program(program)?.info()?;
     Ok(Instructions {
         program,
         xlated: info.size_translated().unwrap_or(0) / 8,
@@ -548,10 +543,7 @@ fn maps_memlock(ids: &BTreeSet<u32>) -> Result<(u64, Vec<(String, u64)>)> {
 }
 
 fn dataplane_memlock(dp: &mut Dataplane) -> Result<(u64, Vec<(String, u64)>)> {
-    let mut ids = BTreeSet::new();
-    for p in [XDP_PROGRAM, XDP_REDIRECT_PROGRAM] {
-        ids.extend(map_ids(dp, p)?);
-    }
+    let ids = map_ids(dp, XDP_PROGRAM)?.into_iter().collect();
     maps_memlock(&ids)
 }
 
@@ -574,6 +566,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
     // once (set_egress cannot be undone); routes change between the two
     // route sets.
     eprintln!("bench: loading {} dataplanes", VARIANTS.len());
+    let mut floor = test_run_floor()?;
     let mut instances = Vec::new();
     for v in VARIANTS {
         let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, v.features())?;
@@ -628,7 +621,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         let t_rounds = Instant::now();
         for _round in 0..args.rounds {
             for (v6, frame) in [false, true].into_iter().zip(&frames) {
-                let ns = cost_ns(&mut instances[qp_index], XDP_REDIRECT_PROGRAM, frame, args.packets)?;
+                let ns = cost_ns(&mut floor, XDP_REDIRECT_PROGRAM, frame, args.packets)?;
                 samples.entry((0, v6)).or_default().push(ns);
             }
             for (i, (v, dp)) in VARIANTS.iter().zip(instances.iter_mut()).enumerate() {
@@ -694,7 +687,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             ));
         }
         if !big {
-            let i = instructions(&mut instances[qp_index], XDP_REDIRECT_PROGRAM)?;
+            let i = instructions(&mut floor, XDP_REDIRECT_PROGRAM)?;
             reading.push(instructions_line(&i, "floor"));
             for (v, dp) in VARIANTS.iter().zip(instances.iter_mut()) {
                 let i = instructions(dp, XDP_PROGRAM)?;
@@ -786,6 +779,7 @@ fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
     let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
     let features = pipeline.map_or(Features::ALL, |p| p.features());
     let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
+    let mut floor = test_run_floor()?;
     let (program, label) = if name == "floor" {
         (XDP_REDIRECT_PROGRAM, "floor".to_owned())
     } else {
@@ -797,7 +791,11 @@ fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
     let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
     let started = Instant::now();
     while started.elapsed().as_secs_f64() < args.loop_seconds {
-        let ns = cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?;
+        let ns = if program == XDP_REDIRECT_PROGRAM {
+            cost_ns_repeat(&mut floor, program, &frame, args.packets, args.loop_repeat)?
+        } else {
+            cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?
+        };
         println!("{label}: {ns:.1} ns");
     }
     Ok(())

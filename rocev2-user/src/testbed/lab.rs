@@ -27,11 +27,12 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::bth::{opcode, Bth};
 
 use crate::{
-    netns::{self, spawn_in_netns, unique_name, veth_between, Netns},
+    netns::{self, spawn_in_netns, unique_name, Netns},
     packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     rawsock::PacketSocket,
     render::{share_bar, Align, Table},
     run::READY_LINE,
+    topology::{build_topology, strs, NsPlan, VethPlan},
 };
 
 pub const SENDER_MAC: [u8; 6] = [0x02, 0x52, 0x32, 0x00, 0x00, 0x01];
@@ -66,38 +67,42 @@ impl EcmpLab {
             bail!("uplinks must be 1..=32, not {uplinks}");
         }
         let tag = unique_name("r2");
-        let sender = Netns::create(&format!("{tag}-snd"))?;
-        let switch = Netns::create(&format!("{tag}-sw"))?;
-        let mut lab = Self { tag: tag.clone(), sender, switch, uplinks: Vec::new() };
-        for ns in [&lab.sender, &lab.switch] {
-            disable_dad(ns)?;
-        }
-        veth_between(
-            &lab.sender,
-            "snd0",
-            SENDER_MAC,
-            &["10.0.0.1/24", "fd00::1/64"],
-            &lab.switch,
-            "p0",
-            SWITCH_PORT_MAC,
-            &["10.0.0.254/24", "fd00::fe/64"],
-        )?;
+        let (sender, switch) = (format!("{tag}-snd"), format!("{tag}-sw"));
+        let mut namespaces = vec![NsPlan::new(&sender, false), NsPlan::new(&switch, false)];
+        let mut links = vec![VethPlan {
+            a_ns: sender.clone(),
+            a_if: "snd0".into(),
+            a_mac: SENDER_MAC,
+            a_addrs: strs(&["10.0.0.1/24", "fd00::1/64"]),
+            b_ns: switch.clone(),
+            b_if: "p0".into(),
+            b_mac: SWITCH_PORT_MAC,
+            b_addrs: strs(&["10.0.0.254/24", "fd00::fe/64"]),
+            gro_b: false,
+        }];
         for i in 1..=uplinks {
-            let ns = Netns::create(&format!("{tag}-up{i}"))?;
-            disable_dad(&ns)?;
-            veth_between(
-                &lab.switch,
-                &format!("u{i}"),
-                switch_uplink_mac(i),
-                &[&format!("10.0.{i}.1/24"), &format!("fd00:{i}::1/64")],
-                &ns,
-                "up0",
-                uplink_mac(i),
-                &[&format!("10.0.{i}.2/24"), &format!("fd00:{i}::2/64")],
-            )?;
-            lab.uplinks.push(ns);
+            let up = format!("{tag}-up{i}");
+            namespaces.push(NsPlan::new(&up, false));
+            links.push(VethPlan {
+                a_ns: switch.clone(),
+                a_if: format!("u{i}"),
+                a_mac: switch_uplink_mac(i),
+                a_addrs: vec![format!("10.0.{i}.1/24"), format!("fd00:{i}::1/64")],
+                b_ns: up,
+                b_if: "up0".into(),
+                b_mac: uplink_mac(i),
+                b_addrs: vec![format!("10.0.{i}.2/24"), format!("fd00:{i}::2/64")],
+                gro_b: false,
+            });
         }
-        Ok(lab)
+        // In plan order: the sender, the switch, then the uplinks.
+        let mut made: Vec<Netns> = Vec::new();
+        build_topology(&namespaces, &links, &mut made)?;
+        let mut made = made.into_iter();
+        let (Some(sender), Some(switch)) = (made.next(), made.next()) else {
+            bail!("the topology build made fewer namespaces than planned");
+        };
+        Ok(Self { tag, sender, switch, uplinks: made.collect() })
     }
 
     /// Pin directory unique to this lab, so parallel labs never collide.
@@ -260,18 +265,6 @@ impl Stream {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.join().map_err(|_| anyhow::anyhow!("stream sender panicked"))?
     }
-}
-
-fn disable_dad(ns: &Netns) -> Result<()> {
-    // Duplicate address detection would hold IPv6 addresses back ~2 s; and
-    // like a real next hop, a link that goes down and up keeps its IPv6
-    // addresses (Linux flushes them on admin down by default).
-    for key in ["accept_dad=0", "keep_addr_on_down=1"] {
-        for scope in ["default", "all"] {
-            ns.exec(&["sysctl", "-q", "-w", &format!("net.ipv6.conf.{scope}.{key}")])?;
-        }
-    }
-    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -49,10 +49,9 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
 pub mod fabric;
-mod topology;
 
-use topology::{base_sysctls, build_topology, make_dir, netns_exists, remove_netns, route_args, strs, write_file};
-pub use topology::{NsPlan, VethPlan};
+use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
+pub use super::topology::{NsPlan, VethPlan};
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum LabCommand {
@@ -220,6 +219,30 @@ impl LabRecord {
         fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("cannot write {}", tmp.display()))?;
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
     }
+}
+
+impl NamespaceOwner for LabRecord {
+    fn made(&mut self, name: &str) -> Result<()> {
+        self.namespaces.push(name.to_owned());
+        self.write()
+    }
+}
+
+/// Makes `dir` (and records it for `lab down`) unless it exists.
+pub(super) fn make_dir(dir: &Path, record: &mut LabRecord) -> Result<()> {
+    if !dir.as_os_str().is_empty() && !dir.exists() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        record.dirs.push(dir.to_path_buf());
+        record.write()?;
+    }
+    Ok(())
+}
+
+/// Writes a file `lab down` removes (recorded before it exists).
+pub(super) fn write_file(path: &Path, text: &str, record: &mut LabRecord) -> Result<()> {
+    record.files.push(path.to_path_buf());
+    record.write()?;
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 // ---------------------------------------------------------------------------

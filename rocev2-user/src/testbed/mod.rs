@@ -1,8 +1,10 @@
 //! Testbeds: the veth lab of the demo and tests (`lab`), `rocev2 lab
-//! up|down|status` (`labcmd`), FRR per namespace (`frr`), and the benchmark.
+//! up|down|status` (`labcmd`), FRR per namespace (`frr`), the benchmark, and
+//! the one topology builder they all use (`topology`).
 
 pub mod bench;
 pub mod fault;
 pub mod frr;
 pub mod lab;
 pub mod labcmd;
+pub mod topology;

@@ -19,7 +19,7 @@
 //!   the frames like any received traffic, so this is the generator for
 //!   measuring kernel forwarding.
 //! - `live-frames`: `BPF_PROG_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES` on the
-//!   dataplane's XDP_TX program: the kernel runs the program `repeat` times
+//!   tools object's XDP_TX program: the kernel runs the program `repeat` times
 //!   on copies of one frame and transmits each copy out of `--dev` through
 //!   the XDP path, without a socket or the stack. Far higher rates, but each
 //!   call repeats one frame (so one PSN), and on a veth the peer must have
@@ -59,8 +59,8 @@ use rocev2_common::{
 use serde::Serialize;
 
 use crate::{
-    dataplane::{Dataplane, XDP_TX_PROGRAM},
     packet::{build_roce_frame, RoceFrameSpec},
+    programs::{ToolPrograms, XDP_TX_PROGRAM},
     rawsock::PacketSocket,
     signals::SigintGuard,
 };

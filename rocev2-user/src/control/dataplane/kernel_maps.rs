@@ -20,10 +20,10 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GenRewrite,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
-        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GroupEntry,
+        IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry, RouteCacheEntry,
+        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
+        MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -50,7 +50,6 @@ pub struct Maps {
     classes: Array<MapData, ClassEntry>,
     class_stats: PerCpuArray<MapData, MemberStats>,
     egress_counters: PerCpuArray<MapData, u64>,
-    gen_rewrite: Array<MapData, GenRewrite>,
     ifindex_slots: Array<MapData, IfindexSlots>,
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
@@ -139,7 +138,6 @@ impl Maps {
             classes: typed(take(names::CLASSES)?, names::CLASSES)?,
             class_stats: typed(take(names::CLASS_STATS)?, names::CLASS_STATS)?,
             egress_counters: typed(take(names::EGRESS_COUNTERS)?, names::EGRESS_COUNTERS)?,
-            gen_rewrite: typed(take(names::GEN_REWRITE)?, names::GEN_REWRITE)?,
             ifindex_slots: typed(take(names::IFINDEX_SLOTS)?, names::IFINDEX_SLOTS)?,
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
@@ -184,7 +182,6 @@ impl Maps {
             classes: open(dir, names::CLASSES)?,
             class_stats: open(dir, names::CLASS_STATS)?,
             egress_counters: open(dir, names::EGRESS_COUNTERS)?,
-            gen_rewrite: open(dir, names::GEN_REWRITE)?,
             ifindex_slots: open(dir, names::IFINDEX_SLOTS)?,
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
@@ -299,13 +296,6 @@ impl Maps {
             packets: acc.packets + v.packets,
             bytes: acc.bytes + v.bytes,
         }))
-    }
-
-    /// Makes the generator's XDP_TX program restore these MACs and TTL in
-    /// every frame it sends (live-frames mode).
-    pub fn set_gen_rewrite(&mut self, dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8) -> Result<()> {
-        let entry = GenRewrite { dst_mac, src_mac, ttl, enabled: 1, _reserved: [0; 2] };
-        self.gen_rewrite.set(0, entry, 0).context("cannot write GEN_REWRITE")
     }
 
     /// Flows currently in the flowlet table.

@@ -44,10 +44,6 @@ pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
 pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
 /// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
 const CPU_QUEUE_FRAMES: u32 = 2048;
-/// A program that passes everything (veth NAPI helper, benchmark floor).
-pub const XDP_PASS_PROGRAM: &str = "rocev2_xdp_pass";
-/// Sends every frame back out (XDP_TX): the live-frames traffic generator.
-pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
 /// tc ingress forwarding (`attach = "tc"`).
 pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
 /// tc egress classes + ECN for locally originated traffic.
@@ -139,16 +135,15 @@ impl Dataplane {
             .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
-        // The tc programs are loaded (and verified, which costs CPU) only
-        // when something attaches them: see `tc_program`.
-        for name in [XDP_PROGRAM, XDP_PASS_PROGRAM, XDP_TX_PROGRAM] {
-            let program: &mut Xdp = ebpf
-                .program_mut(name)
-                .with_context(|| format!("eBPF object has no program {name}"))?
-                .try_into()
-                .with_context(|| format!("{name} is not an XDP program"))?;
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
-        }
+        // Only the forwarding program is verified now; the spreading and tc
+        // programs (verifying costs CPU) when something needs them: see
+        // `enable_cpu_spread` and `tc_program`.
+        let program: &mut Xdp = ebpf
+            .program_mut(XDP_PROGRAM)
+            .with_context(|| format!("eBPF object has no program {XDP_PROGRAM}"))?
+            .try_into()
+            .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
+        program.load().with_context(|| format!("the kernel rejected program {XDP_PROGRAM}"))?;
         if let Some(dir) = pin_dir {
             crate::bpffs::prepare_pin_dir(dir)?;
         }

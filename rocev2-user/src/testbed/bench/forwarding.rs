@@ -4,7 +4,10 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::dataplane::XDP_SPREAD_PROGRAM;
+use crate::{
+    dataplane::XDP_SPREAD_PROGRAM,
+    topology::{build_topology, route_args, strs, NsPlan, VethPlan},
+};
 use rocev2_common::counters::PortCounter;
 
 pub(super) const SENDER_MAC: [u8; 6] = [2, 0x42, 0, 0, 0, 1];
@@ -50,70 +53,78 @@ pub(super) struct Lab {
 impl Lab {
     pub(super) fn create() -> Result<Self> {
         let tag = unique_name("rb");
-        let snd = Netns::create(&format!("{tag}s"))?;
-        let sw = Netns::create(&format!("{tag}w"))?;
-        veth_between(&snd, "snd0", SENDER_MAC, &["10.0.0.1/24"], &sw, "p0", SWITCH_MAC, &["10.0.0.254/24"])?;
-        let mut ups = Vec::new();
-        for i in 1..=UPLINKS {
-            let ns = Netns::create(&format!("{tag}u{i}"))?;
-            veth_between(
-                &sw,
-                &format!("u{i}"),
-                up_switch_mac(i),
-                &[&format!("10.0.{i}.1/24")],
-                &ns,
-                "up0",
-                up_peer_mac(i),
-                &[&format!("10.0.{i}.2/24")],
-            )?;
-            // Receivers never answer ARP (they drop everything): static neighbours.
-            netns::ip(&[
-                "-n",
-                sw.name(),
-                "neigh",
-                "replace",
-                &format!("10.0.{i}.2"),
-                "lladdr",
-                &crate::sys::format_mac(&up_peer_mac(i)),
-                "dev",
-                &format!("u{i}"),
-                "nud",
-                "permanent",
-            ])?;
-            ups.push(ns);
-        }
-        netns::ip(&[
-            "-n",
-            snd.name(),
+        let (snd, sw) = (format!("{tag}s"), format!("{tag}w"));
+        let mac = crate::sys::format_mac;
+        let mut sender = NsPlan::new(&snd, false);
+        sender.routes.push(strs(&[
             "neigh",
             "replace",
             "10.0.0.254",
             "lladdr",
-            &crate::sys::format_mac(&SWITCH_MAC),
+            &mac(&SWITCH_MAC),
             "dev",
             "snd0",
             "nud",
             "permanent",
-        ])?;
-        // Kernel forwarding with a multipath route and L4 hashing.
-        sw.exec(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.fib_multipath_hash_policy=1",
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.p0.rp_filter=0",
-        ])?;
-        let mut route = vec!["-n", sw.name(), "route", "add", "10.1.0.0/16"];
-        let vias: Vec<(String, String)> = (1..=UPLINKS).map(|i| (format!("10.0.{i}.2"), format!("u{i}"))).collect();
-        for (via, dev) in &vias {
-            route.extend(["nexthop", "via", via, "dev", dev]);
+        ]));
+        // Kernel forwarding (the kernel row) with a multipath route and L4 hashing.
+        let mut switch = NsPlan::new(&sw, true);
+        switch.sysctls.push("net.ipv4.fib_multipath_hash_policy=1".into());
+        let hops: Vec<(String, String)> = (1..=UPLINKS).map(|i| (format!("10.0.{i}.2"), format!("u{i}"))).collect();
+        let mut links = vec![VethPlan {
+            a_ns: snd.clone(),
+            a_if: "snd0".into(),
+            a_mac: SENDER_MAC,
+            a_addrs: strs(&["10.0.0.1/24"]),
+            b_ns: sw.clone(),
+            b_if: "p0".into(),
+            b_mac: SWITCH_MAC,
+            b_addrs: strs(&["10.0.0.254/24"]),
+            // NAPI on p0 for frames the sender transmits from XDP (live
+            // frames) while no XDP program runs there (the kernel row).
+            gro_b: true,
+        }];
+        let mut namespaces = vec![sender];
+        let mut uplinks = Vec::new();
+        for i in 1..=UPLINKS {
+            let up = format!("{tag}u{i}");
+            uplinks.push(NsPlan::new(&up, false));
+            links.push(VethPlan {
+                a_ns: sw.clone(),
+                a_if: format!("u{i}"),
+                a_mac: up_switch_mac(i),
+                a_addrs: vec![format!("10.0.{i}.1/24")],
+                b_ns: up,
+                b_if: "up0".into(),
+                b_mac: up_peer_mac(i),
+                b_addrs: vec![format!("10.0.{i}.2/24")],
+                gro_b: false,
+            });
+            // Receivers never answer ARP (they drop everything): static neighbours.
+            let peer = format!("10.0.{i}.2");
+            switch.routes.push(strs(&[
+                "neigh",
+                "replace",
+                &peer,
+                "lladdr",
+                &mac(&up_peer_mac(i)),
+                "dev",
+                &format!("u{i}"),
+                "nud",
+                "permanent",
+            ]));
         }
-        netns::ip(&route)?;
-        // NAPI on p0 for frames the sender transmits from XDP (live frames)
-        // while no XDP program runs there (the kernel row).
-        sw.exec(&["ethtool", "-K", "p0", "gro", "on"])?;
-        Ok(Self { snd, sw, ups })
+        switch.routes.push(route_args(false, "10.1.0.0/16", &hops));
+        namespaces.push(switch);
+        namespaces.extend(uplinks);
+        // In plan order: sender, switch, uplinks.
+        let mut made: Vec<Netns> = Vec::new();
+        build_topology(&namespaces, &links, &mut made)?;
+        let mut made = made.into_iter();
+        let (Some(snd), Some(sw)) = (made.next(), made.next()) else {
+            bail!("the topology build made fewer namespaces than planned");
+        };
+        Ok(Self { snd, sw, ups: made.collect() })
     }
 
     pub(super) fn received(&self) -> Result<u64> {
@@ -189,10 +200,10 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
 
     // Receivers: the drop program on every uplink peer (also gives the veth
     // NAPI, without which XDP-redirected frames are dropped).
-    let mut rx = load_dataplane(1)?;
+    let mut rx = ToolPrograms::load()?;
     for ns in &lab.ups {
         let idx = ifindex_in(ns.name(), "up0")?;
-        in_ns(ns.name(), || Ok(rx.xdp_program(XDP_DROP_PROGRAM)?.attach_to_if_index(idx, XdpMode::Driver)?))?;
+        in_ns(ns.name(), || Ok(rx.xdp(XDP_DROP_PROGRAM)?.attach_to_if_index(idx, XdpMode::Driver)?))?;
     }
 
     // The switch's dataplanes: port p0, a group of the uplinks; the full
@@ -205,19 +216,25 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     wanted.insert(Prefix::V4 { addr: Ipv4Addr::new(10, 1, 0, 0), len: 16 }, GROUP);
     // One instance per pipeline, loaded with the features `rocev2 run`
     // would load for it and configured once (egress queues cannot be
-    // removed); the floor and the FIB peer use the first one's maps.
+    // removed). The floor and the FIB peer come from the tools object.
+    // Device-map entries resolve ifindexes in the caller's namespace: they
+    // are written from inside the switch's.
+    let mut peers = ToolPrograms::load()?;
+    in_ns(&sw, || {
+        for idx in &uplinks {
+            peers.add_egress_dev(*idx)?;
+        }
+        peers.set_floor_target(uplinks[0])
+    })?;
     let mut switch = Vec::new();
     for p in PIPELINES {
         let mut dp = load_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, p.features())?;
-        dp.xdp_program(XDP_FIB_PROGRAM)?.load().with_context(|| format!("the kernel rejected {XDP_FIB_PROGRAM}"))?;
         dp.maps.set_port(p0, 1)?;
-        // Device-map entries resolve ifindexes in the caller's namespace:
-        // write them from inside the switch's.
         in_ns(&sw, || {
             for idx in &uplinks {
                 dp.maps.add_egress_dev(*idx)?;
             }
-            set_floor_target(&mut dp, uplinks[0])
+            Ok(())
         })?;
         dp.sync_routes(&wanted)?;
         p.configure(&mut dp, &members, &uplinks)?;
@@ -290,11 +307,11 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
                     _ => 0,
                 };
                 let target = &mut switch[instance];
-                let link = attach_row(target, &sw, p0, r)?;
+                let link = attach_row(row_programs(r, target, &mut peers), &sw, p0, r)?;
                 let before = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
                 let m = measure(&lab, args.seconds, mode);
                 if let Some((name, id)) = link {
-                    in_ns(&sw, || Ok(target.xdp_program(name)?.detach(id)?))?;
+                    in_ns(&sw, || Ok(row_programs(r, target, &mut peers).program(name)?.detach(id)?))?;
                 }
                 let m = m?;
                 let after = target.maps.port_counter_per_cpu(1, PortCounter::Forwarded)?;
@@ -370,9 +387,18 @@ fn cpu_shares(work: Option<&Vec<u64>>) -> String {
     format!("; forwarded on CPU {cpus}: {shares}")
 }
 
+/// Where a row's program lives: the floor and the peer in the tools
+/// object, the pipelines in their dataplane.
+fn row_programs<'a>(r: FwdRow, dp: &'a mut Dataplane, peers: &'a mut ToolPrograms) -> &'a mut dyn Programs {
+    match r {
+        FwdRow::Trivial | FwdRow::FibPeer => peers,
+        _ => dp,
+    }
+}
+
 /// Sets the switch up for one row; returns the attached program and link.
 pub(super) fn attach_row(
-    dp: &mut Dataplane,
+    dp: &mut dyn Programs,
     sw: &str,
     p0: u32,
     r: FwdRow,
@@ -384,6 +410,6 @@ pub(super) fn attach_row(
         FwdRow::Rocev2(_) => XDP_PROGRAM,
         FwdRow::Spread => XDP_SPREAD_PROGRAM,
     };
-    let id = in_ns(sw, || Ok(dp.xdp_program(name)?.attach_to_if_index(p0, XdpMode::Driver)?))?;
+    let id = in_ns(sw, || Ok(dp.program(name)?.attach_to_if_index(p0, XdpMode::Driver)?))?;
     Ok(Some((name, id)))
 }

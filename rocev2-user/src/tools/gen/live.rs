@@ -98,12 +98,12 @@ pub(super) fn send_live(
     if ifindex == 0 {
         bail!("interface {:?}: {}", args.dev, std::io::Error::last_os_error());
     }
-    let mut dataplane = Dataplane::load(None).context("live-frames mode loads the dataplane's XDP_TX program")?;
+    let mut tools = ToolPrograms::load().context("live-frames mode loads the generator's XDP_TX program")?;
     // Recycled live frames keep whatever a forwarder wrote into them on an
     // earlier trip (MACs, TTL): have the program restore them every time.
     let dst_mac = parse_mac(&args.dst_mac).context("--dst-mac")?;
-    dataplane.maps.set_gen_rewrite(dst_mac, src_mac, GEN_TTL)?;
-    let program = dataplane.xdp_program(XDP_TX_PROGRAM)?;
+    tools.set_gen_rewrite(dst_mac, src_mac, GEN_TTL)?;
+    let program = tools.xdp(XDP_TX_PROGRAM)?;
     // Without the hold every call costs two RCU grace periods: slower and
     // with gaps, but still correct.
     let _hold = DispatcherHold::new(program)

@@ -1,0 +1,89 @@
+//! The second eBPF object, `rocev2-tools`: programs the traffic tools, the
+//! lab and the benchmark load, never `rocev2 run`. Keeping them apart keeps
+//! the production object to what a switch runs, and gives these programs
+//! maps of their own.
+//!
+//! The packet modules (parse, rewrite, transport) are the pipeline's own,
+//! shared by path, so the peer and the fault injector read frames exactly
+//! as the pipeline does.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+// Shared with the forwarding programs; this object uses part of each.
+#[allow(dead_code)]
+#[path = "../ctx.rs"]
+mod ctx;
+#[allow(dead_code)]
+#[path = "../parse.rs"]
+mod parse;
+#[allow(dead_code)]
+#[path = "../rewrite.rs"]
+mod rewrite;
+#[allow(dead_code)]
+#[path = "../transport.rs"]
+mod transport;
+
+mod fault;
+mod generator;
+mod maps;
+mod peer;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+
+/// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
+/// number of times, passes everything else.
+#[xdp]
+pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
+    fault::xdp_fault(&ctx)
+}
+
+/// Transmits every frame back out of the device it runs on. The traffic
+/// generator runs it through BPF_PROG_TEST_RUN with live frames, which
+/// sends each XDP_TX frame out of the test run's ingress device; it first
+/// restores the MACs and TTL a recycled frame may have lost.
+#[xdp]
+pub fn rocev2_xdp_tx(ctx: XdpContext) -> u32 {
+    generator::restore(&ctx);
+    xdp_action::XDP_TX
+}
+
+/// Benchmark floor (`cargo xtask bench`): redirects every frame, unparsed
+/// and unchanged, to the device stored under key 0 of EGRESS_DEVS (no real
+/// ifindex is 0, so the key never collides with an egress device's).
+#[xdp]
+pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
+    match maps::EGRESS_DEVS.redirect(0, u64::from(xdp_action::XDP_DROP)) {
+        Ok(action) | Err(action) => action,
+    }
+}
+
+/// Benchmark peer: forwarding by the kernel FIB (`bpf_fib_lookup`), the
+/// method of xdp-forward.
+#[xdp]
+pub fn rocev2_xdp_fib(ctx: XdpContext) -> u32 {
+    peer::fib_forward(&ctx)
+}
+
+/// Benchmark receiver: drops every frame; the device's rx counters count
+/// what arrived. Also gives a veth peer the NAPI that XDP-redirected
+/// frames need to be delivered.
+#[xdp]
+pub fn rocev2_xdp_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Unreachable in a verified program.
+    loop {}
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    eprintln!("rocev2-tools holds eBPF programs; it is built for the BPF target by rocev2-user's build.rs");
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

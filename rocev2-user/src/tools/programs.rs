@@ -1,0 +1,94 @@
+//! The tools' eBPF object (`rocev2-tools`): the live-frames generator's
+//! transmit program, the lab's fault injector, and the benchmark's floor,
+//! FIB peer and receiver. It has its own maps, so a tool never touches the
+//! state of a dataplane that `rocev2 run` loaded; `run` never loads it.
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{Array, DevMapHash, HashMap, MapData},
+    programs::Xdp,
+    Ebpf, EbpfLoader,
+};
+use rocev2_common::maps::{names, GenRewrite};
+
+/// Sends every frame back out (XDP_TX), restoring MACs and TTL first: the
+/// live-frames traffic generator.
+pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
+/// Drops chosen (DestQP, PSN) packets: the lab's fault injector.
+pub const FAULT_PROGRAM: &str = "rocev2_xdp_fault";
+/// Redirects every frame, unparsed, to EGRESS_DEVS key 0: the benchmark floor.
+pub const XDP_REDIRECT_PROGRAM: &str = "rocev2_xdp_redirect";
+/// Forwards IPv4 with `bpf_fib_lookup()`: the benchmark's peer (xdp-forward's method).
+pub const XDP_FIB_PROGRAM: &str = "rocev2_xdp_fib";
+/// Drops every frame: the benchmark's receivers (counted from rx counters).
+pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
+
+/// One loaded instance of the tools object. Programs are verified on first
+/// use, so an instance costs only what it runs.
+pub struct ToolPrograms {
+    ebpf: Ebpf,
+}
+
+impl ToolPrograms {
+    pub fn load() -> Result<Self> {
+        if crate::TOOLS_OBJECT.is_empty() {
+            bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
+        }
+        crate::privileges::check()?;
+        let ebpf = EbpfLoader::new().load(crate::TOOLS_OBJECT).context("cannot load the tools' eBPF object")?;
+        Ok(Self { ebpf })
+    }
+
+    /// Program `name`, loaded into the kernel (once).
+    pub fn xdp(&mut self, name: &str) -> Result<&mut Xdp> {
+        let program: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("the tools' eBPF object has no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not an XDP program"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
+    }
+
+    /// Makes the generator's XDP_TX program restore these MACs and TTL in
+    /// every frame it sends.
+    pub fn set_gen_rewrite(&mut self, dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8) -> Result<()> {
+        let map = self.ebpf.map_mut(names::GEN_REWRITE).context("the tools' object has no map GEN_REWRITE")?;
+        let mut table: Array<&mut MapData, GenRewrite> = Array::try_from(map)?;
+        let entry = GenRewrite { dst_mac, src_mac, ttl, enabled: 1, _reserved: [0; 2] };
+        table.set(0, entry, 0).context("cannot write GEN_REWRITE")
+    }
+
+    /// Lets the FIB peer redirect to `ifindex`. Device-map entries resolve
+    /// ifindexes in the caller's network namespace.
+    pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
+        self.egress_devs()?
+            .insert(ifindex, ifindex, None, 0)
+            .with_context(|| format!("cannot add ifindex {ifindex} to the tools' device map"))
+    }
+
+    /// Points the floor (EGRESS_DEVS key 0; no real ifindex is 0) at `ifindex`.
+    pub fn set_floor_target(&mut self, ifindex: u32) -> Result<()> {
+        self.egress_devs()?.insert(0, ifindex, None, 0).context("cannot set the floor's redirect target")
+    }
+
+    fn egress_devs(&mut self) -> Result<DevMapHash<&mut MapData>> {
+        let map = self.ebpf.map_mut(names::EGRESS_DEVS).context("the tools' object has no map EGRESS_DEVS")?;
+        Ok(DevMapHash::try_from(map)?)
+    }
+
+    /// The fault injector's table: (DestQP << 32 | PSN) -> drops to come.
+    pub fn fault_drops(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
+        let map = self.ebpf.map_mut(names::FAULT_DROPS).context("the tools' object has no map FAULT_DROPS")?;
+        Ok(HashMap::try_from(map)?)
+    }
+
+    /// Read-only view of the fault injector's table.
+    pub fn fault_drops_view(&self) -> Result<HashMap<&MapData, u64, u32>> {
+        let map = self.ebpf.map(names::FAULT_DROPS).context("the tools' object has no map FAULT_DROPS")?;
+        Ok(HashMap::try_from(map)?)
+    }
+}
