@@ -6,8 +6,12 @@
 //! unrolling and lets the verifier see a constant instruction count.
 
 /// How a group chooses its member. Stored as `u32` in [`crate::maps::GroupEntry`].
+/// Its text form ([`HashMode::name`]) is the one for configs, flags
+/// (clap's `ValueEnum`), JSON (serde), `stats`, metrics and `explain`.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(clap::ValueEnum, serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "user", serde(rename_all = "kebab-case"))]
 pub enum HashMode {
     /// Source and destination address, IP protocol, source and destination port.
     FiveTuple = 0,
@@ -37,6 +41,30 @@ impl HashMode {
             1 => Some(Self::Qp),
             _ => None,
         }
+    }
+}
+
+impl core::fmt::Display for HashMode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no hash mode; says which names are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownHashMode;
+
+impl core::fmt::Display for UnknownHashMode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"")
+    }
+}
+
+impl core::str::FromStr for HashMode {
+    type Err = UnknownHashMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::from_name(s).ok_or(UnknownHashMode)
     }
 }
 
@@ -181,6 +209,15 @@ pub fn pick_member(hash: u32, count: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hash_mode_text_round_trips() {
+        use std::string::ToString as _;
+        for mode in [HashMode::FiveTuple, HashMode::Qp] {
+            assert_eq!(mode.to_string().parse::<HashMode>(), Ok(mode));
+        }
+        assert_eq!("ecmp".parse::<HashMode>(), Err(UnknownHashMode));
+    }
 
     fn roce_key(qp: u32) -> FlowKey {
         FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC123, 4791).with_dest_qp(qp)

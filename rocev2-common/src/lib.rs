@@ -4,8 +4,13 @@
 //! Everything here is `no_std` and free of kernel helpers, so the exact same
 //! code runs in the XDP program and in host unit tests. Map value types are
 //! `#[repr(C)]` with explicit padding and a compile-time size check; the
-//! `user` feature adds `aya::Pod` for userspace.
+//! `user` feature adds `aya::Pod` for userspace, and serde and clap's
+//! `ValueEnum` to the enums that have a text form.
 #![no_std]
+
+// clap's derive names `std` paths; only userspace builds and tests use it.
+#[cfg(any(feature = "user", test))]
+extern crate std;
 
 pub mod bth;
 pub mod buckets;

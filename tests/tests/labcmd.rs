@@ -35,7 +35,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         spines,
         links_per_spine: links,
         family: LabFamily::Both,
-        hash: "qp".into(),
+        hash: rocev2_common::hash::HashMode::Qp,
         config_out: None,
         routing: LabRouting::Static,
         racks: None,

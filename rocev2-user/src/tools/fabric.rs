@@ -188,7 +188,6 @@ pub struct Fabric {
     pub aggs: u32,
     pub v4: bool,
     pub v6: bool,
-    #[serde(with = "hash_mode_name")]
     pub hash: HashMode,
     pub seeds: SeedPlan,
 }
@@ -569,21 +568,6 @@ impl Fabric {
             Switch::Leaf(_) if port.starts_with('h') => Tier::LeafDown,
             Switch::Leaf(_) => Tier::LeafUp,
         }
-    }
-}
-
-/// A hash mode in JSON records by its config name.
-mod hash_mode_name {
-    use rocev2_common::hash::HashMode;
-    use serde::{Deserialize as _, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(mode: &HashMode, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(mode.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMode, D::Error> {
-        let name = String::deserialize(d)?;
-        HashMode::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown hash mode {name:?}")))
     }
 }
 

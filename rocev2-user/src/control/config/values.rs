@@ -150,9 +150,7 @@ pub(super) fn parse_qp_range(v: &toml::Value) -> Result<(u32, u32), String> {
 }
 
 pub(super) fn parse_hash(s: &str) -> Result<HashMode, String> {
-    HashMode::from_name(s).ok_or_else(|| {
-        format!("{s:?} is not a hash mode; use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"")
-    })
+    s.parse().map_err(|e| format!("{s:?} is not a hash mode; {e}"))
 }
 
 pub(super) fn parse_xdp_mode(s: &str) -> Result<XdpMode, String> {

@@ -262,6 +262,7 @@ impl Maps {
     }
 
     /// Seeds a virtual queue (tests use it to put a port at a known depth).
+    #[cfg(feature = "test-hooks")]
     pub fn set_virtual_queue(&mut self, slot: u32, q: VirtualQueue) -> Result<()> {
         self.vqueues.set(slot, q, 0).context("cannot write VQUEUES")
     }
@@ -484,6 +485,7 @@ impl Maps {
 
     /// Overwrites a group entry as is. Tests use it to put the entry in the
     /// states a packet can observe in the middle of a publish.
+    #[cfg(feature = "test-hooks")]
     pub fn set_group_entry(&mut self, group: u32, entry: GroupEntry) -> Result<()> {
         self.groups.set(group, entry, 0).context("cannot write GROUPS")
     }

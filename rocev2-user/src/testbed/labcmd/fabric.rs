@@ -86,9 +86,7 @@ impl FabricPlan {
     pub fn new(args: &LabUpArgs, racks: u32) -> Result<Self> {
         let name = args.name.clone();
         super::validate_name(&name)?;
-        let Some(hash) = rocev2_common::hash::HashMode::from_name(&args.hash) else {
-            bail!("--hash must be \"qp\" or \"five-tuple\", not {:?}", args.hash);
-        };
+        let hash = args.hash;
         let fabric = Fabric {
             racks,
             hosts: args.hosts,
