@@ -240,47 +240,48 @@ impl SinkReport {
             self.pps,
             self.not_roce
         );
-        s.push_str(&format!(
-            "  {:<22} {:<22} {:>8} {:>9} {:>11} {:>8} {:>6} {:>6} {:>17} {:>9} {:>11} {:>5} {:>8} {:>6}\n",
-            "SRC",
-            "DST",
-            "QP",
-            "PACKETS",
-            "BYTES",
-            "DATA",
-            "ACK",
-            "CNP",
-            "PSN FIRST..LAST",
-            "REORDERED",
-            "GAPS(MISS)",
-            "DUP",
-            "BADICRC",
-            "CE"
-        ));
+        use crate::render::{Align::*, Table};
+        let mut table = Table::new(&[
+            ("SRC", Left),
+            ("DST", Left),
+            ("QP", Right),
+            ("PACKETS", Right),
+            ("BYTES", Right),
+            ("DATA", Right),
+            ("ACK", Right),
+            ("CNP", Right),
+            ("PSN FIRST..LAST", Right),
+            ("REORDERED", Right),
+            ("GAPS(MISS)", Right),
+            ("DUP", Right),
+            ("BADICRC", Right),
+            ("CE", Right),
+        ])
+        .indent(2);
         for q in self.qps.iter().take(TABLE_ROWS) {
             let ip = |a: Option<IpAddr>| a.map_or("-".to_string(), |a| a.to_string());
             let psns = match (q.first_psn, q.last_psn) {
                 (Some(f), Some(l)) => format!("{f}..{l}"),
                 _ => "-".into(),
             };
-            s.push_str(&format!(
-                "  {:<22} {:<22} {:>#8x} {:>9} {:>11} {:>8} {:>6} {:>6} {:>17} {:>9} {:>11} {:>5} {:>8} {:>6}\n",
+            table.row([
                 ip(q.src),
                 ip(q.dst),
-                q.dest_qp,
-                q.packets,
-                q.bytes,
-                q.data,
-                q.acks,
-                q.cnps,
+                format!("{:#x}", q.dest_qp),
+                q.packets.to_string(),
+                q.bytes.to_string(),
+                q.data.to_string(),
+                q.acks.to_string(),
+                q.cnps.to_string(),
                 psns,
-                q.reordered,
+                q.reordered.to_string(),
                 format!("{}({})", q.gaps, q.missing),
-                q.duplicates,
-                q.bad_icrc,
-                q.ce
-            ));
+                q.duplicates.to_string(),
+                q.bad_icrc.to_string(),
+                q.ce.to_string(),
+            ]);
         }
+        s.push_str(&table.render());
         if self.qps.len() > TABLE_ROWS {
             s.push_str(&format!("  ... {} more QPs (see --json)\n", self.qps.len() - TABLE_ROWS));
         }
