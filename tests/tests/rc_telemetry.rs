@@ -248,6 +248,7 @@ fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value
         .collect();
     let stream = lab.start_stream(frames, 4000).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
+    live_top_refreshes_with_interval_rates(lab, qps);
     let top = std::process::Command::new(rocev2_bin())
         .args(["top", "--once", "--json", "--pin-dir"])
         .arg(lab.pin_dir())
@@ -263,6 +264,38 @@ fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value
     dataplane.stop().expect("rocev2 run stops cleanly");
     assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));
     serde_json::from_slice(&top.stdout).expect("top JSON")
+}
+
+/// `rocev2 top` without `--once` keeps refreshing: one JSON snapshot per
+/// interval, each with the rates of that interval (the stream sends 4,000
+/// frames a second over `qps`, so about 1,000 per QP), and the terminal view
+/// redraws the screen each time.
+fn live_top_refreshes_with_interval_rates(lab: &EcmpLab, qps: &[u32]) {
+    let run_for = |extra: &[&str]| {
+        let mut child = std::process::Command::new(rocev2_bin())
+            .args(["top", "--interval", "0.3", "--pin-dir"])
+            .arg(lab.pin_dir())
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start rocev2 top");
+        std::thread::sleep(Duration::from_millis(1500));
+        child.kill().unwrap();
+        child.wait_with_output().unwrap().stdout
+    };
+    let out = run_for(&["--json"]);
+    let snapshots: Vec<serde_json::Value> =
+        serde_json::Deserializer::from_slice(&out).into_iter().collect::<Result<_, _>>().expect("a stream of JSON");
+    assert!(snapshots.len() >= 3, "one snapshot per 0.3 s refresh, got {}", snapshots.len());
+    let last = snapshots.last().unwrap();
+    for &qp in qps {
+        let row =
+            last["qps"].as_array().unwrap().iter().find(|r| r["dest_qp"] == qp).unwrap_or_else(|| panic!("{last:#}"));
+        let pps = row["pps"].as_f64().unwrap();
+        assert!((200.0..4000.0).contains(&pps), "QP {qp:#x} at {pps} pps over the last interval: {last:#}");
+    }
+    let screen = String::from_utf8_lossy(&run_for(&[])).into_owned();
+    assert!(screen.matches("\x1b[2J").count() >= 3, "the view redraws each refresh: {screen}");
 }
 
 #[test]
