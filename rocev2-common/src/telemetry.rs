@@ -95,6 +95,8 @@ pub struct QpStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemberTransport {
     pub psn_forward_jumps: u64,
+    /// Counted on the member the QP took before the jump back (where the
+    /// loss that caused the resend happened), not the one the resend took.
     pub psn_backward_jumps: u64,
     pub naks_sequence: u64,
     pub naks_other: u64,

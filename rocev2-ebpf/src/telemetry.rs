@@ -53,6 +53,9 @@ pub struct Scratch {
     qp: QpKey,
     reply: ReplyKey,
     stats: QpStats,
+    /// The member the QP's data took before this packet.
+    before_group: u32,
+    before_position: u32,
 }
 
 #[map]
@@ -83,9 +86,13 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             // last seen, and a fraction of the precise one's cost.
             // SAFETY: ns clock helper.
             let now = unsafe { bpf_ktime_get_coarse_ns() };
+            (scratch.before_group, scratch.before_position) = (group, position);
             let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
                 // SAFETY: a map value; see the module note on races.
-                Some(s) => unsafe { (*s).data(at.bth.psn, len, group, position, ce_marked, now) },
+                Some(s) => unsafe {
+                    (scratch.before_group, scratch.before_position) = ((*s).group, (*s).position);
+                    (*s).data(at.bth.psn, len, group, position, ce_marked, now)
+                },
                 None => {
                     scratch.stats = QpStats { src: at.src, src_port: u32::from(at.src_port), ..QpStats::default() };
                     let step = scratch.stats.data(at.bth.psn, len, group, position, ce_marked, now);
@@ -101,9 +108,16 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                 }
             };
             // The member sums change only on trouble: an in-order packet
-            // that was not marked costs no second lookup.
+            // that was not marked costs no second lookup. A jump back (a
+            // go-back-N resend) answers loss on the path the QP took until
+            // now, which is the member blamed, even when the resend starts
+            // a flowlet on another one.
             if step != PsnStep::InOrder || ce_marked {
-                member_add(group, position, |m| {
+                let (blamed_group, blamed_position) = match step {
+                    PsnStep::Backward => (scratch.before_group, scratch.before_position),
+                    _ => (group, position),
+                };
+                member_add(blamed_group, blamed_position, |m| {
                     m.ce_marked += u64::from(ce_marked);
                     match step {
                         PsnStep::InOrder => {}

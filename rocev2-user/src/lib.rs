@@ -19,8 +19,8 @@ pub mod testbed;
 pub mod tools;
 
 pub use control::{
-    capacity, collisions, config, dataplane, errors, metrics, notify, qp_telemetry, routing, run, state, stats, top,
-    trace, upgrade, watch,
+    capacity, collisions, config, dataplane, errors, health, members, metrics, notify, qp_telemetry, routing, run,
+    state, stats, top, trace, upgrade, watch,
 };
 pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
 pub use testbed::{bench, fault, frr, lab, labcmd, topology};

@@ -66,7 +66,14 @@ struct Family {
     name: String,
     help: String,
     kind: MetricType,
-    samples: Vec<(Labels, u64)>,
+    samples: Vec<(Labels, Value)>,
+}
+
+/// A sample's value: counts, or a gauge with a fraction (a health score).
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Count(u64),
+    Real(f64),
 }
 
 /// The families of one scrape, in the order they were added.
@@ -78,7 +85,7 @@ struct Exposition {
 impl Exposition {
     /// Adds samples to the family `metric` (created on first use). Counter
     /// names are given as exposed, with `_total`; help as a sentence.
-    fn add(&mut self, metric: &str, kind: MetricType, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
+    fn add(&mut self, metric: &str, kind: MetricType, help: &str, samples: impl IntoIterator<Item = (Labels, Value)>) {
         let name = match kind {
             MetricType::Counter => metric.strip_suffix("_total").unwrap_or(metric),
             _ => metric,
@@ -96,11 +103,15 @@ impl Exposition {
     }
 
     fn counter(&mut self, metric: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
-        self.add(metric, MetricType::Counter, help, samples)
+        self.add(metric, MetricType::Counter, help, samples.into_iter().map(|(l, v)| (l, Value::Count(v))))
     }
 
     fn gauge(&mut self, metric: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
-        self.add(metric, MetricType::Gauge, help, samples)
+        self.add(metric, MetricType::Gauge, help, samples.into_iter().map(|(l, v)| (l, Value::Count(v))))
+    }
+
+    fn gauge_real(&mut self, metric: &str, help: &str, samples: impl IntoIterator<Item = (Labels, f64)>) {
+        self.add(metric, MetricType::Gauge, help, samples.into_iter().map(|(l, v)| (l, Value::Real(v))))
     }
 
     fn encode(self) -> String {
@@ -132,10 +143,12 @@ impl Collector for Exposition {
     }
 }
 
-fn encode_value(kind: MetricType, value: u64, encoder: MetricEncoder) -> std::fmt::Result {
-    match kind {
-        MetricType::Counter => ConstCounter::new(value).encode(encoder),
-        _ => ConstGauge::new(value).encode(encoder),
+fn encode_value(kind: MetricType, value: Value, encoder: MetricEncoder) -> std::fmt::Result {
+    match (kind, value) {
+        (MetricType::Counter, Value::Count(v)) => ConstCounter::new(v).encode(encoder),
+        (MetricType::Counter, Value::Real(v)) => ConstCounter::new(v).encode(encoder),
+        (_, Value::Count(v)) => ConstGauge::new(v).encode(encoder),
+        (_, Value::Real(v)) => ConstGauge::new(v).encode(encoder),
     }
 }
 
@@ -243,6 +256,27 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             transport().map(|(l, t)| (l, t.ce_marked)),
         );
     }
+    let health = || members().filter_map(|(g, m)| m.health.map(|h| (member_labels(&g.name, m), h)));
+    out.gauge_real(
+        "rocev2_member_health_score",
+        "A transport_aware group member's health score: its QPs' weighted, decaying NAKs, retransmissions and CNPs (0 = healthy).",
+        health().map(|(l, h)| (l, h.score)),
+    );
+    out.gauge(
+        "rocev2_member_demoted",
+        "1 while a transport_aware group member is demoted (new flowlets avoid it), else 0.",
+        health().map(|(l, h)| (l, u64::from(h.demoted))),
+    );
+    out.counter(
+        "rocev2_member_demotions_total",
+        "Times a transport_aware group member was demoted for its transport health.",
+        health().map(|(l, h)| (l, h.demotions)),
+    );
+    out.counter(
+        "rocev2_member_restores_total",
+        "Times a demoted transport_aware group member got its buckets back.",
+        health().map(|(l, h)| (l, h.restores)),
+    );
     out.gauge(
         "rocev2_group_members",
         "Usable members of a next-hop group.",
@@ -541,6 +575,12 @@ mod tests {
                             cnps: 5,
                             ce_marked: 6,
                         }),
+                        health: Some(crate::health::MemberHealth {
+                            score: 12.5,
+                            demoted: true,
+                            demotions: 2,
+                            restores: 1,
+                        }),
                     },
                     MemberSnapshot {
                         dev: "u2".into(),
@@ -548,6 +588,7 @@ mod tests {
                         packets: 9,
                         bytes: 900,
                         transport: Some(Default::default()),
+                        health: None,
                     },
                 ],
             }],
@@ -599,6 +640,10 @@ mod tests {
             format!("rocev2_member_naks_total{{{u1},syndrome=\"other\"}} 4"),
             format!("rocev2_member_cnps_total{{{u1}}} 5"),
             format!("rocev2_member_ce_marked_total{{{u1}}} 6"),
+            format!("rocev2_member_health_score{{{u1}}} 12.5"),
+            format!("rocev2_member_demoted{{{u1}}} 1"),
+            format!("rocev2_member_demotions_total{{{u1}}} 2"),
+            format!("rocev2_member_restores_total{{{u1}}} 1"),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
@@ -653,7 +698,7 @@ mod tests {
                 let family = family.unwrap_or(name);
                 assert!(seen_type.contains_key(family), "sample before its TYPE: {line}");
                 let value = line.rsplit(' ').next().unwrap();
-                value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+                value.parse::<f64>().unwrap_or_else(|_| panic!("{line}"));
                 samples += 1;
             }
         }
@@ -665,10 +710,11 @@ mod tests {
         // seed, and the learned-route gauges and counters (routes, hosts,
         // groups, one per kernel reason, messages, resyncs, two quantiles),
         // and telemetry: QPs tracked, six transport samples per member
-        // (gaps, retransmits, two NAK syndromes, CNPs, CE).
+        // (gaps, retransmits, two NAK syndromes, CNPs, CE), and the health
+        // of the one member that has it (score, demoted, demotions, restores).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
-        let telemetry = 1 + 2 * 6;
+        let telemetry = 1 + 2 * 6 + 4;
         assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
     }
 

@@ -7,6 +7,8 @@ pub mod collisions;
 pub mod config;
 pub mod dataplane;
 pub mod errors;
+pub mod health;
+pub mod members;
 pub mod metrics;
 pub mod notify;
 pub mod qp_telemetry;

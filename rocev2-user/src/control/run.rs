@@ -27,15 +27,15 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
+    health::{self, GroupHealth},
+    members::{
+        live_positions, log_member_change, next_hop_text, resolve_new_neighbours, MemberLive, FIRST_RESOLVE_TIMEOUT,
+    },
     netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
     routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
     state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
     stats::Snapshot,
 };
-
-/// How long `run` waits for a `via` neighbour at start before leaving the
-/// member out (it keeps retrying afterwards).
-const FIRST_RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often link state (up, carrier) is checked: a failed uplink leaves
 /// its group within about this long.
@@ -55,59 +55,14 @@ pub struct RunOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+pub use crate::sys::format_mac;
+
 /// How `run` ended.
 pub enum Ending {
     /// Detached and unpinned.
     Stopped(Snapshot),
     /// Left attached and pinned for the next `rocev2 run` (SIGUSR1).
     HandedOver(Snapshot),
-}
-
-/// One configured member and what is currently known about it.
-#[derive(Clone, Debug)]
-struct MemberLive {
-    /// Where the member is in the config file, for warnings.
-    place: String,
-    dev: String,
-    next_hop: NextHop,
-    ifindex: u32,
-    src_mac: [u8; 6],
-    /// Administratively up and with a carrier.
-    link_up: bool,
-    dst_mac: Option<[u8; 6]>,
-}
-
-impl MemberLive {
-    fn usable(&self) -> Option<MemberSpec> {
-        match (self.link_up, self.dst_mac) {
-            (true, Some(dst_mac)) => Some(MemberSpec { ifindex: self.ifindex, src_mac: self.src_mac, dst_mac }),
-            _ => None,
-        }
-    }
-
-    fn from_link(place: String, dev: &str, next_hop: NextHop, link: &LinkInfo) -> Self {
-        Self {
-            place,
-            dev: dev.to_string(),
-            next_hop,
-            ifindex: link.ifindex,
-            src_mac: link.mac,
-            link_up: link.up && link.carrier,
-            dst_mac: match next_hop {
-                NextHop::Mac(mac) => Some(mac),
-                NextHop::Via(_) => None,
-            },
-        }
-    }
-}
-
-pub use crate::sys::format_mac;
-
-fn next_hop_text(n: &NextHop) -> String {
-    match n {
-        NextHop::Via(ip) => format!("via {ip}"),
-        NextHop::Mac(mac) => format!("mac {}", format_mac(mac)),
-    }
 }
 
 /// A running dataplane and everything the control loop knows about it.
@@ -133,6 +88,10 @@ struct Runner {
     /// Bucket tables of the config groups by member identity, so a member
     /// that fails moves only its own flows.
     tables: BTreeMap<String, ResilientTable<(String, NextHop)>>,
+    /// Transport health of the members of `transport_aware` groups, and
+    /// when it was last updated.
+    health: BTreeMap<String, GroupHealth>,
+    health_at: Instant,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
     /// The hash seed in use (resolved from `hash_seed = "auto"`).
@@ -277,6 +236,8 @@ impl Runner {
             pins: BTreeSet::new(),
             published: BTreeMap::new(),
             tables: BTreeMap::new(),
+            health: BTreeMap::new(),
+            health_at: Instant::now(),
             kernel: None,
             seed: 0,
             classes: None,
@@ -568,38 +529,43 @@ impl Runner {
             let members = &self.members[&group.name];
             let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
             let policy = group_policy(group);
-            // Bucket table by member identity: only a failed member's
-            // buckets move, and a returning one's come back per `rebalance`.
+            // Bucket table by member identity: only a failed (or demoted)
+            // member's buckets move, and a returning one's come back per
+            // `rebalance`. A demoted member keeps its position.
+            let health = self.health.get(&group.name);
             let wanted: Vec<((String, NextHop), u32)> = members
                 .iter()
                 .zip(&group.members)
-                .map(|(m, c)| ((m.dev.clone(), m.next_hop), if m.usable().is_some() { c.weight } else { 0 }))
+                .enumerate()
+                .map(|(i, (m, c))| {
+                    let in_service = m.usable().is_some() && !health.is_some_and(|h| h.demoted(i));
+                    ((m.dev.clone(), m.next_hop), if in_service { c.weight } else { 0 })
+                })
                 .collect();
             let table = self.tables.entry(group.name.clone()).or_default();
             table.update(&wanted, group.rebalance);
             let is_usable: Vec<bool> = members.iter().map(|m| m.usable().is_some()).collect();
             let buckets = table.positions(&is_usable);
             let state = (policy, usable, buckets);
-            let generation = if self.published.get(&slot) == Some(&state) {
-                self.dataplane.maps.group(slot)?.generation
-            } else {
-                let generation = self
-                    .dataplane
-                    .maps
-                    .publish_group_buckets(slot, &state.0, &state.1, &state.2)
-                    .with_context(|| format!("cannot publish group {}", group.name))?;
-                self.published.insert(slot, state);
-                generation
+            let generation = match self.published.get(&slot) {
+                Some(old) if *old == state => self.dataplane.maps.group(slot)?.generation,
+                // Only bucket owners changed: in place, flowlets keep their member.
+                Some(old) if (&old.0, &old.1) == (&state.0, &state.1) => {
+                    let generation = self.dataplane.maps.set_live_buckets(slot, &state.2)?;
+                    self.published.insert(slot, state);
+                    generation
+                }
+                _ => {
+                    let generation = self
+                        .dataplane
+                        .maps
+                        .publish_group_buckets(slot, &state.0, &state.1, &state.2)
+                        .with_context(|| format!("cannot publish group {}", group.name))?;
+                    self.published.insert(slot, state);
+                    generation
+                }
             };
-            // Position of each configured member among the usable ones.
-            let mut live_position = Vec::with_capacity(members.len());
-            let mut next = 0u32;
-            for m in members {
-                live_position.push(m.usable().map(|_| {
-                    next += 1;
-                    next - 1
-                }));
-            }
+            let live_position = live_positions(members);
             let index = self.config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
             for pin in self.config.pins.iter().filter(|p| p.group_index == index) {
                 let position = live_position.get(pin.member_index).copied().flatten().unwrap_or(PIN_MEMBER_DOWN);
@@ -614,6 +580,27 @@ impl Runner {
         self.pins = pins;
         self.tables.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name));
         Ok(())
+    }
+
+    /// Updates the transport health of every `transport_aware` group's
+    /// members; true if one was demoted or restored (to publish).
+    fn update_health(&mut self) -> bool {
+        let elapsed = self.health_at.elapsed();
+        self.health_at = Instant::now();
+        self.health.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name && g.transport_aware.is_some()));
+        let mut changed = false;
+        for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
+            let positions = live_positions(&self.members[&group.name]);
+            let health = self.health.entry(group.name.clone()).or_default();
+            let pin_dir = &self.config.dataplane.pin_dir;
+            match health::step_group(health, pin_dir, group, self.slots[&group.name], &positions, elapsed) {
+                Ok(moved) => changed |= moved,
+                Err(e) => {
+                    tracing::warn!(group = group.name.as_str(), "transport health of group {}: {e:#}", group.name)
+                }
+            }
+        }
+        changed
     }
 
     /// At start: asks the kernel to resolve every learned next hop it has
@@ -730,10 +717,14 @@ impl Runner {
                 changed = true;
             }
         }
+        changed |= self.update_health();
         // A gradual rebalance moves a few buckets per tick until done.
         let settling = self.tables.values().any(ResilientTable::settling);
         if changed || settling {
             self.publish_groups()?;
+        }
+        // The health scores move every step: `stats` reads them from the state.
+        if changed || settling || !self.health.is_empty() {
             self.write_state()?;
         }
         if let Some(kernel) = &mut self.kernel {
@@ -786,11 +777,13 @@ impl Runner {
                 flowlet: GroupState::flowlet_knobs(&group.policy),
                 members: self.members[&group.name]
                     .iter()
-                    .filter(|m| m.usable().is_some())
-                    .map(|m| MemberState {
+                    .enumerate()
+                    .filter(|(_, m)| m.usable().is_some())
+                    .map(|(i, m)| MemberState {
                         dev: m.dev.clone(),
                         next_hop: next_hop_text(&m.next_hop),
                         mac: m.dst_mac.map(|mac| format_mac(&mac)).unwrap_or_default(),
+                        health: self.health.get(&group.name).and_then(|h| h.members.get(i).copied()),
                     })
                     .collect(),
             })
@@ -834,33 +827,6 @@ fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo) -> Result<()> {
         ),
     }
     Ok(())
-}
-
-/// One line per change of a member's usability: a warning naming group,
-/// member and reason when it leaves its group, info when it rejoins or its
-/// neighbour's MAC changes.
-fn log_member_change(group: &str, member: &MemberLive, was_usable: bool, link_down: Option<&str>) {
-    let name = format!("{} {}", member.dev, next_hop_text(&member.next_hop));
-    match (was_usable, member.usable().is_some()) {
-        (true, false) => {
-            let reason = match (link_down, member.next_hop) {
-                (Some(reason), _) => reason.to_string(),
-                (None, NextHop::Via(ip)) => format!("neighbour {ip} does not answer"),
-                (None, NextHop::Mac(_)) => "unusable".to_string(),
-            };
-            tracing::warn!(group, member = name.as_str(), reason, "member {name} left group {group}: {reason}");
-        }
-        (false, true) => tracing::info!(group, member = name.as_str(), "member {name} rejoined group {group}"),
-        (true, true) => tracing::info!(
-            group,
-            member = name.as_str(),
-            mac = %member.dst_mac.map(|m| format_mac(&m)).unwrap_or_default(),
-            "member {name} of group {group}: neighbour MAC changed"
-        ),
-        (false, false) => {
-            tracing::debug!(group, member = name.as_str(), "member {name} of group {group} still unusable")
-        }
-    }
 }
 
 /// Nice level of a takeover's program load. 19 kept the most CPU for the
@@ -924,33 +890,6 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
         links.egress.push(link);
     }
     Ok(links)
-}
-
-/// Resolves, concurrently, every `via` member without a MAC yet.
-async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String, Vec<MemberLive>>) {
-    let todo: Vec<&mut MemberLive> = members
-        .values_mut()
-        .flatten()
-        .filter(|m| m.dst_mac.is_none() && matches!(m.next_hop, NextHop::Via(_)))
-        .collect();
-    let started = Instant::now();
-    let results = futures::future::join_all(todo.iter().map(|m| {
-        let NextHop::Via(ip) = m.next_hop else { unreachable!("filtered above") };
-        netlink.resolve_neighbour(m.ifindex, ip, FIRST_RESOLVE_TIMEOUT)
-    }))
-    .await;
-    for (member, result) in todo.into_iter().zip(results) {
-        match result {
-            Ok(mac) => member.dst_mac = Some(mac),
-            Err(e) => tracing::warn!(
-                "{}.via: member {} {}: {e:#} (after {:.1} s); left out of its group until it answers: check the address, or use `mac = ...` for a static neighbour",
-                member.place,
-                member.dev,
-                next_hop_text(&member.next_hop),
-                started.elapsed().as_secs_f64()
-            ),
-        }
-    }
 }
 
 /// The dataplane's view of a configured group policy.

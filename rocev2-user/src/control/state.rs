@@ -135,6 +135,9 @@ pub struct MemberState {
     pub dev: String,
     pub next_hop: String,
     pub mac: String,
+    /// In a `transport_aware` group: its transport health and demotions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::MemberHealth>,
 }
 
 /// File names under /run/rocev2 derived from the pin directory, so each

@@ -88,6 +88,10 @@ pub struct MemberSnapshot {
     /// `telemetry_qps` on; see [`Snapshot::add_transport`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<MemberTransportView>,
+    /// In a `transport_aware` group: the health score, whether the member
+    /// is demoted, its demotions and restores (see crate::health).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::MemberHealth>,
 }
 
 /// Per member: what the QPs it carries went through.
@@ -149,6 +153,7 @@ impl Snapshot {
                     packets: s.packets,
                     bytes: s.bytes,
                     transport: None,
+                    health: m.health,
                 });
             }
             groups.push(GroupSnapshot {
@@ -280,7 +285,8 @@ impl Snapshot {
         let mut out = ports.render();
         for group in &self.groups {
             let total: u64 = group.members.iter().map(|m| m.packets).sum();
-            out.push_str(&format!("\nGROUP {} ({})\n", group.name, group.describe()));
+            let aware = if group.members.iter().any(|m| m.health.is_some()) { ", transport-aware" } else { "" };
+            out.push_str(&format!("\nGROUP {} ({}{aware})\n", group.name, group.describe()));
             let mut members = Table::new(&[
                 ("MEMBER", Align::Left),
                 ("NEXT HOP", Align::Left),
@@ -301,8 +307,9 @@ impl Snapshot {
                 ]);
             }
             out.push_str(&members.indent(2).render());
+            let aware = group.members.iter().any(|m| m.health.is_some());
             if group.members.iter().any(|m| m.transport.is_some()) {
-                let mut transport = Table::new(&[
+                let mut columns = vec![
                     ("MEMBER", Align::Left),
                     ("PSN GAPS", Align::Right),
                     ("RETRANSMITS", Align::Right),
@@ -310,10 +317,19 @@ impl Snapshot {
                     ("OTHER NAKS", Align::Right),
                     ("CNPS", Align::Right),
                     ("CE", Align::Right),
-                ]);
+                ];
+                if aware {
+                    columns.extend([
+                        ("HEALTH", Align::Right),
+                        ("STATE", Align::Left),
+                        ("DEMOTIONS", Align::Right),
+                        ("RESTORES", Align::Right),
+                    ]);
+                }
+                let mut transport = Table::new(&columns);
                 for m in &group.members {
                     let t = m.transport.unwrap_or_default();
-                    transport.row([
+                    let mut row = vec![
                         m.dev.clone(),
                         t.psn_gaps.to_string(),
                         t.retransmits.to_string(),
@@ -321,7 +337,17 @@ impl Snapshot {
                         t.naks_other.to_string(),
                         t.cnps.to_string(),
                         t.ce_marked.to_string(),
-                    ]);
+                    ];
+                    if aware {
+                        let h = m.health.unwrap_or_default();
+                        row.extend([
+                            format!("{:.1}", h.score),
+                            if h.demoted { "demoted" } else { "in service" }.to_string(),
+                            h.demotions.to_string(),
+                            h.restores.to_string(),
+                        ]);
+                    }
+                    transport.row(row);
                 }
                 out.push_str("  transport (QPs on each member, from telemetry):\n");
                 out.push_str(&transport.indent(2).render());

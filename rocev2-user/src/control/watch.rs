@@ -178,6 +178,7 @@ mod tests {
             packets,
             bytes: packets * 100,
             transport: None,
+            health: None,
         }
     }
 

@@ -467,6 +467,10 @@ impl Responder {
             reply: reply_spec(p),
             last_cnp: None,
         });
+        // Replies go back the way the latest data came: a responder
+        // reachable over several paths (behind two spines) answers on the
+        // one the QP uses now.
+        qp.reply = reply_spec(p);
         let r = &mut qp.report;
         if p.ecn == 3 && qp.last_cnp.is_none_or(|t| t.elapsed() >= CNP_INTERVAL) {
             qp.last_cnp = Some(Instant::now());

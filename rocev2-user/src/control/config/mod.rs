@@ -302,6 +302,8 @@ pub struct Group {
     pub policy: Policy,
     /// How a member that comes back gets its buckets back.
     pub rebalance: Rebalance,
+    /// `transport_aware`: demote members whose QPs see transport trouble.
+    pub transport_aware: Option<TransportAware>,
     pub members: Vec<Member>,
     /// Points at the `[[group]]` header.
     pub loc: Location,
@@ -618,8 +620,11 @@ impl EcnProfileConfig {
 
 mod diagnostics;
 mod raw;
+mod transport_aware;
 mod validate;
 mod values;
+
+pub use transport_aware::TransportAware;
 
 // The submodules' items, for each other and for the tests (`use super::*`).
 #[allow(unused_imports)]

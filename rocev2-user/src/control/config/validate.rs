@@ -52,7 +52,7 @@ impl Source<'_> {
     pub(super) fn validate(&self, raw: RawFile) -> Result<Config, ConfigError> {
         let dataplane = self.dataplane(&raw.dataplane)?;
         let ports = self.ports(&raw.port)?;
-        let groups = self.groups(&raw.group, dataplane.hash)?;
+        let groups = self.groups(&raw.group, &dataplane)?;
         let routes = self.routes(&raw.route, &groups)?;
         let routing = match &raw.routing {
             Some(r) => self.routing(r)?,
@@ -154,6 +154,7 @@ impl Source<'_> {
                 flowlet_boundary: r.flowlet_boundary,
                 flowlet_table_size: r.flowlet_table_size,
                 rebalance: None,
+                transport_aware: None,
                 members: Spanned::new(span.clone(), Vec::new()),
             };
             let policy = self.policy(&key, &as_group)?;
@@ -295,7 +296,7 @@ impl Source<'_> {
         Ok(ports)
     }
 
-    pub(super) fn groups(&self, raw: &[Spanned<RawGroup>], default_hash: HashMode) -> Result<Vec<Group>, ConfigError> {
+    pub(super) fn groups(&self, raw: &[Spanned<RawGroup>], dataplane: &Dataplane) -> Result<Vec<Group>, ConfigError> {
         let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
         for (i, g) in raw.iter().enumerate() {
             let key = format!("group[{i}]");
@@ -327,12 +328,24 @@ impl Source<'_> {
             }
             let hash = match &g_ref.hash {
                 Some(v) => self.check(format!("{key}.hash"), v, |s| parse_hash(s))?,
-                None => default_hash,
+                None => dataplane.hash,
             };
             let policy = self.policy(&key, g_ref)?;
             let rebalance = self.rebalance(&key, g_ref.rebalance.as_ref())?;
+            let transport_aware = match &g_ref.transport_aware {
+                Some(raw) => Some(self.transport_aware(&key, raw, dataplane.telemetry_qps)?),
+                None => None,
+            };
             let members = self.members(&key, &g_ref.members)?;
-            groups.push(Group { name, hash, policy, rebalance, members, loc: self.loc(key, g.span()) });
+            groups.push(Group {
+                name,
+                hash,
+                policy,
+                rebalance,
+                transport_aware,
+                members,
+                loc: self.loc(key, g.span()),
+            });
         }
         Ok(groups)
     }

@@ -479,6 +479,22 @@ impl Maps {
         Ok(generation)
     }
 
+    /// Rewrites a group's live bucket table in place, keeping its members,
+    /// bank and generation: for a change of bucket owners only (a
+    /// transport demotion or restore, a step of a gradual return). Flowlets
+    /// then keep their member until their own next boundary and pins stay
+    /// valid; only new choices read the new owners. A packet reads one byte
+    /// of the table, so it sees the old owner or the new one, both usable.
+    /// Returns the (unchanged) generation.
+    pub fn set_live_buckets(&mut self, group: u32, buckets: &BucketTable) -> Result<u32> {
+        let current = self.group(group)?;
+        if let Some(bad) = buckets.iter().find(|m| u32::from(**m) >= current.member_count && **m != NO_MEMBER) {
+            bail!("bucket table names member {bad} of a group of {}", current.member_count);
+        }
+        self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
+        Ok(current.generation)
+    }
+
     pub fn group(&self, group: u32) -> Result<GroupEntry> {
         self.groups.get(&group, 0).context("cannot read GROUPS")
     }

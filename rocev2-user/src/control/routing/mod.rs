@@ -636,6 +636,7 @@ impl KernelRoutes {
                         dev: self.fib.links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
                         next_hop: format!("via {}", h.neighbour),
                         mac: crate::run::format_mac(&m.dst_mac),
+                        health: None,
                     })
                     .collect(),
             })
