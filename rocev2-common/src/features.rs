@@ -30,18 +30,23 @@ impl Features {
     pub const COUNTERS: Features = Features(1 << 4);
     /// Per-QP transport telemetry (`telemetry_qps`) and `rocev2 trace`.
     pub const TELEMETRY: Features = Features(1 << 5);
+    /// A transport-aware flowlet group's `repick = "idle-or-acked"`: an ACK
+    /// of everything a QP sent ends its flowlet (in the telemetry's reply
+    /// handling, so it needs TELEMETRY too).
+    pub const ACKED_REPICK: Features = Features(1 << 6);
     pub const NONE: Features = Features(0);
     /// What an object loaded without an override runs with.
-    pub const ALL: Features = Features(0x3F);
+    pub const ALL: Features = Features(0x7F);
 
     /// Every feature with its name, in bit order.
-    pub const NAMED: [(Features, &'static str); 6] = [
+    pub const NAMED: [(Features, &'static str); 7] = [
         (Self::FLOWLET, "flowlet"),
         (Self::PINNED, "pinned"),
         (Self::ECN, "ecn"),
         (Self::CLASSES, "classes"),
         (Self::COUNTERS, "counters"),
         (Self::TELEMETRY, "telemetry"),
+        (Self::ACKED_REPICK, "acked-repick"),
     ];
 
     #[inline(always)]

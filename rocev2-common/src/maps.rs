@@ -203,6 +203,10 @@ pub const POLICY_PINNED: u32 = 2;
 
 /// Flowlet flag: move a flow only right after a packet that ended a message.
 pub const FLOWLET_AT_BOUNDARY: u32 = 1;
+/// Flowlet flag: an ACK of a QP's highest data PSN (nothing in flight) ends
+/// the flow's flowlet, so its next packet may move without an idle gap
+/// (`transport_aware = { repick = "idle-or-acked" }`).
+pub const FLOWLET_REPICK_ACKED: u32 = 2;
 
 /// Value of GROUPS, indexed by group number.
 #[repr(C)]

@@ -102,6 +102,9 @@ pub struct MemberTransport {
     pub naks_other: u64,
     pub cnps: u64,
     pub ce_marked: u64,
+    /// Flowlets of its QPs ended by an ACK of everything they had sent
+    /// (`repick = "idle-or-acked"`): their next packet chose a member again.
+    pub acked_repicks: u64,
 }
 
 /// `rocev2 trace`'s filter, in TRACE_FILTER[0]; `active` 0 = no trace.
@@ -177,7 +180,7 @@ const _: () = {
     assert!(core::mem::size_of::<QpKey>() == 24);
     assert!(core::mem::size_of::<ReplyKey>() == 40);
     assert!(core::mem::size_of::<QpStats>() == 152);
-    assert!(core::mem::size_of::<MemberTransport>() == 48);
+    assert!(core::mem::size_of::<MemberTransport>() == 56);
 };
 
 #[cfg(feature = "user")]
@@ -277,6 +280,14 @@ impl QpStats {
         step
     }
 
+    /// Whether an ACK of `psn` acknowledges the highest data PSN seen: the
+    /// QP has nothing in flight, so its next packet may take another path
+    /// without overtaking any of its own.
+    #[inline(always)]
+    pub fn all_acked(&self, psn: u32) -> bool {
+        self.next_psn & PSN_SEEN != 0 && psn & PSN_MASK == self.next_psn.wrapping_sub(1) & PSN_MASK
+    }
+
     /// Counts a reply (ACK/NAK with its AETH syndrome, or a CNP).
     #[inline(always)]
     pub fn reply(&mut self, seen: Seen) {
@@ -301,6 +312,7 @@ impl MemberTransport {
         self.naks_other += other.naks_other;
         self.cnps += other.cnps;
         self.ce_marked += other.ce_marked;
+        self.acked_repicks += other.acked_repicks;
     }
 }
 
@@ -331,5 +343,10 @@ mod tests {
         assert_eq!(seen(opcode::ACK), Seen::Ack(0));
         assert_eq!(seen(opcode::CNP), Seen::Cnp);
         assert_eq!(seen(opcode::WRITE_LAST), Seen::Data);
+        // PSN 4 was the highest sent: its ACK leaves nothing in flight.
+        assert!(s.all_acked(4) && !s.all_acked(3) && !QpStats::default().all_acked(PSN_MASK));
+        let mut wrapped = QpStats::default();
+        wrapped.data(PSN_MASK, 100, 1, 2, false, 10);
+        assert!(wrapped.all_acked(PSN_MASK) && !wrapped.all_acked(0));
     }
 }

@@ -17,14 +17,23 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
 use rocev2_common::{
-    maps::{member_stat_index, MEMBER_STAT_ENTRIES},
+    bth::ROCEV2_UDP_PORT,
+    features::Features,
+    maps::{member_stat_index, FlowletKey, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
         seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
         TRACE_RING_BYTES,
     },
 };
 
-use crate::{ctx::PacketBuf, forward::Forward, parse, transport};
+use crate::{
+    ctx::PacketBuf,
+    features::enabled,
+    forward::Forward,
+    maps::{FLOWLETS, GROUPS},
+    parse::{self, IPPROTO_UDP},
+    transport,
+};
 
 /// The most recently active data QPs; sized at load time.
 #[map]
@@ -56,6 +65,8 @@ pub struct Scratch {
     /// The member the QP's data took before this packet.
     before_group: u32,
     before_position: u32,
+    /// The data flow's flowlet key, when an ACK ends its flowlet.
+    flowlet: FlowletKey,
 }
 
 #[map]
@@ -143,6 +154,14 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                 (*s).reply(reply);
                 ((*s).group, (*s).position)
             };
+            // SAFETY: as above.
+            if enabled(Features::ACKED_REPICK)
+                && matches!(reply, Seen::Ack(syndrome) if rocev2_common::bth::aeth::kind(syndrome) == rocev2_common::bth::aeth::Kind::Ack)
+                && unsafe { (*s).all_acked(at.bth.psn) }
+                && end_flowlet(scratch, data_group)
+            {
+                member_add(data_group, data_position, |m| m.acked_repicks += 1);
+            }
             member_add(data_group, data_position, |m| match reply {
                 Seen::Ack(syndrome) => match rocev2_common::bth::aeth::kind(syndrome) {
                     rocev2_common::bth::aeth::Kind::SequenceError => m.naks_sequence += 1,
@@ -154,6 +173,39 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             });
         }
     }
+}
+
+/// An ACK of everything the QP in `scratch` sent: in a flowlet group with
+/// `FLOWLET_REPICK_ACKED`, ends its data flow's flowlet, so the next packet
+/// chooses a member again (it cannot overtake anything: nothing is in
+/// flight). The flow is the reply's, the other way round.
+#[inline(always)]
+fn end_flowlet(scratch: &mut Scratch, group: u32) -> bool {
+    let Some(g) = GROUPS.get(group) else { return false };
+    if g.policy != POLICY_FLOWLET || g.flowlet_flags & FLOWLET_REPICK_ACKED == 0 {
+        return false;
+    }
+    let at = &scratch.at;
+    scratch.flowlet = FlowletKey {
+        src: at.dst,
+        dst: at.src,
+        ports: (u32::from(at.src_port) << 16) | u32::from(ROCEV2_UDP_PORT),
+        proto_qp: (u32::from(IPPROTO_UDP) << 24) | (scratch.qp.dest_qp & 0x00FF_FFFF),
+        group,
+    };
+    #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
+    let Some(e) = FLOWLETS.get_ptr_mut(&scratch.flowlet) else {
+        return false;
+    };
+    // SAFETY: a map value; a data packet storing its own time at once
+    // only keeps the flowlet going, as without this.
+    unsafe {
+        if (*e).last_seen_ns == 0 {
+            return false;
+        }
+        (*e).last_seen_ns = 0;
+    }
+    true
 }
 
 /// `rocev2 trace`: when a trace runs and the packet matches its filter,

@@ -37,6 +37,9 @@ const ROUND_QPS: [u32; 3] = [0x100, 0x200, 0x300];
 /// PSNs of every round-1 and round-2 QP the faulty uplink drops (once each).
 const DROPPED_PSNS: [u32; 4] = [8, 24, 40, 56];
 const DEMOTE_ABOVE: f64 = 10.0;
+/// Longer than any pause in a round (the requester's ACK timeout is 50
+/// ms): flows move only when an ACK leaves nothing in flight.
+const GAP_US: u32 = 100_000;
 const RESTORE_BELOW: f64 = 1.0;
 
 /// The lab's config with a way back for the replies (from u1/u2 to p0),
@@ -51,7 +54,7 @@ fn config(lab: &EcmpLab) -> String {
     let base = base.replace(
         "[[group]]\nname = \"spines\"\n",
         &format!(
-            "[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = 500\ntransport_aware = {{ demote_above = {DEMOTE_ABOVE}, restore_below = {RESTORE_BELOW}, half_life_ms = 1000 }}\n"
+            "[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\ntransport_aware = {{ demote_above = {DEMOTE_ABOVE}, restore_below = {RESTORE_BELOW}, half_life_ms = 1000, repick = \"idle-or-acked\" }}\n"
         ),
     );
     assert!(base.contains("transport_aware"), "{base}");
@@ -230,9 +233,19 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     let after = stats(&lab);
     assert!(packets(&after, "u2") > packets(&restored, "u2"), "u2 carries traffic again: {after:#}");
     assert!(packets(&after, "u1") > packets(&restored, "u1"), "{after:#}");
-    // (A NAK may still come from a flowlet that moved and overtook its
-    // predecessor on the other path: reordering, not this fault.)
-    eprintln!("round 3:\n{}", third.render());
+    // They moved between members with no idle gap (an ACK of everything
+    // in flight ended their flowlets), and never overtook themselves: not
+    // one NAK.
+    assert_eq!(third.sequence_naks, 0, "{}", third.render());
+    let qps = qp_telemetry::read_qps(&lab.pin_dir()).expect("read the QP table");
+    let moves: u64 = qps
+        .iter()
+        .filter(|q| (ROUND_QPS[2]..ROUND_QPS[2] + QPS).contains(&q.dest_qp))
+        .map(|q| q.stats.member_changes)
+        .sum();
+    assert!(moves > 0, "round 3 QPs moved: {qps:?}");
+    let repicks = |dev| member(&after, dev)["transport"]["acked_repicks"].as_u64().unwrap();
+    assert!(repicks("u1") + repicks("u2") > 0, "{after:#}");
 
     // The same in the metrics (per member, never per QP).
     let metrics = rocev2_user::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
@@ -248,6 +261,7 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     assert_eq!(sample("rocev2_member_demoted", "u2"), 0.0);
     assert_eq!(sample("rocev2_member_demotions_total", "u1"), 0.0);
     assert!(sample("rocev2_member_health_score", "u2") < RESTORE_BELOW);
+    assert!(sample("rocev2_member_acked_repicks_total", "u1") >= 1.0);
     assert!(!metrics.contains("qp="), "per-QP labels in the metrics");
 
     let responded = responder.finish();

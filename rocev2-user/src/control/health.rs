@@ -185,6 +185,7 @@ mod tests {
             nak_weight: 1.0,
             retransmit_weight: 1.0,
             cnp_weight: 0.1,
+            repick_when_acked: false,
         }
     }
 

@@ -255,6 +255,11 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             "A member's QPs' data packets leaving CE-marked.",
             transport().map(|(l, t)| (l, t.ce_marked)),
         );
+        out.counter(
+            "rocev2_member_acked_repicks_total",
+            "Flowlets of a member's QPs ended by an ACK of everything they had sent (repick = idle-or-acked).",
+            transport().map(|(l, t)| (l, t.acked_repicks)),
+        );
     }
     let health = || members().filter_map(|(g, m)| m.health.map(|h| (member_labels(&g.name, m), h)));
     out.gauge_real(
@@ -574,6 +579,7 @@ mod tests {
                             naks_other: 4,
                             cnps: 5,
                             ce_marked: 6,
+                            acked_repicks: 7,
                         }),
                         health: Some(crate::health::MemberHealth {
                             score: 12.5,
@@ -640,6 +646,7 @@ mod tests {
             format!("rocev2_member_naks_total{{{u1},syndrome=\"other\"}} 4"),
             format!("rocev2_member_cnps_total{{{u1}}} 5"),
             format!("rocev2_member_ce_marked_total{{{u1}}} 6"),
+            format!("rocev2_member_acked_repicks_total{{{u1}}} 7"),
             format!("rocev2_member_health_score{{{u1}}} 12.5"),
             format!("rocev2_member_demoted{{{u1}}} 1"),
             format!("rocev2_member_demotions_total{{{u1}}} 2"),
@@ -710,11 +717,11 @@ mod tests {
         // seed, and the learned-route gauges and counters (routes, hosts,
         // groups, one per kernel reason, messages, resyncs, two quantiles),
         // and telemetry: QPs tracked, six transport samples per member
-        // (gaps, retransmits, two NAK syndromes, CNPs, CE), and the health
+        // (gaps, retransmits, two NAK syndromes, CNPs, CE, acked re-picks), and the health
         // of the one member that has it (score, demoted, demotions, restores).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
-        let telemetry = 1 + 2 * 6 + 4;
+        let telemetry = 1 + 2 * 7 + 4;
         assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
     }
 

@@ -894,7 +894,11 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
 
 /// The dataplane's view of a configured group policy.
 pub fn group_policy(group: &Group) -> GroupPolicy {
-    policy_of(group.hash, &group.policy)
+    let mut policy = policy_of(group.hash, &group.policy);
+    if group.transport_aware.is_some_and(|t| t.repick_when_acked) {
+        policy.flowlet_flags |= rocev2_common::maps::FLOWLET_REPICK_ACKED;
+    }
+    policy
 }
 
 /// The `[[route_policy]]`s and the default for learned groups no policy

@@ -107,6 +107,9 @@ pub struct MemberTransportView {
     pub cnps: u64,
     /// Data packets leaving CE-marked.
     pub ce_marked: u64,
+    /// Flowlets of its QPs ended by an ACK of all they sent
+    /// (`repick = "idle-or-acked"`).
+    pub acked_repicks: u64,
 }
 
 impl Snapshot {
@@ -126,6 +129,7 @@ impl Snapshot {
                     naks_other: t.naks_other,
                     cnps: t.cnps,
                     ce_marked: t.ce_marked,
+                    acked_repicks: t.acked_repicks,
                 });
             }
         }
@@ -324,6 +328,7 @@ impl Snapshot {
                         ("STATE", Align::Left),
                         ("DEMOTIONS", Align::Right),
                         ("RESTORES", Align::Right),
+                        ("ACKED RE-PICKS", Align::Right),
                     ]);
                 }
                 let mut transport = Table::new(&columns);
@@ -345,6 +350,7 @@ impl Snapshot {
                             if h.demoted { "demoted" } else { "in service" }.to_string(),
                             h.demotions.to_string(),
                             h.restores.to_string(),
+                            t.acked_repicks.to_string(),
                         ]);
                     }
                     transport.row(row);

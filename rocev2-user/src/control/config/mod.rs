@@ -556,6 +556,10 @@ impl Config {
             .with(Features::when(!self.egress.is_empty(), Features::ECN))
             .with(Features::when(!self.classes.is_empty(), Features::CLASSES))
             .with(Features::when(self.dataplane.telemetry_qps > 0, Features::TELEMETRY))
+            .with(Features::when(
+                self.groups.iter().any(|g| g.transport_aware.is_some_and(|t| t.repick_when_acked)),
+                Features::ACKED_REPICK,
+            ))
     }
 
     /// The classes as the dataplane's CLASSES map entries, in match order.

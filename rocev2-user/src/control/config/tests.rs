@@ -768,5 +768,5 @@ fn features_are_what_the_config_uses() {
     assert_eq!(parse_ok(BASE).features(), Features::COUNTERS.with(Features::CLASSES));
     assert_eq!(parse_ok(&format!("class = []\n{BASE}")).features(), Features::COUNTERS);
     // Flowlet and pinned groups, an egress queue and classes: everything.
-    assert_eq!(parse_ok(QOS).features(), Features::ALL.without(Features::TELEMETRY));
+    assert_eq!(parse_ok(QOS).features(), Features::ALL.without(Features::TELEMETRY).without(Features::ACKED_REPICK));
 }

@@ -5,7 +5,7 @@
 //! [[group]]
 //! name = "spines"
 //! policy = "flowlet"
-//! transport_aware = { demote_above = 20, restore_below = 2, half_life_ms = 1000 }
+//! transport_aware = { demote_above = 20, restore_below = 2, half_life_ms = 1000, repick = "idle-or-acked" }
 //! ```
 //!
 //! Every key is optional (`transport_aware = {}` takes the defaults).
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::validate::Source;
-use super::ConfigError;
+use super::{ConfigError, Policy};
 
 /// Default and allowed values of the keys.
 const DEFAULT_DEMOTE_ABOVE: f64 = 20.0;
@@ -36,6 +36,7 @@ pub(super) struct RawTransportAware {
     nak_weight: Option<Spanned<f64>>,
     retransmit_weight: Option<Spanned<f64>>,
     cnp_weight: Option<Spanned<f64>>,
+    repick: Option<Spanned<String>>,
 }
 
 /// A group's validated `transport_aware` option.
@@ -53,6 +54,9 @@ pub struct TransportAware {
     pub nak_weight: f64,
     pub retransmit_weight: f64,
     pub cnp_weight: f64,
+    /// `repick = "idle-or-acked"`: besides an idle gap, an ACK of
+    /// everything a QP sent ends its flowlet (flowlet groups).
+    pub repick_when_acked: bool,
 }
 
 impl Default for TransportAware {
@@ -64,6 +68,7 @@ impl Default for TransportAware {
             nak_weight: 1.0,
             retransmit_weight: 1.0,
             cnp_weight: 0.1,
+            repick_when_acked: false,
         }
     }
 }
@@ -75,6 +80,7 @@ impl Source<'_> {
         &self,
         group_key: &str,
         raw: &Spanned<RawTransportAware>,
+        policy: &Policy,
         telemetry_qps: u32,
     ) -> Result<TransportAware, ConfigError> {
         let key = format!("{group_key}.transport_aware");
@@ -123,6 +129,14 @@ impl Source<'_> {
         }
         if let Some(v) = &r.cnp_weight {
             out.cnp_weight = number("cnp_weight", v, WEIGHT_MAX)?;
+        }
+        if let Some(v) = &r.repick {
+            out.repick_when_acked = self.check(format!("{key}.repick"), v, |s| match s.as_str() {
+                "idle" => Ok(false),
+                "idle-or-acked" if matches!(policy, Policy::Flowlet(_)) => Ok(true),
+                "idle-or-acked" => Err("\"idle-or-acked\" ends flowlets early, so it needs policy = \"flowlet\"; add that to the group or use \"idle\"".into()),
+                other => Err(format!("{other:?} is not a re-pick rule; use \"idle\" (a flowlet ends after an idle gap only) or \"idle-or-acked\" (also when an ACK covers everything the QP sent)")),
+            })?;
         }
         if out.restore_below >= out.demote_above || out.demote_above == 0.0 {
             let span = r.restore_below.as_ref().map_or(raw.span(), |v| v.span());
@@ -180,6 +194,10 @@ mod tests {
         let t = c.groups[0].transport_aware.unwrap();
         assert_eq!((t.demote_above, t.restore_below, t.half_life), (8.0, 0.5, Duration::from_millis(500)));
         assert_eq!((t.nak_weight, t.retransmit_weight, t.cnp_weight), (2.0, 0.0, 0.25));
+        assert!(!t.repick_when_acked && !c.features().contains(rocev2_common::features::Features::ACKED_REPICK));
+        let c = config("telemetry_qps = 1024", "transport_aware = { repick = \"idle-or-acked\" }").unwrap();
+        assert!(c.groups[0].transport_aware.unwrap().repick_when_acked);
+        assert!(c.features().contains(rocev2_common::features::Features::ACKED_REPICK));
         assert_eq!(config("", "").unwrap().groups[0].transport_aware, None);
     }
 
@@ -197,6 +215,8 @@ mod tests {
         let e =
             error("telemetry_qps = 64", "transport_aware = { nak_weight = 0, retransmit_weight = 0, cnp_weight = 0 }");
         assert!(e.contains("every weight is 0"), "{e}");
+        let e = error("telemetry_qps = 64", "transport_aware = { repick = \"acked\" }");
+        assert!(e.contains("group[0].transport_aware.repick") && e.contains("idle-or-acked"), "{e}");
         let e = error("telemetry_qps = 64", "transport_aware = { demote = 5 }");
         assert!(e.starts_with("lab.toml:9:") && e.contains("demote"), "{e}");
     }

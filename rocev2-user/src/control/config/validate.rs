@@ -333,7 +333,7 @@ impl Source<'_> {
             let policy = self.policy(&key, g_ref)?;
             let rebalance = self.rebalance(&key, g_ref.rebalance.as_ref())?;
             let transport_aware = match &g_ref.transport_aware {
-                Some(raw) => Some(self.transport_aware(&key, raw, dataplane.telemetry_qps)?),
+                Some(raw) => Some(self.transport_aware(&key, raw, &policy, dataplane.telemetry_qps)?),
                 None => None,
             };
             let members = self.members(&key, &g_ref.members)?;
