@@ -198,6 +198,21 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     let u2_transport = &member(&demoted, "u2")["transport"];
     assert!(u2_transport["naks_sequence"].as_u64() > Some(0), "{demoted:#}");
 
+    // `explain` reads the live bucket table: a new QP's flow goes to u1.
+    for qp in 0x900..0x908u32 {
+        let out = std::process::Command::new(rocev2_bin())
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args(["--src", "10.0.0.1", "--dst", DEST_V4, "--sport", "49152", "--qp", &qp.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let member = text.lines().find(|l| l.trim_start().starts_with("member")).unwrap_or_else(|| panic!("{text}"));
+        assert!(member.contains("dev u1 "), "QP {qp:#x} while u2 is demoted:\n{text}");
+        assert!(text.contains("u2 (score ") && text.contains("is demoted for its transport health"), "{text}");
+    }
+
     // Round 2, the fault still there: every new flowlet avoids u2.
     let second = round(&lab, ROUND_QPS[1]);
     let during = stats(&lab);

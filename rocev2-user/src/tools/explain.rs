@@ -110,6 +110,9 @@ pub struct LiveGroup {
     pub generation: u32,
     /// The flowlet table's entry for the explained packet's flow, if any.
     pub flowlet: Option<rocev2_common::flowlet::FlowletEntry>,
+    /// Members demoted for their transport health (`transport_aware`),
+    /// as `dev (score N)`: they hold no buckets.
+    pub demoted: Vec<String>,
 }
 
 /// The live state of a running dataplane.
@@ -244,6 +247,11 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
                 g.member_count,
                 group.members.len()
             ));
+            for member in &g.demoted {
+                notes.push(format!(
+                    "members: {member} is demoted for its transport health (transport_aware): it holds no buckets, so new flowlets avoid it; flowlets already on it keep it until they end"
+                ));
+            }
             if let HashSeed::Fixed(file_seed) = config.dataplane.hash_seed {
                 if l.seed != file_seed {
                     notes.push(format!(
@@ -651,6 +659,11 @@ pub fn read_live(config: &Config) -> Result<Live> {
                         format!("dev {} {}{mac}", m.dev, m.next_hop)
                     })
                     .collect(),
+                demoted: g
+                    .members
+                    .iter()
+                    .filter_map(|m| m.health.filter(|h| h.demoted).map(|h| format!("{} (score {:.1})", m.dev, h.score)))
+                    .collect(),
             })
         })
         .collect::<Result<_>>()?;
@@ -913,6 +926,7 @@ group = "spines"
                 buckets: rocev2_common::buckets::even_table(3),
                 generation: 1,
                 flowlet: None,
+                demoted: vec!["u3 (score 12.5)".into()],
             }],
             learned_target: None,
         };
@@ -923,6 +937,7 @@ group = "spines"
         assert_eq!((f.hash, f.position, f.member_count, f.source), (hash, position, 3, MemberSource::Live));
         assert_eq!(f.member, live.groups[0].members[position as usize]);
         assert!(e.notes.iter().any(|n| n.contains("3 of 4 configured member(s) up")), "{:?}", e.notes);
+        assert!(e.notes.iter().any(|n| n.contains("u3 (score 12.5) is demoted")), "{:?}", e.notes);
         // No usable member: the kernel.
         let mut empty = live.clone();
         empty.groups[0].member_count = 0;
