@@ -287,6 +287,9 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
         assert_eq!((r.delivered, r.next_psn), (u64::from(PSNS), PSNS), "{r:?}");
     }
     // One log line per demotion and restore.
+    for line in log.lines().filter(|l| l.contains("of group spines")) {
+        eprintln!("{line}");
+    }
     assert!(log.contains("member u2 of group spines demoted"), "{log}");
     assert!(log.contains("member u2 of group spines restored"), "{log}");
     assert!(!log.contains("member u1 of group spines demoted"), "{log}");

@@ -346,7 +346,7 @@ impl Snapshot {
                     if aware {
                         let h = m.health.unwrap_or_default();
                         row.extend([
-                            format!("{:.1}", h.score),
+                            format!("{:.2}", h.score),
                             if h.demoted { "demoted" } else { "in service" }.to_string(),
                             h.demotions.to_string(),
                             h.restores.to_string(),
