@@ -120,9 +120,11 @@ impl PacketSocket {
                 }
                 return Ok(());
             }
+            // Returned as is: callers look at the errno (ENOBUFS is a drop
+            // by the local egress, not a broken socket).
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io::Error::new(e.kind(), format!("send {} bytes: {e}", frame.len())));
+                return Err(e);
             }
         }
     }
