@@ -121,7 +121,7 @@ pub fn run(args: &FaultArgs) -> Result<()> {
     };
     let hook = if args.egress { "as it sends (tc egress)" } else { "as it receives (XDP)" };
     let wanted: u32 = args.drops.iter().map(|d| d.2).sum();
-    eprintln!("rocev2 fault: losing {wanted} packets on {} {hook}; Ctrl-C to stop", args.dev);
+    eprintln!("rocev2 fault: on {} {hook}, {wanted} to lose; Ctrl-C to stop", args.dev);
     let _sigint = SigintGuard::install();
     let started = Instant::now();
     let remaining = |d: &PsnDropper| -> Result<u32> {
@@ -141,7 +141,7 @@ pub fn run(args: &FaultArgs) -> Result<()> {
         lines.push(format!("  QP {qp:#x} PSN {psn}: lost {lost} of {times}"));
     }
     let lost = wanted - remaining(&dropper)?;
-    println!("rocev2 fault on {}: lost {lost} of {wanted} packets\n{}", args.dev, lines.join("\n"));
+    println!("rocev2 fault on {}: lost {lost} of {wanted}\n{}", args.dev, lines.join("\n"));
     Ok(())
 }
 
