@@ -138,6 +138,9 @@ enum Command {
     Gen(GenArgs),
     /// Count received RoCEv2 packets per QP: PSN order, ICRC, ECN marks.
     Sink(SinkArgs),
+    /// Lose chosen RoCEv2 packets (QP, PSN) on an interface, for lab
+    /// experiments with `gen --rc`, `sink --rc` and `rocev2 top`.
+    Fault(rocev2_user::fault::FaultArgs),
     /// Simulate how hash modes spread RDMA flows over uplinks (offline, teaching).
     Entropy(EntropyArgs),
     /// Show which route, group and member a packet takes, and why.
@@ -394,6 +397,10 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Sink(args) => {
             privileges::require("sink", Need::RawSockets)?;
             sink::run(&args)?;
+        }
+        Command::Fault(args) => {
+            privileges::require("fault", Need::LoadXdp)?;
+            rocev2_user::fault::run(&args)?;
         }
         Command::Entropy(args) => entropy::run(&args)?,
         Command::Explain(args) => explain::run(&args)?,

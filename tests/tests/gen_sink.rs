@@ -364,3 +364,36 @@ fn sigint_stops_the_sink_with_its_report() {
     assert!(out.status.success(), "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
     assert!(stdout.contains("0 RoCEv2 packets"), "no report after SIGINT:\nstdout:\n{stdout}\nstderr:\n{stderr}");
 }
+
+/// `rocev2 fault` on the sink's interface loses exactly the chosen (QP,
+/// PSN) packets: the sink sees those gaps and nothing else, and the tool
+/// exits on its own once every drop happened, saying what it lost.
+#[test]
+fn fault_loses_exactly_the_chosen_packets() {
+    let p = pair();
+    let mut fault = Command::new(rocev2_tests::rocev2_bin())
+        .args(["--netns", p.sink_ns.name(), "fault", "--dev", &p.sink_if])
+        .args(["--drop", "0x100:3", "--drop", "0x101:0x7:1", "--duration", "30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(fault.stderr.take().unwrap()), &mut started).unwrap();
+    assert!(started.starts_with("rocev2 fault: on ") && started.contains("2 to lose"), "{started}");
+    let mut a = p.args(false);
+    a.qps = 3;
+    a.message_packets = 10;
+    a.count = Some(30);
+    let (g, s) = p.exchange(&a);
+    assert_eq!((g.packets, s.packets), (30, 28));
+    for (qp, lost) in [(0x100, 1), (0x101, 1), (0x102, 0)] {
+        let q = s.qp(qp).unwrap();
+        assert_eq!((q.packets, q.gaps, q.missing, q.reordered), (10 - lost, lost, lost, 0), "QP {qp:#x}: {q:?}");
+    }
+    let out = fault.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("lost 2 of 2\n"), "{text}");
+    assert!(text.contains("QP 0x101 PSN 7: lost 1 of 1"), "{text}");
+}

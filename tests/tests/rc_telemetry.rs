@@ -1,9 +1,11 @@
 //! RC transport end to end through a real `rocev2 run` switch: `gen --rc`
 //! on the sender, `sink --rc` responders behind two uplinks, the lab's
-//! fault injector dropping chosen PSNs on one uplink's far end. The
-//! requester must send again exactly the NAKed ranges and every PSN must be
-//! delivered once, in order; the switch's telemetry must see the NAKs and
-//! the retransmissions on the QP and on the member its data took.
+//! fault injector dropping chosen PSNs on the uplinks' far ends (after the
+//! switch) and on the sender's egress (before it). The requester must send
+//! again exactly the NAKed ranges and every PSN must be delivered once, in
+//! order; the switch's telemetry must see the NAKs and the retransmissions
+//! on the QP and on the member its data took, and the gap of a PSN lost
+//! before it.
 
 use std::{sync::mpsc, time::Duration};
 
@@ -23,8 +25,15 @@ const FIRST_QP: u32 = 0x100;
 const MESSAGES: u32 = 8;
 const MESSAGE_PACKETS: u32 = 4;
 const PSNS: u32 = MESSAGES * MESSAGE_PACKETS;
-/// (DestQP, PSN) dropped once on the uplinks' far ends.
+/// (DestQP, PSN) dropped once on the uplinks' far ends, after the switch.
 const DROPS: [(u32, u32); 2] = [(FIRST_QP, 5), (FIRST_QP + 3, 20)];
+/// (DestQP, PSN) dropped once on the sender's egress, before the switch.
+const UPSTREAM_DROPS: [(u32, u32); 1] = [(FIRST_QP + 5, 12)];
+
+/// Every drop, wherever it happens: what the endpoints see.
+fn all_drops() -> impl Iterator<Item = (u32, u32)> {
+    DROPS.into_iter().chain(UPSTREAM_DROPS)
+}
 
 /// The lab's config plus a way back: replies to the sender (10.0.0.1) go
 /// through the dataplane too, from ports u1/u2 to p0.
@@ -72,6 +81,11 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     for _ in &lab.uplinks {
         ready_rx.recv_timeout(Duration::from_secs(10)).expect("responder did not start");
     }
+    let upstream: Vec<(u32, u32, u32)> = UPSTREAM_DROPS.iter().map(|&(qp, psn)| (qp, psn, 1)).collect();
+    droppers.push(
+        in_netns(lab.sender.name(), move || PsnDropper::attach_egress("snd0", &upstream))
+            .expect("egress fault injector"),
+    );
 
     // A trace of one QP's WRITE FIRST packets, started before the traffic.
     let mut trace = std::process::Command::new(rocev2_bin())
@@ -133,7 +147,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     assert!(report.complete, "{}", report.render());
     assert_eq!(report.timeouts, 0);
     for q in &report.qps {
-        let dropped: Vec<u32> = DROPS.iter().filter(|d| d.0 == q.dest_qp).map(|d| d.1).collect();
+        let dropped: Vec<u32> = all_drops().filter(|d| d.0 == q.dest_qp).map(|d| d.1).collect();
         assert_eq!(q.sequence_naks, dropped.len() as u64, "QP {:#x}", q.dest_qp);
         assert_eq!(q.retransmissions.len(), dropped.len(), "QP {:#x}: {:?}", q.dest_qp, q.retransmissions);
         let mut resent = 0;
@@ -158,16 +172,18 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     }
 
     // The switch saw both directions: each faulty QP with its NAK and one
-    // backward PSN jump (the resend), the others clean, all data counted.
+    // backward PSN jump (the resend), the others clean, all data counted
+    // but the packets lost before the switch, whose gap it saw.
     assert_eq!(qps.len(), QPS as usize, "{qps:?}");
     for e in &qps {
         let q = report.qp(e.dest_qp).unwrap();
         let s = &e.stats;
+        let lost_upstream = UPSTREAM_DROPS.iter().filter(|d| d.0 == e.dest_qp).count() as u64;
         assert_eq!(e.dst.to_string(), DEST_V4);
-        assert_eq!(s.packets, q.sent, "QP {:#x}", e.dest_qp);
+        assert_eq!(s.packets, q.sent - lost_upstream, "QP {:#x}", e.dest_qp);
         assert_eq!(s.naks_sequence, q.sequence_naks, "QP {:#x}", e.dest_qp);
         assert_eq!(s.psn_backward_jumps, q.retransmissions.len() as u64, "QP {:#x}", e.dest_qp);
-        assert_eq!(s.psn_forward_jumps, 0);
+        assert_eq!((s.psn_forward_jumps, s.psns_skipped), (lost_upstream, lost_upstream), "QP {:#x}", e.dest_qp);
         assert!(s.acks > 0);
     }
     // Per member: the NAKs land on the members that carried the faulty QPs.
@@ -176,7 +192,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
             qps.iter().filter(|e| e.stats.position == position as u32).map(|e| e.stats.naks_sequence).sum();
         assert_eq!(m.naks_sequence, expected, "member {position}: {members:?}");
     }
-    assert_eq!(members.iter().map(|m| m.naks_sequence).sum::<u64>(), DROPS.len() as u64);
+    assert_eq!(members.iter().map(|m| m.naks_sequence).sum::<u64>(), all_drops().count() as u64);
 
     // The same per-member numbers in `stats --json` and in the metrics,
     // which name members and never QPs.
@@ -221,9 +237,9 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     let top: serde_json::Value = serde_json::from_slice(&top.stdout).expect("top JSON");
     let rows = top["qps"].as_array().expect("qps in top JSON");
     assert_eq!(rows.len(), QPS as usize);
-    for row in &rows[..DROPS.len()] {
+    for row in &rows[..all_drops().count()] {
         let qp = row["dest_qp"].as_u64().unwrap() as u32;
-        assert!(DROPS.iter().any(|d| d.0 == qp), "a faulty QP first: {top}");
+        assert!(all_drops().any(|d| d.0 == qp), "a faulty QP first: {top}");
         assert_eq!(row["naks_sequence"], 1, "{top}");
         assert_eq!(row["group"], "spines");
         let position = qps.iter().find(|e| e.dest_qp == qp).unwrap().stats.position;

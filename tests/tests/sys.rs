@@ -24,9 +24,7 @@ fn netns_list() -> String {
 
 /// The calling thread's ifindex of `name` (0: no such interface here).
 fn ifindex(name: &str) -> u32 {
-    let c = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated string.
-    unsafe { libc::if_nametoindex(c.as_ptr()) }
+    rocev2_user::sys::ifindex(name).unwrap_or(0)
 }
 
 // ---- namespaces and veths

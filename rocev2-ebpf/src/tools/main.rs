@@ -28,13 +28,36 @@ mod generator;
 mod maps;
 mod peer;
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 /// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
 /// number of times, passes everything else.
 #[xdp]
 pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
     fault::xdp_fault(&ctx)
+}
+
+/// Ethernet + VLAN + IPv6 + UDP + BTH.
+const HEADERS_TO_BTH: u32 = 14 + 4 + 40 + 8 + 12;
+
+/// The fault injector on a link's egress (tc): what a sender transmits can
+/// be lost before it reaches the next hop. A packet socket's send of a
+/// dropped frame fails with ENOBUFS (tcx has no silent "stolen"); the RC
+/// requester counts that as a loss.
+#[classifier]
+pub fn rocev2_tc_fault(ctx: TcContext) -> i32 {
+    // A packet socket's frames carry only the Ethernet header in the linear
+    // part: pull the headers up to the BTH in (VLAN + IPv6 is the longest).
+    let _ = ctx.pull_data(ctx.len().min(HEADERS_TO_BTH));
+    if fault::take_drop(&ctx) {
+        TC_ACT_SHOT
+    } else {
+        TC_ACT_OK
+    }
 }
 
 /// Transmits every frame back out of the device it runs on. The traffic

@@ -16,6 +16,17 @@ pub fn signal_process(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
 }
 
+/// The ifindex of interface `name` in the calling thread's network
+/// namespace.
+pub fn ifindex(name: &str) -> std::io::Result<u32> {
+    nix::net::if_::if_nametoindex(name).map_err(|e| {
+        std::io::Error::new(
+            std::io::Error::from(e).kind(),
+            format!("interface {name:?}: {e} ({})", netns::describe_current()),
+        )
+    })
+}
+
 /// A MAC address as `02:52:32:00:00:01`: the one formatter for configs,
 /// state files, `stats`, labs and messages.
 pub fn format_mac(mac: &[u8; 6]) -> String {

@@ -16,7 +16,7 @@ const CAP_BPF: u32 = 39;
 /// What a subcommand is about to do that needs privileges.
 #[derive(Debug, Clone, Copy)]
 pub enum Need<'a> {
-    /// Load and attach XDP programs (`run`, `bench`, `gen --mode live-frames`).
+    /// Load and attach XDP programs (`run`, `bench`, `fault`, `gen --mode live-frames`).
     LoadXdp,
     /// Open the maps pinned in this directory (`stats`, `reload`, `explain`
     /// against a live dataplane): the directory is root's, mode 0700.

@@ -6,7 +6,6 @@
 //! to one interface does both.
 
 use std::{
-    ffi::CString,
     io,
     mem::{size_of, zeroed},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -53,13 +52,7 @@ impl PacketSocket {
     /// Opens a packet socket on `ifname` (needs CAP_NET_RAW in the current
     /// network namespace). Only frames of that interface are ever queued.
     pub fn open(ifname: &str) -> io::Result<Self> {
-        let name = CString::new(ifname)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name contains NUL"))?;
-        // SAFETY: `name` is a valid NUL-terminated string.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(os_err(&format!("interface {ifname:?}")));
-        }
+        let ifindex = super::ifindex(ifname)?;
 
         // Protocol 0: the socket receives nothing until bind() names the
         // protocol and the interface, so no frame of another interface slips
@@ -120,9 +113,11 @@ impl PacketSocket {
                 }
                 return Ok(());
             }
+            // Returned as is: callers look at the errno (ENOBUFS is a drop
+            // by the local egress, not a broken socket).
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io::Error::new(e.kind(), format!("send {} bytes: {e}", frame.len())));
+                return Err(e);
             }
         }
     }

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{Array, DevMapHash, HashMap, MapData},
-    programs::Xdp,
+    programs::{SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
 use rocev2_common::maps::{names, GenRewrite};
@@ -16,6 +16,8 @@ use rocev2_common::maps::{names, GenRewrite};
 pub const XDP_TX_PROGRAM: &str = "rocev2_xdp_tx";
 /// Drops chosen (DestQP, PSN) packets: the lab's fault injector.
 pub const FAULT_PROGRAM: &str = "rocev2_xdp_fault";
+/// The fault injector on a link's egress (tc).
+pub const TC_FAULT_PROGRAM: &str = "rocev2_tc_fault";
 /// Redirects every frame, unparsed, to EGRESS_DEVS key 0: the benchmark floor.
 pub const XDP_REDIRECT_PROGRAM: &str = "rocev2_xdp_redirect";
 /// Forwards IPv4 with `bpf_fib_lookup()`: the benchmark's peer (xdp-forward's method).
@@ -47,6 +49,20 @@ impl ToolPrograms {
             .with_context(|| format!("the tools' eBPF object has no program {name}"))?
             .try_into()
             .with_context(|| format!("{name} is not an XDP program"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
+    }
+
+    /// tc program `name`, loaded into the kernel (once).
+    pub fn tc(&mut self, name: &str) -> Result<&mut SchedClassifier> {
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("the tools' eBPF object has no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a tc classifier"))?;
         if program.fd().is_err() {
             program.load().with_context(|| format!("the kernel rejected program {name}"))?;
         }

@@ -32,7 +32,6 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use comfy_table::{presets::NOTHING, Table};
 use rocev2_common::{
     bth::{aeth, ends_message, opcode, Bth, PSN_MASK},
     telemetry::{seen, Seen},
@@ -43,6 +42,7 @@ use crate::{
     gen::{device_mac, nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
     packet::{build_roce_frame_with_header, parse_roce, ParsedRoce, RoceFrameSpec},
     rawsock::PacketSocket,
+    render::{Align::*, Table},
 };
 
 /// A responder sends at most one CNP per QP this often (DCQCN's default
@@ -89,6 +89,10 @@ pub struct RequesterQpReport {
     pub rnr_naks: u64,
     pub other_naks: u64,
     pub timeouts: u64,
+    /// Sends the local egress refused (ENOBUFS: a full device queue, or a
+    /// tc program that dropped the frame). Like a frame lost on the wire,
+    /// the responder's NAK or the ACK timeout brings it back.
+    pub lost_at_sender: u64,
     pub retransmissions: Vec<Retransmission>,
     /// Every PSN acknowledged.
     pub complete: bool,
@@ -132,23 +136,27 @@ impl RequesterReport {
             self.goodput_gbps,
             self.window
         );
-        let mut table = Table::new();
-        table.load_style(NOTHING).set_header([
-            "QP",
-            "PSNS",
-            "SENT",
-            "RETX",
-            "SEQ NAK",
-            "RNR",
-            "TIMEOUT",
-            "DONE (s)",
-            "GOODPUT Gb/s",
-            "RETRANSMITTED",
-        ]);
+        let lost: u64 = self.qps.iter().map(|q| q.lost_at_sender).sum();
+        if lost > 0 {
+            s.push_str(&format!("  sends the local egress refused (ENOBUFS): {lost}, recovered like any loss\n"));
+        }
+        let mut table = Table::new(&[
+            ("QP", Right),
+            ("PSNS", Right),
+            ("SENT", Right),
+            ("RETX", Right),
+            ("SEQ NAK", Right),
+            ("RNR", Right),
+            ("TIMEOUT", Right),
+            ("DONE (s)", Right),
+            ("GOODPUT Gb/s", Right),
+            ("RETRANSMITTED", Left),
+        ])
+        .indent(1);
         for q in &self.qps {
             let ranges: Vec<String> =
                 q.retransmissions.iter().map(|r| format!("{}..={} ({})", r.from_psn, r.to_psn, r.cause)).collect();
-            table.add_row([
+            table.row([
                 format!("{:#x}", q.dest_qp),
                 q.psns.to_string(),
                 q.sent.to_string(),
@@ -161,7 +169,7 @@ impl RequesterReport {
                 if ranges.is_empty() { "-".into() } else { ranges.join(", ") },
             ]);
         }
-        s.push_str(&table.to_string());
+        s.push_str(&table.render());
         s
     }
 }
@@ -301,7 +309,11 @@ pub fn request(args: &GenArgs) -> Result<RequesterReport> {
         for q in qps.iter_mut() {
             while q.next < q.total && q.next - q.acked < args.window {
                 let frame = write_frame(args, src_mac, dst_mac, q.qp, q.sport, q.first_psn, q.next);
-                socket.send(&frame).with_context(|| format!("sending on {}", args.dev))?;
+                match socket.send(&frame) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => q.report.lost_at_sender += 1,
+                    Err(e) => return Err(e).with_context(|| format!("sending on {}", args.dev)),
+                }
                 q.report.sent += 1;
                 if q.next < q.high {
                     q.report.retransmitted += 1;
@@ -560,23 +572,23 @@ fn reply_spec(p: &ParsedRoce) -> RoceFrameSpec {
 
 /// Renders the responder's per-QP table.
 pub fn render_responder(qps: &[ResponderQpReport]) -> String {
-    let mut table = Table::new();
-    table.load_style(NOTHING).set_header([
-        "SRC",
-        "DST",
-        "QP",
-        "DELIVERED",
-        "NEXT PSN",
-        "MSGS",
-        "ACKS",
-        "SEQ NAKS",
-        "CNPS",
-        "OUT OF SEQ",
-        "DUP",
-    ]);
+    let mut table = Table::new(&[
+        ("SRC", Left),
+        ("DST", Left),
+        ("QP", Right),
+        ("DELIVERED", Right),
+        ("NEXT PSN", Right),
+        ("MSGS", Right),
+        ("ACKS", Right),
+        ("SEQ NAKS", Right),
+        ("CNPS", Right),
+        ("OUT OF SEQ", Right),
+        ("DUP", Right),
+    ])
+    .indent(1);
     let ip = |a: Option<IpAddr>| a.map_or("-".to_string(), |a| a.to_string());
     for q in qps {
-        table.add_row([
+        table.row([
             ip(q.src),
             ip(q.dst),
             format!("{:#x}", q.dest_qp),
@@ -590,7 +602,7 @@ pub fn render_responder(qps: &[ResponderQpReport]) -> String {
             q.duplicates.to_string(),
         ]);
     }
-    format!("  RC responder:\n{table}")
+    format!("  RC responder:\n{}", table.render())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, RawFd},
+    os::fd::AsFd,
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -92,7 +92,7 @@ impl EventSocket {
     pub fn open() -> Result<Self> {
         let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
         socket.bind_auto().context("cannot bind the netlink socket")?;
-        force_receive_buffer(socket.as_raw_fd(), RECEIVE_BUFFER);
+        force_receive_buffer(&socket, RECEIVE_BUFFER);
         for group in [
             RTNLGRP_LINK,
             RTNLGRP_NEIGH,
@@ -152,22 +152,10 @@ fn drain(socket: &Socket, buffer: &mut [u8], limit: usize) -> io::Result<(Vec<Ve
 }
 
 /// SO_RCVBUFFORCE (we run privileged), else SO_RCVBUF up to the sysctl cap.
-fn force_receive_buffer(fd: RawFd, bytes: usize) {
-    let size = bytes as libc::c_int;
-    for option in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: setsockopt on our own socket with a c_int value.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                option,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            return;
-        }
+fn force_receive_buffer(socket: &impl AsFd, bytes: usize) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if setsockopt(socket, sockopt::RcvBufForce, &bytes).is_err() {
+        let _ = setsockopt(socket, sockopt::RcvBuf, &bytes);
     }
 }
 
@@ -177,7 +165,7 @@ fn force_receive_buffer(fd: RawFd, bytes: usize) {
 pub fn dump_all(fib: &mut Fib, table: u32) -> Result<usize> {
     let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
     socket.bind_auto()?;
-    force_receive_buffer(socket.as_raw_fd(), RECEIVE_BUFFER);
+    force_receive_buffer(&socket, RECEIVE_BUFFER);
     fib.links.clear();
     fib.local.clear();
     fib.neighbours.clear();

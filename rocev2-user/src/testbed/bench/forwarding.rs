@@ -27,15 +27,7 @@ pub(super) fn in_ns<T: Send>(name: &str, f: impl FnOnce() -> Result<T> + Send) -
 }
 
 pub(super) fn ifindex_in(ns: &str, dev: &str) -> Result<u32> {
-    let dev = std::ffi::CString::new(dev)?;
-    in_ns(ns, || {
-        // SAFETY: valid C string.
-        let i = unsafe { libc::if_nametoindex(dev.as_ptr()) };
-        if i == 0 {
-            bail!("no interface {dev:?}");
-        }
-        Ok(i)
-    })
+    in_ns(ns, || Ok(crate::sys::ifindex(dev)?))
 }
 
 pub(super) fn rx_packets(ns: &str, dev: &str) -> Result<u64> {

@@ -27,12 +27,7 @@ impl DispatcherHold {
         crate::netns::ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
             .context("creating the veth that keeps the live-frames program in the XDP dispatcher")?;
         let hold = Self { name };
-        let c = std::ffi::CString::new(hold.name.as_str()).context("interface name")?;
-        // SAFETY: `c` is a valid NUL-terminated string.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-        if ifindex == 0 {
-            bail!("the veth {} vanished: {}", hold.name, std::io::Error::last_os_error());
-        }
+        let ifindex = crate::sys::ifindex(&hold.name).context("the dispatcher veth vanished")?;
         // The program keeps the link; deleting the veth detaches it.
         program
             .attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)
@@ -92,12 +87,7 @@ pub(super) fn send_live(
     limit: u64,
     deadline: Option<Duration>,
 ) -> Result<Sent> {
-    let name = std::ffi::CString::new(args.dev.as_str()).context("--dev contains a NUL byte")?;
-    // SAFETY: `name` is a valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        bail!("interface {:?}: {}", args.dev, std::io::Error::last_os_error());
-    }
+    let ifindex = crate::sys::ifindex(&args.dev).context("--dev")?;
     let mut tools = ToolPrograms::load().context("live-frames mode loads the generator's XDP_TX program")?;
     // Recycled live frames keep whatever a forwarder wrote into them on an
     // earlier trip (MACs, TTL): have the program restore them every time.
