@@ -16,13 +16,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rocev2_tests::{require_root, rocev2_bin};
+use rocev2_common::{bth::opcode, buckets::BucketTable, flowlet::FlowletChoice, hash::HashMode};
+use rocev2_tests::{
+    fixture::{bth, group_members, loopback_dataplane, roce_spec},
+    require_root, rocev2_bin, test_run, XDP_REDIRECT,
+};
 use rocev2_user::{
+    config::{FlowletConfig, Policy, Prefix},
+    dataplane::policy_of,
     fault::PsnDropper,
     gen::{GenArgs, SportModel},
     lab::{uplink_mac, EcmpLab, DEST_V4, SWITCH_PORT_MAC},
     netns::in_netns,
-    packet::parse_roce,
+    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     qp_telemetry,
     rawsock::PacketSocket,
     rc::{self, RequesterReport, Responder, ResponderQpReport},
@@ -293,4 +299,49 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     assert!(log.contains("member u2 of group spines demoted"), "{log}");
     assert!(log.contains("member u2 of group spines restored"), "{log}");
     assert!(!log.contains("member u1 of group spines demoted"), "{log}");
+}
+
+/// A demotion or restore changes bucket owners only, and `rocev2 run`
+/// writes it into the live bucket table in place: the group keeps its
+/// generation, so a flow in the middle of a flowlet keeps its member (even
+/// the demoted one) and only new flowlets read the new owners.
+#[test]
+fn a_bucket_only_change_keeps_running_flowlets_on_their_member() {
+    let mut dp = loopback_dataplane();
+    let flowlet = FlowletConfig {
+        gap: Duration::from_secs(10),
+        choice: FlowletChoice::Rehash,
+        at_message_boundary: false,
+        table_size: 1024,
+    };
+    let generation = dp
+        .maps
+        .publish_group_with(0, &policy_of(HashMode::Qp, &Policy::Flowlet(flowlet)), &group_members(0, 2))
+        .unwrap();
+    let prefix = Prefix::V4 { addr: "10.1.0.0".parse().unwrap(), len: 16 };
+    dp.sync_routes(&[(prefix, 0)].into()).unwrap();
+    let (src, dst) = ("10.0.0.1".parse().unwrap(), "10.1.0.9".parse().unwrap());
+    let member_of = |dp: &mut rocev2_user::dataplane::Dataplane, qp: u32| {
+        let frame = build_roce_frame(&RoceFrameSpec {
+            src_port: 0xC000,
+            ..roce_spec(src, dst, 64, bth(opcode::SEND_ONLY, qp, 1))
+        });
+        let run = test_run(dp, &frame).unwrap();
+        assert_eq!(run.action, XDP_REDIRECT, "qp {qp:#x}");
+        run.output[5]
+    };
+    let before: Vec<u8> = (0x100..0x120).map(|qp| member_of(&mut dp, qp)).collect();
+    assert!(before.contains(&1), "some flows on member 1: {before:?}");
+    // Member 1 demoted: every bucket to member 0.
+    let entry = dp.maps.group(0).unwrap();
+    assert_eq!(dp.maps.set_live_buckets(0, &[0; 256]).unwrap(), generation);
+    let after = dp.maps.group(0).unwrap();
+    assert_eq!((after.generation, after.bank, after.member_count), (entry.generation, entry.bank, entry.member_count));
+    assert_eq!(dp.maps.bucket_table(0).unwrap(), [0u8; 256] as BucketTable);
+    // Running flowlets keep their member; new flows all take member 0.
+    let again: Vec<u8> = (0x100..0x120).map(|qp| member_of(&mut dp, qp)).collect();
+    assert_eq!(again, before);
+    assert!((0x200..0x240).all(|qp| member_of(&mut dp, qp) == 0));
+    // A table naming a member the group does not have is refused.
+    assert!(dp.maps.set_live_buckets(0, &[2; 256]).is_err());
 }
