@@ -55,6 +55,8 @@ pub struct GroupHealth {
     /// at (a position can name another member after a membership change:
     /// then that step's difference is not this member's and is skipped).
     seen: Vec<Option<(u32, MemberTransport)>>,
+    /// The last read of the telemetry failed (said once, not every step).
+    read_failed: bool,
 }
 
 impl GroupHealth {
@@ -62,7 +64,8 @@ impl GroupHealth {
     /// reload with another member count starts over).
     pub fn resize(&mut self, members: usize) {
         if self.members.len() != members {
-            *self = Self { members: vec![MemberHealth::default(); members], seen: vec![None; members] };
+            *self =
+                Self { members: vec![MemberHealth::default(); members], seen: vec![None; members], read_failed: false };
         }
     }
 
@@ -126,7 +129,8 @@ impl GroupHealth {
 /// One step of a config group: reads its members' transport sums from
 /// the telemetry under `pin_dir` (group slot `slot`; `positions[i]` is
 /// member i's dataplane position, `None` when it is not usable), updates
-/// the scores and logs each demotion and restore. True if any happened.
+/// the scores and logs each demotion and restore (and, once, a failure to
+/// read). True if any demotion or restore happened.
 pub fn step_group(
     health: &mut GroupHealth,
     pin_dir: &Path,
@@ -137,7 +141,24 @@ pub fn step_group(
 ) -> Result<bool> {
     let Some(options) = &group.transport_aware else { return Ok(false) };
     let count = positions.iter().flatten().map(|p| p + 1).max().unwrap_or(0);
-    let read = qp_telemetry::read_members(pin_dir, slot, count)?;
+    let read = match qp_telemetry::read_members(pin_dir, slot, count) {
+        Ok(read) => {
+            if std::mem::take(&mut health.read_failed) {
+                tracing::info!(group = group.name.as_str(), "transport health of group {}: reading again", group.name);
+            }
+            read
+        }
+        Err(e) if health.read_failed => return Err(e),
+        Err(e) => {
+            health.read_failed = true;
+            tracing::warn!(
+                group = group.name.as_str(),
+                "transport health of group {}: {e:#}; scores stand still until the telemetry can be read",
+                group.name
+            );
+            return Err(e);
+        }
+    };
     let sums: Vec<Option<(u32, MemberTransport)>> =
         positions.iter().map(|p| p.map(|p| (p, read[p as usize]))).collect();
     let verdicts = health.step(options, &sums, elapsed);

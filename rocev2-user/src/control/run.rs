@@ -593,12 +593,9 @@ impl Runner {
             let positions = live_positions(&self.members[&group.name]);
             let health = self.health.entry(group.name.clone()).or_default();
             let pin_dir = &self.config.dataplane.pin_dir;
-            match health::step_group(health, pin_dir, group, self.slots[&group.name], &positions, elapsed) {
-                Ok(moved) => changed |= moved,
-                Err(e) => {
-                    tracing::warn!(group = group.name.as_str(), "transport health of group {}: {e:#}", group.name)
-                }
-            }
+            // A failed read is logged once by step_group; the scores wait.
+            changed |= health::step_group(health, pin_dir, group, self.slots[&group.name], &positions, elapsed)
+                .unwrap_or(false);
         }
         changed
     }
