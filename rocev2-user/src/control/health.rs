@@ -16,7 +16,9 @@
 //! A demoted member carries no new traffic, so its score only decays: it is
 //! back after about `half_life x log2(score / restore_below)`, and if the
 //! fault is still there its first flowlets bring the NAKs that demote it
-//! again (the restore is the probe).
+//! again (the restore is the probe). A member demoted again soon after a
+//! restore is held out twice as long as last time (see [`Flaps`]), so a
+//! link that stays bad is probed less and less often.
 
 use std::{path::Path, time::Duration};
 
@@ -43,8 +45,32 @@ pub struct MemberHealth {
 /// What a step decided for one member.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Verdict {
-    Demoted { score: f64 },
-    Restored { score: f64 },
+    /// `hold`: it stays demoted at least this long, however fast its score
+    /// decays (it was demoted again soon after its last restore).
+    Demoted {
+        score: f64,
+        hold: Duration,
+    },
+    Restored {
+        score: f64,
+    },
+}
+
+/// A member demoted again within this many half-lives of its restore
+/// flaps: it is held at least twice as long as the last time.
+const REFLAP_HALF_LIVES: u32 = 10;
+/// The hold stops doubling at this many half-lives.
+const MAX_HOLD_HALF_LIVES: u32 = 64;
+
+/// When a member was last demoted and restored, on the group's clock (the
+/// sum of the steps' elapsed times), for the flap hold.
+#[derive(Clone, Copy, Debug, Default)]
+struct Flaps {
+    demoted_at: Duration,
+    restored_at: Option<Duration>,
+    /// How long its last demotion lasted.
+    last_demotion: Duration,
+    hold_until: Duration,
 }
 
 /// Per member of one group: its health and the counter values it last saw.
@@ -57,6 +83,8 @@ pub struct GroupHealth {
     seen: Vec<Option<(u32, MemberTransport)>>,
     /// The last read of the telemetry failed (said once, not every step).
     read_failed: bool,
+    flaps: Vec<Flaps>,
+    clock: Duration,
 }
 
 impl GroupHealth {
@@ -64,8 +92,12 @@ impl GroupHealth {
     /// reload with another member count starts over).
     pub fn resize(&mut self, members: usize) {
         if self.members.len() != members {
-            *self =
-                Self { members: vec![MemberHealth::default(); members], seen: vec![None; members], read_failed: false };
+            *self = Self {
+                members: vec![MemberHealth::default(); members],
+                seen: vec![None; members],
+                flaps: vec![Flaps::default(); members],
+                ..Self::default()
+            };
         }
     }
 
@@ -79,9 +111,11 @@ impl GroupHealth {
         elapsed: Duration,
     ) -> Vec<(usize, Verdict)> {
         self.resize(sums.len());
+        self.clock += elapsed;
+        let now = self.clock;
         let decay = 0.5f64.powf(elapsed.as_secs_f64() / options.half_life.as_secs_f64());
-        for ((health, seen), now) in self.members.iter_mut().zip(self.seen.iter_mut()).zip(sums) {
-            let added = match (&seen, now) {
+        for ((health, seen), read) in self.members.iter_mut().zip(self.seen.iter_mut()).zip(sums) {
+            let added = match (&seen, read) {
                 (Some((was_at, before)), Some((at, after))) if was_at == at => trouble(options, before, after),
                 _ => 0.0,
             };
@@ -90,14 +124,16 @@ impl GroupHealth {
             if health.score < options.restore_below * 1e-3 {
                 health.score = 0.0;
             }
-            *seen = *now;
+            *seen = *read;
         }
         let mut verdicts = Vec::new();
         // Restores first: a member coming back may let a worse one go.
-        for (i, health) in self.members.iter_mut().enumerate() {
-            if health.demoted && health.score < options.restore_below {
+        for (i, (health, flaps)) in self.members.iter_mut().zip(self.flaps.iter_mut()).enumerate() {
+            if health.demoted && health.score < options.restore_below && now >= flaps.hold_until {
                 health.demoted = false;
                 health.restores += 1;
+                flaps.last_demotion = now - flaps.demoted_at;
+                flaps.restored_at = Some(now);
                 verdicts.push((i, Verdict::Restored { score: health.score }));
             }
         }
@@ -115,7 +151,18 @@ impl GroupHealth {
             let health = &mut self.members[i];
             health.demoted = true;
             health.demotions += 1;
-            verdicts.push((i, Verdict::Demoted { score: health.score }));
+            // Demoted again soon after a restore: the fault is still there
+            // (the restore was the probe); wait twice as long as last time.
+            let flaps = &mut self.flaps[i];
+            let flapping = flaps.restored_at.is_some_and(|r| now - r < options.half_life * REFLAP_HALF_LIVES);
+            let hold = if flapping {
+                (flaps.last_demotion * 2).min(options.half_life * MAX_HOLD_HALF_LIVES)
+            } else {
+                Duration::ZERO
+            };
+            flaps.demoted_at = now;
+            flaps.hold_until = now + hold;
+            verdicts.push((i, Verdict::Demoted { score: health.score, hold }));
         }
         verdicts
     }
@@ -165,13 +212,20 @@ pub fn step_group(
     for (i, verdict) in &verdicts {
         let (name, member) = (group.name.as_str(), group.members[*i].dev.as_str());
         match verdict {
-            Verdict::Demoted { score } => tracing::warn!(
-                group = name,
-                member,
-                score,
-                "member {member} of group {name} demoted: transport health score {score:.1} above {} (sequence NAKs, retransmissions, CNPs of its QPs); new flowlets avoid it",
-                options.demote_above
-            ),
+            Verdict::Demoted { score, hold } => {
+                let held = if hold.is_zero() {
+                    String::new()
+                } else {
+                    format!("; demoted again soon after its restore, so it stays out at least {:.1} s", hold.as_secs_f64())
+                };
+                tracing::warn!(
+                    group = name,
+                    member,
+                    score,
+                    "member {member} of group {name} demoted: transport health score {score:.1} above {} (sequence NAKs, retransmissions, CNPs of its QPs); new flowlets avoid it{held}",
+                    options.demote_above
+                )
+            }
             Verdict::Restored { score } => tracing::info!(
                 group = name,
                 member,
@@ -236,7 +290,7 @@ mod tests {
         let o = options();
         g.step(&o, &[Some((0, sums(0, 0, 0))), Some((1, sums(0, 0, 0)))], STEP);
         let verdicts = g.step(&o, &[Some((0, sums(6, 6, 0))), Some((1, sums(1, 0, 0)))], STEP);
-        assert_eq!(verdicts, vec![(0, Verdict::Demoted { score: 12.0 })]);
+        assert_eq!(verdicts, vec![(0, Verdict::Demoted { score: 12.0, hold: Duration::ZERO })]);
         assert!(g.demoted(0) && !g.demoted(1));
         // Below demote_above but above restore_below: still demoted.
         let mut steps = 0;
@@ -255,6 +309,36 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_flaps_is_held_twice_as_long_each_time() {
+        let mut g = GroupHealth::default();
+        let o = options();
+        let read = |naks| [Some((0, sums(naks, 0, 0))), Some((1, sums(0, 0, 0)))];
+        g.step(&o, &read(0), STEP);
+        let mut naks = 0;
+        let mut demoted_for = Vec::new();
+        for _ in 0..3 {
+            // The fault is still there: right after each restore, trouble.
+            naks += 12;
+            let v = g.step(&o, &read(naks), STEP);
+            assert!(matches!(v[..], [(0, Verdict::Demoted { .. })]), "{v:?}");
+            let mut steps = 0;
+            while g.demoted(0) {
+                g.step(&o, &read(naks), STEP);
+                steps += 1;
+            }
+            demoted_for.push(steps);
+        }
+        // 12 -> 1 decays in 36 steps; then held 2x, then 4x the first time.
+        assert_eq!(demoted_for, vec![36, 72, 144]);
+        // Quiet for more than ten half-lives: the next demotion starts over.
+        for _ in 0..101 {
+            g.step(&o, &read(naks), STEP);
+        }
+        naks += 12;
+        assert_eq!(g.step(&o, &read(naks), STEP), vec![(0, Verdict::Demoted { score: 12.0, hold: Duration::ZERO })]);
+    }
+
+    #[test]
     fn the_last_member_in_service_is_never_demoted() {
         let mut g = GroupHealth::default();
         let o = options();
@@ -262,7 +346,7 @@ mod tests {
         g.step(&o, &base, STEP);
         // Both usable members go bad; the worse one is demoted, the other stays.
         let v = g.step(&o, &[Some((0, sums(20, 0, 0))), Some((1, sums(30, 0, 0))), None], STEP);
-        assert_eq!(v, vec![(1, Verdict::Demoted { score: 30.0 })]);
+        assert_eq!(v, vec![(1, Verdict::Demoted { score: 30.0, hold: Duration::ZERO })]);
         assert!(!g.demoted(0) && !g.demoted(2));
         // A member that is not usable is never demoted (nor counted as in service).
         assert_eq!(g.members[2], MemberHealth::default());
