@@ -17,7 +17,7 @@
 //! back after about `half_life x log2(score / restore_below)`, and if the
 //! fault is still there its first flowlets bring the NAKs that demote it
 //! again (the restore is the probe). A member demoted again soon after a
-//! restore is held out twice as long as last time (see [`Flaps`]), so a
+//! restore is held out twice as long as last time (the flap hold), so a
 //! link that stays bad is probed less and less often.
 
 use std::{path::Path, time::Duration};
