@@ -145,7 +145,11 @@ pub fn render_rates(prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> Strin
                 m.next_hop.clone(),
                 format!("{r:.0}"),
                 format!("{:.1}%", 100.0 * share),
-                share_bar(share),
+                match m.health {
+                    // Why its share falls to nothing (transport_aware).
+                    Some(h) if h.demoted => format!("{} demoted (health {:.1})", share_bar(share), h.score),
+                    _ => share_bar(share),
+                },
             ]);
         }
         out.push_str(&members.indent(2).render());
@@ -238,6 +242,13 @@ mod tests {
         assert!(u2.contains(" 150 ") && u2.contains("16.7%") && u2.ends_with(" #####"), "{u2}");
         let u33 = text.lines().find(|l| l.trim_start().starts_with("u33 ")).unwrap();
         assert!(u33.contains("0.0%"), "{u33}");
+        // A member demoted for its transport health says so.
+        let mut demoted = now.clone();
+        demoted.groups[0].members[2].health =
+            Some(crate::health::MemberHealth { score: 31.25, demoted: true, demotions: 1, restores: 0 });
+        let text = render_rates(&prev, &demoted, Duration::from_secs(2));
+        let u33 = text.lines().find(|l| l.trim_start().starts_with("u33 ")).unwrap();
+        assert!(u33.ends_with("demoted (health 31.2)") || u33.ends_with("demoted (health 31.3)"), "{u33}");
     }
 
     #[test]
