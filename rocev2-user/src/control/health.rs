@@ -11,7 +11,8 @@
 //! already on it), but gives its buckets to the other members, so new
 //! flowlets and new flows avoid it. Below `restore_below` it gets exactly
 //! those buckets back (crate::routing::groups::ResilientTable). The last
-//! member that is not demoted is never demoted.
+//! member in service is never demoted, and when the others go down the
+//! healthiest demoted member comes back.
 //!
 //! A demoted member carries no new traffic, so its score only decays: it is
 //! back after about `half_life x log2(score / restore_below)`, and if the
@@ -137,14 +138,30 @@ impl GroupHealth {
                 verdicts.push((i, Verdict::Restored { score: health.score }));
             }
         }
+        // No usable member left in service (the others went down): the
+        // healthiest demoted one comes back, as a group with none would
+        // send everything to the kernel.
+        let in_service = |g: &Self, j: usize| sums[j].is_some() && !g.members[j].demoted;
+        if !(0..self.members.len()).any(|j| in_service(self, j)) {
+            let best = (0..self.members.len())
+                .filter(|&j| sums[j].is_some())
+                .min_by(|a, b| self.members[*a].score.total_cmp(&self.members[*b].score));
+            if let Some(j) = best {
+                let (health, flaps) = (&mut self.members[j], &mut self.flaps[j]);
+                health.demoted = false;
+                health.restores += 1;
+                flaps.last_demotion = now - flaps.demoted_at;
+                flaps.restored_at = Some(now);
+                verdicts.push((j, Verdict::Restored { score: health.score }));
+            }
+        }
         // Then the worst first, while another usable member stays.
         let mut candidates: Vec<usize> = (0..self.members.len())
             .filter(|&i| sums[i].is_some() && !self.members[i].demoted && self.members[i].score > options.demote_above)
             .collect();
         candidates.sort_by(|a, b| self.members[*b].score.total_cmp(&self.members[*a].score));
         for i in candidates {
-            let others_in_service =
-                (0..self.members.len()).filter(|&j| j != i && sums[j].is_some() && !self.members[j].demoted).count();
+            let others_in_service = (0..self.members.len()).filter(|&j| j != i && in_service(self, j)).count();
             if others_in_service == 0 {
                 break;
             }
@@ -350,6 +367,10 @@ mod tests {
         assert!(!g.demoted(0) && !g.demoted(2));
         // A member that is not usable is never demoted (nor counted as in service).
         assert_eq!(g.members[2], MemberHealth::default());
+        // Member 0 goes down: demoted member 1 is all that is left, and comes back.
+        let v = g.step(&o, &[None, Some((1, sums(30, 0, 0))), None], STEP);
+        assert!(matches!(v[..], [(1, Verdict::Restored { .. })]), "{v:?}");
+        assert!(!g.demoted(1));
     }
 
     #[test]
