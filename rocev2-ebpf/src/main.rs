@@ -22,6 +22,7 @@ mod ecn;
 mod features;
 mod forward;
 mod maps;
+mod object;
 mod parse;
 mod pin;
 mod rewrite;
@@ -74,19 +75,7 @@ pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
     tc::tc_egress(&ctx)
 }
 
-#[cfg(target_arch = "bpf")]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    // Unreachable in a verified program; the verifier rejects code paths
-    // that could get here, so there is nothing to report.
-    loop {}
-}
-
 #[cfg(not(target_arch = "bpf"))]
 fn main() {
     eprintln!("rocev2-ebpf holds eBPF programs; it is built for the BPF target by rocev2-user's build.rs");
 }
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -6,21 +6,21 @@
 
 use std::{
     io::{Read as _, Write as _},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Output, Stdio},
     sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
-use rocev2_tests::{require_root, rocev2_bin, LabGuard};
+use rocev2_tests::{
+    readme::{self, assert_shows, mask},
+    require_root, rocev2_bin, LabGuard,
+};
 
-/// The tutorial: from its heading to the next section.
+/// The tutorials: from the first one's heading to the next section.
 fn tutorial() -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
-    let start = readme.find("## Tutorial").expect("README has a Tutorial section");
-    let end = readme[start..].find("\n## Tools").map_or(readme.len(), |e| start + e);
-    readme[start..end].to_string()
+    readme::section("## Tutorial", "\n## Tools")
 }
 
 #[derive(Debug)]
@@ -115,58 +115,6 @@ impl Readme {
         }
         panic!("no output block with {needle:?} in the README's tutorial after block {}", self.cursor);
     }
-}
-
-/// Numbers masked (each run of digits is one `0`), bars and repeated
-/// spaces dropped: what stays the same from run to run.
-fn mask(line: &str) -> String {
-    let mut out = String::new();
-    let mut in_digits = false;
-    for c in line.chars() {
-        if c.is_ascii_digit() {
-            if !in_digits {
-                out.push('0');
-            }
-            in_digits = true;
-            continue;
-        }
-        in_digits = false;
-        if c != '#' {
-            out.push(c);
-        }
-    }
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Whether `expected` appears in `actual` as consecutive lines, where an
-/// expected line `…` stands for any number of lines.
-fn appears(expected: &[String], actual: &[String]) -> bool {
-    fn from(e: &[String], a: &[String]) -> bool {
-        match e.split_first() {
-            None => true,
-            Some((first, rest)) if first == "…" => (0..=a.len()).any(|k| from(rest, &a[k..])),
-            Some((first, rest)) => a.first().is_some_and(|l| l == first) && from(rest, &a[1..]),
-        }
-    }
-    let e: Vec<String> = expected.iter().map(|l| mask(l)).collect();
-    let a: Vec<String> = actual.iter().map(|l| mask(l)).collect();
-    (0..=a.len()).any(|start| from(&e, &a[start..]))
-}
-
-fn assert_shows(what: &str, expected: &[String], actual: &str) {
-    // To refresh the README's blocks after an output change: run this test
-    // with ROCEV2_TUTORIAL_OUTPUT=FILE and copy what each step printed.
-    if let Ok(path) = std::env::var("ROCEV2_TUTORIAL_OUTPUT") {
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-        writeln!(file, "==== {what}\n{actual}").unwrap();
-    }
-    let actual: Vec<String> = actual.lines().map(str::to_string).collect();
-    assert!(
-        appears(expected, &actual),
-        "{what}: the README shows\n{}\nbut the command printed\n{}",
-        expected.join("\n"),
-        actual.join("\n")
-    );
 }
 
 fn path_with_rocev2() -> String {
@@ -329,19 +277,19 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
 
     // 1. The lab.
     let up = run(&readme.command("rocev2 lab up"));
-    assert_shows("lab up", &readme.output("is up"), &up);
+    assert_shows("lab up", &readme.output("is up"), &up, mask);
 
     // 2. The dataplane (terminal 1).
     let mut dataplane = Background::start(&readme.command(" run --config"));
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
-    assert_shows("run", &readme.output("rocev2: ready"), &dataplane.output());
+    assert_shows("run", &readme.output("rocev2: ready"), &dataplane.output(), mask);
 
     // 3./4. Watch while `gen` sends: one uplink carries everything.
     let watch = readme.command("stats --watch");
     let gen = readme.command(" gen ");
     let (sent, frame) = gen_and_watch(&gen, &watch);
-    assert_shows("gen", &readme.output("rocev2 gen:"), &sent);
-    assert_shows("stats --watch, five-tuple", &readme.output("GROUP spines"), &frame);
+    assert_shows("gen", &readme.output("rocev2 gen:"), &sent, mask);
+    assert_shows("stats --watch, five-tuple", &readme.output("GROUP spines"), &frame, mask);
     let rates = spines_rates(&frame);
     assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 1, "five-tuple: one uplink carries everything: {rates:?}");
 
@@ -350,9 +298,9 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
     let check = readme.command(" check ");
     let reload = readme.command("rocev2 reload");
     let said = run(&check) + &run(&reload);
-    assert_shows("check and reload", &readme.output(": OK ("), &said);
+    assert_shows("check and reload", &readme.output(": OK ("), &said, mask);
     let (_, frame) = gen_and_watch(&gen, &watch);
-    assert_shows("stats --watch, qp", &readme.output("GROUP spines"), &frame);
+    assert_shows("stats --watch, qp", &readme.output("GROUP spines"), &frame, mask);
     let rates = spines_rates(&frame);
     assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 4, "qp: all four uplinks: {rates:?}");
 
@@ -360,10 +308,10 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
     let filter = curl.split("grep ").nth(1).expect("the README greps the metrics").trim_matches('\'');
     let netns = format!("{name}-rtsw");
     let metrics: String = scrape(&netns).lines().filter(|l| l.contains(filter)).map(|l| format!("{l}\n")).collect();
-    assert_shows("metrics", &readme.output("rocev2_member_packets_total"), &metrics);
+    assert_shows("metrics", &readme.output("rocev2_member_packets_total"), &metrics, mask);
 
     let explain = run(&readme.command("rocev2 explain"));
-    assert_shows("explain", &readme.output("packet: udp"), &explain);
+    assert_shows("explain", &readme.output("packet: udp"), &explain, mask);
 
     // 5b. Flowlets: stop `run`, edit, start it again, one QP.
     dataplane.stop(libc::SIGINT);
@@ -372,7 +320,7 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
     run(&readme.command("--qps 1"));
     let stats = run(&readme.command("rocev2 stats --config"));
-    assert_shows("stats after flowlets", &readme.output("flowlet gap"), &stats);
+    assert_shows("stats after flowlets", &readme.output("flowlet gap"), &stats, mask);
     dataplane.stop(libc::SIGINT);
 
     // 6. Offline.
@@ -383,22 +331,22 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
 
     // 7. Clean up.
     let down = run(&readme.command("rocev2 lab down"));
-    assert_shows("lab down", &readme.output("is down"), &down);
+    assert_shows("lab down", &readme.output("is down"), &down, mask);
     let left = run("ip netns list");
     assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
 
     // 8. Routes from BGP: FRR on every switch, rocev2 follows the kernel.
     let up = run(&readme.command("--routing bgp"));
-    assert_shows("lab up --routing bgp", &readme.output("BGP converged"), &up);
+    assert_shows("lab up --routing bgp", &readme.output("BGP converged"), &up, mask);
     let route = run(&readme.command("route show 10.1.0.0/16"));
-    assert_shows("ip route", &readme.output("nhid"), &route);
+    assert_shows("ip route", &readme.output("nhid"), &route, mask);
     let (run_cmd, gen, stats_cmd) =
         (readme.command(" run --config"), readme.command(" gen "), readme.command("rocev2 stats --config"));
     let mut dataplane = Background::start(&run_cmd);
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
-    assert_shows("run with kernel routes", &readme.output("following kernel table"), &dataplane.output());
+    assert_shows("run with kernel routes", &readme.output("following kernel table"), &dataplane.output(), mask);
     run(&gen);
-    assert_shows("stats, BGP", &readme.output("GROUP nh:s1l1+s1l2+s2l1+s2l2"), &run(&stats_cmd));
+    assert_shows("stats, BGP", &readme.output("GROUP nh:s1l1+s1l2+s2l1+s2l2"), &run(&stats_cmd), mask);
     run(&readme.command("no network 10.1.0.0/16"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while run(&format!("ip -n {name}-rtsw route show 10.1.0.0/16")).matches(" via ").count() != 2 {
@@ -406,10 +354,10 @@ fn the_readme_tutorial_prints_what_the_readme_shows() {
         thread::sleep(Duration::from_millis(100));
     }
     run(&gen);
-    assert_shows("stats after the withdrawal", &readme.output("GROUP nh:s2l1+s2l2"), &run(&stats_cmd));
+    assert_shows("stats after the withdrawal", &readme.output("GROUP nh:s2l1+s2l2"), &run(&stats_cmd), mask);
     dataplane.stop(libc::SIGINT);
     let down = run(&readme.command("rocev2 lab down"));
-    assert_shows("lab down, BGP", &readme.output("(FRR state)"), &down);
+    assert_shows("lab down, BGP", &readme.output("(FRR state)"), &down, mask);
     let left = run("ip netns list");
     assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
 }

@@ -26,6 +26,8 @@ mod transport;
 mod fault;
 mod generator;
 mod maps;
+#[path = "../object.rs"]
+mod object;
 mod peer;
 
 use aya_ebpf::{
@@ -95,18 +97,7 @@ pub fn rocev2_xdp_drop(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
 }
 
-#[cfg(target_arch = "bpf")]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    // Unreachable in a verified program.
-    loop {}
-}
-
 #[cfg(not(target_arch = "bpf"))]
 fn main() {
     eprintln!("rocev2-tools holds eBPF programs; it is built for the BPF target by rocev2-user's build.rs");
 }
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
