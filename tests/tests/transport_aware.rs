@@ -19,7 +19,7 @@ use std::{
 use rocev2_common::{bth::opcode, buckets::BucketTable, flowlet::FlowletChoice, hash::HashMode};
 use rocev2_tests::{
     fixture::{bth, group_members, loopback_dataplane, roce_spec},
-    require_root, rocev2_bin, test_run, XDP_REDIRECT,
+    readme, require_root, rocev2_bin, test_run, XDP_REDIRECT,
 };
 use rocev2_user::{
     config::{FlowletConfig, Policy, Prefix},
@@ -167,10 +167,30 @@ fn packets(stats: &serde_json::Value, dev: &str) -> u64 {
     member(stats, dev)["packets"].as_u64().unwrap()
 }
 
-fn print_stats(lab: &EcmpLab, when: &str) {
+/// The README's `rocev2 stats` outputs in "Transport-aware member choice",
+/// one per `$ rocev2 stats` line of its first text block.
+fn readme_stats() -> Vec<Vec<String>> {
+    let section = readme::section("### Transport-aware member choice", "\n## ");
+    let block = section.split("```text\n").nth(1).expect("a text block").split("```").next().unwrap();
+    let mut outputs: Vec<Vec<String>> = Vec::new();
+    for line in block.lines() {
+        if line.starts_with("$ rocev2 stats") {
+            outputs.push(Vec::new());
+        } else if !line.is_empty() {
+            outputs.last_mut().expect("a command first").push(line.to_string());
+        }
+    }
+    outputs
+}
+
+/// `rocev2 stats` printed, and compared (numbers masked) with the
+/// README's output `shown`.
+fn check_stats_text(lab: &EcmpLab, when: &str, shown: &[String]) {
     let out =
         std::process::Command::new(rocev2_bin()).args(["stats", "--pin-dir"]).arg(lab.pin_dir()).output().unwrap();
-    eprintln!("$ rocev2 stats   # {when}\n{}", String::from_utf8_lossy(&out.stdout));
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("$ rocev2 stats   # {when}\n{text}");
+    readme::assert_shows(when, shown, &text, readme::mask);
 }
 
 #[test]
@@ -196,7 +216,9 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     assert!(first.sequence_naks > 0, "the fault caused no NAK:\n{}", first.render());
     thread::sleep(Duration::from_millis(300)); // a control-loop step or two
     let demoted = stats(&lab);
-    print_stats(&lab, "u2 demoted");
+    let shown = readme_stats();
+    assert_eq!(shown.len(), 2, "{shown:?}");
+    check_stats_text(&lab, "u2 demoted", &shown[0]);
     let (u1, u2) = (&member(&demoted, "u1")["health"], &member(&demoted, "u2")["health"]);
     assert_eq!((u2["demoted"].as_bool(), u1["demoted"].as_bool()), (Some(true), Some(false)), "{demoted:#}");
     assert!(u2["demotions"].as_u64() >= Some(1), "{demoted:#}");
@@ -243,7 +265,7 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
         assert!(started.elapsed() < Duration::from_secs(20), "u2 never restored: {now:#}");
         thread::sleep(Duration::from_millis(200));
     };
-    print_stats(&lab, "u2 restored");
+    check_stats_text(&lab, "u2 restored", &shown[1]);
     let u2 = &member(&restored, "u2")["health"];
     assert!(u2["score"].as_f64().unwrap() < RESTORE_BELOW, "{restored:#}");
     assert!(u2["restores"].as_u64() >= Some(1), "{restored:#}");
