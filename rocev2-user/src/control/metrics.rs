@@ -9,9 +9,13 @@
 //! - `rocev2_port_pass_total{port,reason}`: reason is the counter name without `pass_`
 //! - `rocev2_port_drop_total{port,reason}`: reason is the counter name without `drop_`
 //! - `rocev2_member_packets_total{group,member,next_hop}`, `rocev2_member_bytes_total{...}`
+//! - with telemetry, the members' transport sums (`rocev2_member_naks_total`, ...);
+//!   in a `transport_aware` group also `rocev2_member_health_score` and
+//!   `rocev2_member_demoted` (gauges), `rocev2_member_demotions_total`,
+//!   `rocev2_member_restores_total`
 //!
 //! plus the gauges `rocev2_group_members{group,hash}`,
-//! `rocev2_group_policy{group,policy,hash,flowlet_*}` (always 1) and
+//! `rocev2_group_policy{group,policy,hash,flowlet_*,transport_aware knobs}` (always 1) and
 //! `rocev2_hash_seed`; with kernel routes, `rocev2_learned_routes{table}`,
 //! `rocev2_learned_host_entries{table}`, `rocev2_learned_groups{table}`,
 //! `rocev2_kernel_routes{table,reason}`, `rocev2_route_messages_total{table}`,
@@ -299,6 +303,14 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
                     ("flowlet_boundary", &f.boundary.to_string()),
                 ]));
             }
+            if let Some(t) = &g.transport_aware {
+                sample.extend(labels([
+                    ("demote_above", &t.demote_above.to_string()),
+                    ("restore_below", &t.restore_below.to_string()),
+                    ("half_life_ms", &t.half_life_ms.to_string()),
+                    ("repick", &t.repick),
+                ]));
+            }
             (sample, 1)
         }),
     );
@@ -566,6 +578,12 @@ mod tests {
                     boundary: true,
                     table_size: 4096,
                 }),
+                transport_aware: Some(crate::state::TransportAwareKnobs {
+                    demote_above: 20.0,
+                    restore_below: 2.5,
+                    half_life_ms: 2000,
+                    repick: "idle-or-acked".into(),
+                }),
                 members: vec![
                     MemberSnapshot {
                         dev: "u1".into(),
@@ -682,7 +700,7 @@ mod tests {
         assert!(text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"), "{text}");
         assert!(
             text.contains(
-                "rocev2_group_policy{group=\"spines\",policy=\"flowlet\",hash=\"qp\",flowlet_gap_us=\"500\",flowlet_choice=\"least-loaded\",flowlet_boundary=\"true\"} 1\n"
+                "rocev2_group_policy{group=\"spines\",policy=\"flowlet\",hash=\"qp\",flowlet_gap_us=\"500\",flowlet_choice=\"least-loaded\",flowlet_boundary=\"true\",demote_above=\"20\",restore_below=\"2.5\",half_life_ms=\"2000\",repick=\"idle-or-acked\"} 1\n"
             ),
             "{text}"
         );

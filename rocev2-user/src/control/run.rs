@@ -772,6 +772,7 @@ impl Runner {
                 hash: group.hash.name().to_string(),
                 policy: GroupState::policy_name(&group.policy),
                 flowlet: GroupState::flowlet_knobs(&group.policy),
+                transport_aware: group.transport_aware.as_ref().map(crate::state::TransportAwareKnobs::of),
                 members: self.members[&group.name]
                     .iter()
                     .enumerate()

@@ -68,6 +68,9 @@ pub struct GroupState {
     /// A flowlet group's knobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flowlet: Option<FlowletKnobs>,
+    /// A `transport_aware` group's knobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport_aware: Option<TransportAwareKnobs>,
     /// Members in position order, as live in the dataplane.
     pub members: Vec<MemberState>,
 }
@@ -81,6 +84,36 @@ pub struct FlowletKnobs {
     /// `flowlet_boundary`: move only after a packet that ends a message.
     pub boundary: bool,
     pub table_size: u32,
+}
+
+/// A group's `transport_aware` settings, as in the config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransportAwareKnobs {
+    pub demote_above: f64,
+    pub restore_below: f64,
+    pub half_life_ms: u64,
+    /// "idle" or "idle-or-acked".
+    pub repick: String,
+}
+
+impl TransportAwareKnobs {
+    pub fn of(t: &crate::config::TransportAware) -> Self {
+        Self {
+            demote_above: t.demote_above,
+            restore_below: t.restore_below,
+            half_life_ms: t.half_life.as_millis() as u64,
+            repick: if t.repick_when_acked { "idle-or-acked" } else { "idle" }.into(),
+        }
+    }
+
+    /// `transport-aware: demote > 10, restore < 1, half-life 1000ms`.
+    pub fn describe(&self) -> String {
+        let repick = if self.repick == "idle" { String::new() } else { format!(", re-pick {}", self.repick) };
+        format!(
+            "transport-aware: demote > {}, restore < {}, half-life {}ms{repick}",
+            self.demote_above, self.restore_below, self.half_life_ms
+        )
+    }
 }
 
 impl GroupState {

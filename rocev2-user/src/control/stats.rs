@@ -68,13 +68,20 @@ pub struct GroupSnapshot {
     /// A flowlet group's knobs (gap, choice, boundary, table size).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flowlet: Option<crate::state::FlowletKnobs>,
+    /// A `transport_aware` group's knobs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport_aware: Option<crate::state::TransportAwareKnobs>,
     pub members: Vec<MemberSnapshot>,
 }
 
 impl GroupSnapshot {
     /// `hash qp, flowlet gap 500us`: the policy and its knobs.
     pub fn describe(&self) -> String {
-        crate::state::describe_policy(&self.hash, &self.policy, self.flowlet.as_ref())
+        let policy = crate::state::describe_policy(&self.hash, &self.policy, self.flowlet.as_ref());
+        match &self.transport_aware {
+            Some(t) => format!("{policy}, {}", t.describe()),
+            None => policy,
+        }
     }
 }
 
@@ -165,6 +172,7 @@ impl Snapshot {
                 hash: group.hash.clone(),
                 policy: if group.policy.is_empty() { "hash".into() } else { group.policy.clone() },
                 flowlet: group.flowlet.clone(),
+                transport_aware: group.transport_aware.clone(),
                 members,
             });
         }
@@ -289,8 +297,7 @@ impl Snapshot {
         let mut out = ports.render();
         for group in &self.groups {
             let total: u64 = group.members.iter().map(|m| m.packets).sum();
-            let aware = if group.members.iter().any(|m| m.health.is_some()) { ", transport-aware" } else { "" };
-            out.push_str(&format!("\nGROUP {} ({}{aware})\n", group.name, group.describe()));
+            out.push_str(&format!("\nGROUP {} ({})\n", group.name, group.describe()));
             let mut members = Table::new(&[
                 ("MEMBER", Align::Left),
                 ("NEXT HOP", Align::Left),

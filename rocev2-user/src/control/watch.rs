@@ -199,6 +199,7 @@ mod tests {
                     boundary: false,
                     table_size: 65536,
                 }),
+                transport_aware: None,
                 members: members.iter().map(|(d, p)| member(d, *p)).collect(),
             }],
             egress: Vec::new(),

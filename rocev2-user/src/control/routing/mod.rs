@@ -628,6 +628,7 @@ impl KernelRoutes {
                 hash: settings.hash.name().to_string(),
                 policy: crate::state::GroupState::policy_name(&settings.policy),
                 flowlet: crate::state::GroupState::flowlet_knobs(&settings.policy),
+                transport_aware: None,
                 members: g
                     .hops
                     .iter()
