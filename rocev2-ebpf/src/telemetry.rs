@@ -12,7 +12,7 @@
 //! another, touch other fields. A rare lost count is the price of no atomics.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_coarse_ns,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
@@ -94,9 +94,15 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
         Seen::Data => {
             scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
             // The coarse clock (a tick's resolution) is plenty for first and
-            // last seen, and a fraction of the precise one's cost.
-            // SAFETY: ns clock helper.
-            let now = unsafe { bpf_ktime_get_coarse_ns() };
+            // last seen, and a fraction of the precise one's cost. An
+            // ACK-ended flowlet compares last seen with the flowlet's own
+            // (precise) time: then both are precise.
+            // SAFETY: ns clock helpers.
+            let now = if enabled(Features::ACKED_REPICK) {
+                unsafe { bpf_ktime_get_ns() }
+            } else {
+                unsafe { bpf_ktime_get_coarse_ns() }
+            };
             (scratch.before_group, scratch.before_position) = (group, position);
             let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
                 // SAFETY: a map value; see the module note on races.
@@ -150,15 +156,15 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             scratch.qp = *qp;
             let Some(s) = QP_TELEMETRY.get_ptr_mut(&scratch.qp) else { return };
             // SAFETY: as above.
-            let (data_group, data_position) = unsafe {
+            let (data_group, data_position, data_seen_ns) = unsafe {
                 (*s).reply(reply);
-                ((*s).group, (*s).position)
+                ((*s).group, (*s).position, (*s).last_seen_ns)
             };
             // SAFETY: as above.
             if enabled(Features::ACKED_REPICK)
                 && matches!(reply, Seen::Ack(syndrome) if rocev2_common::bth::aeth::kind(syndrome) == rocev2_common::bth::aeth::Kind::Ack)
                 && unsafe { (*s).all_acked(at.bth.psn) }
-                && end_flowlet(scratch, data_group)
+                && end_flowlet(scratch, data_group, data_seen_ns)
             {
                 member_add(data_group, data_position, |m| m.acked_repicks += 1);
             }
@@ -179,8 +185,16 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
 /// `FLOWLET_REPICK_ACKED`, ends its data flow's flowlet, so the next packet
 /// chooses a member again (it cannot overtake anything: nothing is in
 /// flight). The flow is the reply's, the other way round.
+///
+/// "Everything it sent" is everything this table saw, which is updated
+/// after a packet is forwarded: a packet already given its member but not
+/// yet counted (on another CPU, this very moment) would be missed. So the
+/// flowlet ends only if its last packet's time (taken before the choice)
+/// is not after the QP's last seen (taken after forwarding, `data_seen_ns`,
+/// the same clock with this feature): then every packet given a member
+/// has been counted, and the ACK covers them all.
 #[inline(always)]
-fn end_flowlet(scratch: &mut Scratch, group: u32) -> bool {
+fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
     let Some(g) = GROUPS.get(group) else { return false };
     if g.policy != POLICY_FLOWLET || g.flowlet_flags & FLOWLET_REPICK_ACKED == 0 {
         return false;
@@ -200,7 +214,8 @@ fn end_flowlet(scratch: &mut Scratch, group: u32) -> bool {
     // SAFETY: a map value; a data packet storing its own time at once
     // only keeps the flowlet going, as without this.
     unsafe {
-        if (*e).last_seen_ns == 0 {
+        let last = (*e).last_seen_ns;
+        if last == 0 || last > data_seen_ns {
             return false;
         }
         (*e).last_seen_ns = 0;
