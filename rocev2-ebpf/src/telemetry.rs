@@ -19,6 +19,7 @@ use aya_ebpf::{
 use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
     features::Features,
+    hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
         seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
@@ -65,7 +66,8 @@ pub struct Scratch {
     /// The member the QP's data took before this packet.
     before_group: u32,
     before_position: u32,
-    /// The data flow's flowlet key, when an ACK ends its flowlet.
+    /// The data flow's key and flowlet key, when an ACK ends its flowlet.
+    flow: FlowKey,
     flowlet: FlowletKey,
 }
 
@@ -200,13 +202,15 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
         return false;
     }
     let at = &scratch.at;
-    scratch.flowlet = FlowletKey {
+    scratch.flow = FlowKey {
         src: at.dst,
         dst: at.src,
-        ports: (u32::from(at.src_port) << 16) | u32::from(ROCEV2_UDP_PORT),
-        proto_qp: (u32::from(IPPROTO_UDP) << 24) | (scratch.qp.dest_qp & 0x00FF_FFFF),
-        group,
+        src_port: at.src_port,
+        dst_port: ROCEV2_UDP_PORT,
+        protocol: IPPROTO_UDP,
+        dest_qp: scratch.qp.dest_qp,
     };
+    scratch.flowlet = FlowletKey::new(&scratch.flow, group);
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
     let Some(e) = FLOWLETS.get_ptr_mut(&scratch.flowlet) else {
         return false;
