@@ -211,6 +211,17 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     // Round 1: the QPs on u2 lose packets; their NAKs and resends demote it.
     let before = stats(&lab);
     assert_eq!(member(&before, "u2")["health"]["demoted"], false, "{before:#}");
+    let spines = before["groups"].as_array().unwrap().iter().find(|g| g["name"] == "spines").unwrap();
+    let knobs = &spines["transport_aware"];
+    assert_eq!(
+        (knobs["demote_above"].as_f64(), knobs["restore_below"].as_f64()),
+        (Some(DEMOTE_ABOVE), Some(RESTORE_BELOW))
+    );
+    assert_eq!(
+        (knobs["half_life_ms"].as_u64(), knobs["repick"].as_str()),
+        (Some(1000), Some("idle-or-acked")),
+        "{spines:#}"
+    );
     let first = round(&lab, ROUND_QPS[0]);
     eprintln!("round 1:\n{}", first.render());
     assert!(first.sequence_naks > 0, "the fault caused no NAK:\n{}", first.render());
@@ -306,6 +317,12 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     assert!(sample("rocev2_member_health_score", "u2") < RESTORE_BELOW);
     assert!(sample("rocev2_member_acked_repicks_total", "u1") >= 1.0);
     assert!(!metrics.contains("qp="), "per-QP labels in the metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rocev2_group_policy{group=\"spines\"") && l.contains("repick=\"idle-or-acked\"")),
+        "{metrics}"
+    );
 
     let responded = responder.finish();
     let log = dataplane.stop().expect("rocev2 run stops cleanly");
