@@ -48,6 +48,26 @@ const DEMOTE_ABOVE: f64 = 10.0;
 const GAP_US: u32 = 100_000;
 const RESTORE_BELOW: f64 = 1.0;
 
+/// The option under test.
+fn transport_aware() -> String {
+    format!(
+        "transport_aware = {{ demote_above = {DEMOTE_ABOVE}, restore_below = {RESTORE_BELOW}, half_life_ms = 1000, repick = \"idle-or-acked\" }}\n"
+    )
+}
+
+/// The way back for the replies (to the sender, 10.0.0.1) through p0.
+const HOSTS: &str = "[[group]]\nname = \"hosts\"\nmembers = [ { dev = \"p0\", via = \"10.0.0.1\" } ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n";
+
+/// The lab's switch with routes learned from the kernel, and a transport-aware
+/// flowlet `[[route_policy]]` for the uplinks' prefix.
+fn kernel_config(lab: &EcmpLab) -> String {
+    format!(
+        "[dataplane]\nhash = \"qp\"\nhash_seed = 1234\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n\n[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n\n[routing]\nsource = \"kernel\"\n\n[[route_policy]]\nprefix = \"10.1.0.0/16\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\n{ta}\n{HOSTS}",
+        pin = lab.pin_dir().display(),
+        ta = transport_aware(),
+    )
+}
+
 /// The lab's config with a way back for the replies (from u1/u2 to p0),
 /// telemetry, and the spines group as a transport-aware flowlet group.
 fn config(lab: &EcmpLab) -> String {
@@ -60,13 +80,12 @@ fn config(lab: &EcmpLab) -> String {
     let base = base.replace(
         "[[group]]\nname = \"spines\"\n",
         &format!(
-            "[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\ntransport_aware = {{ demote_above = {DEMOTE_ABOVE}, restore_below = {RESTORE_BELOW}, half_life_ms = 1000, repick = \"idle-or-acked\" }}\n"
+            "[[group]]\nname = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\n{}",
+            transport_aware()
         ),
     );
     assert!(base.contains("transport_aware"), "{base}");
-    format!(
-        "{base}\n[[group]]\nname = \"hosts\"\nmembers = [ {{ dev = \"p0\", via = \"10.0.0.1\" }} ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n"
-    )
+    format!("{base}\n{HOSTS}")
 }
 
 /// One RC responder behind both uplinks (a packet socket on each uplink's
@@ -157,14 +176,14 @@ fn stats(lab: &EcmpLab) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stats JSON")
 }
 
-/// The spines group's member `dev` in `stats --json`.
-fn member<'a>(stats: &'a serde_json::Value, dev: &str) -> &'a serde_json::Value {
-    let group = stats["groups"].as_array().unwrap().iter().find(|g| g["name"] == "spines").expect("group spines");
+/// Member `dev` of `group` in `stats --json`.
+fn member<'a>(stats: &'a serde_json::Value, group: &str, dev: &str) -> &'a serde_json::Value {
+    let group = stats["groups"].as_array().unwrap().iter().find(|g| g["name"] == group).expect("the group");
     group["members"].as_array().unwrap().iter().find(|m| m["dev"] == dev).unwrap_or_else(|| panic!("{group:#}"))
 }
 
-fn packets(stats: &serde_json::Value, dev: &str) -> u64 {
-    member(stats, dev)["packets"].as_u64().unwrap()
+fn packets(stats: &serde_json::Value, group: &str, dev: &str) -> u64 {
+    member(stats, group, dev)["packets"].as_u64().unwrap()
 }
 
 /// The README's `rocev2 stats` outputs in "Transport-aware member choice",
@@ -198,6 +217,27 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     require_root();
     let lab = EcmpLab::create(2).expect("build the lab");
     let config = lab.write_config_text("transport-aware", &config(&lab)).unwrap();
+    demote_avoid_restore(&lab, &config, "spines", true);
+}
+
+/// The same with the uplinks learned from a kernel multipath route (what
+/// FRR installs for BGP paths) under a `[[route_policy]]` with
+/// `transport_aware`.
+#[test]
+fn a_learned_group_under_a_transport_aware_route_policy_does_the_same() {
+    require_root();
+    let lab = EcmpLab::create(2).expect("build the lab");
+    let multipath = ["nexthop", "via", "10.0.1.2", "dev", "u1", "nexthop", "via", "10.0.2.2", "dev", "u2"];
+    lab.in_switch(&[&["ip", "route", "add", "10.1.0.0/16"][..], &multipath[..]].concat()).expect("the multipath route");
+    let config = lab.write_config_text("transport-aware-learned", &kernel_config(&lab)).unwrap();
+    demote_avoid_restore(&lab, &config, "nh:u1+u2", false);
+}
+
+/// Three rounds of new QPs: with PSNs dropped on u2's far end (u2 is
+/// demoted), with the fault still there (u2 avoided), after the fault is
+/// gone (u2 restored and used). `configured`: `group` is a config group,
+/// and the README's output and `explain` are checked too.
+fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, configured: bool) {
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");
     let responder = DualHomedResponder::start(&lab);
 
@@ -210,8 +250,8 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
 
     // Round 1: the QPs on u2 lose packets; their NAKs and resends demote it.
     let before = stats(&lab);
-    assert_eq!(member(&before, "u2")["health"]["demoted"], false, "{before:#}");
-    let spines = before["groups"].as_array().unwrap().iter().find(|g| g["name"] == "spines").unwrap();
+    assert_eq!(member(&before, group, "u2")["health"]["demoted"], false, "{before:#}");
+    let spines = before["groups"].as_array().unwrap().iter().find(|g| g["name"] == group).unwrap();
     let knobs = &spines["transport_aware"];
     assert_eq!(
         (knobs["demote_above"].as_f64(), knobs["restore_below"].as_f64()),
@@ -229,16 +269,18 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     let demoted = stats(&lab);
     let shown = readme_stats();
     assert_eq!(shown.len(), 2, "{shown:?}");
-    check_stats_text(&lab, "u2 demoted", &shown[0]);
-    let (u1, u2) = (&member(&demoted, "u1")["health"], &member(&demoted, "u2")["health"]);
+    if configured {
+        check_stats_text(lab, "u2 demoted", &shown[0]);
+    }
+    let (u1, u2) = (&member(&demoted, group, "u1")["health"], &member(&demoted, group, "u2")["health"]);
     assert_eq!((u2["demoted"].as_bool(), u1["demoted"].as_bool()), (Some(true), Some(false)), "{demoted:#}");
     assert!(u2["demotions"].as_u64() >= Some(1), "{demoted:#}");
     assert!(u2["score"].as_f64().unwrap() > RESTORE_BELOW, "{demoted:#}");
-    let u2_transport = &member(&demoted, "u2")["transport"];
+    let u2_transport = &member(&demoted, group, "u2")["transport"];
     assert!(u2_transport["naks_sequence"].as_u64() > Some(0), "{demoted:#}");
 
     // `explain` reads the live bucket table: a new QP's flow goes to u1.
-    for qp in 0x900..0x908u32 {
+    for qp in (0x900..0x908u32).filter(|_| configured) {
         let out = std::process::Command::new(rocev2_bin())
             .args(["explain", "--config"])
             .arg(&config)
@@ -255,10 +297,10 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     // Round 2, the fault still there: every new flowlet avoids u2.
     let second = round(&lab, ROUND_QPS[1]);
     let during = stats(&lab);
-    assert_eq!(member(&during, "u2")["health"]["demoted"], true, "still demoted: {during:#}");
-    assert_eq!(packets(&during, "u2"), packets(&demoted, "u2"), "u2 carried new flowlets: {during:#}");
+    assert_eq!(member(&during, group, "u2")["health"]["demoted"], true, "still demoted: {during:#}");
+    assert_eq!(packets(&during, group, "u2"), packets(&demoted, group, "u2"), "u2 carried new flowlets: {during:#}");
     assert_eq!(second.sequence_naks, 0, "no drop on the path taken:\n{}", second.render());
-    assert!(packets(&during, "u1") >= packets(&demoted, "u1") + u64::from(QPS * PSNS), "{during:#}");
+    assert!(packets(&during, group, "u1") >= packets(&demoted, group, "u1") + u64::from(QPS * PSNS), "{during:#}");
     let qps = qp_telemetry::read_qps(&lab.pin_dir()).expect("read the QP table");
     let round_two: Vec<_> = qps.iter().filter(|q| (ROUND_QPS[1]..ROUND_QPS[1] + QPS).contains(&q.dest_qp)).collect();
     assert_eq!(round_two.len(), QPS as usize);
@@ -270,14 +312,16 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     let started = Instant::now();
     let restored = loop {
         let now = stats(&lab);
-        if member(&now, "u2")["health"]["demoted"] == false {
+        if member(&now, group, "u2")["health"]["demoted"] == false {
             break now;
         }
         assert!(started.elapsed() < Duration::from_secs(20), "u2 never restored: {now:#}");
         thread::sleep(Duration::from_millis(200));
     };
-    check_stats_text(&lab, "u2 restored", &shown[1]);
-    let u2 = &member(&restored, "u2")["health"];
+    if configured {
+        check_stats_text(lab, "u2 restored", &shown[1]);
+    }
+    let u2 = &member(&restored, group, "u2")["health"];
     assert!(u2["score"].as_f64().unwrap() < RESTORE_BELOW, "{restored:#}");
     assert!(u2["restores"].as_u64() >= Some(1), "{restored:#}");
     assert_eq!(u2["restores"], u2["demotions"], "every demotion undone: {restored:#}");
@@ -285,8 +329,8 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     // Round 3: new flowlets use u2 again.
     let third = round(&lab, ROUND_QPS[2]);
     let after = stats(&lab);
-    assert!(packets(&after, "u2") > packets(&restored, "u2"), "u2 carries traffic again: {after:#}");
-    assert!(packets(&after, "u1") > packets(&restored, "u1"), "{after:#}");
+    assert!(packets(&after, group, "u2") > packets(&restored, group, "u2"), "u2 carries traffic again: {after:#}");
+    assert!(packets(&after, group, "u1") > packets(&restored, group, "u1"), "{after:#}");
     // They moved between members with no idle gap (an ACK of everything
     // in flight ended their flowlets), and never overtook themselves: not
     // one NAK.
@@ -298,7 +342,7 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
         .map(|q| q.stats.member_changes)
         .sum();
     assert!(moves > 0, "round 3 QPs moved: {qps:?}");
-    let repicks = |dev| member(&after, dev)["transport"]["acked_repicks"].as_u64().unwrap();
+    let repicks = |dev| member(&after, group, dev)["transport"]["acked_repicks"].as_u64().unwrap();
     assert!(repicks("u1") + repicks("u2") > 0, "{after:#}");
 
     // The same in the metrics (per member, never per QP).
@@ -318,9 +362,8 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
     assert!(sample("rocev2_member_acked_repicks_total", "u1") >= 1.0);
     assert!(!metrics.contains("qp="), "per-QP labels in the metrics");
     assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("rocev2_group_policy{group=\"spines\"") && l.contains("repick=\"idle-or-acked\"")),
+        metrics.lines().any(|l| l.starts_with(&format!("rocev2_group_policy{{group=\"{group}\""))
+            && l.contains("repick=\"idle-or-acked\"")),
         "{metrics}"
     );
 
@@ -332,12 +375,12 @@ fn a_faulty_uplink_is_demoted_avoided_and_restored_when_the_fault_is_gone() {
         assert_eq!((r.delivered, r.next_psn), (u64::from(PSNS), PSNS), "{r:?}");
     }
     // One log line per demotion and restore.
-    for line in log.lines().filter(|l| l.contains("of group spines")) {
+    for line in log.lines().filter(|l| l.contains(&format!("of group {group}"))) {
         eprintln!("{line}");
     }
-    assert!(log.contains("member u2 of group spines demoted"), "{log}");
-    assert!(log.contains("member u2 of group spines restored"), "{log}");
-    assert!(!log.contains("member u1 of group spines demoted"), "{log}");
+    assert!(log.contains(&format!("member u2 of group {group} demoted")), "{log}");
+    assert!(log.contains(&format!("member u2 of group {group} restored")), "{log}");
+    assert!(!log.contains(&format!("member u1 of group {group} demoted")), "{log}");
 }
 
 /// A demotion or restore changes bucket owners only, and `rocev2 run`

@@ -27,10 +27,7 @@ use anyhow::Result;
 use rocev2_common::telemetry::MemberTransport;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::{Group, TransportAware},
-    qp_telemetry,
-};
+use crate::{config::TransportAware, dataplane::GroupPolicy, qp_telemetry};
 
 /// One member's health, as `stats` and the metrics show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -190,25 +187,29 @@ impl GroupHealth {
     }
 }
 
-/// One step of a config group: reads its members' transport sums from
-/// the telemetry under `pin_dir` (group slot `slot`; `positions[i]` is
-/// member i's dataplane position, `None` when it is not usable), updates
-/// the scores and logs each demotion and restore (and, once, a failure to
-/// read). True if any demotion or restore happened.
-pub fn step_group(
-    health: &mut GroupHealth,
-    pin_dir: &Path,
-    group: &Group,
-    slot: u32,
-    positions: &[Option<u32>],
-    elapsed: Duration,
-) -> Result<bool> {
-    let Some(options) = &group.transport_aware else { return Ok(false) };
+/// A group as the health step sees it: config or learned alike.
+pub struct Scored<'a> {
+    pub name: &'a str,
+    /// The group's slot in the dataplane.
+    pub slot: u32,
+    pub options: &'a TransportAware,
+    /// Member names (the device), in the group's member order.
+    pub members: &'a [String],
+    /// Each member's position in the dataplane, `None` when not usable.
+    pub positions: &'a [Option<u32>],
+}
+
+/// One step of a group: reads its members' transport sums from the
+/// telemetry under `pin_dir`, updates the scores and logs each demotion and
+/// restore (and, once, a failure to read). True if any demotion or restore
+/// happened.
+pub fn step_group(health: &mut GroupHealth, pin_dir: &Path, group: &Scored, elapsed: Duration) -> Result<bool> {
+    let (options, positions, slot) = (group.options, group.positions, group.slot);
     let count = positions.iter().flatten().map(|p| p + 1).max().unwrap_or(0);
     let read = match qp_telemetry::read_members(pin_dir, slot, count) {
         Ok(read) => {
             if std::mem::take(&mut health.read_failed) {
-                tracing::info!(group = group.name.as_str(), "transport health of group {}: reading again", group.name);
+                tracing::info!(group = group.name, "transport health of group {}: reading again", group.name);
             }
             read
         }
@@ -216,7 +217,7 @@ pub fn step_group(
         Err(e) => {
             health.read_failed = true;
             tracing::warn!(
-                group = group.name.as_str(),
+                group = group.name,
                 "transport health of group {}: {e:#}; scores stand still until the telemetry can be read",
                 group.name
             );
@@ -227,7 +228,7 @@ pub fn step_group(
         positions.iter().map(|p| p.map(|p| (p, read[p as usize]))).collect();
     let verdicts = health.step(options, &sums, elapsed);
     for (i, verdict) in &verdicts {
-        let (name, member) = (group.name.as_str(), group.members[*i].dev.as_str());
+        let (name, member) = (group.name, group.members.get(*i).map_or("?", String::as_str));
         match verdict {
             Verdict::Demoted { score, hold } => {
                 let held = if hold.is_zero() {
@@ -253,6 +254,15 @@ pub fn step_group(
         }
     }
     Ok(!verdicts.is_empty())
+}
+
+/// A group policy with what `transport_aware` adds in the dataplane (the
+/// ACK-ended flowlet flag), for config and learned groups alike.
+pub fn with_transport(mut policy: GroupPolicy, options: Option<&TransportAware>) -> GroupPolicy {
+    if options.is_some_and(|t| t.repick_when_acked) {
+        policy.flowlet_flags |= rocev2_common::maps::FLOWLET_REPICK_ACKED;
+    }
+    policy
 }
 
 /// The weighted trouble between two readings of one member's sums.

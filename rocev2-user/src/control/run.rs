@@ -589,13 +589,25 @@ impl Runner {
         self.health_at = Instant::now();
         self.health.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name && g.transport_aware.is_some()));
         let mut changed = false;
-        for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
+        let pin_dir = &self.config.dataplane.pin_dir;
+        for group in &self.config.groups {
+            let Some(options) = &group.transport_aware else { continue };
+            let members: Vec<String> = group.members.iter().map(|m| m.dev.clone()).collect();
             let positions = live_positions(&self.members[&group.name]);
+            let scored = health::Scored {
+                name: &group.name,
+                slot: self.slots[&group.name],
+                options,
+                members: &members,
+                positions: &positions,
+            };
             let health = self.health.entry(group.name.clone()).or_default();
-            let pin_dir = &self.config.dataplane.pin_dir;
             // A failed read is logged once by step_group; the scores wait.
-            changed |= health::step_group(health, pin_dir, group, self.slots[&group.name], &positions, elapsed)
-                .unwrap_or(false);
+            changed |= health::step_group(health, pin_dir, &scored, elapsed).unwrap_or(false);
+        }
+        if let Some(kernel) = &mut self.kernel {
+            let (policies, default) = learned_policies(&self.config);
+            changed |= kernel.step_health(pin_dir, policies, default, elapsed);
         }
         changed
     }
@@ -721,7 +733,8 @@ impl Runner {
             self.publish_groups()?;
         }
         // The health scores move every step: `stats` reads them from the state.
-        if changed || settling || !self.health.is_empty() {
+        let scoring = !self.health.is_empty() || self.kernel.as_ref().is_some_and(|k| !k.health.is_empty());
+        if changed || settling || scoring {
             self.write_state()?;
         }
         if let Some(kernel) = &mut self.kernel {
@@ -892,17 +905,18 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
 
 /// The dataplane's view of a configured group policy.
 pub fn group_policy(group: &Group) -> GroupPolicy {
-    let mut policy = policy_of(group.hash, &group.policy);
-    if group.transport_aware.is_some_and(|t| t.repick_when_acked) {
-        policy.flowlet_flags |= rocev2_common::maps::FLOWLET_REPICK_ACKED;
-    }
-    policy
+    health::with_transport(policy_of(group.hash, &group.policy), group.transport_aware.as_ref())
 }
 
 /// The `[[route_policy]]`s and the default for learned groups no policy
 /// covers: `[dataplane] hash`, plain hashing, immediate rebalance.
 fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedPolicy) {
-    let default = LearnedPolicy { hash: config.dataplane.hash, policy: Policy::Hash, rebalance: Rebalance::Immediate };
+    let default = LearnedPolicy {
+        hash: config.dataplane.hash,
+        policy: Policy::Hash,
+        rebalance: Rebalance::Immediate,
+        transport_aware: None,
+    };
     (&config.route_policies, default)
 }
 

@@ -114,6 +114,8 @@ pub struct RoutePolicy {
     pub hash: HashMode,
     pub policy: Policy,
     pub rebalance: Rebalance,
+    /// `transport_aware` for the groups learned under this prefix.
+    pub transport_aware: Option<TransportAware>,
     pub loc: Location,
 }
 
@@ -557,7 +559,11 @@ impl Config {
             .with(Features::when(!self.classes.is_empty(), Features::CLASSES))
             .with(Features::when(self.dataplane.telemetry_qps > 0, Features::TELEMETRY))
             .with(Features::when(
-                self.groups.iter().any(|g| g.transport_aware.is_some_and(|t| t.repick_when_acked)),
+                self.groups
+                    .iter()
+                    .map(|g| g.transport_aware)
+                    .chain(self.route_policies.iter().map(|p| p.transport_aware))
+                    .any(|t| t.is_some_and(|t| t.repick_when_acked)),
                 Features::ACKED_REPICK,
             ))
     }

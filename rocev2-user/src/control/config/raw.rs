@@ -53,6 +53,7 @@ pub(super) struct RawRoutePolicy {
     pub(super) flowlet_boundary: Option<Spanned<bool>>,
     pub(super) flowlet_table_size: Option<Spanned<i64>>,
     pub(super) rebalance: Option<Spanned<String>>,
+    pub(super) transport_aware: Option<Spanned<super::transport_aware::RawTransportAware>>,
 }
 
 #[derive(Deserialize)]

@@ -6,7 +6,6 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rocev2_common::hash::HashMode;
 use rocev2_common::maps::{MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, PIN_DIR};
 use toml::Spanned;
 
@@ -65,7 +64,7 @@ impl Source<'_> {
             Some(raw) => self.classes(raw, &ecn_profiles)?,
             None => vec![default_control_class()],
         };
-        let route_policies = self.route_policies(raw.route_policy, dataplane.hash)?;
+        let route_policies = self.route_policies(raw.route_policy, &dataplane)?;
         Ok(Config {
             path: self.path.to_path_buf(),
             dataplane,
@@ -124,8 +123,9 @@ impl Source<'_> {
     pub(super) fn route_policies(
         &self,
         raw: Vec<Spanned<RawRoutePolicy>>,
-        default_hash: HashMode,
+        dataplane: &Dataplane,
     ) -> Result<Vec<RoutePolicy>, ConfigError> {
+        let default_hash = dataplane.hash;
         let mut out: Vec<RoutePolicy> = Vec::with_capacity(raw.len());
         for (i, r) in raw.into_iter().enumerate() {
             let key = format!("route_policy[{i}]");
@@ -158,7 +158,11 @@ impl Source<'_> {
                 members: Spanned::new(span.clone(), Vec::new()),
             };
             let policy = self.policy(&key, &as_group)?;
-            out.push(RoutePolicy { prefix, hash, policy, rebalance, loc: self.loc(key, span) });
+            let transport_aware = match &r.transport_aware {
+                Some(raw) => Some(self.transport_aware(&key, raw, &policy, dataplane.telemetry_qps)?),
+                None => None,
+            };
+            out.push(RoutePolicy { prefix, hash, policy, rebalance, transport_aware, loc: self.loc(key, span) });
         }
         Ok(out)
     }

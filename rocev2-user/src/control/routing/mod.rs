@@ -137,6 +137,11 @@ pub struct KernelRoutes {
     /// Prefixes that found no room in the route table.
     unfit: BTreeSet<Prefix>,
     pub stats: LearnedStats,
+    /// Transport health of the members of learned groups under a
+    /// `[[route_policy]]` with `transport_aware`, by group name.
+    pub health: BTreeMap<String, crate::health::GroupHealth>,
+    /// A demotion or restore waits to be published.
+    health_changed: bool,
 }
 
 /// The policy settings for one learned group.
@@ -145,6 +150,7 @@ pub struct LearnedPolicy {
     pub hash: HashMode,
     pub policy: Policy,
     pub rebalance: Rebalance,
+    pub transport_aware: Option<crate::config::TransportAware>,
 }
 
 impl KernelRoutes {
@@ -173,6 +179,8 @@ impl KernelRoutes {
             route_counts: [0, 0],
             unfit: BTreeSet::new(),
             stats: LearnedStats { table, ..Default::default() },
+            health: BTreeMap::new(),
+            health_changed: false,
         };
         me.resync()?;
         Ok(me)
@@ -485,6 +493,7 @@ impl KernelRoutes {
     /// Republishes every learned group (a gradual rebalance step, a link
     /// that changed state).
     pub fn republish(&mut self, maps: &mut Maps, policies: &[RoutePolicy], default: LearnedPolicy) -> Result<()> {
+        self.health_changed = false;
         self.publish(maps, policies, default, |_| true)
     }
 
@@ -499,23 +508,41 @@ impl KernelRoutes {
             let settings = settings_of(group.policy, policies, default);
             let specs: Vec<Option<MemberSpec>> =
                 group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
+            // A member demoted for its transport health keeps its place but
+            // no buckets (crate::health).
+            let health = self.health.get(&group.name);
             let wanted: Vec<(HopId, u32)> = group
                 .hops
                 .iter()
                 .zip(&specs)
-                .map(|(h, s)| ((h.oif, h.neighbour), if s.is_some() { h.weight } else { 0 }))
+                .enumerate()
+                .map(|(i, (h, s))| {
+                    let in_service = s.is_some() && !health.is_some_and(|g| g.demoted(i));
+                    ((h.oif, h.neighbour), if in_service { h.weight } else { 0 })
+                })
                 .collect();
             group.table.update(&wanted, settings.rebalance);
             let usable: Vec<bool> = specs.iter().map(Option::is_some).collect();
             let members: Vec<MemberSpec> = specs.into_iter().flatten().collect();
             let buckets = group.table.positions(&usable);
-            let policy = policy_of(settings.hash, &settings.policy);
+            let policy = crate::health::with_transport(
+                policy_of(settings.hash, &settings.policy),
+                settings.transport_aware.as_ref(),
+            );
             let state = (policy, members, buckets);
-            if self.published.get(&group.slot) != Some(&state) {
-                maps.publish_group_buckets(group.slot, &state.0, &state.1, &state.2)
-                    .with_context(|| format!("cannot publish learned group {}", group.name))?;
-                self.published.insert(group.slot, state);
-                self.published_in_sync = true;
+            match self.published.get(&group.slot) {
+                Some(old) if *old == state => {}
+                // Only bucket owners changed: in place, flowlets keep their member.
+                Some(old) if (&old.0, &old.1) == (&state.0, &state.1) => {
+                    maps.set_live_buckets(group.slot, &state.2)?;
+                    self.published.insert(group.slot, state);
+                }
+                _ => {
+                    maps.publish_group_buckets(group.slot, &state.0, &state.1, &state.2)
+                        .with_context(|| format!("cannot publish learned group {}", group.name))?;
+                    self.published.insert(group.slot, state);
+                    self.published_in_sync = true;
+                }
             }
         }
         Ok(())
@@ -533,9 +560,58 @@ impl KernelRoutes {
         });
     }
 
-    /// Whether a gradual rebalance is still moving buckets.
+    /// Whether a gradual rebalance is still moving buckets, or a
+    /// transport demotion or restore waits to be published.
     pub fn settling(&self) -> bool {
-        self.groups.by_key.values().any(|g| g.table.settling())
+        self.health_changed || self.groups.by_key.values().any(|g| g.table.settling())
+    }
+
+    /// One transport health step for the learned groups whose
+    /// `[[route_policy]]` has `transport_aware` (see crate::health); true
+    /// if a member was demoted or restored (`republish` then applies it).
+    pub fn step_health(
+        &mut self,
+        pin_dir: &std::path::Path,
+        policies: &[RoutePolicy],
+        default: LearnedPolicy,
+        elapsed: Duration,
+    ) -> bool {
+        let mut changed = false;
+        let mut aware = BTreeSet::new();
+        for group in self.groups.by_key.values().filter(|g| g.prefixes > 0) {
+            let settings = settings_of(group.policy, policies, default);
+            let Some(options) = &settings.transport_aware else { continue };
+            aware.insert(group.name.clone());
+            let mut next = 0u32;
+            let positions: Vec<Option<u32>> = group
+                .hops
+                .iter()
+                .map(|h| {
+                    member_spec(&self.fib, &self.prepared, h).map(|_| {
+                        next += 1;
+                        next - 1
+                    })
+                })
+                .collect();
+            let members: Vec<String> = group.hops.iter().map(|h| self.link_name(h.oif)).collect();
+            let scored = crate::health::Scored {
+                name: &group.name,
+                slot: group.slot,
+                options,
+                members: &members,
+                positions: &positions,
+            };
+            let health = self.health.entry(group.name.clone()).or_default();
+            // A failed read is logged once by step_group; the scores wait.
+            changed |= crate::health::step_group(health, pin_dir, &scored, elapsed).unwrap_or(false);
+        }
+        self.health.retain(|name, _| aware.contains(name));
+        self.health_changed |= changed;
+        changed
+    }
+
+    fn link_name(&self, oif: u32) -> String {
+        self.fib.links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone())
     }
 
     /// Next hops whose neighbour is not resolved (for the caller to ask
@@ -628,16 +704,17 @@ impl KernelRoutes {
                 hash: settings.hash.name().to_string(),
                 policy: crate::state::GroupState::policy_name(&settings.policy),
                 flowlet: crate::state::GroupState::flowlet_knobs(&settings.policy),
-                transport_aware: None,
+                transport_aware: settings.transport_aware.as_ref().map(crate::state::TransportAwareKnobs::of),
                 members: g
                     .hops
                     .iter()
-                    .filter_map(|h| member_spec(&self.fib, &self.prepared, h).map(|m| (h, m)))
-                    .map(|(h, m)| crate::state::MemberState {
-                        dev: self.fib.links.get(&h.oif).map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()),
+                    .enumerate()
+                    .filter_map(|(i, h)| member_spec(&self.fib, &self.prepared, h).map(|m| (i, h, m)))
+                    .map(|(i, h, m)| crate::state::MemberState {
+                        dev: self.link_name(h.oif),
                         next_hop: format!("via {}", h.neighbour),
                         mac: crate::run::format_mac(&m.dst_mac),
-                        health: None,
+                        health: self.health.get(&g.name).and_then(|health| health.members.get(i).copied()),
                     })
                     .collect(),
             })
@@ -738,6 +815,7 @@ fn settings_of(policy: Option<usize>, policies: &[RoutePolicy], default: Learned
         hash: p.hash,
         policy: p.policy,
         rebalance: p.rebalance,
+        transport_aware: p.transport_aware,
     })
 }
 
