@@ -238,8 +238,8 @@ fn a_learned_group_under_a_transport_aware_route_policy_does_the_same() {
 /// gone (u2 restored and used). `configured`: `group` is a config group,
 /// and the README's output and `explain` are checked too.
 fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, configured: bool) {
-    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");
-    let responder = DualHomedResponder::start(&lab);
+    let dataplane = lab.start_dataplane(&rocev2_bin(), config).expect("start rocev2 run");
+    let responder = DualHomedResponder::start(lab);
 
     // Uplink 2's far end drops chosen PSNs of the first two rounds' QPs.
     let drops: Vec<(u32, u32, u32)> = ROUND_QPS[..2]
@@ -249,7 +249,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     let dropper = in_netns(lab.uplinks[1].name(), move || PsnDropper::attach("up0", &drops)).expect("fault injector");
 
     // Round 1: the QPs on u2 lose packets; their NAKs and resends demote it.
-    let before = stats(&lab);
+    let before = stats(lab);
     assert_eq!(member(&before, group, "u2")["health"]["demoted"], false, "{before:#}");
     let spines = before["groups"].as_array().unwrap().iter().find(|g| g["name"] == group).unwrap();
     let knobs = &spines["transport_aware"];
@@ -262,11 +262,11 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
         (Some(1000), Some("idle-or-acked")),
         "{spines:#}"
     );
-    let first = round(&lab, ROUND_QPS[0]);
+    let first = round(lab, ROUND_QPS[0]);
     eprintln!("round 1:\n{}", first.render());
     assert!(first.sequence_naks > 0, "the fault caused no NAK:\n{}", first.render());
     thread::sleep(Duration::from_millis(300)); // a control-loop step or two
-    let demoted = stats(&lab);
+    let demoted = stats(lab);
     let shown = readme_stats();
     assert_eq!(shown.len(), 2, "{shown:?}");
     if configured {
@@ -283,7 +283,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     for qp in (0x900..0x908u32).filter(|_| configured) {
         let out = std::process::Command::new(rocev2_bin())
             .args(["explain", "--config"])
-            .arg(&config)
+            .arg(config)
             .args(["--src", "10.0.0.1", "--dst", DEST_V4, "--sport", "49152", "--qp", &qp.to_string()])
             .output()
             .unwrap();
@@ -295,8 +295,8 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     }
 
     // Round 2, the fault still there: every new flowlet avoids u2.
-    let second = round(&lab, ROUND_QPS[1]);
-    let during = stats(&lab);
+    let second = round(lab, ROUND_QPS[1]);
+    let during = stats(lab);
     assert_eq!(member(&during, group, "u2")["health"]["demoted"], true, "still demoted: {during:#}");
     assert_eq!(packets(&during, group, "u2"), packets(&demoted, group, "u2"), "u2 carried new flowlets: {during:#}");
     assert_eq!(second.sequence_naks, 0, "no drop on the path taken:\n{}", second.render());
@@ -311,7 +311,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     drop(dropper);
     let started = Instant::now();
     let restored = loop {
-        let now = stats(&lab);
+        let now = stats(lab);
         if member(&now, group, "u2")["health"]["demoted"] == false {
             break now;
         }
@@ -327,8 +327,8 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     assert_eq!(u2["restores"], u2["demotions"], "every demotion undone: {restored:#}");
 
     // Round 3: new flowlets use u2 again.
-    let third = round(&lab, ROUND_QPS[2]);
-    let after = stats(&lab);
+    let third = round(lab, ROUND_QPS[2]);
+    let after = stats(lab);
     assert!(packets(&after, group, "u2") > packets(&restored, group, "u2"), "u2 carries traffic again: {after:#}");
     assert!(packets(&after, group, "u1") > packets(&restored, group, "u1"), "{after:#}");
     // They moved between members with no idle gap (an ACK of everything
