@@ -1,5 +1,7 @@
-//! A group's `transport_aware` option: demote a member whose QPs see NAKs,
-//! retransmissions or CNPs (see crate::health for what is done with it).
+//! A group's `transport_aware` option (on a `[[group]]`, or a
+//! `[[route_policy]]` for the groups learned under its prefix): demote a
+//! member whose QPs see NAKs, retransmissions or CNPs (see crate::health
+//! for what is done with it).
 //!
 //! ```toml
 //! [[group]]
@@ -199,6 +201,18 @@ mod tests {
         assert!(c.groups[0].transport_aware.unwrap().repick_when_acked);
         assert!(c.features().contains(rocev2_common::features::Features::ACKED_REPICK));
         assert_eq!(config("", "").unwrap().groups[0].transport_aware, None);
+    }
+
+    #[test]
+    fn route_policies_take_it_too() {
+        let text = |dataplane: &str| {
+            format!("[dataplane]\n{dataplane}\n[[port]]\nname = \"eth1\"\n\n[routing]\nsource = \"kernel\"\n\n[[route_policy]]\nprefix = \"10.0.0.0/8\"\npolicy = \"flowlet\"\ntransport_aware = {{ repick = \"idle-or-acked\" }}\n")
+        };
+        let c = Config::parse(&text("telemetry_qps = 64"), Path::new("lab.toml")).unwrap();
+        assert!(c.route_policies[0].transport_aware.is_some_and(|t| t.repick_when_acked));
+        assert!(c.features().contains(rocev2_common::features::Features::ACKED_REPICK));
+        let e = Config::parse(&text(""), Path::new("lab.toml")).unwrap_err().to_string();
+        assert!(e.contains("route_policy[0].transport_aware") && e.contains("telemetry_qps"), "{e}");
     }
 
     #[test]
