@@ -3,10 +3,11 @@
 //! the low-entropy problem again, inside the box. This stage runs first on
 //! the receiving CPU, hashes the flow with its DestQP (the `qp` hash) and
 //! hands the frame through the CPUS map to the CPU the hash names, whose
-//! `rocev2_xdp_cpu` program runs the pipeline. One flow always maps to one
-//! CPU, so a QP's packets stay in order.
+//! `rocev2_xdp_cpu` program runs the pipeline; a flow whose CPU is the
+//! receiving one is forwarded right away. One flow always maps to one CPU,
+//! so a QP's packets stay in order.
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{helpers::bpf_get_smp_processor_id, programs::XdpContext};
 use rocev2_common::{
     hash::{flow_hash, FlowKey},
     maps::MAX_SPREAD_CPUS,
@@ -29,6 +30,13 @@ pub fn spread(ctx: &XdpContext) -> u32 {
     let hash = flow_hash_of(ctx, config.hash_seed);
     // Multiply-shift: the hash's top bits pick one of `cpus` evenly.
     let cpu = ((u64::from(hash) * u64::from(cpus)) >> 32) as u32;
+    // A flow that is already on its CPU is forwarded here: the hop
+    // through the CPU map (a queue and a kthread wake-up) would only add
+    // work on the CPU that receives, which is the one to spare.
+    // SAFETY: the helper only reads the current CPU's id.
+    if cpu == unsafe { bpf_get_smp_processor_id() } {
+        return crate::forward::xdp_forward(ctx);
+    }
     match CPUS.redirect(cpu, 0) {
         Ok(action) => action,
         Err(_) => crate::forward::xdp_forward(ctx),

@@ -55,7 +55,7 @@ enum Command {
         config: PathBuf,
         /// Override [dataplane] xdp_mode.
         #[arg(long, value_enum)]
-        xdp_mode: Option<CliXdpMode>,
+        xdp_mode: Option<XdpMode>,
         /// Serve Prometheus metrics at http://ADDR/metrics. A bare port
         /// (9464) binds to loopback; give an address (0.0.0.0:9464) to
         /// expose the counters beyond this box.
@@ -199,12 +199,6 @@ fn init_logging(level: Option<tracing::Level>, format: LogFormat) {
     };
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum CliXdpMode {
-    Native,
-    Skb,
-}
-
 /// The config `run`, `check`, `reload` and `stats` use without `--config`.
 const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
 
@@ -276,13 +270,7 @@ fn real_main(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { config, xdp_mode, metrics_addr } => {
             let config = Config::load(&config)?;
-            let options = RunOptions {
-                xdp_mode: xdp_mode.map(|m| match m {
-                    CliXdpMode::Native => XdpMode::Native,
-                    CliXdpMode::Skb => XdpMode::Skb,
-                }),
-                metrics_addr,
-            };
+            let options = RunOptions { xdp_mode, metrics_addr };
             match runtime.block_on(run::run(config, options, cli.netns.clone()))? {
                 run::Ending::Stopped(snapshot) => println!("rocev2: stopped; final counters:\n{}", snapshot.render()),
                 run::Ending::HandedOver(snapshot) => println!(

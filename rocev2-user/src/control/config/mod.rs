@@ -276,8 +276,9 @@ pub enum HashSeed {
     Auto,
 }
 
-/// How the XDP program is attached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How the XDP program is attached: `xdp_mode` in the config, `run
+/// --xdp-mode` on the command line, one text form for both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpMode {
     /// In the driver (fast path; needs driver support).
     #[default]

@@ -154,11 +154,8 @@ pub(super) fn parse_hash(s: &str) -> Result<HashMode, String> {
 }
 
 pub(super) fn parse_xdp_mode(s: &str) -> Result<XdpMode, String> {
-    match s {
-        "native" => Ok(XdpMode::Native),
-        "skb" => Ok(XdpMode::Skb),
-        _ => Err(format!("{s:?} is not an XDP mode; use \"native\" (in the driver) or \"skb\" (generic, slower)")),
-    }
+    <XdpMode as clap::ValueEnum>::from_str(s, false)
+        .map_err(|_| format!("{s:?} is not an XDP mode; use \"native\" (in the driver) or \"skb\" (generic, slower)"))
 }
 
 /// The kernel's own rules for interface names (`dev_valid_name`), so a typo

@@ -162,8 +162,15 @@ pub(super) fn gen_args(secs: f64, mode: GenMode) -> GenArgs {
     a.mode = mode;
     a.live_repeat = 262_144;
     a.src_mac = Some(crate::sys::format_mac(&SENDER_MAC));
+    // One CPU for the sender: a veth delivers on the CPU that sent, so
+    // every row's pipeline then runs on CPU 0 too, unless it spreads
+    // (`cpu_spread`), and the rows show what spreading adds.
+    a.cpu = Some(GEN_CPU);
     a
 }
+
+/// The CPU the bench's generator (and so every unspread pipeline) runs on.
+pub(super) const GEN_CPU: usize = 0;
 
 /// Sends for `secs` and returns (sent pps, received pps).
 pub(super) fn measure(lab: &Lab, secs: f64, mode: GenMode) -> Result<(f64, f64)> {
