@@ -528,13 +528,16 @@ impl Config {
 pub const GRADUAL_BUCKETS_PER_STEP: u32 = 1;
 
 impl Config {
-    /// Size of the flowlet LRU table: the sum of the flowlet groups' shares
-    /// (at least one entry, so the map can be created).
+    /// Size of the flowlet LRU table: the sum of the flowlet groups' and
+    /// flowlet `[[route_policy]]`s' shares (at least one entry, so the map
+    /// can be created).
     pub fn flowlet_table_size(&self) -> u32 {
         let total: u64 = self
             .groups
             .iter()
-            .map(|g| match g.policy {
+            .map(|g| &g.policy)
+            .chain(self.route_policies.iter().map(|p| &p.policy))
+            .map(|policy| match policy {
                 Policy::Flowlet(f) => u64::from(f.table_size),
                 _ => 0,
             })

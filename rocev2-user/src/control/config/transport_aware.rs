@@ -211,6 +211,9 @@ mod tests {
         let c = Config::parse(&text("telemetry_qps = 64"), Path::new("lab.toml")).unwrap();
         assert!(c.route_policies[0].transport_aware.is_some_and(|t| t.repick_when_acked));
         assert!(c.features().contains(rocev2_common::features::Features::ACKED_REPICK));
+        // The learned flowlet groups get their share of the flowlet table
+        // (it had one entry when only [[group]]s counted).
+        assert_eq!(c.flowlet_table_size(), rocev2_common::maps::DEFAULT_FLOWLET_TABLE_SIZE);
         let e = Config::parse(&text(""), Path::new("lab.toml")).unwrap_err().to_string();
         assert!(e.contains("route_policy[0].transport_aware") && e.contains("telemetry_qps"), "{e}");
     }
