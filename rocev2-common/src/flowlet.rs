@@ -10,9 +10,12 @@ use crate::{
     hash::{flow_hash, FlowKey},
 };
 
-/// How a new flowlet picks its member.
+/// How a new flowlet picks its member. Its text form ([`FlowletChoice::name`],
+/// `flowlet_choice` in configs) serves configs, JSON, `stats` and metrics.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(clap::ValueEnum, serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "user", serde(rename_all = "kebab-case"))]
 pub enum FlowletChoice {
     /// Re-hash the flow with its flowlet number (LetFlow).
     Rehash = 0,
@@ -22,6 +25,15 @@ pub enum FlowletChoice {
 }
 
 impl FlowletChoice {
+    pub const ALL: [FlowletChoice; 2] = [Self::Rehash, Self::LeastLoaded];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Rehash => "rehash",
+            Self::LeastLoaded => "least-loaded",
+        }
+    }
+
     #[inline(always)]
     pub fn from_u32(v: u32) -> Self {
         if v == 1 {
@@ -29,6 +41,30 @@ impl FlowletChoice {
         } else {
             Self::Rehash
         }
+    }
+}
+
+impl core::fmt::Display for FlowletChoice {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no flowlet choice; says which names are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownFlowletChoice;
+
+impl core::fmt::Display for UnknownFlowletChoice {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)")
+    }
+}
+
+impl core::str::FromStr for FlowletChoice {
+    type Err = UnknownFlowletChoice;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|c| c.name() == s).ok_or(UnknownFlowletChoice)
     }
 }
 

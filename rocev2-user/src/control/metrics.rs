@@ -299,7 +299,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             if let Some(f) = &g.flowlet {
                 sample.extend(labels([
                     ("flowlet_gap_us", &f.gap_us.to_string()),
-                    ("flowlet_choice", &f.choice),
+                    ("flowlet_choice", f.choice.name()),
                     ("flowlet_boundary", &f.boundary.to_string()),
                 ]));
             }
@@ -574,7 +574,7 @@ mod tests {
                 policy: "flowlet".into(),
                 flowlet: Some(crate::state::FlowletKnobs {
                     gap_us: 500,
-                    choice: "least-loaded".into(),
+                    choice: rocev2_common::flowlet::FlowletChoice::LeastLoaded,
                     boundary: true,
                     table_size: 4096,
                 }),

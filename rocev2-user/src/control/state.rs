@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use rocev2_common::flowlet::FlowletChoice;
 use serde::{Deserialize, Serialize};
 
 use crate::paths::RUN_DIR;
@@ -79,8 +80,7 @@ pub struct GroupState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowletKnobs {
     pub gap_us: u64,
-    /// "rehash" or "least-loaded".
-    pub choice: String,
+    pub choice: FlowletChoice,
     /// `flowlet_boundary`: move only after a packet that ends a message.
     pub boundary: bool,
     pub table_size: u32,
@@ -133,10 +133,7 @@ impl GroupState {
         let crate::config::Policy::Flowlet(f) = policy else { return None };
         Some(FlowletKnobs {
             gap_us: f.gap.as_micros() as u64,
-            choice: match f.choice {
-                rocev2_common::flowlet::FlowletChoice::Rehash => "rehash".into(),
-                rocev2_common::flowlet::FlowletChoice::LeastLoaded => "least-loaded".into(),
-            },
+            choice: f.choice,
             boundary: f.at_message_boundary,
             table_size: f.table_size,
         })
@@ -150,7 +147,7 @@ pub fn describe_policy(hash: &str, policy: &str, flowlet: Option<&FlowletKnobs>)
     match (policy, flowlet) {
         ("flowlet", Some(f)) => {
             let mut text = format!("hash {hash}, flowlet gap {}us", f.gap_us);
-            if f.choice != "rehash" {
+            if f.choice != FlowletChoice::Rehash {
                 text.push_str(&format!(", {}", f.choice));
             }
             if f.boundary {
@@ -273,9 +270,9 @@ mod tests {
 
     #[test]
     fn the_policy_reads_in_a_few_words() {
-        let knobs = FlowletKnobs { gap_us: 500, choice: "rehash".into(), boundary: false, table_size: 65536 };
+        let knobs = FlowletKnobs { gap_us: 500, choice: FlowletChoice::Rehash, boundary: false, table_size: 65536 };
         assert_eq!(describe_policy("qp", "flowlet", Some(&knobs)), "hash qp, flowlet gap 500us");
-        let knobs = FlowletKnobs { choice: "least-loaded".into(), boundary: true, ..knobs };
+        let knobs = FlowletKnobs { choice: FlowletChoice::LeastLoaded, boundary: true, ..knobs };
         assert_eq!(
             describe_policy("five-tuple", "flowlet", Some(&knobs)),
             "hash five-tuple, flowlet gap 500us, least-loaded, at message ends"

@@ -195,7 +195,7 @@ mod tests {
                 policy: "flowlet".into(),
                 flowlet: Some(crate::state::FlowletKnobs {
                     gap_us: 500,
-                    choice: "rehash".into(),
+                    choice: rocev2_common::flowlet::FlowletChoice::Rehash,
                     boundary: false,
                     table_size: 65536,
                 }),

@@ -514,10 +514,8 @@ impl Source<'_> {
                     None => DEFAULT_FLOWLET_GAP_US,
                 };
                 let choice = match &g.flowlet_choice {
-                    Some(v) => self.check(format!("{key}.flowlet_choice"), v, |s| match s.as_str() {
-                        "rehash" => Ok(rocev2_common::flowlet::FlowletChoice::Rehash),
-                        "least-loaded" => Ok(rocev2_common::flowlet::FlowletChoice::LeastLoaded),
-                        other => Err(format!("{other:?} is not a flowlet choice; use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)")),
+                    Some(v) => self.check(format!("{key}.flowlet_choice"), v, |s| {
+                        s.parse().map_err(|e| format!("{s:?} is not a flowlet choice; {e}"))
                     })?,
                     None => rocev2_common::flowlet::FlowletChoice::Rehash,
                 };
