@@ -50,6 +50,46 @@ impl core::fmt::Display for FlowletChoice {
     }
 }
 
+/// Where a group keeps flowlet state (`flowlet_table` in configs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "user", serde(rename_all = "kebab-case"))]
+pub enum FlowletTable {
+    /// An LRU hash map keyed by the flow: no two flows share state.
+    #[default]
+    Keyed,
+    /// A hash-indexed slot array with no key compare (as switch ASICs do):
+    /// flows that land in one slot share its flowlet (a collision).
+    Keyless,
+}
+
+impl FlowletTable {
+    pub const ALL: [FlowletTable; 2] = [Self::Keyed, Self::Keyless];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Keyed => "keyed",
+            Self::Keyless => "keyless",
+        }
+    }
+}
+
+impl core::fmt::Display for FlowletTable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl core::str::FromStr for FlowletTable {
+    type Err = &'static str;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|t| t.name() == s).ok_or(
+            "use \"keyed\" (an LRU table keyed by the flow, no sharing) or \"keyless\" (a hash-indexed slot array as in switch ASICs; flows in one slot share its flowlet)",
+        )
+    }
+}
+
 /// A name that is no flowlet choice; says which names are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnknownFlowletChoice;
