@@ -44,11 +44,11 @@ impl FlowletChoice {
     }
 }
 
-impl core::fmt::Display for FlowletChoice {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::text_form!(
+    FlowletChoice,
+    UnknownFlowletChoice,
+    "use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)"
+);
 
 /// Where a group keeps flowlet state (`flowlet_table` in configs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -74,39 +74,11 @@ impl FlowletTable {
     }
 }
 
-impl core::fmt::Display for FlowletTable {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl core::str::FromStr for FlowletTable {
-    type Err = &'static str;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|t| t.name() == s).ok_or(
-            "use \"keyed\" (an LRU table keyed by the flow, no sharing) or \"keyless\" (a hash-indexed slot array as in switch ASICs; flows in one slot share its flowlet)",
-        )
-    }
-}
-
-/// A name that is no flowlet choice; says which names are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnknownFlowletChoice;
-
-impl core::fmt::Display for UnknownFlowletChoice {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)")
-    }
-}
-
-impl core::str::FromStr for FlowletChoice {
-    type Err = UnknownFlowletChoice;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|c| c.name() == s).ok_or(UnknownFlowletChoice)
-    }
-}
+crate::text_form!(
+    FlowletTable,
+    UnknownFlowletTable,
+    "use \"keyed\" (an LRU table keyed by the flow, no sharing) or \"keyless\" (a hash-indexed slot array as in switch ASICs; flows in one slot share its flowlet)"
+);
 
 /// Per-flow state kept in the flowlet LRU map.
 #[repr(C)]

@@ -29,9 +29,11 @@ impl HashMode {
         }
     }
 
+    pub const ALL: [HashMode; 2] = [Self::FiveTuple, Self::Qp];
+
     /// The mode a config names (`"qp"` or `"five-tuple"`).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::FiveTuple, Self::Qp].into_iter().find(|m| m.name() == name)
+        name.parse().ok()
     }
 
     #[inline(always)]
@@ -44,29 +46,7 @@ impl HashMode {
     }
 }
 
-impl core::fmt::Display for HashMode {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A name that is no hash mode; says which names are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnknownHashMode;
-
-impl core::fmt::Display for UnknownHashMode {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"")
-    }
-}
-
-impl core::str::FromStr for HashMode {
-    type Err = UnknownHashMode;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::from_name(s).ok_or(UnknownHashMode)
-    }
-}
+crate::text_form!(HashMode, UnknownHashMode, "use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"");
 
 /// What identifies a flow. Addresses are kept as four 32-bit words made
 /// from the wire bytes with `u32::from_le_bytes` (a plain load on the

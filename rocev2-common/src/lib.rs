@@ -24,3 +24,4 @@ pub mod hash;
 pub mod maps;
 pub mod rng;
 pub mod telemetry;
+pub mod text;

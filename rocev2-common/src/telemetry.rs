@@ -52,18 +52,23 @@ pub struct ReplyKey {
 /// What the table holds per data QP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
 pub struct QpStats {
     /// Data packets and their frame bytes.
     pub packets: u64,
     pub bytes: u64,
     pub first_seen_ns: u64,
     pub last_seen_ns: u64,
-    /// The group and member position of the last data packet.
+    /// The group and member position of the last data packet (JSON names
+    /// the slot `group_index`: `top` names the group as `group`).
+    #[cfg_attr(feature = "user", serde(rename = "group_index"))]
     pub group: u32,
     pub position: u32,
     /// The PSN after the highest seen, with [`PSN_SEEN`] set once one was.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub next_psn: u32,
     /// The last data PSN seen.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub last_psn: u32,
     /// PSNs ahead of the next expected one (loss upstream) and the PSNs
     /// they skipped.
@@ -83,9 +88,13 @@ pub struct QpStats {
     /// Times the member carrying the QP's data changed.
     pub member_changes: u64,
     /// The data's source address and UDP source port (the rest of the
-    /// flow key: what `explain` needs to repeat the member choice).
+    /// flow key: what `explain` needs to repeat the member choice; JSON
+    /// has them as addresses beside the stats).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub src: [u32; 4],
+    #[cfg_attr(feature = "user", serde(skip))]
     pub src_port: u32,
+    #[cfg_attr(feature = "user", serde(skip))]
     pub _pad: u32,
 }
 
@@ -238,6 +247,16 @@ pub fn psn_step(next: u32, psn: u32) -> PsnStep {
 }
 
 impl QpStats {
+    /// Transport trouble signals: NAKs, retransmissions, gaps and CNPs.
+    pub fn trouble(&self) -> u64 {
+        self.naks_sequence
+            + self.naks_rnr
+            + self.naks_other
+            + self.psn_backward_jumps
+            + self.psn_forward_jumps
+            + self.cnps
+    }
+
     /// Counts one data packet; `now` in ns, `position` the member it takes.
     #[inline(always)]
     pub fn data(&mut self, psn: u32, bytes: u64, group: u32, position: u32, ce_marked: bool, now: u64) -> PsnStep {

@@ -58,65 +58,7 @@ pub struct QpEntry {
     pub src_port: u16,
     pub dst: IpAddr,
     pub dest_qp: u32,
-    pub stats: QpStatsView,
-}
-
-/// [`QpStats`] with serde names.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct QpStatsView {
-    pub packets: u64,
-    pub bytes: u64,
-    pub first_seen_ns: u64,
-    pub last_seen_ns: u64,
-    /// The group's slot (`top` names it as `group`).
-    #[serde(rename = "group_index")]
-    pub group: u32,
-    pub position: u32,
-    pub psn_forward_jumps: u64,
-    pub psns_skipped: u64,
-    pub psn_backward_jumps: u64,
-    pub acks: u64,
-    pub naks_sequence: u64,
-    pub naks_rnr: u64,
-    pub naks_other: u64,
-    pub cnps: u64,
-    pub ce_marked: u64,
-    pub member_changes: u64,
-}
-
-impl From<QpStats> for QpStatsView {
-    fn from(s: QpStats) -> Self {
-        Self {
-            packets: s.packets,
-            bytes: s.bytes,
-            first_seen_ns: s.first_seen_ns,
-            last_seen_ns: s.last_seen_ns,
-            group: s.group,
-            position: s.position,
-            psn_forward_jumps: s.psn_forward_jumps,
-            psns_skipped: s.psns_skipped,
-            psn_backward_jumps: s.psn_backward_jumps,
-            acks: s.acks,
-            naks_sequence: s.naks_sequence,
-            naks_rnr: s.naks_rnr,
-            naks_other: s.naks_other,
-            cnps: s.cnps,
-            ce_marked: s.ce_marked,
-            member_changes: s.member_changes,
-        }
-    }
-}
-
-impl QpStatsView {
-    /// Transport trouble signals: NAKs, retransmissions, gaps and CNPs.
-    pub fn trouble(&self) -> u64 {
-        self.naks_sequence
-            + self.naks_rnr
-            + self.naks_other
-            + self.psn_backward_jumps
-            + self.psn_forward_jumps
-            + self.cnps
-    }
+    pub stats: QpStats,
 }
 
 /// The dataplane's words for an address (rocev2_common::hash).
@@ -153,7 +95,7 @@ pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
             src_port: s.src_port as u16,
             dst: words_addr(&k.dst, k.family),
             dest_qp: k.dest_qp,
-            stats: s.into(),
+            stats: s,
         });
     }
     Ok(out)

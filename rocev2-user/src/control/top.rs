@@ -18,7 +18,7 @@ use crate::{
     collisions::{self, Collision, GroupMembers},
     config::Config,
     explain::read_live,
-    qp_telemetry::{self, QpEntry, QpStatsView},
+    qp_telemetry::{self, QpEntry},
     state::RunState,
 };
 
@@ -61,7 +61,7 @@ pub struct TopRow {
     pub bits_per_sec: f64,
     /// The table's counters for the QP (packets, bytes, PSN jumps, NAKs...).
     #[serde(flatten)]
-    pub stats: QpStatsView,
+    pub stats: rocev2_common::telemetry::QpStats,
     /// Seconds since its last data packet.
     pub idle_secs: f64,
 }

@@ -933,11 +933,14 @@ const READING: &str = "
   fragments. The flowlet rows are dominated by the LRU table (jhash of a
   44-byte key, bucket walk, compare); a keyless hash-indexed table (what
   switch ASICs use) is the step that would bring them to the target.
-- cpu_spread = \"qp\" row: the spreading program runs where the frame
-  arrives and hands it through a CPU map to the CPU its qp hash names, so
-  the pipeline's work is split over both CPUs (the per-CPU shares come
-  from the port counters); on this 2-core VM the sender shares those CPUs,
-  so the row shows the spread, not a higher rate.
+- cpu_spread = \"qp\" row: the generator is pinned to CPU 0, and a veth
+  delivers on the sending CPU, so every plain row's pipeline runs on CPU 0
+  (their shares say 100%/0%). The spreading program runs there too and
+  hands each flow whose qp hash names CPU 1 through a CPU map to CPU 1's
+  pipeline; a flow that is already on its CPU is forwarded in place. The
+  shares show the work that moved. On this 2-core VM CPU 1 is also where
+  every other process runs, so the row shows the spread, not a higher
+  rate: that needs a box whose NIC interrupts leave CPUs idle.
 - Part 2 compares rows fed by the same generator in one run. On this
   2-core machine the sender, the switch and the receivers share the two
   CPUs, so a row's rate is also limited by how much CPU it leaves to the
