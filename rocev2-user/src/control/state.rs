@@ -286,6 +286,13 @@ mod tests {
             table: Default::default(),
         };
         assert_eq!(describe_policy("qp", "flowlet", Some(&knobs)), "hash qp, flowlet gap 500us");
+        let keyless =
+            FlowletKnobs { table_size: 512, table: rocev2_common::flowlet::FlowletTable::Keyless, ..knobs.clone() };
+        assert_eq!(describe_policy("qp", "flowlet", Some(&keyless)), "hash qp, flowlet gap 500us, keyless 512 slots");
+        // A state file from before `flowlet_table` reads as keyed.
+        let old: FlowletKnobs =
+            serde_json::from_str(r#"{"gap_us":500,"choice":"rehash","boundary":false,"table_size":65536}"#).unwrap();
+        assert_eq!(old.table, rocev2_common::flowlet::FlowletTable::Keyed);
         let knobs = FlowletKnobs { choice: FlowletChoice::LeastLoaded, boundary: true, ..knobs };
         assert_eq!(
             describe_policy("five-tuple", "flowlet", Some(&knobs)),
