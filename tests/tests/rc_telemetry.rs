@@ -34,25 +34,11 @@ fn all_drops() -> impl Iterator<Item = (u32, u32)> {
     DROPS.into_iter().chain(UPSTREAM_DROPS)
 }
 
-/// The lab's config plus a way back: replies to the sender (10.0.0.1) go
-/// through the dataplane too, from ports u1/u2 to p0.
-fn config(lab: &EcmpLab) -> String {
-    let base = lab.config("qp");
-    let base = base.replace(
-        "[[port]]\nname = \"p0\"\n",
-        "[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n",
-    );
-    let base = base.replace("neighbour_refresh_ms = 1000\n", "neighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n");
-    format!(
-        "{base}\n[[group]]\nname = \"hosts\"\nmembers = [ {{ dev = \"p0\", via = \"10.0.0.1\" }} ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n"
-    )
-}
-
 #[test]
 fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     require_root();
     let lab = EcmpLab::create(2).expect("build the lab");
-    let config = lab.write_config_text("rc", &config(&lab)).unwrap();
+    let config = lab.write_config_text("rc", &lab.rc_config("qp")).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");
 
     let drops: Vec<(u32, u32, u32)> = DROPS.iter().map(|&(qp, psn)| (qp, psn, 1)).collect();
@@ -242,7 +228,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
 fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value {
     use rocev2_common::bth::{opcode, Bth};
     use rocev2_user::lab::{lab_frame_from_port, Family};
-    let text = config(lab).replace("hash = \"qp\"", &format!("hash = \"{hash}\""));
+    let text = lab.rc_config(hash);
     let config = lab.write_config_text(hash, &text).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");
     let frames: Vec<Vec<u8>> = (0..64u32)

@@ -25,7 +25,7 @@ use rocev2_user::{
     config::{FlowletConfig, Policy, Prefix},
     dataplane::policy_of,
     fault::PsnDropper,
-    lab::{uplink_mac, EcmpLab, DEST_V4},
+    lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
     netns::in_netns,
     packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     qp_telemetry,
@@ -54,14 +54,11 @@ fn transport_aware() -> String {
     )
 }
 
-/// The way back for the replies (to the sender, 10.0.0.1) through p0.
-const HOSTS: &str = "[[group]]\nname = \"hosts\"\nmembers = [ { dev = \"p0\", via = \"10.0.0.1\" } ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n";
-
 /// The lab's switch with routes learned from the kernel, and a transport-aware
 /// flowlet `[[route_policy]]` for the uplinks' prefix.
 fn kernel_config(lab: &EcmpLab) -> String {
     format!(
-        "[dataplane]\nhash = \"qp\"\nhash_seed = 1234\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n\n[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n\n[routing]\nsource = \"kernel\"\n\n[[route_policy]]\nprefix = \"10.1.0.0/16\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\n{ta}\n{HOSTS}",
+        "[dataplane]\nhash = \"qp\"\nhash_seed = 1234\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n\n[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n\n[routing]\nsource = \"kernel\"\n\n[[route_policy]]\nprefix = \"10.1.0.0/16\"\npolicy = \"flowlet\"\nflowlet_gap_us = {GAP_US}\n{ta}\n{RC_HOSTS}",
         pin = lab.pin_dir().display(),
         ta = transport_aware(),
     )
@@ -70,12 +67,7 @@ fn kernel_config(lab: &EcmpLab) -> String {
 /// The lab's config with a way back for the replies (from u1/u2 to p0),
 /// telemetry, and the spines group as a transport-aware flowlet group.
 fn config(lab: &EcmpLab) -> String {
-    let base = lab.config("qp");
-    let base = base.replace(
-        "[[port]]\nname = \"p0\"\n",
-        "[[port]]\nname = \"p0\"\n\n[[port]]\nname = \"u1\"\n\n[[port]]\nname = \"u2\"\n",
-    );
-    let base = base.replace("neighbour_refresh_ms = 1000\n", "neighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n");
+    let base = lab.rc_config("qp");
     let base = base.replace(
         "[[group]]\nname = \"spines\"\n",
         &format!(
@@ -84,7 +76,7 @@ fn config(lab: &EcmpLab) -> String {
         ),
     );
     assert!(base.contains("transport_aware"), "{base}");
-    format!("{base}\n{HOSTS}")
+    base
 }
 
 /// One RC responder behind both uplinks (a packet socket on each uplink's

@@ -44,6 +44,9 @@ pub const DEST_V6: &str = "fd01::1";
 /// Hop limit the sender uses; forwarded packets must arrive one lower.
 pub const SENT_TTL: u8 = 64;
 
+/// The way back to the sender for RC replies (see [`EcmpLab::rc_config`]).
+pub const RC_HOSTS: &str = "[[group]]\nname = \"hosts\"\nmembers = [ { dev = \"p0\", via = \"10.0.0.1\" } ]\n\n[[route]]\nprefix = \"10.0.0.1/32\"\ngroup = \"hosts\"\n";
+
 fn switch_uplink_mac(i: usize) -> [u8; 6] {
     [0x02, 0x52, 0x32, 0x01, 0x00, i as u8]
 }
@@ -211,6 +214,21 @@ impl EcmpLab {
     /// Sends `frames` round-robin at `pps` packets per second from the
     /// sender until [`Stream::stop`]; a steady stream for tests that change
     /// the dataplane under traffic.
+    /// [`EcmpLab::config`] for RC traffic: the uplinks are ports too and a
+    /// `hosts` group routes 10.0.0.1/32 back to the sender, so the
+    /// replies cross the dataplane; per-QP telemetry is on (1024 QPs).
+    pub fn rc_config(&self, hash: &str) -> String {
+        let mut ports = String::from("[[port]]\nname = \"p0\"\n");
+        for i in 1..=self.uplinks.len() {
+            ports.push_str(&format!("\n[[port]]\nname = \"u{i}\"\n"));
+        }
+        let base = self
+            .config(hash)
+            .replace("[[port]]\nname = \"p0\"\n", &ports)
+            .replace("neighbour_refresh_ms = 1000\n", "neighbour_refresh_ms = 1000\ntelemetry_qps = 1024\n");
+        format!("{base}\n{RC_HOSTS}")
+    }
+
     /// `gen --rc` from the sender to the destination behind the switch:
     /// `qps` QPs from `first_qp`, NIC-style source ports (the rest at
     /// their defaults, for the caller to set).
