@@ -55,6 +55,7 @@ counters! { PortCounter {
     FlowletNew => "flowlet_new", "packets that started a new flowlet (first packet of a flow included)";
     FlowletMoved => "flowlet_moved", "new flowlets that moved their flow to another member";
     FlowletInserted => "flowlet_inserted", "flows added to the flowlet table (evictions = inserted - live entries)";
+    FlowletCollisions => "flowlet_collisions", "packets of a keyless flowlet table whose slot was live for another flow (they share its member)";
     PinHit => "pin_hit", "packets of a pinned group that followed a pin";
     PinFallback => "pin_fallback", "packets of a pinned group hashed instead (no pin, or the pinned member is down)";
 }}

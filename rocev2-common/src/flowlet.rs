@@ -50,6 +50,36 @@ crate::text_form!(
     "use \"rehash\" (LetFlow: re-hash with the flowlet number) or \"least-loaded\" (the less loaded of two members by egress virtual queue)"
 );
 
+/// Where a group keeps flowlet state (`flowlet_table` in configs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "user", serde(rename_all = "kebab-case"))]
+pub enum FlowletTable {
+    /// An LRU hash map keyed by the flow: no two flows share state.
+    #[default]
+    Keyed,
+    /// A hash-indexed slot array with no key compare (as switch ASICs do):
+    /// flows that land in one slot share its flowlet (a collision).
+    Keyless,
+}
+
+impl FlowletTable {
+    pub const ALL: [FlowletTable; 2] = [Self::Keyed, Self::Keyless];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Keyed => "keyed",
+            Self::Keyless => "keyless",
+        }
+    }
+}
+
+crate::text_form!(
+    FlowletTable,
+    UnknownFlowletTable,
+    "use \"keyed\" (an LRU table keyed by the flow, no sharing) or \"keyless\" (a hash-indexed slot array as in switch ASICs; flows in one slot share its flowlet)"
+);
+
 /// Per-flow state kept in the flowlet LRU map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -108,6 +138,76 @@ pub fn decide(
         FlowletDecision::NewFlowlet { flowlet_id: next }
     } else {
         FlowletDecision::Keep { position: e.position }
+    }
+}
+
+/// One slot of a keyless flowlet table (what switch ASICs keep, e.g. SAI's
+/// ARS flow table): flowlet state indexed by a hash of the flow, with no key
+/// compare, so flows that hash to one slot share it. `tag` remembers which
+/// flow used the slot last, only to count collisions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowletSlot {
+    pub entry: FlowletEntry,
+    /// A 32-bit fingerprint of the flow that last used the slot ([`slot_tag`]).
+    pub tag: u32,
+    /// 1 once the slot has been used (a fresh array slot is all zeros).
+    pub used: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<FlowletSlot>() == 32);
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for FlowletSlot {}
+
+/// Seed mixed into the slot hash so the slot index is independent of the
+/// member choice (which reads the top byte of the flow hash under the
+/// configured seed).
+const SLOT_SEED: u32 = 0x6b43_a9b5;
+
+/// The slot of a flow in a keyless table of `mask + 1` slots (a power of
+/// two). The group is folded into the seed so two groups' flows do not
+/// share slots by accident.
+#[inline(always)]
+pub fn slot_index(key: &FlowKey, group: u32, mask: u32) -> u32 {
+    flow_hash(key, SLOT_SEED ^ group.wrapping_mul(0x85eb_ca6b)) & mask
+}
+
+/// The flow's fingerprint kept in a slot: a differently seeded hash, so two
+/// flows sharing a slot almost never share a tag too.
+#[inline(always)]
+pub fn slot_tag(key: &FlowKey, group: u32) -> u32 {
+    flow_hash(key, !SLOT_SEED ^ group.wrapping_mul(0xc2b2_ae35))
+}
+
+/// What one packet does to its keyless slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeylessStep {
+    pub decision: FlowletDecision,
+    /// The slot was live (within the gap) for another flow: this packet
+    /// follows, or ends, that flow's flowlet.
+    pub collided: bool,
+}
+
+/// The keyless flowlet step: the decision for a packet of the flow tagged
+/// `tag` whose slot holds `slot` (its `used` flag says whether there is
+/// state), by the same [`decide`] the keyed table uses. The caller then
+/// writes the slot (last_seen, flowlet, position, generation, boundary, tag).
+#[inline(always)]
+pub fn keyless_step(
+    slot: &FlowletSlot,
+    tag: u32,
+    now_ns: u64,
+    gap_ns: u64,
+    generation: u32,
+    member_count: u32,
+    require_boundary: bool,
+) -> KeylessStep {
+    let state = if slot.used != 0 { Some(&slot.entry) } else { None };
+    let live = slot.used != 0 && now_ns.saturating_sub(slot.entry.last_seen_ns) <= gap_ns;
+    KeylessStep {
+        decision: decide(state, now_ns, gap_ns, generation, member_count, require_boundary),
+        collided: live && slot.tag != tag,
     }
 }
 
@@ -176,5 +276,56 @@ mod tests {
             seen[rehash_position(&key, 1, id, &crate::buckets::even_table(4)) as usize] += 1;
         }
         assert!(seen.iter().all(|n| *n > 60), "{seen:?}");
+    }
+    fn slot(last_seen_ns: u64, tag: u32) -> FlowletSlot {
+        FlowletSlot { entry: entry(last_seen_ns, true), tag, used: 1 }
+    }
+
+    #[test]
+    fn keyless_empty_slot_starts_flowlet_zero_without_collision() {
+        let step = keyless_step(&FlowletSlot::default(), 9, 10, GAP, 1, 4, false);
+        assert_eq!(step, KeylessStep { decision: FlowletDecision::NewFlowlet { flowlet_id: 0 }, collided: false });
+    }
+
+    #[test]
+    fn keyless_own_live_slot_keeps_the_member() {
+        let step = keyless_step(&slot(1_000, 9), 9, 1_000 + GAP, GAP, 1, 4, false);
+        assert_eq!(step, KeylessStep { decision: FlowletDecision::Keep { position: 2 }, collided: false });
+    }
+
+    #[test]
+    fn keyless_another_flows_live_slot_is_a_collision_and_shares_its_member() {
+        let step = keyless_step(&slot(1_000, 9), 10, 1_000 + GAP, GAP, 1, 4, false);
+        assert_eq!(step, KeylessStep { decision: FlowletDecision::Keep { position: 2 }, collided: true });
+    }
+
+    #[test]
+    fn keyless_idle_slot_of_another_flow_is_a_new_flowlet_not_a_collision() {
+        let step = keyless_step(&slot(1_000, 9), 10, 1_001 + GAP, GAP, 1, 4, false);
+        assert_eq!(step, KeylessStep { decision: FlowletDecision::NewFlowlet { flowlet_id: 8 }, collided: false });
+    }
+
+    #[test]
+    fn keyless_generation_change_forces_a_new_choice() {
+        let step = keyless_step(&slot(1_000, 9), 9, 1_001, GAP, 2, 4, false);
+        assert_eq!(step.decision, FlowletDecision::NewFlowlet { flowlet_id: 8 });
+    }
+
+    #[test]
+    fn slot_index_stays_in_the_table_and_depends_on_the_group() {
+        let key = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(5);
+        let differs = (0..64).filter(|g| slot_index(&key, *g, 4095) != slot_index(&key, 0, 4095)).count();
+        assert!(differs > 50, "{differs}");
+        let mut used = [0u32; 8];
+        for qp in 0..800 {
+            let k = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(qp);
+            let i = slot_index(&k, 3, 7);
+            assert!(i < 8);
+            used[i as usize] += 1;
+        }
+        assert!(used.iter().all(|n| *n > 60), "{used:?}");
+        let a = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(1);
+        let b = a.with_dest_qp(2);
+        assert_ne!(slot_tag(&a, 3), slot_tag(&b, 3));
     }
 }

@@ -22,6 +22,8 @@ pub mod names {
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
     pub const MEMBER_STATS: &str = "MEMBER_STATS";
     pub const FLOWLETS: &str = "FLOWLETS";
+    /// The keyless flowlet slot array (sized at load; not pinned).
+    pub const FLOWLET_SLOTS: &str = "FLOWLET_SLOTS";
     pub const PINS_V4: &str = "PINS_V4";
     pub const PINS_V6: &str = "PINS_V6";
     pub const EGRESS: &str = "EGRESS";
@@ -207,6 +209,14 @@ pub const FLOWLET_AT_BOUNDARY: u32 = 1;
 /// the flow's flowlet, so its next packet may move without an idle gap
 /// (`transport_aware = { repick = "idle-or-acked" }`).
 pub const FLOWLET_REPICK_ACKED: u32 = 2;
+/// Flowlet flag: the group keeps flowlet state in the keyless slot array
+/// (FLOWLET_SLOTS, indexed by a hash of the flow masked with
+/// `flowlet_slot_mask`) instead of the keyed LRU table.
+pub const FLOWLET_KEYLESS: u32 = 4;
+/// Default slot count of a keyless flowlet table.
+pub const DEFAULT_FLOWLET_SLOTS: u32 = 4096;
+/// Largest keyless flowlet table (slots).
+pub const MAX_FLOWLET_SLOTS: u32 = 1 << 20;
 
 /// Value of GROUPS, indexed by group number.
 #[repr(C)]
@@ -226,7 +236,8 @@ pub struct GroupEntry {
     /// A [`crate::flowlet::FlowletChoice`] as u32.
     pub flowlet_choice: u32,
     pub flowlet_flags: u32,
-    pub _reserved: u32,
+    /// Keyless groups: slot count - 1 (a power of two minus one).
+    pub flowlet_slot_mask: u32,
     pub flowlet_gap_ns: u64,
 }
 

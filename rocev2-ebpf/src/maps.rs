@@ -8,7 +8,7 @@ use aya_ebpf::{
 use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
-    flowlet::FlowletEntry,
+    flowlet::{FlowletEntry, FlowletSlot},
     maps::*,
 };
 
@@ -120,6 +120,12 @@ pub struct FlowletScratch {
     pub _pad: u32,
     pub entry: FlowletEntry,
 }
+
+/// Keyless flowlet tables: one slot array shared by every keyless group
+/// (each group indexes it with its own mask and a group-seeded hash).
+/// Sized at load to the largest keyless table.
+#[map]
+pub static FLOWLET_SLOTS: Array<FlowletSlot> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_entries(1, 0);

@@ -4,10 +4,11 @@ use rocev2_common::{
     buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
     features::Features,
-    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry},
+    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep},
     hash::{member_hash, FlowKey, HashMode},
     maps::{
-        bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED,
+        bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
+        POLICY_PINNED,
     },
 };
 
@@ -15,7 +16,7 @@ use crate::{
     args::{BoundaryPin, BoundarySeed, SlotGroup},
     counters,
     features::enabled,
-    maps::{egress_entry, BUCKETS, CONFIG, FLOWLETS, FLOWLET_SCRATCH, MEMBERS, VQUEUES},
+    maps::{egress_entry, BUCKETS, CONFIG, FLOWLETS, FLOWLET_SCRATCH, FLOWLET_SLOTS, MEMBERS, VQUEUES},
     pin::NO_PIN,
 };
 
@@ -29,6 +30,9 @@ pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundar
     let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);
     let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
     match group.policy {
+        POLICY_FLOWLET if enabled(Features::FLOWLET) && group.flowlet_flags & FLOWLET_KEYLESS != 0 => {
+            keyless_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
+        }
         POLICY_FLOWLET if enabled(Features::FLOWLET) => {
             flowlet_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
         }
@@ -93,10 +97,7 @@ fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
         FlowletDecision::Keep { position } => (position, existing_ref.map_or(0, |e| e.flowlet_id)),
         FlowletDecision::NewFlowlet { flowlet_id } => {
             counters::add(slot, PortCounter::FlowletNew, 1);
-            let position = match FlowletChoice::from_u32(group.flowlet_choice) {
-                FlowletChoice::LeastLoaded => less_loaded_of_two(group_id, group, key, seed, flowlet_id, now),
-                FlowletChoice::Rehash => member_of(group_id, group, flowlet::rehash_hash(key, seed, flowlet_id)),
-            };
+            let position = new_flowlet_position(group_id, group, key, seed, flowlet_id, now);
             match existing_ref {
                 None => counters::add(slot, PortCounter::FlowletInserted, 1),
                 Some(e) if e.position != position || e.generation != group.generation => {
@@ -131,6 +132,65 @@ fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
             let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
         }
     }
+    position
+}
+
+/// The member of a new flowlet by the group's flowlet choice.
+#[inline(always)]
+fn new_flowlet_position(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: u32, flowlet_id: u32, now: u64) -> u32 {
+    match FlowletChoice::from_u32(group.flowlet_choice) {
+        FlowletChoice::LeastLoaded => less_loaded_of_two(group_id, group, key, seed, flowlet_id, now),
+        FlowletChoice::Rehash => member_of(group_id, group, flowlet::rehash_hash(key, seed, flowlet_id)),
+    }
+}
+
+/// The keyless table: the flow's slot in FLOWLET_SLOTS (no key compare,
+/// so flows in one slot share its flowlet), decided by the shared pure
+/// step and updated in place; the array never grows, so there is no
+/// insert and no eviction.
+#[inline(always)]
+fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
+    let (slot, group_id) = (at.slot(), at.group());
+    let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
+    let index = flowlet::slot_index(key, group_id, group.flowlet_slot_mask);
+    let Some(state) = FLOWLET_SLOTS.get_ptr_mut(index) else {
+        return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));
+    };
+    let tag = flowlet::slot_tag(key, group_id);
+    // SAFETY: a valid array value. Another CPU may write the same slot at
+    // the same time; each field is one aligned store, so the worst case is
+    // a neighbouring decision, never a torn position.
+    let state = unsafe { &mut *state };
+    let KeylessStep { decision, collided } = flowlet::keyless_step(
+        state,
+        tag,
+        now,
+        group.flowlet_gap_ns,
+        group.generation,
+        group.member_count,
+        group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
+    );
+    if collided {
+        counters::add(slot, PortCounter::FlowletCollisions, 1);
+    }
+    let (position, flowlet_id) = match decision {
+        FlowletDecision::Keep { position } => (position, state.entry.flowlet_id),
+        FlowletDecision::NewFlowlet { flowlet_id } => {
+            counters::add(slot, PortCounter::FlowletNew, 1);
+            let position = new_flowlet_position(group_id, group, key, seed, flowlet_id, now);
+            if state.used != 0 && (state.entry.position != position || state.entry.generation != group.generation) {
+                counters::add(slot, PortCounter::FlowletMoved, 1);
+            }
+            (position, flowlet_id)
+        }
+    };
+    state.entry.last_seen_ns = now;
+    state.entry.flowlet_id = flowlet_id;
+    state.entry.position = position;
+    state.entry.generation = group.generation;
+    state.entry.at_boundary = ends_message as u32;
+    state.tag = tag;
+    state.used = 1;
     position
 }
 

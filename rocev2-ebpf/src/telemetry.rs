@@ -20,7 +20,7 @@ use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
     features::Features,
     hash::FlowKey,
-    maps::{member_stat_index, FlowletKey, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
+    maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
         seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
         TRACE_RING_BYTES,
@@ -31,7 +31,7 @@ use crate::{
     ctx::PacketBuf,
     features::enabled,
     forward::Forward,
-    maps::{FLOWLETS, GROUPS},
+    maps::{FLOWLETS, FLOWLET_SLOTS, GROUPS},
     parse::{self, IPPROTO_UDP},
     transport,
 };
@@ -210,6 +210,9 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
         protocol: IPPROTO_UDP,
         dest_qp: scratch.qp.dest_qp,
     };
+    if g.flowlet_flags & FLOWLET_KEYLESS != 0 {
+        return end_keyless_flowlet(&scratch.flow, group, g.flowlet_slot_mask, data_seen_ns);
+    }
     scratch.flowlet = FlowletKey::new(&scratch.flow, group);
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
     let Some(e) = FLOWLETS.get_ptr_mut(&scratch.flowlet) else {
@@ -223,6 +226,29 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
             return false;
         }
         (*e).last_seen_ns = 0;
+    }
+    true
+}
+
+/// The keyless table's counterpart: ends the flowlet of the data flow's
+/// slot, but only while the slot is still that flow's (its tag): another
+/// flow sharing the slot may have packets in flight.
+#[inline(always)]
+fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64) -> bool {
+    let Some(slot) = FLOWLET_SLOTS.get_ptr_mut(rocev2_common::flowlet::slot_index(flow, group, mask)) else {
+        return false;
+    };
+    // SAFETY: an array value; single aligned stores, as above.
+    unsafe {
+        let last = (*slot).entry.last_seen_ns;
+        if (*slot).used == 0
+            || last == 0
+            || (*slot).tag != rocev2_common::flowlet::slot_tag(flow, group)
+            || last > data_seen_ns
+        {
+            return false;
+        }
+        (*slot).entry.last_seen_ns = 0;
     }
     true
 }

@@ -103,6 +103,7 @@ fn entropy_simulator_matches_the_dataplane_counters() {
             hash: sim_hash,
             seed: 1234,
             messages: 1,
+            flowlet_slots: None,
         };
         let predicted = simulate(&scenario);
         let lab = EcmpLab::create(UPLINKS).unwrap();

@@ -395,6 +395,7 @@ fn a_bucket_only_change_keeps_running_flowlets_on_their_member() {
         choice: FlowletChoice::Rehash,
         at_message_boundary: false,
         table_size: 1024,
+        table: rocev2_common::flowlet::FlowletTable::Keyed,
     };
     let generation = dp
         .maps

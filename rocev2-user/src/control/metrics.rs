@@ -301,6 +301,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
                     ("flowlet_gap_us", &f.gap_us.to_string()),
                     ("flowlet_choice", f.choice.name()),
                     ("flowlet_boundary", &f.boundary.to_string()),
+                    ("flowlet_table", f.table.name()),
                 ]));
             }
             if let Some(t) = &g.transport_aware {
@@ -577,6 +578,7 @@ mod tests {
                     choice: rocev2_common::flowlet::FlowletChoice::LeastLoaded,
                     boundary: true,
                     table_size: 4096,
+                    table: rocev2_common::flowlet::FlowletTable::Keyless,
                 }),
                 transport_aware: Some(crate::state::TransportAwareKnobs {
                     demote_above: 20.0,
@@ -700,7 +702,7 @@ mod tests {
         assert!(text.contains("rocev2_group_members{group=\"spines\",hash=\"qp\"} 2\n"), "{text}");
         assert!(
             text.contains(
-                "rocev2_group_policy{group=\"spines\",policy=\"flowlet\",hash=\"qp\",flowlet_gap_us=\"500\",flowlet_choice=\"least-loaded\",flowlet_boundary=\"true\",demote_above=\"20\",restore_below=\"2.5\",half_life_ms=\"2000\",repick=\"idle-or-acked\"} 1\n"
+                "rocev2_group_policy{group=\"spines\",policy=\"flowlet\",hash=\"qp\",flowlet_gap_us=\"500\",flowlet_choice=\"least-loaded\",flowlet_boundary=\"true\",flowlet_table=\"keyless\",demote_above=\"20\",restore_below=\"2.5\",half_life_ms=\"2000\",repick=\"idle-or-acked\"} 1\n"
             ),
             "{text}"
         );

@@ -195,6 +195,7 @@ impl Runner {
             load_in_background(
                 &pin_dir,
                 config.flowlet_table_size(),
+                config.flowlet_slots(),
                 config.features(),
                 config.dataplane.telemetry_qps,
             )?
@@ -202,6 +203,7 @@ impl Runner {
             Dataplane::load_with_telemetry(
                 Some(&pin_dir),
                 config.flowlet_table_size(),
+                config.flowlet_slots(),
                 config.features(),
                 config.dataplane.telemetry_qps,
             )?
@@ -360,7 +362,9 @@ impl Runner {
         if self.config.routing != new.routing {
             fixed.push("[routing]");
         }
-        if self.config.flowlet_table_size() != new.flowlet_table_size() {
+        if self.config.flowlet_table_size() != new.flowlet_table_size()
+            || self.config.flowlet_slots() != new.flowlet_slots()
+        {
             fixed.push("flowlet_table_size (the table is sized at load time)");
         }
         if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
@@ -851,6 +855,7 @@ const TAKEOVER_LOAD_NICE: libc::c_int = 10;
 fn load_in_background(
     pin_dir: &std::path::Path,
     flowlet_table_size: u32,
+    flowlet_slots: u32,
     features: Features,
     telemetry_qps: u32,
 ) -> Result<Dataplane> {
@@ -860,7 +865,7 @@ fn load_in_background(
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
                 tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
-            Dataplane::load_with_telemetry(Some(pin_dir), flowlet_table_size, features, telemetry_qps)
+            Dataplane::load_with_telemetry(Some(pin_dir), flowlet_table_size, flowlet_slots, features, telemetry_qps)
         })
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -84,6 +84,10 @@ pub struct FlowletKnobs {
     /// `flowlet_boundary`: move only after a packet that ends a message.
     pub boundary: bool,
     pub table_size: u32,
+    /// `flowlet_table`: keyed (LRU) or keyless (slot array); keyed in a
+    /// state file written before the choice existed.
+    #[serde(default)]
+    pub table: rocev2_common::flowlet::FlowletTable,
 }
 
 /// A group's `transport_aware` settings, as in the config.
@@ -136,6 +140,7 @@ impl GroupState {
             choice: f.choice,
             boundary: f.at_message_boundary,
             table_size: f.table_size,
+            table: f.table,
         })
     }
 }
@@ -152,6 +157,9 @@ pub fn describe_policy(hash: &str, policy: &str, flowlet: Option<&FlowletKnobs>)
             }
             if f.boundary {
                 text.push_str(", at message ends");
+            }
+            if f.table == rocev2_common::flowlet::FlowletTable::Keyless {
+                text.push_str(&format!(", keyless {} slots", f.table_size));
             }
             text
         }
@@ -270,8 +278,21 @@ mod tests {
 
     #[test]
     fn the_policy_reads_in_a_few_words() {
-        let knobs = FlowletKnobs { gap_us: 500, choice: FlowletChoice::Rehash, boundary: false, table_size: 65536 };
+        let knobs = FlowletKnobs {
+            gap_us: 500,
+            choice: FlowletChoice::Rehash,
+            boundary: false,
+            table_size: 65536,
+            table: Default::default(),
+        };
         assert_eq!(describe_policy("qp", "flowlet", Some(&knobs)), "hash qp, flowlet gap 500us");
+        let keyless =
+            FlowletKnobs { table_size: 512, table: rocev2_common::flowlet::FlowletTable::Keyless, ..knobs.clone() };
+        assert_eq!(describe_policy("qp", "flowlet", Some(&keyless)), "hash qp, flowlet gap 500us, keyless 512 slots");
+        // A state file from before `flowlet_table` reads as keyed.
+        let old: FlowletKnobs =
+            serde_json::from_str(r#"{"gap_us":500,"choice":"rehash","boundary":false,"table_size":65536}"#).unwrap();
+        assert_eq!(old.table, rocev2_common::flowlet::FlowletTable::Keyed);
         let knobs = FlowletKnobs { choice: FlowletChoice::LeastLoaded, boundary: true, ..knobs };
         assert_eq!(
             describe_policy("five-tuple", "flowlet", Some(&knobs)),

@@ -198,6 +198,7 @@ mod tests {
                     choice: rocev2_common::flowlet::FlowletChoice::Rehash,
                     boundary: false,
                     table_size: 65536,
+                    table: Default::default(),
                 }),
                 transport_aware: None,
                 members: members.iter().map(|(d, p)| member(d, *p)).collect(),

@@ -107,6 +107,11 @@ pub struct EntropyArgs {
     /// Messages per QP; in flowlet mode each one is a new flowlet.
     #[arg(long, default_value_t = 16)]
     pub messages: u32,
+    /// With `--hash flowlet`: model a keyless flowlet table of this many
+    /// slots (rounded up to a power of two), as switch ASICs keep: QPs whose
+    /// messages share a slot share a member (collisions are counted).
+    #[arg(long)]
+    pub flowlet_slots: Option<u32>,
     /// Comma-separated QP counts, e.g. "1,2,4,8,16,32": one table row each,
     /// every hash mode side by side (`--hash` and `--qps` are ignored).
     #[arg(long)]
@@ -146,6 +151,7 @@ pub struct EntropyArgs {
 }
 
 mod fabric;
+mod keyless;
 
 /// One simulated traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -157,6 +163,8 @@ pub struct Scenario {
     pub hash: SimHash,
     pub seed: u32,
     pub messages: u32,
+    /// Flowlet mode: a keyless table of this many slots instead of a keyed one.
+    pub flowlet_slots: Option<u32>,
 }
 
 impl Scenario {
@@ -169,6 +177,7 @@ impl Scenario {
             hash: args.hash,
             seed: args.seed,
             messages: args.messages,
+            flowlet_slots: args.flowlet_slots,
         }
     }
 
@@ -184,6 +193,9 @@ impl Scenario {
         check("qps", self.qps, MAX_QPS)?;
         check("uplinks", self.uplinks, MAX_UPLINKS)?;
         check("messages", self.messages, MAX_MESSAGES)?;
+        if let Some(slots) = self.flowlet_slots {
+            check("flowlet-slots", slots, rocev2_common::maps::MAX_FLOWLET_SLOTS)?;
+        }
         let work = u64::from(self.hosts) * u64::from(self.qps) * u64::from(self.messages);
         if self.hash == SimHash::Flowlet && work > MAX_WORK {
             bail!("hosts x qps x messages = {work} flowlets is more than {MAX_WORK}; lower one of them");
@@ -205,6 +217,9 @@ pub struct SimResult {
     pub idle_uplinks: u32,
     /// Jain's fairness index: 1.0 is perfect, 1/n is everything on one uplink.
     pub jain: f64,
+    /// `--flowlet-slots`: messages whose slot was live for another QP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collisions: Option<u64>,
 }
 
 /// IPv4 addresses: host i is 10.0.0.(i+1), its peer 10.1.0.(i+1) (carrying
@@ -260,7 +275,11 @@ pub fn simulate(s: &Scenario) -> SimResult {
     let uplinks = s.uplinks as usize;
     let mut bytes = vec![0.0f64; uplinks];
     let mut flows = vec![0u32; uplinks];
-    if s.uplinks > 0 && s.qps > 0 && s.messages > 0 {
+    let mut collisions = None;
+    if let (SimHash::Flowlet, Some(slots), true) = (s.hash, s.flowlet_slots, s.uplinks > 0) {
+        let per_message = CONNECTION_BYTES / f64::from(s.qps.max(1)) / f64::from(s.messages.max(1));
+        collisions = Some(keyless::spread(s, slots, &even_table(s.uplinks), per_message, &mut bytes, &mut flows));
+    } else if s.uplinks > 0 && s.qps > 0 && s.messages > 0 {
         // The dataplane's own bucket table for a group of `uplinks` members.
         let table = even_table(s.uplinks);
         let per_qp = CONNECTION_BYTES / f64::from(s.qps);
@@ -294,6 +313,7 @@ pub fn simulate(s: &Scenario) -> SimResult {
         jain: jain_index(&bytes),
         per_uplink: bytes,
         flows_per_uplink: flows,
+        collisions,
     }
 }
 
@@ -450,6 +470,14 @@ pub fn single_table(s: &Scenario, r: &SimResult) -> String {
         s.uplinks,
         r.jain
     );
+    if let (Some(collisions), Some(slots)) = (r.collisions, s.flowlet_slots) {
+        let messages = u64::from(s.hosts) * u64::from(s.qps) * u64::from(s.messages);
+        let _ = writeln!(
+            out,
+            "keyless flowlet table of {} slots: {collisions} of {messages} flowlets collided (followed another QP's member)",
+            slots.next_power_of_two()
+        );
+    }
     out
 }
 
@@ -658,7 +686,7 @@ mod tests {
     use super::*;
 
     fn scenario(hosts: u32, qps: u32, sport: SportModel, uplinks: u32, hash: SimHash) -> Scenario {
-        Scenario { hosts, qps, sport, uplinks, hash, seed: 0, messages: 16 }
+        Scenario { hosts, qps, sport, uplinks, hash, seed: 0, messages: 16, flowlet_slots: None }
     }
 
     #[test]
@@ -718,6 +746,19 @@ mod tests {
                 assert_eq!(r.idle_uplinks, 0);
             }
         }
+    }
+
+    #[test]
+    fn a_smaller_keyless_table_collides_more_and_spreads_worse() {
+        let base = scenario(16, 8, SportModel::Nic, 8, SimHash::Flowlet);
+        let run = |slots| simulate(&Scenario { flowlet_slots: Some(slots), ..base });
+        let (tiny, big) = (run(4), run(1 << 16));
+        // 128 QPs per round in 4 slots: at most 4 choices, 124 followers.
+        assert_eq!(tiny.collisions, Some(124 * 16));
+        assert!(tiny.flows_per_uplink.iter().filter(|n| **n > 0).count() <= 8);
+        assert!(big.collisions.unwrap() < 16 * 4, "{:?}", big.collisions);
+        assert!(tiny.max_over_mean > big.max_over_mean, "{} vs {}", tiny.max_over_mean, big.max_over_mean);
+        assert_eq!(simulate(&base).collisions, None, "a keyed table never collides");
     }
 
     #[test]

@@ -345,6 +345,17 @@ fn policy_position(
 ) -> (u32, Option<String>) {
     match group.policy {
         crate::config::Policy::Hash => (member_for(buckets, hash), None),
+        crate::config::Policy::Flowlet(f) if f.table == rocev2_common::flowlet::FlowletTable::Keyless => {
+            // The slot is the dataplane's own (one home: flowlet::slot_index);
+            // its state is shared by every flow hashing there and not read here.
+            let index = live_group.map_or_else(
+                || config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32,
+                |g| g.index,
+            );
+            let slot = rocev2_common::flowlet::slot_index(key, index, f.table_size.next_power_of_two() - 1);
+            let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
+            (p, Some(format!("keyless flowlet table: this flow uses slot {slot} of {}, shared with any flow that hashes there (explain does not read slot state); an empty slot starts flowlet 0, {how}", f.table_size)))
+        }
         crate::config::Policy::Flowlet(f) => {
             let count = members.len() as u32;
             if let Some((e, g)) = live_group.and_then(|g| g.flowlet.map(|e| (e, g))) {
@@ -824,6 +835,19 @@ group = "spines"
         );
         assert!(f.also_matched.is_empty());
         assert_eq!(f.dest_qp_hashed, None);
+    }
+
+    #[test]
+    fn keyless_flowlet_group_names_its_slot() {
+        let text = CONFIG.replace(
+            "name = \"legacy\"\n",
+            "name = \"legacy\"\npolicy = \"flowlet\"\nflowlet_table = \"keyless\"\nflowlet_table_size = 64\n",
+        );
+        let c = Config::parse(&text, Path::new("leaf.toml")).unwrap();
+        let p = roce("10.0.0.1", "10.2.0.1", 0x123);
+        let slot = rocev2_common::flowlet::slot_index(&p.flow_key().unwrap(), 1, 63);
+        let text = explain(&c, None, &p).to_string();
+        assert!(text.contains(&format!("keyless flowlet table: this flow uses slot {slot} of 64")), "{text}");
     }
 
     #[test]

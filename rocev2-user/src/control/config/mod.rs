@@ -148,8 +148,11 @@ pub struct FlowletConfig {
     pub choice: rocev2_common::flowlet::FlowletChoice,
     /// Move only right after a packet that ended an RDMA message.
     pub at_message_boundary: bool,
-    /// Flows this group may keep state for (its share of the LRU table).
+    /// Keyed: flows this group may keep state for (its share of the LRU
+    /// table). Keyless: its slot count (a power of two).
     pub table_size: u32,
+    /// `flowlet_table`: the keyed LRU table or a keyless slot array.
+    pub table: rocev2_common::flowlet::FlowletTable,
 }
 
 /// One `[[pin]]`.
@@ -527,6 +530,8 @@ impl Config {
 /// of an 8-way group (32 of 256 buckets) is back in 3.2 s.
 pub const GRADUAL_BUCKETS_PER_STEP: u32 = 1;
 
+use rocev2_common::flowlet::FlowletTable;
+
 impl Config {
     /// Size of the flowlet LRU table: the sum of the flowlet groups' and
     /// flowlet `[[route_policy]]`s' shares (at least one entry, so the map
@@ -538,11 +543,27 @@ impl Config {
             .map(|g| &g.policy)
             .chain(self.route_policies.iter().map(|p| &p.policy))
             .map(|policy| match policy {
-                Policy::Flowlet(f) => u64::from(f.table_size),
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyed => u64::from(f.table_size),
                 _ => 0,
             })
             .sum();
         total.clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    /// Slots of the keyless flowlet array: the largest keyless table of any
+    /// group or route policy (they share the array, each with its own mask
+    /// and group-seeded hash); 1 when none is keyless.
+    pub fn flowlet_slots(&self) -> u32 {
+        self.groups
+            .iter()
+            .map(|g| &g.policy)
+            .chain(self.route_policies.iter().map(|p| &p.policy))
+            .filter_map(|policy| match policy {
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyless => Some(f.table_size),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1)
     }
 
     /// The pipeline features this config uses, for the programs' load-time

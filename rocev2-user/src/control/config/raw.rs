@@ -52,6 +52,7 @@ pub(super) struct RawRoutePolicy {
     pub(super) flowlet_choice: Option<Spanned<String>>,
     pub(super) flowlet_boundary: Option<Spanned<bool>>,
     pub(super) flowlet_table_size: Option<Spanned<i64>>,
+    pub(super) flowlet_table: Option<Spanned<String>>,
     pub(super) rebalance: Option<Spanned<String>>,
     pub(super) transport_aware: Option<Spanned<super::transport_aware::RawTransportAware>>,
 }
@@ -128,6 +129,7 @@ pub(super) struct RawGroup {
     pub(super) flowlet_choice: Option<Spanned<String>>,
     pub(super) flowlet_boundary: Option<Spanned<bool>>,
     pub(super) flowlet_table_size: Option<Spanned<i64>>,
+    pub(super) flowlet_table: Option<Spanned<String>>,
     pub(super) rebalance: Option<Spanned<String>>,
     pub(super) transport_aware: Option<Spanned<super::transport_aware::RawTransportAware>>,
     pub(super) members: Spanned<Vec<Spanned<RawMember>>>,

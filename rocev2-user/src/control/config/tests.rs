@@ -673,6 +673,38 @@ fn flowlet_keys_need_the_flowlet_policy() {
 }
 
 #[test]
+fn keyless_flowlet_table_rounds_its_slots_up_and_sizes_no_lru_share() {
+    let text = QOS.replace("flowlet_table_size = 2048\n", "flowlet_table_size = 3000\nflowlet_table = \"keyless\"\n");
+    let c = parse_ok(&text);
+    let Policy::Flowlet(f) = c.groups[0].policy else { panic!("flowlet policy") };
+    assert_eq!(f.table, rocev2_common::flowlet::FlowletTable::Keyless);
+    assert_eq!(f.table_size, 4096, "rounded up to a power of two");
+    assert_eq!(c.flowlet_slots(), 4096);
+    assert_eq!(c.flowlet_table_size(), 1, "no keyed table needed");
+    let default = parse_ok(&QOS.replace("flowlet_table_size = 2048\n", "flowlet_table = \"keyless\"\n"));
+    assert_eq!(default.flowlet_slots(), rocev2_common::maps::DEFAULT_FLOWLET_SLOTS);
+    let keyed = parse_ok(QOS);
+    assert_eq!(keyed.flowlet_slots(), 1);
+    let Policy::Flowlet(f) = keyed.groups[0].policy else { panic!("flowlet policy") };
+    assert_eq!(f.table, rocev2_common::flowlet::FlowletTable::Keyed);
+}
+
+#[test]
+fn flowlet_table_errors_name_the_key_and_the_choices() {
+    let text = QOS.replace("flowlet_table_size = 2048\n", "flowlet_table_size = 2048\nflowlet_table = \"direct\"\n");
+    assert_error(
+        &text,
+        11,
+        "group[0].flowlet_table",
+        &["\"direct\" is not a flowlet table", "\"keyed\"", "\"keyless\""],
+    );
+    let text = QOS.replace("flowlet_table_size = 2048\n", "flowlet_table_size = 0\nflowlet_table = \"keyless\"\n");
+    assert_error(&text, 10, "group[0].flowlet_table_size", &["1 to 1048576 slots"]);
+    let text = BASE.replace("name = \"spines\"\n", "name = \"spines\"\nflowlet_table = \"keyless\"\n");
+    assert_error(&text, 6, "group[0].flowlet_table", &["policy = \"flowlet\""]);
+}
+
+#[test]
 fn pin_into_a_hash_group_is_refused() {
     let text = format!("{BASE}\n[[pin]]\nprefix = \"10.1.0.0/16\"\nqp = 5\ngroup = \"spines\"\nmember = \"eth2\"\n");
     assert_error(&text, 11, "pin[0].group", &["policy = \"pinned\""]);

@@ -153,6 +153,7 @@ impl Source<'_> {
                 flowlet_choice: r.flowlet_choice,
                 flowlet_boundary: r.flowlet_boundary,
                 flowlet_table_size: r.flowlet_table_size,
+                flowlet_table: r.flowlet_table,
                 rebalance: None,
                 transport_aware: None,
                 members: Spanned::new(span.clone(), Vec::new()),
@@ -456,6 +457,11 @@ impl Source<'_> {
 /// Default and allowed range of a flowlet group's gap and table size.
 pub(super) const DEFAULT_FLOWLET_GAP_US: i64 = 50;
 pub(super) const FLOWLET_GAP_US: std::ops::RangeInclusive<i64> = 1..=10_000_000;
+use rocev2_common::{
+    flowlet::FlowletTable,
+    maps::{DEFAULT_FLOWLET_SLOTS, MAX_FLOWLET_SLOTS},
+};
+
 pub(super) const FLOWLET_TABLE_SIZE: std::ops::RangeInclusive<i64> = 1..=16_777_216;
 
 /// The class used when a file defines none: RoCEv2 ACK and CNP, exempt
@@ -491,6 +497,7 @@ impl Source<'_> {
             ("flowlet_choice", g.flowlet_choice.as_ref().map(|v| v.span())),
             ("flowlet_boundary", g.flowlet_boundary.as_ref().map(|v| v.span())),
             ("flowlet_table_size", g.flowlet_table_size.as_ref().map(|v| v.span())),
+            ("flowlet_table", g.flowlet_table.as_ref().map(|v| v.span())),
         ];
         if kind != "flowlet" {
             if let Some((name, Some(span))) = flowlet_keys.iter().find(|(_, s)| s.is_some()) {
@@ -519,7 +526,24 @@ impl Source<'_> {
                     })?,
                     None => rocev2_common::flowlet::FlowletChoice::Rehash,
                 };
+                let table = match &g.flowlet_table {
+                    Some(v) => self.check(format!("{key}.flowlet_table"), v, |s| {
+                        s.parse().map_err(|e| format!("{s:?} is not a flowlet table; {e}"))
+                    })?,
+                    None => FlowletTable::Keyed,
+                };
                 let table_size = match &g.flowlet_table_size {
+                    Some(v) if table == FlowletTable::Keyless => {
+                        self.check(format!("{key}.flowlet_table_size"), v, |&n| {
+                            if (1..=i64::from(MAX_FLOWLET_SLOTS)).contains(&n) {
+                                // A power of two, so the slot is a hash masked.
+                                Ok((n as u32).next_power_of_two())
+                            } else {
+                                Err(format!("{n} is out of range; a keyless table has 1 to {MAX_FLOWLET_SLOTS} slots (rounded up to a power of two)"))
+                            }
+                        })?
+                    }
+                    None if table == FlowletTable::Keyless => DEFAULT_FLOWLET_SLOTS,
                     Some(v) => self.check(format!("{key}.flowlet_table_size"), v, |&n| {
                         if FLOWLET_TABLE_SIZE.contains(&n) {
                             Ok(n as u32)
@@ -538,6 +562,7 @@ impl Source<'_> {
                     choice,
                     at_message_boundary: g.flowlet_boundary.as_ref().is_some_and(|b| *b.get_ref()),
                     table_size,
+                    table,
                 })
             }
             "pinned" => Policy::Pinned,

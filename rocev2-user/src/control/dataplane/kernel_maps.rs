@@ -66,12 +66,21 @@ pub struct GroupPolicy {
     /// A FlowletChoice as u32.
     pub flowlet_choice: u32,
     pub flowlet_flags: u32,
+    /// Keyless flowlet groups: slot count - 1.
+    pub flowlet_slot_mask: u32,
 }
 
 impl GroupPolicy {
     /// Plain hashing in `mode`.
     pub fn hash(mode: HashMode) -> Self {
-        Self { hash: mode, policy: POLICY_HASH, flowlet_gap_ns: 0, flowlet_choice: 0, flowlet_flags: 0 }
+        Self {
+            hash: mode,
+            policy: POLICY_HASH,
+            flowlet_gap_ns: 0,
+            flowlet_choice: 0,
+            flowlet_flags: 0,
+            flowlet_slot_mask: 0,
+        }
     }
 }
 
@@ -79,7 +88,10 @@ impl GroupPolicy {
 /// groups alike).
 pub fn policy_of(hash: HashMode, policy: &crate::config::Policy) -> GroupPolicy {
     use crate::config::Policy;
-    use rocev2_common::maps::{FLOWLET_AT_BOUNDARY, POLICY_FLOWLET, POLICY_PINNED};
+    use rocev2_common::{
+        flowlet::FlowletTable,
+        maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
+    };
     match policy {
         Policy::Hash => GroupPolicy::hash(hash),
         Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(hash) },
@@ -87,7 +99,9 @@ pub fn policy_of(hash: HashMode, policy: &crate::config::Policy) -> GroupPolicy 
             policy: POLICY_FLOWLET,
             flowlet_gap_ns: f.gap.as_nanos() as u64,
             flowlet_choice: f.choice as u32,
-            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 },
+            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
+                | if f.table == FlowletTable::Keyless { FLOWLET_KEYLESS } else { 0 },
+            flowlet_slot_mask: if f.table == FlowletTable::Keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
             ..GroupPolicy::hash(hash)
         },
     }
@@ -472,7 +486,7 @@ impl Maps {
             generation,
             flowlet_choice: policy.flowlet_choice,
             flowlet_flags: policy.flowlet_flags,
-            _reserved: 0,
+            flowlet_slot_mask: policy.flowlet_slot_mask,
             flowlet_gap_ns: policy.flowlet_gap_ns,
         };
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;

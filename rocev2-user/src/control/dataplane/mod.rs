@@ -110,15 +110,23 @@ impl Dataplane {
     /// With the telemetry feature, the QP table holds the default number
     /// of QPs.
     pub fn load_with_features(pin_dir: Option<&Path>, flowlet_table_size: u32, features: Features) -> Result<Self> {
-        Self::load_with_telemetry(pin_dir, flowlet_table_size, features, telemetry::DEFAULT_QP_TABLE_SIZE)
+        Self::load_with_telemetry(
+            pin_dir,
+            flowlet_table_size,
+            rocev2_common::maps::DEFAULT_FLOWLET_SLOTS,
+            features,
+            telemetry::DEFAULT_QP_TABLE_SIZE,
+        )
     }
 
     /// Like [`Dataplane::load_with_features`] with a QP telemetry table of
     /// `telemetry_qps` entries (used only with the telemetry feature; its
-    /// maps hold one entry without it).
+    /// maps hold one entry without it) and a keyless flowlet slot array of
+    /// `flowlet_slots` slots.
     pub fn load_with_telemetry(
         pin_dir: Option<&Path>,
         flowlet_table_size: u32,
+        flowlet_slots: u32,
         features: Features,
         telemetry_qps: u32,
     ) -> Result<Self> {
@@ -130,6 +138,7 @@ impl Dataplane {
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
+            .map_max_entries(names::FLOWLET_SLOTS, flowlet_slots.max(1))
             .map_max_entries(telemetry::names::QP_TELEMETRY, qp_table)
             .map_max_entries(telemetry::names::QP_REPLIES, qp_table)
             .override_global(FEATURES_GLOBAL, &features.0, true)
