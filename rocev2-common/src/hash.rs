@@ -111,24 +111,6 @@ fn mix(h: u32, k: u32) -> u32 {
     (h ^ k).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
 }
 
-/// [`mix`] of a zero word: zero scrambles to zero, so only the
-/// rotate-multiply-add is left.
-#[inline(always)]
-fn mix_zero(h: u32) -> u32 {
-    h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
-}
-
-/// The four words of an address; `v4` says words 1..3 are zero (an IPv4
-/// address), so they take the short step. Same value either way.
-#[inline(always)]
-fn mix_addr(h: u32, a: &[u32; 4], v4: bool) -> u32 {
-    let h = mix(h, a[0]);
-    if v4 {
-        mix_zero(mix_zero(mix_zero(h)))
-    } else {
-        mix(mix(mix(h, a[1]), a[2]), a[3])
-    }
-}
 #[inline(always)]
 fn finalize(mut h: u32, len_bytes: u32) -> u32 {
     h ^= len_bytes;
@@ -149,12 +131,15 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
 /// key: the eBPF stack is small).
 #[inline(always)]
 fn hash_with_qp(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
-    // An IPv4 key's addresses are six zero words of the eleven: one test
-    // lets them skip the scrambling multiplies (same MurmurHash3 value,
-    // known_value_is_stable pins it).
-    let v4 = (key.src[1] | key.src[2] | key.src[3] | key.dst[1] | key.dst[2] | key.dst[3]) == 0;
-    let mut h = mix_addr(seed, &key.src, v4);
-    h = mix_addr(h, &key.dst, v4);
+    let mut h = seed;
+    h = mix(h, key.src[0]);
+    h = mix(h, key.src[1]);
+    h = mix(h, key.src[2]);
+    h = mix(h, key.src[3]);
+    h = mix(h, key.dst[0]);
+    h = mix(h, key.dst[1]);
+    h = mix(h, key.dst[2]);
+    h = mix(h, key.dst[3]);
     h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
     h = mix(h, u32::from(key.protocol));
     h = mix(h, dest_qp);
@@ -216,28 +201,6 @@ mod tests {
 
     fn roce_key(qp: u32) -> FlowKey {
         FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC123, 4791).with_dest_qp(qp)
-    }
-
-    #[test]
-    fn zero_word_step_is_the_full_step() {
-        let full = |h: u32, k: u32| {
-            let k = k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
-            (h ^ k).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
-        };
-        for h in [0, 1, 0x8000_0000, 0xdead_beef, u32::MAX] {
-            assert_eq!(mix_zero(h), full(h, 0));
-            assert_eq!(mix(h, 0x1234_5678), full(h, 0x1234_5678));
-        }
-        // An IPv6 key (no zero words) and an IPv4 one hash as before.
-        let v6 = FlowKey::v6([0x20; 16], [0xfd; 16], 17, 0xC123, 4791).with_dest_qp(0x11);
-        let mut h = 0;
-        for w in v6.src.iter().chain(&v6.dst) {
-            h = full(h, *w);
-        }
-        h = full(h, (0xC123 << 16) | 4791);
-        h = full(h, 17);
-        h = full(h, 0x11);
-        assert_eq!(flow_hash(&v6, 0), finalize(h, 44));
     }
 
     #[test]
