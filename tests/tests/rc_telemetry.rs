@@ -12,8 +12,7 @@ use std::{sync::mpsc, time::Duration};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     fault::PsnDropper,
-    gen::{GenArgs, SportModel},
-    lab::{EcmpLab, DEST_V4, SWITCH_PORT_MAC},
+    lab::{EcmpLab, DEST_V4},
     netns::{in_netns, spawn_in_netns},
     qp_telemetry,
     rc::{self, ResponderQpReport},
@@ -99,16 +98,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
     std::io::BufRead::read_line(&mut std::io::BufReader::new(trace.stderr.take().unwrap()), &mut started).unwrap();
     assert!(started.starts_with("tracing"), "rocev2 trace: {started}");
 
-    let mut args = GenArgs::new(
-        "snd0",
-        &rocev2_user::run::format_mac(&SWITCH_PORT_MAC),
-        "10.0.0.1".parse().unwrap(),
-        DEST_V4.parse().unwrap(),
-    );
-    args.rc = true;
-    args.qps = QPS;
-    args.first_qp = FIRST_QP;
-    args.sport = SportModel::Nic;
+    let mut args = lab.rc_requester_args(QPS, FIRST_QP);
     args.messages = MESSAGES;
     args.message_packets = MESSAGE_PACKETS;
     args.payload = 256;

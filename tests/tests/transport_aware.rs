@@ -25,8 +25,7 @@ use rocev2_user::{
     config::{FlowletConfig, Policy, Prefix},
     dataplane::policy_of,
     fault::PsnDropper,
-    gen::{GenArgs, SportModel},
-    lab::{uplink_mac, EcmpLab, DEST_V4, SWITCH_PORT_MAC},
+    lab::{uplink_mac, EcmpLab, DEST_V4},
     netns::in_netns,
     packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     qp_telemetry,
@@ -145,17 +144,8 @@ impl DualHomedResponder {
 
 /// A round of `gen --rc`: QPS new QPs from `first_qp`, every PSN delivered.
 fn round(lab: &EcmpLab, first_qp: u32) -> RequesterReport {
-    let mut args = GenArgs::new(
-        "snd0",
-        &rocev2_user::run::format_mac(&SWITCH_PORT_MAC),
-        "10.0.0.1".parse().unwrap(),
-        DEST_V4.parse().unwrap(),
-    );
-    args.rc = true;
-    args.qps = QPS;
-    args.first_qp = first_qp;
+    let mut args = lab.rc_requester_args(QPS, first_qp);
     args.first_psn = 0;
-    args.sport = SportModel::Nic;
     args.messages = MESSAGES;
     args.message_packets = MESSAGE_PACKETS;
     args.payload = 256;

@@ -362,10 +362,11 @@ impl Runner {
         if self.config.routing != new.routing {
             fixed.push("[routing]");
         }
-        if self.config.flowlet_table_size() != new.flowlet_table_size()
-            || self.config.flowlet_slots() != new.flowlet_slots()
-        {
-            fixed.push("flowlet_table_size (the table is sized at load time)");
+        if self.config.flowlet_table_size() != new.flowlet_table_size() {
+            fixed.push("flowlet_table_size (the flowlet table is sized at load time)");
+        }
+        if self.config.flowlet_slots() != new.flowlet_slots() {
+            fixed.push("the keyless flowlet slots (flowlet_table = \"keyless\" and its flowlet_table_size: the slot array is sized at load time)");
         }
         if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
             fixed.push("dataplane.telemetry_qps (the QP table is sized at load time)");

@@ -211,6 +211,23 @@ impl EcmpLab {
     /// Sends `frames` round-robin at `pps` packets per second from the
     /// sender until [`Stream::stop`]; a steady stream for tests that change
     /// the dataplane under traffic.
+    /// `gen --rc` from the sender to the destination behind the switch:
+    /// `qps` QPs from `first_qp`, NIC-style source ports (the rest at
+    /// their defaults, for the caller to set).
+    pub fn rc_requester_args(&self, qps: u32, first_qp: u32) -> crate::gen::GenArgs {
+        let mut args = crate::gen::GenArgs::new(
+            "snd0",
+            &crate::sys::format_mac(&SWITCH_PORT_MAC),
+            "10.0.0.1".parse().expect("an address"),
+            DEST_V4.parse().expect("an address"),
+        );
+        args.rc = true;
+        args.qps = qps;
+        args.first_qp = first_qp;
+        args.sport = crate::gen::SportModel::Nic;
+        args
+    }
+
     pub fn start_stream(&self, frames: Vec<Vec<u8>>, pps: u64) -> Result<Stream> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
