@@ -200,13 +200,20 @@ pub struct Scored<'a> {
 }
 
 /// One step of a group: reads its members' transport sums from the
-/// telemetry under `pin_dir`, updates the scores and logs each demotion and
-/// restore (and, once, a failure to read). True if any demotion or restore
+/// telemetry under `pin_dir` (through `reader`, which keeps the map open
+/// between steps), updates the scores and logs each demotion and restore
+/// (and, once, a failure to read). True if any demotion or restore
 /// happened.
-pub fn step_group(health: &mut GroupHealth, pin_dir: &Path, group: &Scored, elapsed: Duration) -> Result<bool> {
+pub fn step_group(
+    health: &mut GroupHealth,
+    reader: &mut qp_telemetry::MemberTransportReader,
+    pin_dir: &Path,
+    group: &Scored,
+    elapsed: Duration,
+) -> Result<bool> {
     let (options, positions, slot) = (group.options, group.positions, group.slot);
     let count = positions.iter().flatten().map(|p| p + 1).max().unwrap_or(0);
-    let read = match qp_telemetry::read_members(pin_dir, slot, count) {
+    let read = match reader.read(pin_dir, slot, count) {
         Ok(read) => {
             if std::mem::take(&mut health.read_failed) {
                 tracing::info!(group = group.name, "transport health of group {}: reading again", group.name);

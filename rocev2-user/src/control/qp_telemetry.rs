@@ -111,16 +111,40 @@ pub fn count_qps(dir: &Path) -> Result<usize> {
 /// The per-member sums, summed over CPUs, for a group's first `members`
 /// positions.
 pub fn read_members(dir: &Path, group: u32, members: u32) -> Result<Vec<MemberTransport>> {
-    let map: PerCpuArray<_, MemberTransport> = PerCpuArray::try_from(open(dir, names::MEMBER_TRANSPORT)?)
-        .context("MEMBER_TRANSPORT has an unexpected type")?;
-    (0..members)
-        .map(|position| {
-            let per_cpu = map.get(&member_stat_index(group, position), 0).context("reading MEMBER_TRANSPORT")?;
-            let mut sum = MemberTransport::default();
-            for m in per_cpu.iter() {
-                sum.add(m);
-            }
-            Ok(sum)
-        })
-        .collect()
+    MemberTransportReader::default().read(dir, group, members)
+}
+
+/// MEMBER_TRANSPORT for a caller that reads it again and again (the health
+/// step, every 100 ms): the pinned map is opened on the first read, and
+/// again only after a read failed.
+#[derive(Default)]
+pub struct MemberTransportReader {
+    map: Option<PerCpuArray<MapData, MemberTransport>>,
+}
+
+impl MemberTransportReader {
+    /// Like [`read_members`].
+    pub fn read(&mut self, dir: &Path, group: u32, members: u32) -> Result<Vec<MemberTransport>> {
+        let map = match &mut self.map {
+            Some(map) => map,
+            None => self.map.insert(
+                PerCpuArray::try_from(open(dir, names::MEMBER_TRANSPORT)?)
+                    .context("MEMBER_TRANSPORT has an unexpected type")?,
+            ),
+        };
+        let sums: Result<Vec<MemberTransport>> = (0..members)
+            .map(|position| {
+                let per_cpu = map.get(&member_stat_index(group, position), 0).context("reading MEMBER_TRANSPORT")?;
+                let mut sum = MemberTransport::default();
+                for m in per_cpu.iter() {
+                    sum.add(m);
+                }
+                Ok(sum)
+            })
+            .collect();
+        if sums.is_err() {
+            self.map = None;
+        }
+        sums
+    }
 }

@@ -92,6 +92,8 @@ struct Runner {
     /// when it was last updated.
     health: BTreeMap<String, GroupHealth>,
     health_at: Instant,
+    /// The telemetry's per-member sums, which the health step reads.
+    member_transport: crate::qp_telemetry::MemberTransportReader,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
     /// The hash seed in use (resolved from `hash_seed = "auto"`).
@@ -240,6 +242,7 @@ impl Runner {
             tables: BTreeMap::new(),
             health: BTreeMap::new(),
             health_at: Instant::now(),
+            member_transport: Default::default(),
             kernel: None,
             seed: 0,
             classes: None,
@@ -608,11 +611,12 @@ impl Runner {
             };
             let health = self.health.entry(group.name.clone()).or_default();
             // A failed read is logged once by step_group; the scores wait.
-            changed |= health::step_group(health, pin_dir, &scored, elapsed).unwrap_or(false);
+            changed |=
+                health::step_group(health, &mut self.member_transport, pin_dir, &scored, elapsed).unwrap_or(false);
         }
         if let Some(kernel) = &mut self.kernel {
             let (policies, default) = learned_policies(&self.config);
-            changed |= kernel.step_health(pin_dir, policies, default, elapsed);
+            changed |= kernel.step_health(&mut self.member_transport, pin_dir, policies, default, elapsed);
         }
         changed
     }

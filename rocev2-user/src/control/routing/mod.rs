@@ -571,6 +571,7 @@ impl KernelRoutes {
     /// if a member was demoted or restored (`republish` then applies it).
     pub fn step_health(
         &mut self,
+        reader: &mut crate::qp_telemetry::MemberTransportReader,
         pin_dir: &std::path::Path,
         policies: &[RoutePolicy],
         default: LearnedPolicy,
@@ -603,7 +604,7 @@ impl KernelRoutes {
             };
             let health = self.health.entry(group.name.clone()).or_default();
             // A failed read is logged once by step_group; the scores wait.
-            changed |= crate::health::step_group(health, pin_dir, &scored, elapsed).unwrap_or(false);
+            changed |= crate::health::step_group(health, reader, pin_dir, &scored, elapsed).unwrap_or(false);
         }
         self.health.retain(|name, _| aware.contains(name));
         self.health_changed |= changed;
