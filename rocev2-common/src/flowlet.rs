@@ -160,6 +160,29 @@ const _: () = assert!(core::mem::size_of::<FlowletSlot>() == 32);
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for FlowletSlot {}
 
+impl FlowletSlot {
+    /// What a packet of the flow tagged `tag` leaves in the slot after
+    /// [`keyless_step`]: its time, flowlet, member and boundary, and its tag.
+    #[inline(always)]
+    pub fn record(
+        &mut self,
+        tag: u32,
+        now_ns: u64,
+        flowlet_id: u32,
+        position: u32,
+        generation: u32,
+        at_boundary: bool,
+    ) {
+        self.entry.last_seen_ns = now_ns;
+        self.entry.flowlet_id = flowlet_id;
+        self.entry.position = position;
+        self.entry.generation = generation;
+        self.entry.at_boundary = at_boundary as u32;
+        self.tag = tag;
+        self.used = 1;
+    }
+}
+
 /// Seed mixed into the slot hash so the slot index is independent of the
 /// member choice (which reads the top byte of the flow hash under the
 /// configured seed).
@@ -192,7 +215,7 @@ pub struct KeylessStep {
 /// The keyless flowlet step: the decision for a packet of the flow tagged
 /// `tag` whose slot holds `slot` (its `used` flag says whether there is
 /// state), by the same [`decide`] the keyed table uses. The caller then
-/// writes the slot (last_seen, flowlet, position, generation, boundary, tag).
+/// writes the slot with [`FlowletSlot::record`].
 #[inline(always)]
 pub fn keyless_step(
     slot: &FlowletSlot,

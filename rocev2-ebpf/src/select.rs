@@ -184,13 +184,7 @@ fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
             (position, flowlet_id)
         }
     };
-    state.entry.last_seen_ns = now;
-    state.entry.flowlet_id = flowlet_id;
-    state.entry.position = position;
-    state.entry.generation = group.generation;
-    state.entry.at_boundary = ends_message as u32;
-    state.tag = tag;
-    state.used = 1;
+    state.record(tag, now, flowlet_id, position, group.generation, ends_message);
     position
 }
 

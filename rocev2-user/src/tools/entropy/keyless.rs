@@ -52,12 +52,7 @@ pub(super) fn spread(
                         (rehash_position(&key, s.seed, flowlet_id, table), flowlet_id)
                     }
                 };
-                slot.entry.last_seen_ns = now;
-                slot.entry.flowlet_id = flowlet_id;
-                slot.entry.position = position;
-                slot.entry.generation = 1;
-                slot.tag = tag;
-                slot.used = 1;
+                slot.record(tag, now, flowlet_id, position, 1, false);
                 bytes[position as usize] += per_message;
                 flows[position as usize] += 1;
             }
