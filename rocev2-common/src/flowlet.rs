@@ -7,7 +7,7 @@
 
 use crate::{
     buckets::{member_for, BucketTable},
-    hash::{flow_hash, FlowKey},
+    hash::{flow_hash, FlowKey, MixedKey},
 };
 
 /// How a new flowlet picks its member. Its text form ([`FlowletChoice::name`],
@@ -149,7 +149,7 @@ pub fn decide(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowletSlot {
     pub entry: FlowletEntry,
-    /// A 32-bit fingerprint of the flow that last used the slot ([`slot_tag`]).
+    /// A 32-bit fingerprint of the flow that last used the slot ([`slot_of`]).
     pub tag: u32,
     /// 1 once the slot has been used (a fresh array slot is all zeros).
     pub used: u32,
@@ -188,19 +188,26 @@ impl FlowletSlot {
 /// configured seed).
 const SLOT_SEED: u32 = 0x6b43_a9b5;
 
-/// The slot of a flow in a keyless table of `mask + 1` slots (a power of
-/// two). The group is folded into the seed so two groups' flows do not
-/// share slots by accident.
-#[inline(always)]
-pub fn slot_index(key: &FlowKey, group: u32, mask: u32) -> u32 {
-    flow_hash(key, SLOT_SEED ^ group.wrapping_mul(0x85eb_ca6b)) & mask
+/// Where a flow's state lives in a keyless table: its slot, and the tag
+/// that tells the flows sharing the slot apart (for the collision count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotOf {
+    /// The slot, below the table's `mask + 1` slots.
+    pub index: u32,
+    /// The flow's fingerprint, kept in the slot as [`FlowletSlot::tag`].
+    pub tag: u32,
 }
 
-/// The flow's fingerprint kept in a slot: a differently seeded hash, so two
-/// flows sharing a slot almost never share a tag too.
+/// The slot and tag of a flow in a keyless table of `mask + 1` slots (a
+/// power of two), from one pass of the flow hash over the key: the index is
+/// the state's first finalization, the tag its second, so flows that share
+/// a slot almost never share a tag (they would have to share the whole
+/// 32-bit state). The group is folded into the seed so two groups' flows do
+/// not share slots by accident.
 #[inline(always)]
-pub fn slot_tag(key: &FlowKey, group: u32) -> u32 {
-    flow_hash(key, !SLOT_SEED ^ group.wrapping_mul(0xc2b2_ae35))
+pub fn slot_of(key: &FlowKey, group: u32, mask: u32) -> SlotOf {
+    let mixed = MixedKey::new(key, SLOT_SEED ^ group.wrapping_mul(0x85eb_ca6b));
+    SlotOf { index: mixed.first() & mask, tag: mixed.second() }
 }
 
 /// What one packet does to its keyless slot.
@@ -334,21 +341,67 @@ mod tests {
         assert_eq!(step.decision, FlowletDecision::NewFlowlet { flowlet_id: 8 });
     }
 
+    fn qp_key(src: u8, qp: u32) -> FlowKey {
+        FlowKey::v4([10, 0, 0, src], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(qp)
+    }
+
     #[test]
-    fn slot_index_stays_in_the_table_and_depends_on_the_group() {
-        let key = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(5);
-        let differs = (0..64).filter(|g| slot_index(&key, *g, 4095) != slot_index(&key, 0, 4095)).count();
+    fn slot_stays_in_the_table_and_depends_on_the_group() {
+        let key = qp_key(1, 5);
+        let differs = (0..64).filter(|g| slot_of(&key, *g, 4095).index != slot_of(&key, 0, 4095).index).count();
         assert!(differs > 50, "{differs}");
-        let mut used = [0u32; 8];
         for qp in 0..800 {
-            let k = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(qp);
-            let i = slot_index(&k, 3, 7);
-            assert!(i < 8);
-            used[i as usize] += 1;
+            assert!(slot_of(&qp_key(1, qp), 3, 7).index < 8);
         }
-        assert!(used.iter().all(|n| *n > 60), "{used:?}");
-        let a = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(1);
-        let b = a.with_dest_qp(2);
-        assert_ne!(slot_tag(&a, 3), slot_tag(&b, 3));
+        assert_ne!(slot_of(&qp_key(1, 1), 3, 7).tag, slot_of(&qp_key(1, 2), 3, 7).tag);
+    }
+
+    #[test]
+    fn slot_index_spreads_evenly_over_the_slots() {
+        // 64,000 flows (4 hosts x 16,000 QPs) over 64 slots: 1,000 expected
+        // per slot, one standard deviation about 31; allow 5 (+-160).
+        let mut load = [0u32; 64];
+        for src in 1..=4 {
+            for qp in 0..16_000 {
+                load[slot_of(&qp_key(src, qp), 3, 63).index as usize] += 1;
+            }
+        }
+        let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+        assert!(*min > 840 && *max < 1160, "min {min} max {max}");
+    }
+
+    #[test]
+    fn flows_sharing_a_slot_almost_never_share_a_tag() {
+        // 20,000 flows in 256 slots: about 780,000 pairs share a slot. Two
+        // flows share the tag only if they share the whole 32-bit state,
+        // so the chance per pair of a slot is 1 in 2^24: about 0.05 pairs
+        // expected in all.
+        let mut by_slot: std::vec::Vec<std::vec::Vec<u32>> = std::vec![std::vec::Vec::new(); 256];
+        for qp in 0..20_000 {
+            let s = slot_of(&qp_key(9, qp), 1, 255);
+            by_slot[s.index as usize].push(s.tag);
+        }
+        let (mut pairs, mut same_tag) = (0u64, 0u64);
+        for tags in &mut by_slot {
+            let n = tags.len() as u64;
+            pairs += n * (n - 1) / 2;
+            tags.sort_unstable();
+            same_tag += tags.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+        }
+        assert!(pairs > 700_000, "{pairs}");
+        assert_eq!(same_tag, 0);
+        // The tag is not the index again: in each slot its low byte (what
+        // a slot index of the same size would be) spreads over all values,
+        // 78 flows a slot over 256 values: at least 60 distinct on average.
+        let distinct: usize = by_slot
+            .iter()
+            .map(|tags| {
+                let mut low: std::vec::Vec<u32> = tags.iter().map(|t| t & 255).collect();
+                low.sort_unstable();
+                low.dedup();
+                low.len()
+            })
+            .sum();
+        assert!(distinct > 256 * 60, "{distinct}");
     }
 }

@@ -131,6 +131,16 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
 /// key: the eBPF stack is small).
 #[inline(always)]
 fn hash_with_qp(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
+    finalize(mix_key(key, dest_qp, seed), KEY_BYTES)
+}
+
+/// The key's length as MurmurHash3 counts it: 11 words.
+const KEY_BYTES: u32 = 44;
+
+/// MurmurHash3's pass over the key's 11 words (with `dest_qp` as the last),
+/// before the finalization. The one place the key is mixed.
+#[inline(always)]
+fn mix_key(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
     let mut h = seed;
     h = mix(h, key.src[0]);
     h = mix(h, key.src[1]);
@@ -142,8 +152,42 @@ fn hash_with_qp(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
     h = mix(h, key.dst[3]);
     h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
     h = mix(h, u32::from(key.protocol));
-    h = mix(h, dest_qp);
-    finalize(h, 44)
+    mix(h, dest_qp)
+}
+
+/// The flow key mixed once under a seed, for a caller that needs two
+/// hashes of one flow (the keyless flowlet table's slot and tag): one pass
+/// over the 11 words, then two finalizations of the 32-bit state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MixedKey(u32);
+
+/// Xored into the state before [`MixedKey::second`]'s finalization. Any
+/// constant with many bits set would do: it makes the second value a
+/// different bijection of the state than the first.
+const SECOND_SALT: u32 = 0x9e37_79b9;
+
+impl MixedKey {
+    /// The whole key, DestQP included, mixed under `seed`.
+    #[inline(always)]
+    pub fn new(key: &FlowKey, seed: u32) -> Self {
+        Self(mix_key(key, key.dest_qp, seed))
+    }
+
+    /// MurmurHash3's own finalization: the same value as
+    /// [`flow_hash`]`(key, seed)`.
+    #[inline(always)]
+    pub fn first(self) -> u32 {
+        finalize(self.0, KEY_BYTES)
+    }
+
+    /// A second finalization, of the state xored with a constant. Both are
+    /// bijections of one 32-bit state, so two flows share both values only
+    /// when they share the state; otherwise the avalanche of the
+    /// finalization makes the second value look independent of the first.
+    #[inline(always)]
+    pub fn second(self) -> u32 {
+        finalize(self.0 ^ SECOND_SALT, KEY_BYTES)
+    }
 }
 
 /// The hash a group in `mode` uses for this key: the DestQP only counts in
@@ -223,6 +267,14 @@ mod tests {
         let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
         // 1000 expected per member; 4 standard deviations is about +-126.
         assert!(*min > 850 && *max < 1150, "min {min} max {max}");
+    }
+
+    #[test]
+    fn mixed_key_first_is_the_flow_hash() {
+        for qp in 0..100 {
+            let key = roce_key(qp);
+            assert_eq!(MixedKey::new(&key, qp * 7).first(), flow_hash(&key, qp * 7));
+        }
     }
 
     #[test]

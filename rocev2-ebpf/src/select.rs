@@ -4,7 +4,7 @@ use rocev2_common::{
     buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
     features::Features,
-    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep},
+    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep, SlotOf},
     hash::{member_hash, FlowKey, HashMode},
     maps::{
         bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
@@ -152,11 +152,10 @@ fn new_flowlet_position(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: 
 fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
     let (slot, group_id) = (at.slot(), at.group());
     let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
-    let index = flowlet::slot_index(key, group_id, group.flowlet_slot_mask);
+    let SlotOf { index, tag } = flowlet::slot_of(key, group_id, group.flowlet_slot_mask);
     let Some(state) = FLOWLET_SLOTS.get_ptr_mut(index) else {
         return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));
     };
-    let tag = flowlet::slot_tag(key, group_id);
     // SAFETY: a valid array value. Another CPU may write the same slot at
     // the same time; each field is one aligned store, so the worst case is
     // a neighbouring decision, never a torn position.

@@ -235,7 +235,8 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
 /// flow sharing the slot may have packets in flight.
 #[inline(always)]
 fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64) -> bool {
-    let Some(slot) = FLOWLET_SLOTS.get_ptr_mut(rocev2_common::flowlet::slot_index(flow, group, mask)) else {
+    let at = rocev2_common::flowlet::slot_of(flow, group, mask);
+    let Some(slot) = FLOWLET_SLOTS.get_ptr_mut(at.index) else {
         return false;
     };
     // SAFETY: an array value; single aligned stores, as above.
@@ -243,7 +244,7 @@ fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64)
         let last = (*slot).entry.last_seen_ns;
         if (*slot).used == 0
             || last == 0
-            || (*slot).tag != rocev2_common::flowlet::slot_tag(flow, group)
+            || (*slot).tag != at.tag
             || last > data_seen_ns
         {
             return false;

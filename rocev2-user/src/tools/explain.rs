@@ -346,13 +346,13 @@ fn policy_position(
     match group.policy {
         crate::config::Policy::Hash => (member_for(buckets, hash), None),
         crate::config::Policy::Flowlet(f) if f.table == rocev2_common::flowlet::FlowletTable::Keyless => {
-            // The slot is the dataplane's own (one home: flowlet::slot_index);
+            // The slot is the dataplane's own (one home: flowlet::slot_of);
             // its state is shared by every flow hashing there and not read here.
             let index = live_group.map_or_else(
                 || config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32,
                 |g| g.index,
             );
-            let slot = rocev2_common::flowlet::slot_index(key, index, f.table_size.next_power_of_two() - 1);
+            let slot = rocev2_common::flowlet::slot_of(key, index, f.table_size.next_power_of_two() - 1).index;
             let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
             (p, Some(format!("keyless flowlet table: this flow uses slot {slot} of {}, shared with any flow that hashes there (explain does not read slot state); an empty slot starts flowlet 0, {how}", f.table_size)))
         }

@@ -11,7 +11,7 @@
 
 use rocev2_common::{
     buckets::BucketTable,
-    flowlet::{keyless_step, rehash_position, slot_index, slot_tag, FlowletDecision, FlowletSlot, KeylessStep},
+    flowlet::{keyless_step, rehash_position, slot_of, FlowletDecision, FlowletSlot, KeylessStep, SlotOf},
 };
 
 use super::{qp_flow_key, Scenario};
@@ -42,8 +42,8 @@ pub(super) fn spread(
                 let key = qp_flow_key(s, host, q);
                 let now = round_start + offset;
                 offset += 1;
-                let slot = &mut array[slot_index(&key, GROUP, mask) as usize];
-                let tag = slot_tag(&key, GROUP);
+                let SlotOf { index, tag } = slot_of(&key, GROUP, mask);
+                let slot = &mut array[index as usize];
                 let KeylessStep { decision, collided } = keyless_step(slot, tag, now, GAP_NS, 1, s.uplinks, false);
                 collisions += u64::from(collided);
                 let (position, flowlet_id) = match decision {

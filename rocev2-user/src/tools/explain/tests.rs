@@ -105,7 +105,7 @@ fn keyless_flowlet_group_names_its_slot() {
     );
     let c = Config::parse(&text, Path::new("leaf.toml")).unwrap();
     let p = roce("10.0.0.1", "10.2.0.1", 0x123);
-    let slot = rocev2_common::flowlet::slot_index(&p.flow_key().unwrap(), 1, 63);
+    let slot = rocev2_common::flowlet::slot_of(&p.flow_key().unwrap(), 1, 63).index;
     let text = explain(&c, None, &p).to_string();
     assert!(text.contains(&format!("keyless flowlet table: this flow uses slot {slot} of 64")), "{text}");
 }
