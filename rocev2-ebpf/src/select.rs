@@ -153,6 +153,12 @@ fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
     let (slot, group_id) = (at.slot(), at.group());
     let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
     let SlotOf { index, tag } = flowlet::slot_of(key, group_id, group.flowlet_slot_mask);
+    // The key as LLVM cannot see through: otherwise it keeps the key's
+    // pre-mixed words (which the re-hash of a new flowlet shares with the
+    // slot hash) in ten stack slots across the slot lookup, and the call
+    // chain no longer fits the verifier's 512 bytes. A new flowlet mixes
+    // the key again; a packet that keeps its flowlet spills nothing.
+    let key = core::hint::black_box(key);
     let Some(state) = FLOWLET_SLOTS.get_ptr_mut(index) else {
         return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));
     };
