@@ -17,8 +17,9 @@ pub const FEATURES_GLOBAL: &str = "FEATURES";
 pub struct Features(pub u32);
 
 impl Features {
-    /// Flowlet groups: the per-flow flowlet table and its decision.
-    pub const FLOWLET: Features = Features(1 << 0);
+    /// Flowlet groups with the keyed table (`flowlet_table = "keyed"`, the
+    /// default): the per-flow LRU table, its lookup, insert and decision.
+    pub const FLOWLET_KEYED: Features = Features(1 << 0);
     /// Pinned groups: the per-(destination, DestQP) pin table.
     pub const PINNED: Features = Features(1 << 1);
     /// Egress virtual queues with ECN marking and per-egress counters.
@@ -34,24 +35,38 @@ impl Features {
     /// of everything a QP sent ends its flowlet (in the telemetry's reply
     /// handling, so it needs TELEMETRY too).
     pub const ACKED_REPICK: Features = Features(1 << 6);
+    /// Flowlet groups with the keyless table (`flowlet_table = "keyless"`):
+    /// the hash-indexed slot array and its step.
+    pub const FLOWLET_KEYLESS: Features = Features(1 << 7);
+    /// Either flowlet table, for what both need (the flowlet clock). Two
+    /// bits, not a feature of its own: the eBPF `enabled` test is true when
+    /// either is loaded, as is [`Features::any_of`].
+    pub const FLOWLET: Features = Self::FLOWLET_KEYED.with(Self::FLOWLET_KEYLESS);
     pub const NONE: Features = Features(0);
     /// What an object loaded without an override runs with.
-    pub const ALL: Features = Features(0x7F);
+    pub const ALL: Features = Features(0xFF);
 
     /// Every feature with its name, in bit order.
-    pub const NAMED: [(Features, &'static str); 7] = [
-        (Self::FLOWLET, "flowlet"),
+    pub const NAMED: [(Features, &'static str); 8] = [
+        (Self::FLOWLET_KEYED, "flowlet-keyed"),
         (Self::PINNED, "pinned"),
         (Self::ECN, "ecn"),
         (Self::CLASSES, "classes"),
         (Self::COUNTERS, "counters"),
         (Self::TELEMETRY, "telemetry"),
         (Self::ACKED_REPICK, "acked-repick"),
+        (Self::FLOWLET_KEYLESS, "flowlet-keyless"),
     ];
 
     #[inline(always)]
     pub const fn contains(self, other: Features) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// Whether any feature of `other` is in `self`.
+    #[inline(always)]
+    pub const fn any_of(self, other: Features) -> bool {
+        self.0 & other.0 != 0
     }
 
     #[inline(always)]
@@ -95,9 +110,18 @@ mod tests {
 
     #[test]
     fn names_follow_the_bits() {
-        let set = Features::FLOWLET.with(Features::CLASSES);
+        let set = Features::FLOWLET_KEYED.with(Features::CLASSES);
         let mut names = set.names();
-        assert_eq!((names.next(), names.next(), names.next()), (Some("flowlet"), Some("classes"), None));
-        assert_eq!(set.without(Features::FLOWLET), Features::CLASSES);
+        assert_eq!((names.next(), names.next(), names.next()), (Some("flowlet-keyed"), Some("classes"), None));
+        assert_eq!(set.without(Features::FLOWLET_KEYED), Features::CLASSES);
+    }
+
+    #[test]
+    fn flowlet_is_either_table() {
+        for table in [Features::FLOWLET_KEYED, Features::FLOWLET_KEYLESS] {
+            assert!(table.any_of(Features::FLOWLET) && !table.contains(Features::FLOWLET));
+        }
+        assert!(!Features::ALL.without(Features::FLOWLET).any_of(Features::FLOWLET));
+        assert_eq!(Features::FLOWLET.names().count(), 2, "no name of its own");
     }
 }

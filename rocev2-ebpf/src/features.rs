@@ -20,7 +20,8 @@ use rocev2_common::features::Features;
 #[unsafe(no_mangle)]
 static FEATURES: Global<u32> = Global::new(Features::ALL.0);
 
-/// Whether `feature` is in the loaded program. A constant to the verifier.
+/// Whether `feature` (any of its bits, for a set such as
+/// `Features::FLOWLET`) is in the loaded program. A constant to the verifier.
 #[inline(always)]
 pub fn enabled(feature: Features) -> bool {
     FEATURES.load() & feature.0 != 0

@@ -22,7 +22,8 @@ use crate::{
 
 /// The chosen member's position, plus the counters the choice moved. Its
 /// own BPF function (arguments packed to stay within five). A group whose
-/// policy needs a feature the program was loaded without is hashed.
+/// policy needs a feature the program was loaded without is hashed (a
+/// flowlet group whose table kind, keyed or keyless, was not loaded too).
 #[inline(never)]
 pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_pin: BoundaryPin, now: u64) -> u32 {
     let (slot, group_id) = (at.slot(), at.group());
@@ -30,10 +31,10 @@ pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundar
     let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);
     let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
     match group.policy {
-        POLICY_FLOWLET if enabled(Features::FLOWLET) && group.flowlet_flags & FLOWLET_KEYLESS != 0 => {
+        POLICY_FLOWLET if enabled(Features::FLOWLET_KEYLESS) && group.flowlet_flags & FLOWLET_KEYLESS != 0 => {
             keyless_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
         }
-        POLICY_FLOWLET if enabled(Features::FLOWLET) => {
+        POLICY_FLOWLET if enabled(Features::FLOWLET_KEYED) && group.flowlet_flags & FLOWLET_KEYLESS == 0 => {
             flowlet_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
         }
         POLICY_PINNED if enabled(Features::PINNED) => match boundary_pin.pin() {

@@ -210,8 +210,14 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
         protocol: IPPROTO_UDP,
         dest_qp: scratch.qp.dest_qp,
     };
+    // Each table's code only when its feature is loaded (a group of the
+    // other kind is hashed: no flowlet to end).
     if g.flowlet_flags & FLOWLET_KEYLESS != 0 {
-        return end_keyless_flowlet(&scratch.flow, group, g.flowlet_slot_mask, data_seen_ns);
+        return enabled(Features::FLOWLET_KEYLESS)
+            && end_keyless_flowlet(&scratch.flow, group, g.flowlet_slot_mask, data_seen_ns);
+    }
+    if !enabled(Features::FLOWLET_KEYED) {
+        return false;
     }
     scratch.flowlet = FlowletKey::new(&scratch.flow, group);
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
@@ -242,11 +248,7 @@ fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64)
     // SAFETY: an array value; single aligned stores, as above.
     unsafe {
         let last = (*slot).entry.last_seen_ns;
-        if (*slot).used == 0
-            || last == 0
-            || (*slot).tag != at.tag
-            || last > data_seen_ns
-        {
+        if (*slot).used == 0 || last == 0 || (*slot).tag != at.tag || last > data_seen_ns {
             return false;
         }
         (*slot).entry.last_seen_ns = 0;

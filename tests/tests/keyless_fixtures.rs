@@ -6,13 +6,14 @@ use rocev2_common::{
     bth::{opcode, Bth},
     counters::PortCounter,
     ecn::ECT0,
+    features::Features,
     flowlet::FlowletChoice,
     hash::HashMode,
-    maps::{FLOWLET_KEYLESS, POLICY_FLOWLET},
+    maps::{DEFAULT_FLOWLET_TABLE_SIZE, FLOWLET_KEYLESS, POLICY_FLOWLET},
 };
 use rocev2_tests::{
-    fixture::{bth, loopback_dataplane, members, roce_spec, sync_routes, DST4, PORT_SLOT, SRC4},
-    test_run, XDP_REDIRECT,
+    fixture::{add_loopback_port, bth, loopback_dataplane, members, roce_spec, sync_routes, DST4, PORT_SLOT, SRC4},
+    require_root, test_run, XDP_REDIRECT,
 };
 use rocev2_user::{
     dataplane::{Dataplane, GroupPolicy},
@@ -23,17 +24,36 @@ const GROUP: u32 = 0;
 
 /// A keyless flowlet group of the fixture's four members with `slots` slots.
 fn keyless(gap_ns: u64, slots: u32) -> Dataplane {
-    let policy = GroupPolicy {
+    with_group(loopback_dataplane(), &keyless_policy(gap_ns, slots))
+}
+
+fn keyless_policy(gap_ns: u64, slots: u32) -> GroupPolicy {
+    GroupPolicy { flowlet_flags: FLOWLET_KEYLESS, flowlet_slot_mask: slots - 1, ..keyed_policy(gap_ns) }
+}
+
+fn keyed_policy(gap_ns: u64) -> GroupPolicy {
+    GroupPolicy {
         policy: POLICY_FLOWLET,
         flowlet_gap_ns: gap_ns,
         flowlet_choice: FlowletChoice::Rehash as u32,
-        flowlet_flags: FLOWLET_KEYLESS,
-        flowlet_slot_mask: slots - 1,
         ..GroupPolicy::hash(HashMode::Qp)
-    };
-    let mut dp = loopback_dataplane();
-    dp.maps.publish_group_with(GROUP, &policy, &members()).unwrap();
+    }
+}
+
+/// `dp` with [`GROUP`] (the fixture's four members) published with `policy`
+/// and routed to.
+fn with_group(mut dp: Dataplane, policy: &GroupPolicy) -> Dataplane {
+    dp.maps.publish_group_with(GROUP, policy, &members()).unwrap();
     sync_routes(&mut dp, &[("10.1.0.0/16", GROUP)]);
+    dp
+}
+
+/// The programs loaded with only `features`, as `rocev2 run` loads them
+/// for a config that uses just those.
+fn loaded_with(features: Features) -> Dataplane {
+    require_root();
+    let mut dp = Dataplane::load_with_features(None, DEFAULT_FLOWLET_TABLE_SIZE, features).expect("load");
+    add_loopback_port(&mut dp);
     dp
 }
 
@@ -93,4 +113,45 @@ fn a_flow_alone_in_its_slot_keeps_its_member_then_moves_after_the_gap() {
     assert!(seen.len() >= 3, "re-hashed flowlets use several members: {seen:?}");
     assert!(port(&dp, PortCounter::FlowletMoved) >= 10);
     assert_eq!(port(&dp, PortCounter::FlowletCollisions), 0, "an idle slot is no collision");
+}
+
+/// The members the group's plain hash gives QPs 0..32 on `dp`'s program
+/// (published as a `qp` hash group for the measurement).
+fn hashed_members(dp: &mut Dataplane) -> Vec<u8> {
+    dp.maps.publish_group_with(GROUP, &GroupPolicy::hash(HashMode::Qp), &members()).unwrap();
+    (0..32u32).map(|qp| member_for(dp, qp, 0)).collect()
+}
+
+#[test]
+fn only_the_loaded_table_kind_serves_its_groups_the_other_is_hashed() {
+    const GAP: u64 = 10_000_000_000;
+    // Keyless only (a config whose flowlet groups are all keyless): the
+    // keyless group works as with every feature loaded...
+    let mut dp = with_group(loaded_with(Features::COUNTERS.with(Features::FLOWLET_KEYLESS)), &keyless_policy(GAP, 2));
+    for qp in 0..32u32 {
+        member_for(&mut dp, qp, 0);
+    }
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 2, "one flowlet per slot");
+    assert_eq!(port(&dp, PortCounter::FlowletCollisions), 30);
+    // ...and a keyed group, which this program has no code for, is hashed:
+    // the hash group's members, no flowlet, nothing in the keyed table.
+    let hashed = hashed_members(&mut dp);
+    dp.maps.publish_group_with(GROUP, &keyed_policy(GAP), &members()).unwrap();
+    let keyed: Vec<u8> = (0..32u32).map(|qp| member_for(&mut dp, qp, 1)).collect();
+    assert_eq!(keyed, hashed);
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 2, "no flowlet started");
+    assert_eq!(dp.maps.flowlet_entries(), 0, "the keyed table stays empty");
+
+    // Keyed only: the keyed group keeps per-flow state, a keyless group is hashed.
+    let mut dp = with_group(loaded_with(Features::COUNTERS.with(Features::FLOWLET_KEYED)), &keyed_policy(GAP));
+    for qp in 0..32u32 {
+        member_for(&mut dp, qp, 0);
+    }
+    assert_eq!(port(&dp, PortCounter::FlowletInserted), 32, "one entry per flow");
+    let hashed = hashed_members(&mut dp);
+    dp.maps.publish_group_with(GROUP, &keyless_policy(GAP, 2), &members()).unwrap();
+    let keyless: Vec<u8> = (0..32u32).map(|qp| member_for(&mut dp, qp, 1)).collect();
+    assert_eq!(keyless, hashed);
+    assert_eq!(port(&dp, PortCounter::FlowletNew), 32, "no keyless flowlet started");
+    assert_eq!(port(&dp, PortCounter::FlowletCollisions), 0);
 }

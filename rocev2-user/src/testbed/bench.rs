@@ -152,8 +152,10 @@ impl Pipeline {
     fn features(self) -> Features {
         match self {
             Pipeline::FiveTuple | Pipeline::Qp => Features::COUNTERS,
-            Pipeline::Flowlet => Features::COUNTERS.with(Features::FLOWLET),
-            Pipeline::Full => Features::COUNTERS.with(Features::FLOWLET).with(Features::ECN).with(Features::CLASSES),
+            Pipeline::Flowlet => Features::COUNTERS.with(Features::FLOWLET_KEYED),
+            Pipeline::Full => {
+                Features::COUNTERS.with(Features::FLOWLET_KEYED).with(Features::ECN).with(Features::CLASSES)
+            }
         }
     }
 
@@ -238,7 +240,7 @@ impl Variant {
     fn features(self) -> Features {
         match self {
             Variant::Pipeline(p) => p.features(),
-            Variant::FlowletKeyless => Pipeline::Flowlet.features(),
+            Variant::FlowletKeyless => Features::COUNTERS.with(Features::FLOWLET_KEYLESS),
             Variant::QpNoCounters => Features::NONE,
             Variant::QpClasses => Features::COUNTERS.with(Features::CLASSES),
             Variant::QpEcn => Features::COUNTERS.with(Features::ECN),

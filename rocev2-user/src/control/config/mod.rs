@@ -572,13 +572,15 @@ impl Config {
     /// classes off).
     pub fn features(&self) -> Features {
         let policies = self.groups.iter().map(|g| &g.policy).chain(self.route_policies.iter().map(|p| &p.policy));
-        let (mut flowlet, mut pinned) = (false, false);
+        let (mut keyed, mut keyless, mut pinned) = (false, false, false);
         for policy in policies {
-            flowlet |= matches!(policy, Policy::Flowlet(_));
+            keyed |= matches!(policy, Policy::Flowlet(f) if f.table == FlowletTable::Keyed);
+            keyless |= matches!(policy, Policy::Flowlet(f) if f.table == FlowletTable::Keyless);
             pinned |= matches!(policy, Policy::Pinned);
         }
         Features::COUNTERS
-            .with(Features::when(flowlet, Features::FLOWLET))
+            .with(Features::when(keyed, Features::FLOWLET_KEYED))
+            .with(Features::when(keyless, Features::FLOWLET_KEYLESS))
             .with(Features::when(pinned, Features::PINNED))
             .with(Features::when(!self.egress.is_empty(), Features::ECN))
             .with(Features::when(!self.classes.is_empty(), Features::CLASSES))

@@ -799,6 +799,19 @@ fn features_are_what_the_config_uses() {
     // The base config: hash groups, the built-in control class, no egress.
     assert_eq!(parse_ok(BASE).features(), Features::COUNTERS.with(Features::CLASSES));
     assert_eq!(parse_ok(&format!("class = []\n{BASE}")).features(), Features::COUNTERS);
-    // Flowlet and pinned groups, an egress queue and classes: everything.
-    assert_eq!(parse_ok(QOS).features(), Features::ALL.without(Features::TELEMETRY).without(Features::ACKED_REPICK));
+    // Keyed flowlet and pinned groups, an egress queue and classes.
+    let qos = Features::ALL.without(Features::TELEMETRY).without(Features::ACKED_REPICK);
+    assert_eq!(parse_ok(QOS).features(), qos.without(Features::FLOWLET_KEYLESS));
+    // Only the table kind the flowlet groups use is loaded.
+    let keyless = parse_ok(&QOS.replace("flowlet_table_size = 2048\n", "flowlet_table = \"keyless\"\n"));
+    assert_eq!(keyless.features(), qos.without(Features::FLOWLET_KEYED));
+    // A [[route_policy]] counts like a group.
+    let routes = "class = []\n[routing]\nsource = \"kernel\"\n[[port]]\nname = \"eth1\"\n\
+                  [[route_policy]]\nprefix = \"10.0.0.0/8\"\npolicy = \"flowlet\"\nflowlet_table = \"keyless\"\n";
+    assert_eq!(parse_ok(routes).features(), Features::COUNTERS.with(Features::FLOWLET_KEYLESS));
+    let both = routes.replace(
+        "[[route_policy]]",
+        "[[route_policy]]\nprefix = \"10.1.0.0/16\"\npolicy = \"flowlet\"\n[[route_policy]]",
+    );
+    assert_eq!(parse_ok(&both).features(), Features::COUNTERS.with(Features::FLOWLET));
 }
