@@ -12,7 +12,9 @@
 
 mod fabric;
 mod forwarding;
+mod jit_lines;
 mod kernel_routes;
+mod profile;
 mod telemetry;
 
 use forwarding::{part2, UPLINKS};
@@ -81,6 +83,18 @@ pub struct BenchArgs {
     /// Rounds per forwarding measurement.
     #[arg(long, default_value_t = 3)]
     pub fwd_rounds: usize,
+    /// Instead of the report: where one pipeline's per-packet time goes,
+    /// source line by source line (five-tuple, qp, flowlet or full), from
+    /// `perf record` samples of its part-1 measurement. The report has the
+    /// qp and full pipelines' profiles too.
+    #[arg(long, value_name = "PIPELINE")]
+    pub profile: Option<String>,
+    /// Seconds each profile samples.
+    #[arg(long, default_value_t = 4.0)]
+    pub profile_seconds: f64,
+    /// Profile the IPv6 frame instead of the IPv4 one.
+    #[arg(long)]
+    pub profile_v6: bool,
     /// Instead of the report: run one part-1 measurement in a loop for
     /// this many seconds, printing its cost, so `perf record -a` can
     /// profile it (five-tuple, qp, flowlet or full; IPv4 unless --loop-v6).
@@ -857,6 +871,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(name) = &args.r#loop {
         return profile_loop(args, name);
     }
+    if let Some(name) = &args.profile {
+        let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
+        print!("{}", p.render());
+        return Ok(());
+    }
     let started = Instant::now();
     let machine = machine();
     let mut control = Vec::new();
@@ -864,6 +883,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut notes = Vec::new();
     let mut p1 = part1(args, &mut control, &mut reading)?;
     p1.rows.extend(telemetry::telemetry_rows(args)?);
+    let profiles = [Pipeline::Qp, Pipeline::Full]
+        .into_iter()
+        .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render()))
+        .collect::<Result<Vec<_>>>()?;
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
@@ -909,6 +932,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         md.push('\n');
     }
     md.push_str(READING);
+    md.push_str(profile::HEADING);
+    for p in &profiles {
+        md.push('\n');
+        md.push_str(p);
+    }
     std::fs::write(&args.out, &md).with_context(|| format!("cannot write {}", args.out.display()))?;
     eprintln!("bench: wrote {} in {:.0} s", args.out.display(), started.elapsed().as_secs_f64());
     Ok(())
