@@ -28,7 +28,7 @@ use crate::{
     ctx::PacketBuf,
     ecn,
     features::enabled,
-    maps::{EGRESS_DEVS, GROUPS, MEMBERS},
+    maps::{EGRESS_DEVS, FLOW_KEY, GROUPS, MEMBERS},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
     rewrite, route, select, telemetry,
@@ -139,9 +139,17 @@ struct Decision {
 }
 
 /// Group lookup, member choice and classification. `pin` is a pinned
-/// position or NO_PIN.
+/// position or NO_PIN; `V4`: the key is an IPv4 one.
 #[inline(always)]
-fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, len: u64) -> Result<Decision, Outcome> {
+fn decide<const V4: bool>(
+    slot: u32,
+    group_id: u32,
+    key: &FlowKey,
+    l4: &L4,
+    dscp: u8,
+    pin: u32,
+    len: u64,
+) -> Result<Decision, Outcome> {
     let no_member = pass(PortCounter::PassNoMember);
     let group = GROUPS.get(group_id).ok_or(no_member)?;
     if group.member_count == 0 || group.member_count > MAX_MEMBERS_PER_GROUP {
@@ -155,7 +163,7 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, 
     // virtual queue; only flowlet groups need it this early.
     let now =
         if enabled(Features::FLOWLET) && group.policy == POLICY_FLOWLET { unsafe { bpf_ktime_get_ns() } } else { 0 };
-    let position = select::choose_position(
+    let position = select::choose_position::<V4>(
         SlotGroup::new(slot, group_id),
         group,
         key,
@@ -215,9 +223,9 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         return Err(drop(PortCounter::DropBadIpv4Checksum));
     }
     let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
-    let key = flow_key_v4(src, dst, protocol, &l4);
+    let key = flow_key_v4(src, dst, protocol, &l4)?;
     let pin = if enabled(Features::PINNED) { pin::pinned_v4(dst, &l4, group) } else { NO_PIN };
-    let d = decide(slot, group, &key, &l4, tos >> 2, pin, len)?;
+    let d = decide::<true>(slot, group, key, &l4, tos >> 2, pin, len)?;
     let tos_out = new_tos(&d, tos, len)?;
     // SAFETY: headers checked above.
     unsafe {
@@ -244,11 +252,10 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         return Err(pass(PortCounter::PassTtlExpired));
     }
     let l4 = parse::parse_l4(ctx, next_header, ip.l4_off, ip.l4_end)?;
-    let mut key = FlowKey::v6_ref(src, dst, next_header, l4.src_port, l4.dst_port);
-    key.dest_qp = l4.dest_qp;
+    let key = flow_key_v6(src, dst, next_header, &l4)?;
     let tc = rewrite::ipv6_traffic_class(vcf);
     let pin = if enabled(Features::PINNED) { pin::pinned_v6(dst, &l4, group) } else { NO_PIN };
-    let d = decide(slot, group, &key, &l4, tc >> 2, pin, len)?;
+    let d = decide::<false>(slot, group, key, &l4, tc >> 2, pin, len)?;
     let tc_out = new_tos(&d, tc, len)?;
     // SAFETY: headers checked above.
     unsafe {
@@ -258,25 +265,46 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
     Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
 }
 
-/// `FlowKey::v4` plus the DestQP, one store per field. Built the plain
-/// way, LLVM merges the key's zero words into a call to memset, which on
+/// An IPv4 packet's flow key (addresses as [`ipv4_words`] gives them,
+/// plus the DestQP), written into this CPU's FLOW_KEY slot rather than
+/// onto the stack.
+#[inline(always)]
+pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
+    let (src, dst) = (ipv4_words(src), ipv4_words(dst));
+    flow_key(|i| src[i], |i| dst[i], protocol, l4)
+}
+
+/// An IPv6 packet's flow key, read word by word from the addresses in
+/// the packet (copies of them would take the stack's room).
+#[inline(always)]
+pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
+    let word = |a: &[u8; 16], i: usize| u32::from_le_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]);
+    flow_key(|i| word(src, i), |i| word(dst, i), protocol, l4)
+}
+
+/// Writes the key into FLOW_KEY, one store per field: built the plain way,
+/// LLVM merges an IPv4 key's zero words into a call to memset, which on
 /// BPF is a byte loop; volatile stores are never merged.
 #[inline(always)]
-pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> FlowKey {
-    let dest_qp = l4.dest_qp;
-    let (src, dst) = (ipv4_words(src), ipv4_words(dst));
-    let mut key = MaybeUninit::<FlowKey>::uninit();
-    let k = key.as_mut_ptr();
-    // SAFETY: every field is written before the key is read; padding never is.
+fn flow_key(
+    src_word: impl Fn(usize) -> u32,
+    dst_word: impl Fn(usize) -> u32,
+    protocol: u8,
+    l4: &L4,
+) -> Result<&'static FlowKey, Outcome> {
+    // A per-CPU array's slot 0 always exists; the check is for the verifier.
+    let k = FLOW_KEY.get_ptr_mut(0).ok_or(pass(PortCounter::PassNoMember))?;
+    // SAFETY: this CPU's slot, ours for this program run; every field is
+    // written before the key is read (padding never is).
     unsafe {
         for i in 0..4 {
-            write_volatile(&raw mut (*k).src[i], src[i]);
-            write_volatile(&raw mut (*k).dst[i], dst[i]);
+            write_volatile(&raw mut (*k).src[i], src_word(i));
+            write_volatile(&raw mut (*k).dst[i], dst_word(i));
         }
         write_volatile(&raw mut (*k).src_port, l4.src_port);
         write_volatile(&raw mut (*k).dst_port, l4.dst_port);
         write_volatile(&raw mut (*k).protocol, protocol);
-        write_volatile(&raw mut (*k).dest_qp, dest_qp);
-        key.assume_init()
+        write_volatile(&raw mut (*k).dest_qp, l4.dest_qp);
+        Ok(&*k)
     }
 }

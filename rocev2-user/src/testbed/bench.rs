@@ -95,6 +95,9 @@ pub struct BenchArgs {
     /// Profile the IPv6 frame instead of the IPv4 one.
     #[arg(long)]
     pub profile_v6: bool,
+    /// Lines --profile shows before it sums up the rest.
+    #[arg(long, default_value_t = profile::REPORT_ROWS)]
+    pub profile_rows: usize,
     /// Instead of the report: run one part-1 measurement in a loop for
     /// this many seconds, printing its cost, so `perf record -a` can
     /// profile it (five-tuple, qp, flowlet or full; IPv4 unless --loop-v6).
@@ -873,7 +876,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if let Some(name) = &args.profile {
         let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
-        print!("{}", p.render());
+        print!("{}", p.render(args.profile_rows));
         return Ok(());
     }
     let started = Instant::now();
@@ -885,7 +888,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     p1.rows.extend(telemetry::telemetry_rows(args)?);
     let profiles = [Pipeline::Qp, Pipeline::Full]
         .into_iter()
-        .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render()))
+        .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render(profile::REPORT_ROWS)))
         .collect::<Result<Vec<_>>>()?;
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;

@@ -37,8 +37,8 @@ use crate::gen::CpuPin;
 const SAMPLE_HZ: u32 = 10_000;
 /// Program runs per measurement inside the loop (one ns reading each).
 const BATCH: u64 = 20_000;
-/// Rows shown before the rest is summed up.
-const TOP_ROWS: usize = 25;
+/// Rows the report shows before the rest is summed up.
+pub const REPORT_ROWS: usize = 25;
 
 /// The kernel function that measures a test run: a sample under it and
 /// outside the program is the harness inside the measured window (clock
@@ -306,9 +306,9 @@ impl Profile {
         self.measured_ns / (self.program_samples + self.harness_samples).max(1) as f64
     }
 
-    /// The profile as a Markdown section: the top lines, the rest summed,
-    /// then the cost by file.
-    pub fn render(&self) -> String {
+    /// The profile as a Markdown section: the `top` lines, the rest
+    /// summed, then the cost by file.
+    pub fn render(&self, top: usize) -> String {
         let per = self.ns_per_sample();
         let window = self.program_samples + self.harness_samples;
         let share = |n: u64| 100.0 * n as f64 / window.max(1) as f64;
@@ -326,7 +326,7 @@ impl Profile {
             self.outside_samples,
         );
         s.push_str("| ns | share | rocev2 line | what runs there | xlated insns |\n|---|---|---|---|---|\n");
-        for row in self.rows.iter().take(TOP_ROWS) {
+        for row in self.rows.iter().take(top) {
             let what = match &row.detail {
                 Detail::Own => String::new(),
                 Detail::Library(line) => {
@@ -345,14 +345,14 @@ impl Profile {
                 markdown_code(&row.text),
             );
         }
-        let rest: u64 = self.rows.iter().skip(TOP_ROWS).map(|r| r.samples).sum();
+        let rest: u64 = self.rows.iter().skip(top).map(|r| r.samples).sum();
         if rest > 0 {
             let _ = writeln!(
                 s,
                 "| {:.1} | {:.1}% | {} more lines |  |  |",
                 rest as f64 * per,
                 share(rest),
-                self.rows.len() - TOP_ROWS
+                self.rows.len() - top
             );
         }
         let mut by_file: BTreeMap<&str, u64> = BTreeMap::new();
@@ -437,7 +437,7 @@ mod tests {
         let mut p = p;
         p.measured_ns = 100.0;
         p.label = "test".into();
-        let text = p.render();
+        let text = p.render(REPORT_ROWS);
         assert!(text.contains("| 25.0 | 25.0% | rocev2-ebpf/src/maps.rs:81 `GROUPS.get(id)` | call: kernel `__htab_map_lookup_elem` |  |"), "{text}");
         assert!(text.contains("rocev2-ebpf/src/parse.rs 50.0 ns (50%)"), "{text}");
     }
