@@ -43,23 +43,29 @@ pub struct Forward {
     pub roce: Roce,
     /// skb priority for tc (0 = leave as is).
     pub priority: u32,
+    /// The frame's length, as the IP parser measured it.
+    pub len: u32,
 }
 
 /// XDP entry point body: counts the frame and its outcome, returns the action.
 #[inline(always)]
 pub fn xdp_forward(ctx: &XdpContext) -> u32 {
     let slot = counters::port_slot(ctx.ingress_ifindex() as u32);
-    let len = parse::frame_len(ctx) as u64;
     let mut out = MaybeUninit::<Forward>::uninit();
-    let mut result = forward(ctx, slot, len, &mut out);
+    let mut result = forward(ctx, slot, &mut out);
+    // A forwarded frame's length was measured by the IP parser; any other
+    // frame's is read now (a helper call, off the fast path).
+    let mut len = None;
     if result.is_ok() {
         // SAFETY: forward wrote `out` when it returned Ok.
-        let ifindex = unsafe { out.assume_init_ref() }.ifindex;
+        let f = unsafe { out.assume_init_ref() };
+        len = Some(u64::from(f.len));
         // The low bits of the flags are the action when the device is missing.
-        if EGRESS_DEVS.redirect(ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
+        if EGRESS_DEVS.redirect(f.ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
             result = Err(drop(PortCounter::DropRedirectFailed));
         }
     }
+    let len = len.unwrap_or_else(|| parse::frame_len(ctx) as u64);
     counters::count_packet(slot, len, &out, result);
     match result {
         Ok(()) => xdp_action::XDP_REDIRECT,
@@ -72,14 +78,14 @@ pub fn xdp_forward(ctx: &XdpContext) -> u32 {
 /// exactly when the result is Ok. Not zeroed first: zeroing a struct is a
 /// call to memset, which on BPF is a byte loop (28 iterations here).
 #[inline(always)]
-pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, len: u64, out: &mut MaybeUninit<Forward>) -> Result<(), Outcome> {
+pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, out: &mut MaybeUninit<Forward>) -> Result<(), Outcome> {
     let l2 = parse::parse_l2(ctx)?;
     // Each family runs in its own BPF function: inlined together they need
     // more than the 512-byte stack. They return an encoded Outcome and
     // write a forwarded packet's details to `out`.
     let code = match l2.kind {
-        L3Kind::V4 => forward_v4_call(ctx, slot, l2.l3_off, len, out),
-        L3Kind::V6 => forward_v6_call(ctx, slot, l2.l3_off, len, out),
+        L3Kind::V4 => forward_v4_call(ctx, slot, l2.l3_off, out),
+        L3Kind::V6 => forward_v6_call(ctx, slot, l2.l3_off, out),
     };
     if code == FORWARDED {
         Ok(())
@@ -92,8 +98,8 @@ pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, len: u64, out: &mut MaybeUninit
 const FORWARDED: u32 = u32::MAX;
 
 #[inline(never)]
-fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v4(ctx, slot, l3_off, len) {
+fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
+    match forward_v4(ctx, slot, l3_off) {
         Ok(f) => {
             let f = out.write(f);
             if enabled(Features::TELEMETRY) {
@@ -106,8 +112,8 @@ fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, ou
 }
 
 #[inline(never)]
-fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v6(ctx, slot, l3_off, len) {
+fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
+    match forward_v6(ctx, slot, l3_off) {
         Ok(f) => {
             let f = out.write(f);
             if enabled(Features::TELEMETRY) {
@@ -197,9 +203,10 @@ fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
 }
 
 #[inline(always)]
-fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
+fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv4(ctx, l3_off, len as usize)?;
+    let ip = parse::parse_ipv4(ctx, l3_off)?;
+    let len = ip.frame_len as u64;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv4 checked the header lies in the packet.
     let (src, dst, ttl, protocol, tos) =
@@ -232,13 +239,21 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
+    Ok(Forward {
+        ifindex: d.ifindex,
+        group,
+        position: d.position,
+        roce: l4.roce,
+        priority: class::priority(&d.class),
+        len: len as u32,
+    })
 }
 
 #[inline(always)]
-fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
+fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv6(ctx, l3_off, len as usize)?;
+    let ip = parse::parse_ipv6(ctx, l3_off)?;
+    let len = ip.frame_len as u64;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv6 checked the header lies in the packet. The
     // addresses are borrowed from the packet, not copied.
@@ -262,7 +277,14 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
+    Ok(Forward {
+        ifindex: d.ifindex,
+        group,
+        position: d.position,
+        roce: l4.roce,
+        priority: class::priority(&d.class),
+        len: len as u32,
+    })
 }
 
 /// An IPv4 packet's flow key (addresses as [`ipv4_words`] gives them,

@@ -52,10 +52,9 @@ pub fn spread(ctx: &XdpContext) -> u32 {
 #[inline(never)]
 fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
     let Ok(l2) = parse::parse_l2(ctx) else { return 0 };
-    let len = parse::frame_len(ctx);
     match l2.kind {
         L3Kind::V4 => {
-            let Ok(ip) = parse::parse_ipv4(ctx, l2.l3_off, len) else { return 0 };
+            let Ok(ip) = parse::parse_ipv4(ctx, l2.l3_off) else { return 0 };
             // SAFETY: parse_ipv4 checked the header.
             let (src, dst, protocol) = unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto) };
             let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return 0 };
@@ -63,7 +62,7 @@ fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
             member_hash_v4(key, HashMode::Qp, seed)
         }
         L3Kind::V6 => {
-            let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off, len) else { return 0 };
+            let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off) else { return 0 };
             // SAFETY: parse_ipv6 checked the header.
             let (src, dst, next) = unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr) };
             let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return 0 };
