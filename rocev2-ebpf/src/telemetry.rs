@@ -32,7 +32,7 @@ use crate::{
     features::enabled,
     forward::Forward,
     maps::{FLOWLETS, FLOWLET_SLOTS, GROUPS},
-    parse::{self, IPPROTO_UDP},
+    parse::IPPROTO_UDP,
     transport,
 };
 
