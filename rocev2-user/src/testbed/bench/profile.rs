@@ -27,10 +27,11 @@ use nix::{
 };
 
 use super::{
-    bench_frame, cost_ns_repeat, jit_lines::JitLines, lo_members, median, test_run_dataplane_with, Pipeline,
-    DEFAULT_FLOWLET_TABLE_SIZE, LOOPBACK, PIPELINES, XDP_PROGRAM,
+    bench_frame, cost_ns_repeat, jit_lines::JitLines, lo_members, median, test_run_dataplane_with, test_run_floor,
+    BenchArgs, Pipeline, DEFAULT_FLOWLET_TABLE_SIZE, LOOPBACK, PIPELINES, XDP_PROGRAM,
 };
-use crate::gen::CpuPin;
+use crate::{gen::CpuPin, programs::XDP_REDIRECT_PROGRAM};
+use rocev2_common::features::Features;
 
 /// Samples per second per CPU (perf's cpu-clock, a timer: it works in VMs
 /// without hardware counters).
@@ -273,6 +274,34 @@ impl Drop for Recorder {
         }
         let _ = std::fs::remove_file(&self.data);
     }
+}
+
+/// `--loop`: one pipeline's part-1 measurement over and over, for a
+/// profiler attached from outside (`perf record -a -g`).
+pub fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
+    let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
+    let features = pipeline.map_or(Features::ALL, |p| p.features());
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
+    let mut floor = test_run_floor()?;
+    let (program, label) = if name == "floor" {
+        (XDP_REDIRECT_PROGRAM, "floor".to_owned())
+    } else {
+        let pipeline = pipeline
+            .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
+        pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+        (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
+    };
+    let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+    let started = Instant::now();
+    while started.elapsed().as_secs_f64() < args.loop_seconds {
+        let ns = if program == XDP_REDIRECT_PROGRAM {
+            cost_ns_repeat(&mut floor, program, &frame, args.packets, args.loop_repeat)?
+        } else {
+            cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?
+        };
+        println!("{label}: {ns:.1} ns");
+    }
+    Ok(())
 }
 
 /// `perf` from linux-perf (`cargo xtask setup` installs it).
