@@ -1,6 +1,6 @@
 //! RoCEv2 Base Transport Header (BTH): the 12 bytes after the UDP header.
 //!
-//! Layout (see shared/ROCE-NOTES.md): byte 0 opcode, 1 flags/pad/tver,
+//! Layout (InfiniBand spec vol. 1, 9.2): byte 0 opcode, 1 flags/pad/tver,
 //! 2-3 P_Key, 4 FECN/BECN, 5-7 DestQP, 8 AckReq, 9-11 PSN.
 
 /// UDP destination port that marks a packet as RoCEv2.

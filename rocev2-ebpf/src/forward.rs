@@ -28,7 +28,7 @@ use crate::{
     ctx::PacketBuf,
     ecn,
     features::enabled,
-    maps::{EGRESS_DEVS, GROUPS, MEMBERS},
+    maps::{EGRESS_DEVS, FLOW_KEY, GROUPS, MEMBERS},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
     rewrite, route, select, telemetry,
@@ -43,23 +43,29 @@ pub struct Forward {
     pub roce: Roce,
     /// skb priority for tc (0 = leave as is).
     pub priority: u32,
+    /// The frame's length, as the IP parser measured it.
+    pub len: u32,
 }
 
 /// XDP entry point body: counts the frame and its outcome, returns the action.
 #[inline(always)]
 pub fn xdp_forward(ctx: &XdpContext) -> u32 {
     let slot = counters::port_slot(ctx.ingress_ifindex() as u32);
-    let len = parse::frame_len(ctx) as u64;
     let mut out = MaybeUninit::<Forward>::uninit();
-    let mut result = forward(ctx, slot, len, &mut out);
+    let mut result = forward(ctx, slot, &mut out);
+    // A forwarded frame's length was measured by the IP parser; any other
+    // frame's is read now (a helper call, off the fast path).
+    let mut len = None;
     if result.is_ok() {
         // SAFETY: forward wrote `out` when it returned Ok.
-        let ifindex = unsafe { out.assume_init_ref() }.ifindex;
+        let f = unsafe { out.assume_init_ref() };
+        len = Some(u64::from(f.len));
         // The low bits of the flags are the action when the device is missing.
-        if EGRESS_DEVS.redirect(ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
+        if EGRESS_DEVS.redirect(f.ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
             result = Err(drop(PortCounter::DropRedirectFailed));
         }
     }
+    let len = len.unwrap_or_else(|| parse::frame_len(ctx) as u64);
     counters::count_packet(slot, len, &out, result);
     match result {
         Ok(()) => xdp_action::XDP_REDIRECT,
@@ -72,14 +78,14 @@ pub fn xdp_forward(ctx: &XdpContext) -> u32 {
 /// exactly when the result is Ok. Not zeroed first: zeroing a struct is a
 /// call to memset, which on BPF is a byte loop (28 iterations here).
 #[inline(always)]
-pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, len: u64, out: &mut MaybeUninit<Forward>) -> Result<(), Outcome> {
+pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, out: &mut MaybeUninit<Forward>) -> Result<(), Outcome> {
     let l2 = parse::parse_l2(ctx)?;
     // Each family runs in its own BPF function: inlined together they need
     // more than the 512-byte stack. They return an encoded Outcome and
     // write a forwarded packet's details to `out`.
     let code = match l2.kind {
-        L3Kind::V4 => forward_v4_call(ctx, slot, l2.l3_off, len, out),
-        L3Kind::V6 => forward_v6_call(ctx, slot, l2.l3_off, len, out),
+        L3Kind::V4 => forward_v4_call(ctx, slot, l2.l3_off, out),
+        L3Kind::V6 => forward_v6_call(ctx, slot, l2.l3_off, out),
     };
     if code == FORWARDED {
         Ok(())
@@ -92,8 +98,8 @@ pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, len: u64, out: &mut MaybeUninit
 const FORWARDED: u32 = u32::MAX;
 
 #[inline(never)]
-fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v4(ctx, slot, l3_off, len) {
+fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
+    match forward_v4(ctx, slot, l3_off) {
         Ok(f) => {
             let f = out.write(f);
             if enabled(Features::TELEMETRY) {
@@ -106,8 +112,8 @@ fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, ou
 }
 
 #[inline(never)]
-fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v6(ctx, slot, l3_off, len) {
+fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
+    match forward_v6(ctx, slot, l3_off) {
         Ok(f) => {
             let f = out.write(f);
             if enabled(Features::TELEMETRY) {
@@ -139,9 +145,17 @@ struct Decision {
 }
 
 /// Group lookup, member choice and classification. `pin` is a pinned
-/// position or NO_PIN.
+/// position or NO_PIN; `V4`: the key is an IPv4 one.
 #[inline(always)]
-fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, len: u64) -> Result<Decision, Outcome> {
+fn decide<const V4: bool>(
+    slot: u32,
+    group_id: u32,
+    key: &FlowKey,
+    l4: &L4,
+    dscp: u8,
+    pin: u32,
+    len: u64,
+) -> Result<Decision, Outcome> {
     let no_member = pass(PortCounter::PassNoMember);
     let group = GROUPS.get(group_id).ok_or(no_member)?;
     if group.member_count == 0 || group.member_count > MAX_MEMBERS_PER_GROUP {
@@ -155,7 +169,7 @@ fn decide(slot: u32, group_id: u32, key: &FlowKey, l4: &L4, dscp: u8, pin: u32, 
     // virtual queue; only flowlet groups need it this early.
     let now =
         if enabled(Features::FLOWLET) && group.policy == POLICY_FLOWLET { unsafe { bpf_ktime_get_ns() } } else { 0 };
-    let position = select::choose_position(
+    let position = select::choose_position::<V4>(
         SlotGroup::new(slot, group_id),
         group,
         key,
@@ -189,9 +203,10 @@ fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
 }
 
 #[inline(always)]
-fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
+fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv4(ctx, l3_off, len as usize)?;
+    let ip = parse::parse_ipv4(ctx, l3_off)?;
+    let len = ip.frame_len as u64;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv4 checked the header lies in the packet.
     let (src, dst, ttl, protocol, tos) =
@@ -215,22 +230,30 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         return Err(drop(PortCounter::DropBadIpv4Checksum));
     }
     let l4 = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end)?;
-    let key = flow_key_v4(src, dst, protocol, &l4);
+    let key = flow_key_v4(src, dst, protocol, &l4)?;
     let pin = if enabled(Features::PINNED) { pin::pinned_v4(dst, &l4, group) } else { NO_PIN };
-    let d = decide(slot, group, &key, &l4, tos >> 2, pin, len)?;
+    let d = decide::<true>(slot, group, key, &l4, tos >> 2, pin, len)?;
     let tos_out = new_tos(&d, tos, len)?;
     // SAFETY: headers checked above.
     unsafe {
         rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
+    Ok(Forward {
+        ifindex: d.ifindex,
+        group,
+        position: d.position,
+        roce: l4.roce,
+        priority: class::priority(&d.class),
+        len: len as u32,
+    })
 }
 
 #[inline(always)]
-fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Result<Forward, Outcome> {
+fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward, Outcome> {
     let eth = eth_header(ctx)?;
-    let ip = parse::parse_ipv6(ctx, l3_off, len as usize)?;
+    let ip = parse::parse_ipv6(ctx, l3_off)?;
+    let len = ip.frame_len as u64;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv6 checked the header lies in the packet. The
     // addresses are borrowed from the packet, not copied.
@@ -244,39 +267,66 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, len: u64) -> Resu
         return Err(pass(PortCounter::PassTtlExpired));
     }
     let l4 = parse::parse_l4(ctx, next_header, ip.l4_off, ip.l4_end)?;
-    let mut key = FlowKey::v6_ref(src, dst, next_header, l4.src_port, l4.dst_port);
-    key.dest_qp = l4.dest_qp;
+    let key = flow_key_v6(src, dst, next_header, &l4)?;
     let tc = rewrite::ipv6_traffic_class(vcf);
     let pin = if enabled(Features::PINNED) { pin::pinned_v6(dst, &l4, group) } else { NO_PIN };
-    let d = decide(slot, group, &key, &l4, tc >> 2, pin, len)?;
+    let d = decide::<false>(slot, group, key, &l4, tc >> 2, pin, len)?;
     let tc_out = new_tos(&d, tc, len)?;
     // SAFETY: headers checked above.
     unsafe {
         rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward { ifindex: d.ifindex, group, position: d.position, roce: l4.roce, priority: class::priority(&d.class) })
+    Ok(Forward {
+        ifindex: d.ifindex,
+        group,
+        position: d.position,
+        roce: l4.roce,
+        priority: class::priority(&d.class),
+        len: len as u32,
+    })
 }
 
-/// `FlowKey::v4` plus the DestQP, one store per field. Built the plain
-/// way, LLVM merges the key's zero words into a call to memset, which on
+/// An IPv4 packet's flow key (addresses as [`ipv4_words`] gives them,
+/// plus the DestQP), written into this CPU's FLOW_KEY slot rather than
+/// onto the stack.
+#[inline(always)]
+pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
+    let (src, dst) = (ipv4_words(src), ipv4_words(dst));
+    flow_key(|i| src[i], |i| dst[i], protocol, l4)
+}
+
+/// An IPv6 packet's flow key, read word by word from the addresses in
+/// the packet (copies of them would take the stack's room).
+#[inline(always)]
+pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
+    let word = |a: &[u8; 16], i: usize| u32::from_le_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]);
+    flow_key(|i| word(src, i), |i| word(dst, i), protocol, l4)
+}
+
+/// Writes the key into FLOW_KEY, one store per field: built the plain way,
+/// LLVM merges an IPv4 key's zero words into a call to memset, which on
 /// BPF is a byte loop; volatile stores are never merged.
 #[inline(always)]
-pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> FlowKey {
-    let dest_qp = l4.dest_qp;
-    let (src, dst) = (ipv4_words(src), ipv4_words(dst));
-    let mut key = MaybeUninit::<FlowKey>::uninit();
-    let k = key.as_mut_ptr();
-    // SAFETY: every field is written before the key is read; padding never is.
+fn flow_key(
+    src_word: impl Fn(usize) -> u32,
+    dst_word: impl Fn(usize) -> u32,
+    protocol: u8,
+    l4: &L4,
+) -> Result<&'static FlowKey, Outcome> {
+    // A per-CPU array's slot 0 always exists; the check is for the verifier.
+    let k = FLOW_KEY.get_ptr_mut(0).ok_or(pass(PortCounter::PassNoMember))?;
+    // SAFETY: this CPU's slot, ours for this program run; every field is
+    // written before the key is read (padding never is).
     unsafe {
         for i in 0..4 {
-            write_volatile(&raw mut (*k).src[i], src[i]);
-            write_volatile(&raw mut (*k).dst[i], dst[i]);
+            write_volatile(&raw mut (*k).src[i], src_word(i));
+            write_volatile(&raw mut (*k).dst[i], dst_word(i));
         }
         write_volatile(&raw mut (*k).src_port, l4.src_port);
         write_volatile(&raw mut (*k).dst_port, l4.dst_port);
         write_volatile(&raw mut (*k).protocol, protocol);
-        write_volatile(&raw mut (*k).dest_qp, dest_qp);
-        key.assume_init()
+        write_volatile(&raw mut (*k).dest_qp, l4.dest_qp);
+        Ok(&*k)
     }
 }

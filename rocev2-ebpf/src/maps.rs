@@ -9,6 +9,7 @@ use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
     flowlet::{FlowletEntry, FlowletSlot},
+    hash::FlowKey,
     maps::*,
 };
 
@@ -129,6 +130,13 @@ pub static FLOWLET_SLOTS: Array<FlowletSlot> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static FLOWLET_SCRATCH: PerCpuArray<FlowletScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The packet's flow key, built here rather than on the stack: the
+/// forwarding call chain runs close to the verifier's 512 bytes, and the
+/// key's 44 bytes are better spent on the member choice's frame. Per CPU:
+/// one program run at a time uses it.
+#[map]
+pub static FLOW_KEY: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// CPUs the spreading stage (`cpu_spread`) hands flows to; each entry
 /// runs `rocev2_xdp_cpu` on its CPU.

@@ -86,9 +86,11 @@ pub fn ptr_at<T, C: PacketBuf>(ctx: &C, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
-/// Length of the whole frame. IP lengths are checked against this, not
-/// against the linear part: a jumbo frame's payload may sit in fragments
-/// (headers are always in the linear part, where ptr_at reads them).
+/// Length of the whole frame (a helper call in XDP), for frames the IP
+/// parsers did not measure. IP lengths are checked against the whole
+/// frame, not against the linear part: a jumbo frame's payload may sit in
+/// fragments (headers are always in the linear part, where ptr_at reads
+/// them).
 #[inline(always)]
 pub fn frame_len<C: PacketBuf>(ctx: &C) -> usize {
     ctx.total_len()
@@ -133,19 +135,20 @@ pub fn parse_l2<C: PacketBuf>(ctx: &C) -> Result<L2, Outcome> {
     Ok(L2 { l3_off, kind })
 }
 
-/// A checked IPv4 header and where its payload lies.
+/// A checked IPv4 header, where its payload lies and the frame's length.
 pub struct Ipv4 {
     pub hdr: *mut Ipv4Hdr,
     pub l4_off: usize,
     pub l4_end: usize,
+    pub frame_len: usize,
 }
 
 /// IPv4 header of any length (options allowed). Headers the kernel would
 /// reject are dropped here; lengths are checked against the frame so later
-/// reads cannot run past the IP packet. `frame_len` is [`frame_len`], read
-/// once per packet by the caller (it is a helper call).
+/// reads cannot run past the IP packet. The frame's length is measured
+/// here ([`PacketBuf::len_covering`]) and returned for the counters.
 #[inline(always)]
-pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv4, Outcome> {
+pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv4, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv4Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
@@ -154,10 +157,11 @@ pub fn parse_ipv4<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Res
     if vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN {
         return Err(bad);
     }
+    let frame_len = ctx.len_covering(l3_off + total_len);
     if total_len < header_len || l3_off + total_len > frame_len {
         return Err(bad);
     }
-    Ok(Ipv4 { hdr, l4_off: l3_off + header_len, l4_end: l3_off + total_len })
+    Ok(Ipv4 { hdr, l4_off: l3_off + header_len, l4_end: l3_off + total_len, frame_len })
 }
 
 /// True if the 20-byte IPv4 header's checksum is right (a header with
@@ -190,19 +194,22 @@ pub struct Ipv6 {
     pub hdr: *mut Ipv6Hdr,
     pub l4_off: usize,
     pub l4_end: usize,
+    pub frame_len: usize,
 }
 
+/// The IPv6 header, checked like [`parse_ipv4`]'s.
 #[inline(always)]
-pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize, frame_len: usize) -> Result<Ipv6, Outcome> {
+pub fn parse_ipv6<C: PacketBuf>(ctx: &C, l3_off: usize) -> Result<Ipv6, Outcome> {
     let bad = drop(PortCounter::DropBadIpHeader);
     let hdr: *mut Ipv6Hdr = ptr_at(ctx, l3_off).ok_or(bad)?;
     // SAFETY: bounds checked.
     let (version, payload_len) = unsafe { ((*hdr).vcf[0] >> 4, u16::from_be_bytes((*hdr).payload_len) as usize) };
     let l4_off = l3_off + Ipv6Hdr::LEN;
+    let frame_len = ctx.len_covering(l4_off + payload_len);
     if version != 6 || l4_off + payload_len > frame_len {
         return Err(bad);
     }
-    Ok(Ipv6 { hdr, l4_off, l4_end: l4_off + payload_len })
+    Ok(Ipv6 { hdr, l4_off, l4_end: l4_off + payload_len, frame_len })
 }
 
 /// Next-header values that are IPv6 extension headers. Packets carrying them

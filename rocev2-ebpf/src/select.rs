@@ -5,7 +5,7 @@ use rocev2_common::{
     counters::PortCounter,
     features::Features,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep, SlotOf},
-    hash::{member_hash, FlowKey, HashMode},
+    hash::{member_hash, member_hash_v4, FlowKey, HashMode},
     maps::{
         bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
         POLICY_PINNED,
@@ -20,16 +20,26 @@ use crate::{
     pin::NO_PIN,
 };
 
-/// The chosen member's position, plus the counters the choice moved. Its
-/// own BPF function (arguments packed to stay within five). A group whose
-/// policy needs a feature the program was loaded without is hashed (a
-/// flowlet group whose table kind, keyed or keyless, was not loaded too).
-#[inline(never)]
-pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_pin: BoundaryPin, now: u64) -> u32 {
+/// The chosen member's position, plus the counters the choice moved. `V4`
+/// keys hash with [`member_hash_v4`]. A group whose policy needs a feature
+/// the program was loaded without is hashed (a flowlet group whose table
+/// kind, keyed or keyless, was not loaded too). Inlined into the pipeline:
+/// the flowlet tables and the bucket lookup are BPF functions of their own,
+/// so the deepest call chain (pipeline, flowlet table, bucket lookup) stays
+/// within the verifier's 512 bytes of stack.
+#[inline(always)]
+pub fn choose_position<const V4: bool>(
+    at: SlotGroup,
+    group: &GroupEntry,
+    key: &FlowKey,
+    boundary_pin: BoundaryPin,
+    now: u64,
+) -> u32 {
+    let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
+    let hash = |mode| if V4 { member_hash_v4(key, mode, seed) } else { member_hash(key, mode, seed) };
     let (slot, group_id) = (at.slot(), at.group());
     let count = group.member_count;
     let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);
-    let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
     match group.policy {
         POLICY_FLOWLET if enabled(Features::FLOWLET_KEYLESS) && group.flowlet_flags & FLOWLET_KEYLESS != 0 => {
             keyless_position(at, group, key, BoundarySeed::new(boundary_pin.ends_message(), seed), now)
@@ -44,10 +54,10 @@ pub fn choose_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundar
             }
             _ => {
                 counters::add(slot, PortCounter::PinFallback, 1);
-                member_of(group_id, group, member_hash(key, HashMode::Qp, seed))
+                member_of(group_id, group, hash(HashMode::Qp))
             }
         },
-        _ => member_of(group_id, group, member_hash(key, mode, seed)),
+        _ => member_of(group_id, group, hash(mode)),
     }
 }
 
@@ -68,7 +78,10 @@ fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
 /// updated in place: a map update (bucket lock, LRU free-list pop and
 /// push) costs more than the whole rest of the pipeline, so only a flow's
 /// first packet, or one whose entry was evicted, pays for an insert.
-#[inline(always)]
+/// Its own BPF function, as is keyless_position: inlined, their live
+/// values took choose_position's frame to 200 bytes of spills, which every
+/// hashed packet's call chain then had to fit within 512 bytes.
+#[inline(never)]
 fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
     let (slot, group_id) = (at.slot(), at.group());
     let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
@@ -149,16 +162,16 @@ fn new_flowlet_position(group_id: u32, group: &GroupEntry, key: &FlowKey, seed: 
 /// so flows in one slot share its flowlet), decided by the shared pure
 /// step and updated in place; the array never grows, so there is no
 /// insert and no eviction.
-#[inline(always)]
+#[inline(never)]
 fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
     let (slot, group_id) = (at.slot(), at.group());
     let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
     let SlotOf { index, tag } = flowlet::slot_of(key, group_id, group.flowlet_slot_mask);
     // The key as LLVM cannot see through: otherwise it keeps the key's
     // pre-mixed words (which the re-hash of a new flowlet shares with the
-    // slot hash) in ten stack slots across the slot lookup, and the call
-    // chain no longer fits the verifier's 512 bytes. A new flowlet mixes
-    // the key again; a packet that keeps its flowlet spills nothing.
+    // slot hash) in stack slots across the slot lookup, stored for every
+    // packet (168 bytes of stack instead of 128). A new flowlet mixes the
+    // key again instead.
     let key = core::hint::black_box(key);
     let Some(state) = FLOWLET_SLOTS.get_ptr_mut(index) else {
         return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));

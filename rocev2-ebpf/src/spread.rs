@@ -9,11 +9,12 @@
 
 use aya_ebpf::{helpers::bpf_get_smp_processor_id, programs::XdpContext};
 use rocev2_common::{
-    hash::{flow_hash, FlowKey},
+    hash::{flow_hash, member_hash_v4, HashMode},
     maps::MAX_SPREAD_CPUS,
 };
 
 use crate::{
+    forward::{flow_key_v4, flow_key_v6},
     maps::{CONFIG, CPUS},
     parse::{self, L3Kind},
 };
@@ -43,36 +44,30 @@ pub fn spread(ctx: &XdpContext) -> u32 {
     }
 }
 
-/// Its own BPF function: the parse and key stay out of the frame that
-/// also runs the pipeline's fallback (the stack limit is for the chain).
+/// The flow's `qp` hash, 0 where the frame ends early (such frames all
+/// go to one CPU, where the pipeline sorts them). Its own BPF function:
+/// the parse stays out of the frame that also runs the pipeline's
+/// fallback (the stack limit is for the chain). The key goes to the
+/// per-CPU FLOW_KEY slot, which the pipeline rewrites after it.
 #[inline(never)]
 fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
-    flow_hash(&flow_of(ctx), seed)
-}
-
-/// The flow key the pipeline's `qp` hash uses (zero where the frame ends
-/// early: such frames all go to one CPU, where the pipeline sorts them).
-#[inline(always)]
-fn flow_of(ctx: &XdpContext) -> FlowKey {
-    let mut key = FlowKey::default();
-    let Ok(l2) = parse::parse_l2(ctx) else { return key };
-    let len = parse::frame_len(ctx);
+    let Ok(l2) = parse::parse_l2(ctx) else { return 0 };
     match l2.kind {
         L3Kind::V4 => {
-            let Ok(ip) = parse::parse_ipv4(ctx, l2.l3_off, len) else { return key };
+            let Ok(ip) = parse::parse_ipv4(ctx, l2.l3_off) else { return 0 };
             // SAFETY: parse_ipv4 checked the header.
             let (src, dst, protocol) = unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto) };
-            let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return key };
-            key = crate::forward::flow_key_v4(src, dst, protocol, &l4);
+            let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return 0 };
+            let Ok(key) = flow_key_v4(src, dst, protocol, &l4) else { return 0 };
+            member_hash_v4(key, HashMode::Qp, seed)
         }
         L3Kind::V6 => {
-            let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off, len) else { return key };
+            let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off) else { return 0 };
             // SAFETY: parse_ipv6 checked the header.
             let (src, dst, next) = unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr) };
-            let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return key };
-            key = FlowKey::v6_ref(src, dst, next, l4.src_port, l4.dst_port);
-            key.dest_qp = l4.dest_qp;
+            let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return 0 };
+            let Ok(key) = flow_key_v6(src, dst, next, &l4) else { return 0 };
+            flow_hash(key, seed)
         }
     }
-    key
 }

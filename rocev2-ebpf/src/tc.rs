@@ -41,7 +41,7 @@ pub fn tc_forward(ctx: &TcContext) -> i32 {
     let len = u64::from(ctx.len());
     pull_headers(ctx);
     let mut out = MaybeUninit::<Forward>::uninit();
-    let mut result = forward(ctx, slot, len, &mut out);
+    let mut result = forward(ctx, slot, &mut out);
     if result.is_ok() {
         // SAFETY: forward wrote `out` when it returned Ok.
         let f = unsafe { out.assume_init_ref() };
@@ -89,7 +89,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
     let l2 = parse::parse_l2(ctx)?;
     match l2.kind {
         L3Kind::V4 => {
-            let ip = parse::parse_ipv4(ctx, l2.l3_off, len as usize)?;
+            let ip = parse::parse_ipv4(ctx, l2.l3_off)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv4.
             let (tos, ttl, protocol) = unsafe { ((*hdr).tos, (*hdr).ttl, (*hdr).proto) };
@@ -102,7 +102,7 @@ fn mark_local(ctx: &TcContext) -> Result<u32, Outcome> {
             Ok(priority)
         }
         L3Kind::V6 => {
-            let ip = parse::parse_ipv6(ctx, l2.l3_off, len as usize)?;
+            let ip = parse::parse_ipv6(ctx, l2.l3_off)?;
             let hdr = ip.hdr;
             // SAFETY: header checked by parse_ipv6.
             let (vcf, hop_limit, next_header) = unsafe { ((*hdr).vcf, (*hdr).hop_limit, (*hdr).next_hdr) };

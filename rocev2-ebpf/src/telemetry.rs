@@ -32,7 +32,7 @@ use crate::{
     features::enabled,
     forward::Forward,
     maps::{FLOWLETS, FLOWLET_SLOTS, GROUPS},
-    parse::{self, IPPROTO_UDP},
+    parse::IPPROTO_UDP,
     transport,
 };
 
@@ -82,11 +82,11 @@ static TELEMETRY_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1
 #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the keys onto the stack")]
 pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     let (group, position) = (f.group, f.position);
-    let len = parse::frame_len(ctx) as u64;
+    let len = u64::from(f.len);
     let Some(scratch) = TELEMETRY_SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: this CPU's own scratch slot.
     let scratch = unsafe { &mut *scratch };
-    if !transport::locate_into(ctx, len as usize, &mut scratch.at) {
+    if !transport::locate_into(ctx, &mut scratch.at) {
         return;
     }
     let at = &scratch.at;

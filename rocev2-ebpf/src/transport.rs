@@ -29,11 +29,11 @@ pub struct RoceAt {
     pub bth: Bth,
 }
 
-/// [`locate`] (`frame_len`: the whole frame's length) into `out` (e.g. per-CPU scratch, off the BPF stack); false
+/// [`locate`] into `out` (e.g. per-CPU scratch, off the BPF stack); false
 /// if the frame is not RoCEv2.
 #[inline(always)]
-pub fn locate_into<C: PacketBuf>(ctx: &C, frame_len: usize, out: &mut RoceAt) -> bool {
-    match locate(ctx, frame_len) {
+pub fn locate_into<C: PacketBuf>(ctx: &C, out: &mut RoceAt) -> bool {
+    match locate(ctx) {
         Some(at) => {
             *out = at;
             true
@@ -43,18 +43,18 @@ pub fn locate_into<C: PacketBuf>(ctx: &C, frame_len: usize, out: &mut RoceAt) ->
 }
 
 #[inline(always)]
-pub fn locate<C: PacketBuf>(ctx: &C, frame_len: usize) -> Option<RoceAt> {
+pub fn locate<C: PacketBuf>(ctx: &C) -> Option<RoceAt> {
     let l2 = parse::parse_l2(ctx).ok()?;
     let (src, dst, family, l4_off, l4_end, protocol, tos) = match l2.kind {
         L3Kind::V4 => {
-            let ip = parse::parse_ipv4(ctx, l2.l3_off, frame_len).ok()?;
+            let ip = parse::parse_ipv4(ctx, l2.l3_off).ok()?;
             // SAFETY: parse_ipv4 checked the header lies in the packet.
             let (src, dst, protocol, tos) =
                 unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto, (*ip.hdr).tos) };
             (ipv4_words(src), ipv4_words(dst), 4, ip.l4_off, ip.l4_end, protocol, tos)
         }
         L3Kind::V6 => {
-            let ip = parse::parse_ipv6(ctx, l2.l3_off, frame_len).ok()?;
+            let ip = parse::parse_ipv6(ctx, l2.l3_off).ok()?;
             // SAFETY: parse_ipv6 checked the header lies in the packet.
             let (src, dst, protocol, vcf) =
                 unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr, (*ip.hdr).vcf) };

@@ -283,8 +283,10 @@ const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev"
 /// routing daemon of the kernel-routes tests and `lab up --routing bgp`; for
 /// packaging: `systemd` (systemd-analyze verify on the unit, no running
 /// systemd needed), `man-db` (verify looks up Documentation=man:),
-/// `lintian` (checks the .deb).
-const TOOL_PACKAGES: &[&str] = &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian"];
+/// `lintian` (checks the .deb), `linux-perf` (`rocev2 bench --profile`
+/// samples with `perf record`).
+const TOOL_PACKAGES: &[&str] =
+    &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian", "linux-perf"];
 /// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
 const CARGO_DEB_VERSION: &str = "3.8";
 

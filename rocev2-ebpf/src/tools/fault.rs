@@ -26,7 +26,7 @@ pub fn xdp_fault(ctx: &XdpContext) -> u32 {
 /// Whether to drop this frame now; counts the drop down if so.
 #[inline(always)]
 pub fn take_drop<C: PacketBuf>(ctx: &C) -> bool {
-    let Some(at) = transport::locate(ctx, crate::parse::frame_len(ctx)) else { return false };
+    let Some(at) = transport::locate(ctx) else { return false };
     if let Some(left) = FAULT_DROPS.get_ptr_mut(fault_key(at.bth.dest_qp, at.bth.psn)) {
         // SAFETY: a plain u32 in the map; a lost race drops once more or less.
         unsafe {

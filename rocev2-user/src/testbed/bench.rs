@@ -12,7 +12,9 @@
 
 mod fabric;
 mod forwarding;
+mod jit_lines;
 mod kernel_routes;
+mod profile;
 mod telemetry;
 
 use forwarding::{part2, UPLINKS};
@@ -81,6 +83,21 @@ pub struct BenchArgs {
     /// Rounds per forwarding measurement.
     #[arg(long, default_value_t = 3)]
     pub fwd_rounds: usize,
+    /// Instead of the report: where one pipeline's per-packet time goes,
+    /// source line by source line (five-tuple, qp, flowlet or full), from
+    /// `perf record` samples of its part-1 measurement. The report has the
+    /// qp and full pipelines' profiles too.
+    #[arg(long, value_name = "PIPELINE")]
+    pub profile: Option<String>,
+    /// Seconds each profile samples.
+    #[arg(long, default_value_t = 4.0)]
+    pub profile_seconds: f64,
+    /// Profile the IPv6 frame instead of the IPv4 one.
+    #[arg(long)]
+    pub profile_v6: bool,
+    /// Lines --profile shows before it sums up the rest.
+    #[arg(long, default_value_t = profile::REPORT_ROWS)]
+    pub profile_rows: usize,
     /// Instead of the report: run one part-1 measurement in a loop for
     /// this many seconds, printing its cost, so `perf record -a` can
     /// profile it (five-tuple, qp, flowlet or full; IPv4 unless --loop-v6).
@@ -800,34 +817,6 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
     Ok(Part1 { rows, above_floor })
 }
 
-/// `--loop`: one pipeline's part-1 measurement over and over, for a
-/// profiler attached from outside (`perf record -a -g`).
-fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
-    let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
-    let features = pipeline.map_or(Features::ALL, |p| p.features());
-    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
-    let mut floor = test_run_floor()?;
-    let (program, label) = if name == "floor" {
-        (XDP_REDIRECT_PROGRAM, "floor".to_owned())
-    } else {
-        let pipeline = pipeline
-            .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
-        pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
-        (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
-    };
-    let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
-    let started = Instant::now();
-    while started.elapsed().as_secs_f64() < args.loop_seconds {
-        let ns = if program == XDP_REDIRECT_PROGRAM {
-            cost_ns_repeat(&mut floor, program, &frame, args.packets, args.loop_repeat)?
-        } else {
-            cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?
-        };
-        println!("{label}: {ns:.1} ns");
-    }
-    Ok(())
-}
-
 // ------------------------------------------------------------ report
 
 fn machine() -> String {
@@ -857,7 +846,12 @@ fn render_table(rows: &[Row]) -> String {
 pub fn run(args: &BenchArgs) -> Result<()> {
     crate::privileges::check()?;
     if let Some(name) = &args.r#loop {
-        return profile_loop(args, name);
+        return profile::profile_loop(args, name);
+    }
+    if let Some(name) = &args.profile {
+        let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
+        print!("{}", p.render(args.profile_rows));
+        return Ok(());
     }
     let started = Instant::now();
     let machine = machine();
@@ -866,6 +860,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut notes = Vec::new();
     let mut p1 = part1(args, &mut control, &mut reading)?;
     p1.rows.extend(telemetry::telemetry_rows(args)?);
+    let profiles = [Pipeline::Qp, Pipeline::Full]
+        .into_iter()
+        .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render(profile::REPORT_ROWS)))
+        .collect::<Result<Vec<_>>>()?;
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
@@ -911,65 +909,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         md.push('\n');
     }
     md.push_str(READING);
+    md.push_str(profile::HEADING);
+    for p in &profiles {
+        md.push('\n');
+        md.push_str(p);
+    }
     std::fs::write(&args.out, &md).with_context(|| format!("cannot write {}", args.out.display()))?;
     eprintln!("bench: wrote {} in {:.0} s", args.out.display(), started.elapsed().as_secs_f64());
     Ok(())
 }
 
-const READING: &str = "
-- Load-time features. `rocev2 run` loads the pipeline with only the
-  features its config uses (flowlet, pinned, ECN, classes; counters always)
-  as a read-only constant the verifier folds, so the code of the others is
-  gone from the loaded program: the `as loaded for` lines above give each
-  row's program size. Each part-1 row runs on its own instance loaded the
-  way `rocev2 run` would load it; the `marginal` rows are qp plus one
-  feature (or minus the counters, or with every feature loaded but unused,
-  which is what every config paid before) read against the qp row of the
-  same round.
-- What changed in the hot path, with the qp row of the baseline run on
-  this machine (same bench, all features always loaded; IPv4, 10 routes,
-  ns above the floor) for comparison with the table: five-tuple +173, qp
-  +173, flowlet +242, flowlet+ECN+classes +266; through veths qp forwarded
-  65 % of the redirect, 3.2x the kernel; `rocev2_xdp` was 4,286 xlated
-  instructions for every config.
-  1. Feature gating (above): qp 4,286 -> about 2,150 instructions.
-  2. Port counters are one per-CPU block per port, found once per packet
-     (five to seven array lookups before).
-  3. The forwarding programs called `memset` three times per packet (a
-     zeroed result struct and the IPv4 flow key's zero words). On BPF that
-     is a byte loop: 44 iterations, about 220 instructions. The key is now
-     written one field at a time and the result is left unwritten until
-     the pipeline fills it; `llvm-objdump -r` of the object shows no memset
-     relocation in the forwarding programs.
-  4. The frame length (a helper call) is read once per packet, not twice.
-- Where the qp row's remaining cost goes (cpu-clock profile of
-  `rocev2 bench --loop qp`, samples inside the program and the kernel
-  functions it calls; static instruction counts from `llvm-objdump -d` of
-  the object): the entry function `rocev2_xdp` (219 instructions: port
-  slot, frame length helper, Ethernet parse, counter block and member
-  counters, the devmap redirect) about 40 %; `forward_v4_call` (676
-  instructions: IPv4 checks and checksum, route cache, UDP/BTH parse, flow
-  key, group and member lookups, rewrite) about 30 %; `choose_position`'s
-  hash path (MurmurHash3 over 11 words, the bucket table) about 23 %; the
-  devmap lookup of the redirect about 8 %, which the floor pays too.
-  Next design steps, in the order of what they save: hash only the words
-  an IPv4 key carries (5 mixes instead of 11; one change in
-  rocev2_common::hash serves the kernel, explain and the simulator), fold
-  the per-member counters into the port block (one per-CPU lookup fewer),
-  and read the frame length from data_end - data unless the frame has
-  fragments. The flowlet rows are dominated by the LRU table (jhash of a
-  44-byte key, bucket walk, compare); a keyless hash-indexed table (what
-  switch ASICs use) is the step that would bring them to the target.
-- cpu_spread = \"qp\" row: the generator is pinned to CPU 0, and a veth
-  delivers on the sending CPU, so every plain row's pipeline runs on CPU 0
-  (their shares say 100%/0%). The spreading program runs there too and
-  hands each flow whose qp hash names CPU 1 through a CPU map to CPU 1's
-  pipeline; a flow that is already on its CPU is forwarded in place. The
-  shares show the work that moved. On this 2-core VM CPU 1 is also where
-  every other process runs, so the row shows the spread, not a higher
-  rate: that needs a box whose NIC interrupts leave CPUs idle.
-- Part 2 compares rows fed by the same generator in one run. On this
-  2-core machine the sender, the switch and the receivers share the two
-  CPUs, so a row's rate is also limited by how much CPU it leaves to the
-  sender: the ratios are what to read, not the absolute Mpps.
-";
+/// How to read the report (prose, kept beside the code that measures it).
+const READING: &str = include_str!("bench/reading.md");

@@ -441,7 +441,7 @@ impl Template {
     fn new(frame: Vec<u8>, ip_off: usize, ipv6: bool, psn: u32, psn_step: u32, msn: Option<(u32, u32)>) -> Self {
         let udp_off = ip_off + if ipv6 { 40 } else { 20 };
         let bth_off = udp_off + 8;
-        // The ICRC input (ROCE-NOTES): 8 bytes of ones, then IP header, UDP
+        // The ICRC input (RoCEv2 annex A17): 8 bytes of ones, then IP header, UDP
         // header and BTH with the variant fields set to ones.
         let mut masked = frame[ip_off..bth_off + 9].to_vec();
         if ipv6 {

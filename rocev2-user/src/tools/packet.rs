@@ -335,7 +335,7 @@ pub fn build_tcp_frame(spec: &PlainFrameSpec) -> Vec<u8> {
 
 /// ICRC over `ip_header` (with any extension headers) and `udp` (UDP header
 /// through the ICRC, whose own 4 bytes are left out), with the variant fields
-/// set to all-ones as ROCE-NOTES.md lists them.
+/// set to all-ones (InfiniBand spec Annex A17, the RoCEv2 ICRC).
 fn icrc_of(ip_header: &[u8], udp: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&[0xFF; ICRC_PREFIX_LEN]);

@@ -1,0 +1,473 @@
+//! `rocev2 bench --profile PIPELINE`: where one pipeline's per-packet time
+//! goes, source line by source line.
+//!
+//! The part-1 measurement runs in a loop on one CPU while `perf record`
+//! samples that CPU with call chains. Each sample of the loop's thread is
+//! charged to a source line through the kernel's JIT line table
+//! (jit_lines.rs): a sample in the program to the line of the instruction
+//! it hit, a sample in a kernel function the program called (a map
+//! lookup, a helper) to the line that made the call. Inlined library code
+//! (core, aya-ebpf) is charged to the rocev2 line that called it and named
+//! beside it. The samples inside the kernel's measured window split the
+//! measured ns per packet.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::{gettid, Pid},
+};
+
+use super::{
+    bench_frame, cost_ns_repeat, jit_lines::JitLines, lo_members, median, test_run_dataplane_with, test_run_floor,
+    BenchArgs, Pipeline, DEFAULT_FLOWLET_TABLE_SIZE, LOOPBACK, PIPELINES, XDP_PROGRAM,
+};
+use crate::{gen::CpuPin, programs::XDP_REDIRECT_PROGRAM};
+use rocev2_common::features::Features;
+
+/// Samples per second per CPU (perf's cpu-clock, a timer: it works in VMs
+/// without hardware counters).
+const SAMPLE_HZ: u32 = 10_000;
+/// Program runs per measurement inside the loop (one ns reading each).
+const BATCH: u64 = 20_000;
+/// Rows the report shows before the rest is summed up.
+pub const REPORT_ROWS: usize = 25;
+
+/// The kernel function that measures a test run: a sample under it and
+/// outside the program is the harness inside the measured window (clock
+/// reads, the XDP dispatcher), which the floor pays as well.
+const MEASURED_WINDOW: &str = "bpf_test_run";
+
+/// The report's section before the profiles.
+pub const HEADING: &str = "
+## Where the time goes
+
+Made by `rocev2 bench --profile PIPELINE`: the pipeline's part-1
+measurement (IPv4, 10 routes) runs in a loop on the last CPU while
+`perf record -e cpu-clock -g` samples that CPU. A sample in the program is
+charged to the source line of the instruction it hit, through the kernel's
+JIT line table (the program's BTF line info and the JIT address of each
+line record); a sample in a kernel function the program called (a hash map
+lookup, a helper) to the line that called it; inlined library code (core,
+aya-ebpf) to the nearest rocev2 line before it (usually its caller; line
+info has no inlining chain), named beside it. `xlated insns` is
+the number of BPF instructions of the sampled line records (as
+`bpftool prog dump xlated linum` shows them). The samples in the kernel's
+measured window split the ns per packet measured during the profile.
+";
+
+/// What runs at a sampled place besides the rocev2 line itself.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Detail {
+    /// The line's own instructions.
+    Own,
+    /// An inlined library line (`core/src/option.rs:1226 `match self {``).
+    Library(String),
+    /// A kernel function the line called (`__htab_map_lookup_elem`).
+    Kernel(String),
+}
+
+/// One row of the profile: a rocev2 source line and what ran there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LineCost {
+    /// `rocev2-ebpf/src/parse.rs:83`
+    pub location: String,
+    pub text: String,
+    pub detail: Detail,
+    pub samples: u64,
+    /// xlated instructions of the sampled line records (0 for kernel calls).
+    pub insns: u32,
+}
+
+/// A sampled call chain, innermost frame first: (address, symbol).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    pub tid: i32,
+    pub frames: Vec<(u64, String)>,
+}
+
+#[derive(Debug, Default)]
+pub struct Profile {
+    pub label: String,
+    /// The kernel's ns per program run during the profile (median of batches).
+    pub measured_ns: f64,
+    pub rows: Vec<LineCost>,
+    /// Samples in the program or in what it called.
+    pub program_samples: u64,
+    /// Samples in the measured window outside the program (harness).
+    pub harness_samples: u64,
+    /// Samples of the loop's thread outside the measured window (the
+    /// syscall, copying the frame, user space).
+    pub outside_samples: u64,
+    pub seconds: f64,
+}
+
+/// Charges each sample of thread `tid` to a line of `jit` (see the module
+/// comment).
+pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
+    let mut rows: BTreeMap<(String, Detail), LineCost> = BTreeMap::new();
+    let mut counted_records: BTreeMap<(String, Detail), Vec<usize>> = BTreeMap::new();
+    let mut profile = Profile::default();
+    for sample in samples.iter().filter(|s| s.tid == tid) {
+        let Some(k) = sample.frames.iter().position(|(ip, _)| jit.contains(*ip)) else {
+            if sample.frames.iter().any(|(_, sym)| sym == MEASURED_WINDOW) {
+                profile.harness_samples += 1;
+            } else {
+                profile.outside_samples += 1;
+            }
+            continue;
+        };
+        let ip = sample.frames[k].0;
+        // Above the innermost frame the address is a return address: the
+        // call is the instruction before it.
+        let Some(index) = jit.line_at(if k == 0 { ip } else { ip - 1 }) else {
+            profile.outside_samples += 1;
+            continue;
+        };
+        profile.program_samples += 1;
+        let owner = jit.line(jit.owner(index));
+        let hit = jit.line(index);
+        let detail = if k > 0 {
+            Detail::Kernel(sample.frames[k - 1].1.clone())
+        } else if hit.is_own() {
+            Detail::Own
+        } else {
+            Detail::Library(format!("{} `{}`", hit.location(), hit.text))
+        };
+        let key = (owner.location(), detail.clone());
+        let row = rows.entry(key.clone()).or_insert_with(|| LineCost {
+            location: owner.location(),
+            text: owner.text.clone(),
+            detail: detail.clone(),
+            samples: 0,
+            insns: 0,
+        });
+        row.samples += 1;
+        let records = counted_records.entry(key).or_default();
+        if !matches!(detail, Detail::Kernel(_)) && !records.contains(&index) {
+            records.push(index);
+            row.insns += hit.insns;
+        }
+    }
+    profile.rows = rows.into_values().collect();
+    profile.rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.location.cmp(&b.location)));
+    profile
+}
+
+/// Parses `perf script -F tid,ip,sym` output of a call-chain recording.
+pub fn parse_perf_script(text: &str) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let mut current: Option<Sample> = None;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            samples.extend(current.take());
+        } else if !line.starts_with('\t') && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+            samples.extend(current.take());
+            current = Some(Sample { tid: trimmed.parse().unwrap_or(-1), frames: Vec::new() });
+        } else if let Some(sample) = current.as_mut() {
+            let (ip, sym) = trimmed.split_once(' ').unwrap_or((trimmed, ""));
+            if let Ok(ip) = u64::from_str_radix(ip, 16) {
+                sample.frames.push((ip, sym.trim().to_owned()));
+            }
+        }
+    }
+    samples.extend(current);
+    samples
+}
+
+/// Profiles `pipeline` for `seconds` on the last CPU.
+pub fn profile(pipeline: Pipeline, v6: bool, seconds: f64) -> Result<Profile> {
+    let perf = which_perf()?;
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, pipeline.features())?;
+    pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+    let jit = JitLines::of_program(dp.xdp_program(XDP_PROGRAM)?.fd()?.as_fd())?;
+    let frame = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+    let cpu = std::thread::available_parallelism().map_or(0, |n| n.get() - 1);
+    let _pin = CpuPin::new(cpu)?;
+    // Warm the program and its maps before sampling starts.
+    cost_ns_repeat(&mut dp, XDP_PROGRAM, &frame, BATCH, 1)?;
+    let mut recorder = Recorder::start(&perf, cpu)?;
+    let started = Instant::now();
+    let mut batches = Vec::new();
+    while started.elapsed().as_secs_f64() < seconds {
+        batches.push(cost_ns_repeat(&mut dp, XDP_PROGRAM, &frame, BATCH, 1)?);
+    }
+    let sampled = started.elapsed().as_secs_f64();
+    let samples = recorder.finish()?;
+    let mut profile = attribute(&samples, gettid().as_raw(), &jit);
+    if profile.program_samples == 0 {
+        bail!("no sample fell inside the program ({} samples in all): is the BPF JIT on?", samples.len());
+    }
+    profile.label = format!("{}, {}", pipeline.name(), if v6 { "IPv6" } else { "IPv4" });
+    profile.measured_ns = median(batches);
+    profile.seconds = sampled;
+    Ok(profile)
+}
+
+/// `perf record` sampling one CPU with call chains, until finished or
+/// dropped; its data file is removed either way.
+struct Recorder {
+    perf: PathBuf,
+    child: Child,
+    data: PathBuf,
+}
+
+impl Recorder {
+    fn start(perf: &Path, cpu: usize) -> Result<Self> {
+        let data = std::env::temp_dir().join(format!("rocev2-profile-{}.perf.data", std::process::id()));
+        let child = Command::new(perf)
+            .args(["record", "--quiet", "-e", "cpu-clock", "-g", "-F", &SAMPLE_HZ.to_string(), "-C", &cpu.to_string()])
+            .arg("-o")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", perf.display()))?;
+        let recorder = Self { perf: perf.to_owned(), child, data };
+        // perf writes its file's header once the events are set up.
+        let started = Instant::now();
+        while !recorder.data.exists() {
+            if started.elapsed() > Duration::from_secs(5) {
+                bail!("perf record did not start within 5 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(recorder)
+    }
+
+    /// Stops the recording and reads its samples.
+    fn finish(&mut self) -> Result<Vec<Sample>> {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+        let mut errors = String::new();
+        if let Some(mut stderr) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut errors);
+        }
+        self.child.wait().context("waiting for perf record")?;
+        let script = Command::new(&self.perf)
+            .args(["script", "-F", "tid,ip,sym", "-i"])
+            .arg(&self.data)
+            .stderr(Stdio::null())
+            .output()
+            .context("perf script")?;
+        if !script.status.success() || script.stdout.is_empty() {
+            bail!("perf recorded nothing: {}", errors.trim());
+        }
+        Ok(parse_perf_script(&String::from_utf8_lossy(&script.stdout)))
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.data);
+    }
+}
+
+/// `--loop`: one pipeline's part-1 measurement over and over, for a
+/// profiler attached from outside (`perf record -a -g`).
+pub fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
+    let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
+    let features = pipeline.map_or(Features::ALL, |p| p.features());
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
+    let mut floor = test_run_floor()?;
+    let (program, label) = if name == "floor" {
+        (XDP_REDIRECT_PROGRAM, "floor".to_owned())
+    } else {
+        let pipeline = pipeline
+            .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
+        pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+        (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
+    };
+    let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+    let started = Instant::now();
+    while started.elapsed().as_secs_f64() < args.loop_seconds {
+        let ns = if program == XDP_REDIRECT_PROGRAM {
+            cost_ns_repeat(&mut floor, program, &frame, args.packets, args.loop_repeat)?
+        } else {
+            cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?
+        };
+        println!("{label}: {ns:.1} ns");
+    }
+    Ok(())
+}
+
+/// `perf` from linux-perf (`cargo xtask setup` installs it).
+fn which_perf() -> Result<PathBuf> {
+    ["/usr/bin/perf", "/usr/local/bin/perf", "/usr/sbin/perf"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .context("--profile needs perf (Debian: apt-get install linux-perf; `cargo xtask setup` installs it)")
+}
+
+/// `--profile NAME`: the pipeline a name gives.
+pub fn pipeline_named(name: &str) -> Result<Pipeline> {
+    PIPELINES.into_iter().find(|p| p.short_name() == name).with_context(|| {
+        let names: Vec<_> = PIPELINES.iter().map(|p| p.short_name()).collect();
+        format!("--profile: unknown pipeline {name:?} (one of {})", names.join(", "))
+    })
+}
+
+fn markdown_code(text: &str) -> String {
+    let mut t: String = text.chars().take(70).collect::<String>().replace('`', "'").replace('|', "\\|");
+    if text.chars().count() > 70 {
+        t.push('…');
+    }
+    format!("`{t}`")
+}
+
+impl Profile {
+    /// ns per packet one sample of the measured window stands for.
+    fn ns_per_sample(&self) -> f64 {
+        self.measured_ns / (self.program_samples + self.harness_samples).max(1) as f64
+    }
+
+    /// The profile as a Markdown section: the `top` lines, the rest
+    /// summed, then the cost by file.
+    pub fn render(&self, top: usize) -> String {
+        let per = self.ns_per_sample();
+        let window = self.program_samples + self.harness_samples;
+        let share = |n: u64| 100.0 * n as f64 / window.max(1) as f64;
+        let mut s = String::new();
+        let _ = writeln!(s, "### {}: {:.1} ns per packet\n", self.label, self.measured_ns);
+        let _ = writeln!(
+            s,
+            "{} samples in {:.1} s inside the measured window: {} in the program and the kernel functions it calls ({:.1} ns), {} in the test-run harness ({:.1} ns: clock reads, dispatcher; the floor pays them too). {} more samples of the loop fell outside the window (syscall, frame copy).\n",
+            window,
+            self.seconds,
+            self.program_samples,
+            self.program_samples as f64 * per,
+            self.harness_samples,
+            self.harness_samples as f64 * per,
+            self.outside_samples,
+        );
+        s.push_str("| ns | share | rocev2 line | what runs there | xlated insns |\n|---|---|---|---|---|\n");
+        for row in self.rows.iter().take(top) {
+            let what = match &row.detail {
+                Detail::Own => String::new(),
+                Detail::Library(line) => {
+                    let (location, text) = line.split_once(' ').unwrap_or((line, ""));
+                    format!("inlined {location} {}", markdown_code(text.trim_matches('`')))
+                }
+                Detail::Kernel(function) => format!("call: kernel `{function}`"),
+            };
+            let insns = if row.insns == 0 { String::new() } else { row.insns.to_string() };
+            let _ = writeln!(
+                s,
+                "| {:.1} | {:.1}% | {} {} | {what} | {insns} |",
+                row.samples as f64 * per,
+                share(row.samples),
+                row.location,
+                markdown_code(&row.text),
+            );
+        }
+        let rest: u64 = self.rows.iter().skip(top).map(|r| r.samples).sum();
+        if rest > 0 {
+            let _ = writeln!(
+                s,
+                "| {:.1} | {:.1}% | {} more lines |  |  |",
+                rest as f64 * per,
+                share(rest),
+                self.rows.len() - top
+            );
+        }
+        let mut by_file: BTreeMap<&str, u64> = BTreeMap::new();
+        for row in &self.rows {
+            let file = row.location.rsplit_once(':').map_or(row.location.as_str(), |(f, _)| f);
+            *by_file.entry(file).or_default() += row.samples;
+        }
+        let mut by_file: Vec<_> = by_file.into_iter().collect();
+        by_file.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        s.push_str("\nBy file: ");
+        let files: Vec<String> =
+            by_file.iter().map(|(file, n)| format!("{file} {:.1} ns ({:.0}%)", *n as f64 * per, share(*n))).collect();
+        s.push_str(&files.join(", "));
+        s.push_str(".\n");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testbed::bench::jit_lines::JitLine;
+
+    fn line(addr: u64, file: &str, line: u32, text: &str) -> JitLine {
+        JitLine { addr, insn: addr as u32, insns: 3, file: file.into(), line, text: text.into() }
+    }
+
+    const SCRIPT: &str = "\
+ 7 
+\tffffffffc0000010 bpf_prog_aa_rocev2_xdp
+\tffffffff81f0930a bpf_test_run
+\tffffffff81f0ad2b bpf_prog_test_run_xdp
+
+ 7 
+\tffffffffc0000022 bpf_prog_aa_rocev2_xdp
+\tffffffff81f0930a bpf_test_run
+
+ 7 
+\tffffffff81234567 __htab_map_lookup_elem
+\tffffffffc0000031 bpf_prog_aa_rocev2_xdp
+\tffffffff81f0930a bpf_test_run
+
+ 7 
+\tffffffff81e93ed5 bpf_dispatcher_xdp_func
+\tffffffff81f0930a bpf_test_run
+
+ 7 
+\tffffffff81f0aa65 bpf_prog_test_run_xdp
+\tffffffff814ddf21 __sys_bpf
+
+ 8 
+\tffffffffc0000010 bpf_prog_aa_rocev2_xdp
+";
+
+    #[test]
+    fn samples_are_charged_to_lines_calls_and_the_harness() {
+        let base = 0xffff_ffff_c000_0000;
+        let jit = JitLines::new(
+            vec![base..base + 0x40, base + 0x100..base + 0x140],
+            vec![
+                line(base, "rocev2-ebpf/src/parse.rs", 83, "if start > end {"),
+                line(base + 0x20, "core/src/option.rs", 1226, "match self {"),
+                line(base + 0x30, "rocev2-ebpf/src/maps.rs", 81, "GROUPS.get(id)"),
+            ],
+        );
+        let samples = parse_perf_script(SCRIPT);
+        assert_eq!(samples.len(), 6);
+        assert_eq!(samples[2].frames[0], (0xffff_ffff_8123_4567, "__htab_map_lookup_elem".to_owned()));
+        let p = attribute(&samples, 7, &jit);
+        assert_eq!((p.program_samples, p.harness_samples, p.outside_samples), (3, 1, 1), "thread 8 is not ours");
+        let row = |loc: &str, detail: Detail| {
+            p.rows.iter().find(|r| r.location == loc && r.detail == detail).map(|r| (r.samples, r.insns))
+        };
+        assert_eq!(row("rocev2-ebpf/src/parse.rs:83", Detail::Own), Some((1, 3)));
+        assert_eq!(
+            row("rocev2-ebpf/src/parse.rs:83", Detail::Library("core/src/option.rs:1226 `match self {`".into())),
+            Some((1, 3)),
+            "inlined library code is charged to the rocev2 line before it"
+        );
+        // The return address 0x31 is after the call at 0x30.
+        assert_eq!(row("rocev2-ebpf/src/maps.rs:81", Detail::Kernel("__htab_map_lookup_elem".into())), Some((1, 0)));
+        let mut p = p;
+        p.measured_ns = 100.0;
+        p.label = "test".into();
+        let text = p.render(REPORT_ROWS);
+        assert!(text.contains("| 25.0 | 25.0% | rocev2-ebpf/src/maps.rs:81 `GROUPS.get(id)` | call: kernel `__htab_map_lookup_elem` |  |"), "{text}");
+        assert!(text.contains("rocev2-ebpf/src/parse.rs 50.0 ns (50%)"), "{text}");
+    }
+}
