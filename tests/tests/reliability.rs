@@ -101,6 +101,24 @@ fn reload_changes_members_and_routes_without_loss() {
 }
 
 #[test]
+fn reload_refuses_a_flowlet_table_kind_the_programs_were_loaded_without() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let keyed = lab.config("qp").replace("name = \"spines\"\n", "name = \"spines\"\npolicy = \"flowlet\"\n");
+    let config = lab.write_config_text("flowlet", &keyed).unwrap();
+    let dataplane = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let keyless = keyed.replace("policy = \"flowlet\"\n", "policy = \"flowlet\"\nflowlet_table = \"keyless\"\n");
+    std::fs::write(&config, &keyless).unwrap();
+    let out = rocev2(&["reload", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success(), "the keyless table was not loaded: the reload must be refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("flowlet-keyless") && err.contains("running config stays"), "{err}");
+    let output = dataplane.stop().unwrap();
+    // Only the keyed table's code was loaded.
+    assert!(output.contains("programs loaded with features: flowlet-keyed, classes, counters"), "{output}");
+}
+
+#[test]
 fn restart_with_handover_loses_nothing() {
     require_root();
     let lab = EcmpLab::create(UPLINKS).unwrap();
