@@ -18,6 +18,7 @@ pub mod names {
     pub const MEMBERS: &str = "MEMBERS";
     pub const PORTS: &str = "PORTS";
     pub const EGRESS_DEVS: &str = "EGRESS_DEVS";
+    pub const EGRESS_DEVS_DIRECT: &str = "EGRESS_DEVS_DIRECT";
     pub const CONFIG: &str = "CONFIG";
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
     pub const MEMBER_STATS: &str = "MEMBER_STATS";
@@ -62,6 +63,7 @@ pub mod names {
         MEMBERS,
         PORTS,
         EGRESS_DEVS,
+        EGRESS_DEVS_DIRECT,
         CONFIG,
         PORT_COUNTERS,
         MEMBER_STATS,

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, CpuMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, CpuMap, DevMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
@@ -39,8 +39,13 @@ pub static BUCKETS: Array<rocev2_common::buckets::BucketTable> = Array::with_max
 #[map]
 pub static PORTS: HashMap<u32, PortEntry> = HashMap::with_max_entries(MAX_PORTS, 0);
 
+/// Redirect targets by ifindex (see redirect.rs): below
+/// MAX_DIRECT_IFINDEX in EGRESS_DEVS_DIRECT, the others here.
 #[map]
 pub static EGRESS_DEVS: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS_DEVS, 0);
+
+#[map]
+pub static EGRESS_DEVS_DIRECT: DevMap = DevMap::with_max_entries(MAX_DIRECT_IFINDEX, 0);
 
 #[map]
 pub static CONFIG: Array<DataplaneConfig> = Array::with_max_entries(1, 0);
