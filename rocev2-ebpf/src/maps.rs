@@ -116,7 +116,7 @@ pub static CLASSES: Array<ClassEntry> = Array::with_max_entries(MAX_CLASSES, 0);
 pub static CLASS_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
 
 #[map]
-pub static EGRESS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EGRESS_COUNTER_ENTRIES, 0);
+pub static EGRESS_COUNTERS: PerCpuArray<EgressCounters> = PerCpuArray::with_max_entries(EGRESS_COUNTER_ENTRIES, 0);
 
 /// Per-CPU scratch space for the flowlet table's key and new entry: they
 /// would not fit the 512-byte BPF stack next to the rest of the pipeline.

@@ -20,10 +20,10 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GroupEntry,
-        IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry, RouteCacheEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
-        MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
+        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
+        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
+        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -50,7 +50,7 @@ pub struct Maps {
     ecn_profiles: Array<MapData, EcnProfile>,
     classes: Array<MapData, ClassEntry>,
     class_stats: PerCpuArray<MapData, MemberStats>,
-    egress_counters: PerCpuArray<MapData, u64>,
+    egress_counters: PerCpuArray<MapData, EgressCounters>,
     ifindex_slots: Array<MapData, IfindexSlots>,
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
@@ -296,11 +296,8 @@ impl Maps {
     }
 
     pub fn egress_counter(&self, slot: u32, counter: EgressCounter) -> Result<u64> {
-        let values = self
-            .egress_counters
-            .get(&(slot * EgressCounter::COUNT + counter as u32), 0)
-            .context("cannot read EGRESS_COUNTERS")?;
-        Ok(values.iter().sum())
+        let values = self.egress_counters.get(&slot, 0).context("cannot read EGRESS_COUNTERS")?;
+        Ok(values.iter().map(|block| block.get(counter)).sum())
     }
 
     pub fn egress_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
