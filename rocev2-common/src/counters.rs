@@ -1,15 +1,41 @@
-//! Per-port counters: one per-CPU array of [`crate::maps::PortCounters`]
-//! blocks indexed by port slot, each holding every counter below.
+//! Per-port counters: one per-CPU array of [`PortCounters`] blocks (and of
+//! [`EgressCounters`] for egress ports) indexed by slot, each holding every counter below.
 //!
 //! Every packet the XDP program sees lands in `RxPackets` and in exactly one
 //! outcome counter: a `Forwarded*`, a `Pass*` (handed to the kernel stack) or
 //! a `Drop*` counter, each named by its reason.
 
 macro_rules! counters {
-    ($enum:ident { $($variant:ident => $name:literal, $help:literal;)* }) => {
+    ($enum:ident, $block:ident { $($variant:ident => $name:literal, $help:literal;)* }) => {
         #[repr(u32)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum $enum { $($variant,)* }
+
+        /// Every counter of one port, as one per-CPU map value: the program
+        /// finds them with one lookup per packet and adds in place.
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $block {
+            pub counts: [u64; $enum::COUNT as usize],
+        }
+
+        impl Default for $block {
+            fn default() -> Self {
+                Self { counts: [0; $enum::COUNT as usize] }
+            }
+        }
+
+        impl $block {
+            #[inline(always)]
+            pub fn get(&self, counter: $enum) -> u64 {
+                self.counts[counter as usize]
+            }
+
+            #[inline(always)]
+            pub fn add(&mut self, counter: $enum, value: u64) {
+                self.counts[counter as usize] += value;
+            }
+        }
 
         impl $enum {
             pub const ALL: &'static [$enum] = &[$($enum::$variant,)*];
@@ -28,7 +54,7 @@ macro_rules! counters {
     };
 }
 
-counters! { PortCounter {
+counters! { PortCounter, PortCounters {
     RxPackets => "rx_packets", "frames seen by the XDP program";
     RxBytes => "rx_bytes", "bytes of frames seen by the XDP program";
     Forwarded => "forwarded", "frames redirected to a group member";
@@ -60,7 +86,7 @@ counters! { PortCounter {
     PinFallback => "pin_fallback", "packets of a pinned group hashed instead (no pin, or the pinned member is down)";
 }}
 
-counters! { EgressCounter {
+counters! { EgressCounter, EgressCounters {
     TxPackets => "tx_packets", "packets forwarded to this port";
     TxBytes => "tx_bytes", "bytes forwarded to this port";
     EctSeen => "ect_seen", "ECT(0)/ECT(1) packets seen by the marker";

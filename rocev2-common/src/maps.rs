@@ -1,6 +1,7 @@
 //! Map names, sizes and value types shared by the eBPF program and userspace.
 
 use crate::counters::PortCounter;
+pub use crate::counters::{EgressCounters, PortCounters};
 
 /// Map names as they appear in the object file and under the pin directory.
 /// Entries of the lab fault injector's drop table.
@@ -18,6 +19,7 @@ pub mod names {
     pub const MEMBERS: &str = "MEMBERS";
     pub const PORTS: &str = "PORTS";
     pub const EGRESS_DEVS: &str = "EGRESS_DEVS";
+    pub const EGRESS_DEVS_DIRECT: &str = "EGRESS_DEVS_DIRECT";
     pub const CONFIG: &str = "CONFIG";
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
     pub const MEMBER_STATS: &str = "MEMBER_STATS";
@@ -62,6 +64,7 @@ pub mod names {
         MEMBERS,
         PORTS,
         EGRESS_DEVS,
+        EGRESS_DEVS_DIRECT,
         CONFIG,
         PORT_COUNTERS,
         MEMBER_STATS,
@@ -92,7 +95,8 @@ pub const MEMBER_STAT_ENTRIES: u32 = MAX_GROUPS * MAX_MEMBERS_PER_GROUP;
 pub const MAX_EGRESS_DEVS: u32 = 1024;
 /// Egress ports with a virtual queue and egress counters.
 pub const MAX_EGRESS_PORTS: u32 = 64;
-pub const EGRESS_COUNTER_ENTRIES: u32 = MAX_EGRESS_PORTS * crate::counters::EgressCounter::COUNT;
+/// Entries of EGRESS_COUNTERS: one [`EgressCounters`] block per egress slot.
+pub const EGRESS_COUNTER_ENTRIES: u32 = MAX_EGRESS_PORTS;
 pub const MAX_ECN_PROFILES: u32 = 16;
 /// Interfaces with an ifindex below this are found per packet by array
 /// index (IFINDEX_SLOTS); the rare larger ifindex (a host that has created
@@ -138,32 +142,6 @@ pub struct RouteCacheEntry {
 #[inline(always)]
 pub fn route_cache_slot(dst: &[u32; 4]) -> u32 {
     (dst[0] ^ dst[1] ^ dst[2] ^ dst[3]).wrapping_mul(0x9E37_79B1) >> 24
-}
-
-/// Value of PORT_COUNTERS (per CPU): every counter of one port, so the
-/// program finds them with one lookup per packet and adds in place.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PortCounters {
-    pub counts: [u64; PortCounter::COUNT as usize],
-}
-
-impl Default for PortCounters {
-    fn default() -> Self {
-        Self { counts: [0; PortCounter::COUNT as usize] }
-    }
-}
-
-impl PortCounters {
-    #[inline(always)]
-    pub fn get(&self, counter: PortCounter) -> u64 {
-        self.counts[counter as usize]
-    }
-
-    #[inline(always)]
-    pub fn add(&mut self, counter: PortCounter, value: u64) {
-        self.counts[counter as usize] += value;
-    }
 }
 
 /// Index into MEMBERS for member `position` of `group` in `bank`.
@@ -374,6 +352,7 @@ const _: () = {
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
     assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
+    assert!(core::mem::size_of::<EgressCounters>() == 8 * crate::counters::EgressCounter::COUNT as usize);
 };
 
 #[cfg(feature = "user")]
@@ -388,6 +367,7 @@ mod pod {
     unsafe impl aya::Pod for RouteCacheEntry {}
     unsafe impl aya::Pod for MemberStats {}
     unsafe impl aya::Pod for PortCounters {}
+    unsafe impl aya::Pod for EgressCounters {}
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
     unsafe impl aya::Pod for GenRewrite {}

@@ -7,7 +7,7 @@ use core::mem::MaybeUninit;
 use rocev2_common::{
     counters::{EgressCounter, PortCounter},
     features::Features,
-    maps::{member_stat_index, PortCounters},
+    maps::{member_stat_index, EgressCounters, PortCounters},
 };
 
 use crate::{
@@ -82,11 +82,21 @@ fn member_sent(group: u32, position: u32, bytes: u64) {
     }
 }
 
-#[inline(always)]
-pub fn egress_add(slot: u32, counter: EgressCounter, value: u64) {
-    if let Some(ptr) = EGRESS_COUNTERS.get_ptr_mut(slot * EgressCounter::COUNT + counter as u32) {
-        // SAFETY: per-CPU slot.
-        unsafe { *ptr += value };
+/// An egress port's counter block on this CPU, found once per packet.
+pub struct EgressTally(Option<&'static mut EgressCounters>);
+
+impl EgressTally {
+    #[inline(always)]
+    pub fn of(slot: u32) -> Self {
+        // SAFETY: per-CPU slot, only this CPU writes it while we run.
+        Self(EGRESS_COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p }))
+    }
+
+    #[inline(always)]
+    pub fn add(&mut self, counter: EgressCounter, value: u64) {
+        if let Some(block) = self.0.as_mut() {
+            block.add(counter, value);
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use rocev2_common::{
 
 use crate::{
     args::ClassEcn,
-    counters,
+    counters::EgressTally,
     maps::{egress_entry, ECN_PROFILES, VQUEUES},
     parse::{drop, Outcome},
 };
@@ -20,8 +20,9 @@ use crate::{
 #[inline(always)]
 pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
     let Some(egress) = egress_entry(ifindex).copied() else { return Ok(tos) };
-    counters::egress_add(egress.slot, EgressCounter::TxPackets, 1);
-    counters::egress_add(egress.slot, EgressCounter::TxBytes, len);
+    let mut tally = EgressTally::of(egress.slot);
+    tally.add(EgressCounter::TxPackets, 1);
+    tally.add(EgressCounter::TxBytes, len);
     let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };
     // Read the clock once per packet: the flowlet choice may have already.
     let now = if now == 0 { unsafe { bpf_ktime_get_ns() } } else { now };
@@ -32,7 +33,7 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> R
         next.depth_bytes
     };
     if class.flags & CLASS_ECN_EXEMPT != 0 {
-        counters::egress_add(egress.slot, EgressCounter::Exempt, 1);
+        tally.add(EgressCounter::Exempt, 1);
         return Ok(tos);
     }
     let profile_id = if class.flags & CLASS_ECN_PROFILE != 0 { class.profile } else { egress.profile };
@@ -42,7 +43,7 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> R
     let Some(profile) = ECN_PROFILES.get(profile_id) else { return Ok(tos) };
     let congestion = ecn::congestion(depth, profile);
     if ecn::is_ect(tos) {
-        counters::egress_add(egress.slot, EgressCounter::EctSeen, 1);
+        tally.add(EgressCounter::EctSeen, 1);
         // A random number only where the probability needs one (a helper
         // call per packet otherwise).
         let random = match congestion {
@@ -50,11 +51,11 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> R
             _ => 0,
         };
         if ecn::should_mark(congestion, random) {
-            counters::egress_add(egress.slot, EgressCounter::Marked, 1);
+            tally.add(EgressCounter::Marked, 1);
             return Ok(ecn::with_ce(tos));
         }
     } else if tos & 3 == ecn::NOT_ECT && congestion != Congestion::None {
-        counters::egress_add(egress.slot, EgressCounter::NotEctOverThreshold, 1);
+        tally.add(EgressCounter::NotEctOverThreshold, 1);
         if congestion == Congestion::Full && profile.flags & PROFILE_DROP_NOT_ECT != 0 {
             return Err(drop(PortCounter::DropNotEct));
         }

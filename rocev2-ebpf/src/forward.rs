@@ -28,9 +28,10 @@ use crate::{
     ctx::PacketBuf,
     ecn,
     features::enabled,
-    maps::{EGRESS_DEVS, FLOW_KEY, GROUPS, MEMBERS},
+    maps::{EGRESS_DEVS, EGRESS_DEVS_DIRECT, FLOW_KEY, GROUPS, MEMBERS},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
+    redirect::redirect,
     rewrite, route, select, telemetry,
 };
 
@@ -61,7 +62,7 @@ pub fn xdp_forward(ctx: &XdpContext) -> u32 {
         let f = unsafe { out.assume_init_ref() };
         len = Some(u64::from(f.len));
         // The low bits of the flags are the action when the device is missing.
-        if EGRESS_DEVS.redirect(f.ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
+        if redirect(&EGRESS_DEVS_DIRECT, &EGRESS_DEVS, f.ifindex, u64::from(xdp_action::XDP_DROP)).is_err() {
             result = Err(drop(PortCounter::DropRedirectFailed));
         }
     }

@@ -25,6 +25,7 @@ mod maps;
 mod object;
 mod parse;
 mod pin;
+mod redirect;
 mod rewrite;
 mod route;
 mod select;

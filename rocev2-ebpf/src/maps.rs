@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, CpuMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, CpuMap, DevMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use rocev2_common::{
     class::{ClassEntry, MAX_CLASSES},
@@ -39,8 +39,13 @@ pub static BUCKETS: Array<rocev2_common::buckets::BucketTable> = Array::with_max
 #[map]
 pub static PORTS: HashMap<u32, PortEntry> = HashMap::with_max_entries(MAX_PORTS, 0);
 
+/// Redirect targets by ifindex (see redirect.rs): below
+/// MAX_DIRECT_IFINDEX in EGRESS_DEVS_DIRECT, the others here.
 #[map]
 pub static EGRESS_DEVS: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS_DEVS, 0);
+
+#[map]
+pub static EGRESS_DEVS_DIRECT: DevMap = DevMap::with_max_entries(MAX_DIRECT_IFINDEX, 0);
 
 #[map]
 pub static CONFIG: Array<DataplaneConfig> = Array::with_max_entries(1, 0);
@@ -111,7 +116,7 @@ pub static CLASSES: Array<ClassEntry> = Array::with_max_entries(MAX_CLASSES, 0);
 pub static CLASS_STATS: PerCpuArray<MemberStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
 
 #[map]
-pub static EGRESS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EGRESS_COUNTER_ENTRIES, 0);
+pub static EGRESS_COUNTERS: PerCpuArray<EgressCounters> = PerCpuArray::with_max_entries(EGRESS_COUNTER_ENTRIES, 0);
 
 /// Per-CPU scratch space for the flowlet table's key and new entry: they
 /// would not fit the 512-byte BPF stack next to the rest of the pipeline.

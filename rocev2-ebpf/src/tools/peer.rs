@@ -12,8 +12,9 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    maps::EGRESS_DEVS,
+    maps::{EGRESS_DEVS, EGRESS_DEVS_DIRECT},
     parse::{self, ptr_at, L3Kind},
+    redirect::redirect,
     rewrite,
 };
 
@@ -59,7 +60,7 @@ pub fn fib_forward(ctx: &XdpContext) -> u32 {
         rewrite::set_ipv4_tos_ttl(hdr, tos, ttl - 1);
         rewrite::set_macs(eth, fib.dmac, fib.smac);
     }
-    match EGRESS_DEVS.redirect(fib.ifindex, u64::from(xdp_action::XDP_PASS)) {
+    match redirect(&EGRESS_DEVS_DIRECT, &EGRESS_DEVS, fib.ifindex, u64::from(xdp_action::XDP_PASS)) {
         Ok(action) | Err(action) => action,
     }
 }

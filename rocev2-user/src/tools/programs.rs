@@ -5,11 +5,11 @@
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, DevMapHash, HashMap, MapData},
+    maps::{Array, DevMap, DevMapHash, HashMap, MapData},
     programs::{SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
-use rocev2_common::maps::{names, GenRewrite};
+use rocev2_common::maps::{names, GenRewrite, MAX_DIRECT_IFINDEX};
 
 /// Sends every frame back out (XDP_TX), restoring MACs and TTL first: the
 /// live-frames traffic generator.
@@ -78,22 +78,28 @@ impl ToolPrograms {
         table.set(0, entry, 0).context("cannot write GEN_REWRITE")
     }
 
-    /// Lets the FIB peer redirect to `ifindex`. Device-map entries resolve
-    /// ifindexes in the caller's network namespace.
+    /// Lets the FIB peer redirect to `ifindex` (in the device map the
+    /// pipeline would use for it). Device-map entries resolve ifindexes in
+    /// the caller's network namespace.
     pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
-        self.egress_devs()?
-            .insert(ifindex, ifindex, None, 0)
-            .with_context(|| format!("cannot add ifindex {ifindex} to the tools' device map"))
-    }
-
-    /// Points the floor (EGRESS_DEVS key 0; no real ifindex is 0) at `ifindex`.
-    pub fn set_floor_target(&mut self, ifindex: u32) -> Result<()> {
-        self.egress_devs()?.insert(0, ifindex, None, 0).context("cannot set the floor's redirect target")
-    }
-
-    fn egress_devs(&mut self) -> Result<DevMapHash<&mut MapData>> {
+        let context = || format!("cannot add ifindex {ifindex} to the tools' device map");
+        if ifindex < MAX_DIRECT_IFINDEX {
+            return self.egress_devs_direct()?.set(ifindex, ifindex, None, 0).with_context(context);
+        }
         let map = self.ebpf.map_mut(names::EGRESS_DEVS).context("the tools' object has no map EGRESS_DEVS")?;
-        Ok(DevMapHash::try_from(map)?)
+        DevMapHash::try_from(map)?.insert(ifindex, ifindex, None, 0).with_context(context)
+    }
+
+    /// Points the floor (EGRESS_DEVS_DIRECT index 0; no real ifindex is 0)
+    /// at `ifindex`.
+    pub fn set_floor_target(&mut self, ifindex: u32) -> Result<()> {
+        self.egress_devs_direct()?.set(0, ifindex, None, 0).context("cannot set the floor's redirect target")
+    }
+
+    fn egress_devs_direct(&mut self) -> Result<DevMap<&mut MapData>> {
+        let map =
+            self.ebpf.map_mut(names::EGRESS_DEVS_DIRECT).context("the tools' object has no map EGRESS_DEVS_DIRECT")?;
+        Ok(DevMap::try_from(map)?)
     }
 
     /// The fault injector's table: (DestQP << 32 | PSN) -> drops to come.

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray,
     },
     Ebpf,
 };
@@ -20,10 +20,10 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, FlowletKey, GroupEntry,
-        IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry, RouteCacheEntry,
-        RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS,
-        MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
+        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
+        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
+        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -38,6 +38,7 @@ pub struct Maps {
     members: Array<MapData, MemberEntry>,
     ports: HashMap<MapData, u32, PortEntry>,
     egress_devs: DevMapHash<MapData>,
+    egress_devs_direct: DevMap<MapData>,
     config: Array<MapData, DataplaneConfig>,
     port_counters: PerCpuArray<MapData, PortCounters>,
     member_stats: PerCpuArray<MapData, MemberStats>,
@@ -49,7 +50,7 @@ pub struct Maps {
     ecn_profiles: Array<MapData, EcnProfile>,
     classes: Array<MapData, ClassEntry>,
     class_stats: PerCpuArray<MapData, MemberStats>,
-    egress_counters: PerCpuArray<MapData, u64>,
+    egress_counters: PerCpuArray<MapData, EgressCounters>,
     ifindex_slots: Array<MapData, IfindexSlots>,
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
@@ -140,6 +141,7 @@ impl Maps {
             members: typed(take(names::MEMBERS)?, names::MEMBERS)?,
             ports: typed(take(names::PORTS)?, names::PORTS)?,
             egress_devs: typed(take(names::EGRESS_DEVS)?, names::EGRESS_DEVS)?,
+            egress_devs_direct: typed(take(names::EGRESS_DEVS_DIRECT)?, names::EGRESS_DEVS_DIRECT)?,
             config: typed(take(names::CONFIG)?, names::CONFIG)?,
             port_counters: typed(take(names::PORT_COUNTERS)?, names::PORT_COUNTERS)?,
             member_stats: typed(take(names::MEMBER_STATS)?, names::MEMBER_STATS)?,
@@ -184,6 +186,7 @@ impl Maps {
             members: open(dir, names::MEMBERS)?,
             ports: open(dir, names::PORTS)?,
             egress_devs: open(dir, names::EGRESS_DEVS)?,
+            egress_devs_direct: open(dir, names::EGRESS_DEVS_DIRECT)?,
             config: open(dir, names::CONFIG)?,
             port_counters: open(dir, names::PORT_COUNTERS)?,
             member_stats: open(dir, names::MEMBER_STATS)?,
@@ -293,11 +296,8 @@ impl Maps {
     }
 
     pub fn egress_counter(&self, slot: u32, counter: EgressCounter) -> Result<u64> {
-        let values = self
-            .egress_counters
-            .get(&(slot * EgressCounter::COUNT + counter as u32), 0)
-            .context("cannot read EGRESS_COUNTERS")?;
-        Ok(values.iter().sum())
+        let values = self.egress_counters.get(&slot, 0).context("cannot read EGRESS_COUNTERS")?;
+        Ok(values.iter().map(|block| block.get(counter)).sum())
     }
 
     pub fn egress_counters(&self, slot: u32) -> Result<BTreeMap<&'static str, u64>> {
@@ -366,13 +366,24 @@ impl Maps {
         }
     }
 
-    /// Makes `ifindex` a valid redirect target. One already there is left
+    /// Makes `ifindex` a valid redirect target: below MAX_DIRECT_IFINDEX in
+    /// the array device map at its own index (the XDP redirect is then an
+    /// array index), else in the hash one. One already there is left
     /// alone (every reload calls this for every member): the kernel
     /// replaces a DEVMAP_HASH entry by unlinking the old node before
     /// linking the new one, so a packet forwarded in between finds neither
     /// and its redirect fails (seen at 1.2 Mpps: one `drop_redirect_failed`
     /// in about three reloads once the control plane ran on its own CPU).
     pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
+        if ifindex < MAX_DIRECT_IFINDEX {
+            if self.egress_devs_direct.get(ifindex, 0).is_ok_and(|v| v.if_index == ifindex) {
+                return Ok(());
+            }
+            return self
+                .egress_devs_direct
+                .set(ifindex, ifindex, None, 0)
+                .with_context(|| format!("cannot add ifindex {ifindex} to the device map"));
+        }
         if self.egress_devs.get(ifindex, 0).is_ok() {
             return Ok(());
         }
