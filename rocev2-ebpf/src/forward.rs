@@ -145,6 +145,21 @@ struct Decision {
     now: u64,
 }
 
+impl Decision {
+    /// The forwarded packet's details, once its headers are rewritten.
+    #[inline(always)]
+    fn forward(&self, group: u32, roce: Roce, len: u64) -> Forward {
+        Forward {
+            ifindex: self.ifindex,
+            group,
+            position: self.position,
+            roce,
+            priority: class::priority(&self.class),
+            len: len as u32,
+        }
+    }
+}
+
 /// Group lookup, member choice and classification. `pin` is a pinned
 /// position or NO_PIN; `V4`: the key is an IPv4 one.
 #[inline(always)]
@@ -240,14 +255,7 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
         rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward {
-        ifindex: d.ifindex,
-        group,
-        position: d.position,
-        roce: l4.roce,
-        priority: class::priority(&d.class),
-        len: len as u32,
-    })
+    Ok(d.forward(group, l4.roce, len))
 }
 
 #[inline(always)]
@@ -278,14 +286,7 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
         rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(Forward {
-        ifindex: d.ifindex,
-        group,
-        position: d.position,
-        roce: l4.roce,
-        priority: class::priority(&d.class),
-        len: len as u32,
-    })
+    Ok(d.forward(group, l4.roce, len))
 }
 
 /// An IPv4 packet's flow key (addresses as [`ipv4_words`] gives them,
