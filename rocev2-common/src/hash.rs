@@ -77,7 +77,14 @@ pub fn ipv4_words(a: [u8; 4]) -> [u32; 4] {
 /// An IPv6 address as the four words a FlowKey (and the route cache) keeps.
 #[inline(always)]
 pub fn ipv6_words(a: &[u8; 16]) -> [u32; 4] {
-    [word(a, 0), word(a, 4), word(a, 8), word(a, 12)]
+    [ipv6_word(a, 0), ipv6_word(a, 1), ipv6_word(a, 2), ipv6_word(a, 3)]
+}
+
+/// Word `i` (0 to 3) of [`ipv6_words`], read alone (the eBPF program writes
+/// a key word by word, without a copy of the address on its stack).
+#[inline(always)]
+pub fn ipv6_word(a: &[u8; 16], i: usize) -> u32 {
+    word(a, 4 * i)
 }
 
 impl FlowKey {
@@ -225,7 +232,7 @@ pub fn member_hash_v4(key: &FlowKey, mode: HashMode, seed: u32) -> u32 {
     h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
     h = mix(h, u32::from(key.protocol));
     h = mix(h, dest_qp);
-    finalize(h, 44)
+    finalize(h, KEY_BYTES)
 }
 
 /// The seed `hash_seed = "auto"` gives: MurmurHash3's mixing over the

@@ -18,7 +18,7 @@ use rocev2_common::{
     class::ClassAction,
     counters::PortCounter,
     features::Features,
-    hash::{ipv4_words, FlowKey},
+    hash::{ipv4_words, ipv6_word, FlowKey},
     maps::{member_index, MAX_MEMBERS_PER_GROUP, MEMBER_UP, POLICY_FLOWLET},
 };
 
@@ -302,8 +302,7 @@ pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> Result<
 /// the packet (copies of them would take the stack's room).
 #[inline(always)]
 pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
-    let word = |a: &[u8; 16], i: usize| u32::from_le_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]);
-    flow_key(|i| word(src, i), |i| word(dst, i), protocol, l4)
+    flow_key(|i| ipv6_word(src, i), |i| ipv6_word(dst, i), protocol, l4)
 }
 
 /// Writes the key into FLOW_KEY, one store per field: built the plain way,
