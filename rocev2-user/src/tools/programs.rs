@@ -9,7 +9,9 @@ use aya::{
     programs::{SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
-use rocev2_common::maps::{names, GenRewrite, MAX_DIRECT_IFINDEX};
+use rocev2_common::maps::{names, GenRewrite};
+
+use crate::dataplane::add_redirect_target;
 
 /// Sends every frame back out (XDP_TX), restoring MACs and TTL first: the
 /// live-frames traffic generator.
@@ -29,6 +31,10 @@ pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
 /// use, so an instance costs only what it runs.
 pub struct ToolPrograms {
     ebpf: Ebpf,
+    /// Where the floor and the FIB peer redirect to (taken out of `ebpf`:
+    /// both are written together).
+    egress_devs_direct: DevMap<MapData>,
+    egress_devs: DevMapHash<MapData>,
 }
 
 impl ToolPrograms {
@@ -37,8 +43,11 @@ impl ToolPrograms {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
         crate::privileges::check()?;
-        let ebpf = EbpfLoader::new().load(crate::TOOLS_OBJECT).context("cannot load the tools' eBPF object")?;
-        Ok(Self { ebpf })
+        let mut ebpf = EbpfLoader::new().load(crate::TOOLS_OBJECT).context("cannot load the tools' eBPF object")?;
+        let mut take = |name: &str| ebpf.take_map(name).with_context(|| format!("the tools' object has no map {name}"));
+        let egress_devs_direct = DevMap::try_from(take(names::EGRESS_DEVS_DIRECT)?)?;
+        let egress_devs = DevMapHash::try_from(take(names::EGRESS_DEVS)?)?;
+        Ok(Self { ebpf, egress_devs_direct, egress_devs })
     }
 
     /// Program `name`, loaded into the kernel (once).
@@ -82,24 +91,13 @@ impl ToolPrograms {
     /// pipeline would use for it). Device-map entries resolve ifindexes in
     /// the caller's network namespace.
     pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
-        let context = || format!("cannot add ifindex {ifindex} to the tools' device map");
-        if ifindex < MAX_DIRECT_IFINDEX {
-            return self.egress_devs_direct()?.set(ifindex, ifindex, None, 0).with_context(context);
-        }
-        let map = self.ebpf.map_mut(names::EGRESS_DEVS).context("the tools' object has no map EGRESS_DEVS")?;
-        DevMapHash::try_from(map)?.insert(ifindex, ifindex, None, 0).with_context(context)
+        add_redirect_target(&mut self.egress_devs_direct, &mut self.egress_devs, ifindex)
     }
 
     /// Points the floor (EGRESS_DEVS_DIRECT index 0; no real ifindex is 0)
     /// at `ifindex`.
     pub fn set_floor_target(&mut self, ifindex: u32) -> Result<()> {
-        self.egress_devs_direct()?.set(0, ifindex, None, 0).context("cannot set the floor's redirect target")
-    }
-
-    fn egress_devs_direct(&mut self) -> Result<DevMap<&mut MapData>> {
-        let map =
-            self.ebpf.map_mut(names::EGRESS_DEVS_DIRECT).context("the tools' object has no map EGRESS_DEVS_DIRECT")?;
-        Ok(DevMap::try_from(map)?)
+        self.egress_devs_direct.set(0, ifindex, None, 0).context("cannot set the floor's redirect target")
     }
 
     /// The fault injector's table: (DestQP << 32 | PSN) -> drops to come.

@@ -2,7 +2,7 @@
 //! routes, groups and their bucket tables, ports, egress queues, classes,
 //! pins and counters, with the encoding of each entry.
 
-use std::{collections::BTreeMap, net::IpAddr, path::Path};
+use std::{borrow::BorrowMut, collections::BTreeMap, net::IpAddr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
@@ -55,6 +55,33 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
+}
+
+/// Makes `ifindex` a redirect target in a pair of device maps, where the
+/// programs look it up (rocev2-ebpf/src/redirect.rs): below
+/// MAX_DIRECT_IFINDEX in the array map at its own index (the XDP redirect
+/// is then an array index), else in the hash map. One already there is
+/// left alone (every reload calls this for every member): the kernel
+/// replaces a DEVMAP_HASH entry by unlinking the old node before linking
+/// the new one, so a packet forwarded in between finds neither and its
+/// redirect fails (seen at 1.2 Mpps: one `drop_redirect_failed` in about
+/// three reloads once the control plane ran on its own CPU).
+pub fn add_redirect_target<T: BorrowMut<MapData>>(
+    direct: &mut DevMap<T>,
+    hashed: &mut DevMapHash<T>,
+    ifindex: u32,
+) -> Result<()> {
+    let context = || format!("cannot add ifindex {ifindex} to the device map");
+    if ifindex < MAX_DIRECT_IFINDEX {
+        if direct.get(ifindex, 0).is_ok_and(|v| v.if_index == ifindex) {
+            return Ok(());
+        }
+        return direct.set(ifindex, ifindex, None, 0).with_context(context);
+    }
+    if hashed.get(ifindex, 0).is_ok() {
+        return Ok(());
+    }
+    hashed.insert(ifindex, ifindex, None, 0).with_context(context)
 }
 
 /// How a group chooses members (everything in GroupEntry but the members).
@@ -366,30 +393,9 @@ impl Maps {
         }
     }
 
-    /// Makes `ifindex` a valid redirect target: below MAX_DIRECT_IFINDEX in
-    /// the array device map at its own index (the XDP redirect is then an
-    /// array index), else in the hash one. One already there is left
-    /// alone (every reload calls this for every member): the kernel
-    /// replaces a DEVMAP_HASH entry by unlinking the old node before
-    /// linking the new one, so a packet forwarded in between finds neither
-    /// and its redirect fails (seen at 1.2 Mpps: one `drop_redirect_failed`
-    /// in about three reloads once the control plane ran on its own CPU).
+    /// Makes `ifindex` a valid redirect target ([`add_redirect_target`]).
     pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
-        if ifindex < MAX_DIRECT_IFINDEX {
-            if self.egress_devs_direct.get(ifindex, 0).is_ok_and(|v| v.if_index == ifindex) {
-                return Ok(());
-            }
-            return self
-                .egress_devs_direct
-                .set(ifindex, ifindex, None, 0)
-                .with_context(|| format!("cannot add ifindex {ifindex} to the device map"));
-        }
-        if self.egress_devs.get(ifindex, 0).is_ok() {
-            return Ok(());
-        }
-        self.egress_devs
-            .insert(ifindex, ifindex, None, 0)
-            .with_context(|| format!("cannot add ifindex {ifindex} to the device map"))
+        add_redirect_target(&mut self.egress_devs_direct, &mut self.egress_devs, ifindex)
     }
 
     /// Route writes go through Dataplane::sync_routes, which bumps the
