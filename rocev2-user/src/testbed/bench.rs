@@ -142,6 +142,14 @@ impl Pipeline {
         }
     }
 
+    /// A test-run dataplane loaded with this pipeline's features and
+    /// configured for it on lo (what --profile and --loop measure).
+    fn test_run_dataplane(self) -> Result<Dataplane> {
+        let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, self.features())?;
+        self.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+        Ok(dp)
+    }
+
     /// Publishes the group with this pipeline's policy (and, for Full, an
     /// ECN profile, a virtual queue on `egress` and classes).
     fn configure(self, dp: &mut Dataplane, members: &[MemberSpec], egress: &[u32]) -> Result<()> {

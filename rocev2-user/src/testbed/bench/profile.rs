@@ -12,7 +12,7 @@
 //! measured ns per packet.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     os::fd::AsFd as _,
     path::{Path, PathBuf},
@@ -27,11 +27,10 @@ use nix::{
 };
 
 use super::{
-    bench_frame, cost_ns_repeat, jit_lines::JitLines, lo_members, median, test_run_dataplane_with, test_run_floor,
-    BenchArgs, Pipeline, DEFAULT_FLOWLET_TABLE_SIZE, LOOPBACK, PIPELINES, XDP_PROGRAM,
+    bench_frame, cost_ns_repeat, jit_lines::JitLines, median, test_run_floor, BenchArgs, Pipeline, Programs, PIPELINES,
+    XDP_PROGRAM,
 };
 use crate::{gen::CpuPin, programs::XDP_REDIRECT_PROGRAM};
-use rocev2_common::features::Features;
 
 /// Samples per second per CPU (perf's cpu-clock, a timer: it works in VMs
 /// without hardware counters).
@@ -114,7 +113,8 @@ pub struct Profile {
 /// comment).
 pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
     let mut rows: BTreeMap<(String, Detail), LineCost> = BTreeMap::new();
-    let mut counted_records: BTreeMap<(String, Detail), Vec<usize>> = BTreeMap::new();
+    // (row, line record) pairs whose instructions a row already counts.
+    let mut counted_records: BTreeSet<((String, Detail), usize)> = BTreeSet::new();
     let mut profile = Profile::default();
     for sample in samples.iter().filter(|s| s.tid == tid) {
         let Some(k) = sample.frames.iter().position(|(ip, _)| jit.contains(*ip)) else {
@@ -151,9 +151,7 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
             insns: 0,
         });
         row.samples += 1;
-        let records = counted_records.entry(key).or_default();
-        if !matches!(detail, Detail::Kernel(_)) && !records.contains(&index) {
-            records.push(index);
+        if !matches!(detail, Detail::Kernel(_)) && counted_records.insert((key, index)) {
             row.insns += hit.insns;
         }
     }
@@ -187,8 +185,7 @@ pub fn parse_perf_script(text: &str) -> Vec<Sample> {
 /// Profiles `pipeline` for `seconds` on the last CPU.
 pub fn profile(pipeline: Pipeline, v6: bool, seconds: f64) -> Result<Profile> {
     let perf = which_perf()?;
-    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, pipeline.features())?;
-    pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
+    let mut dp = pipeline.test_run_dataplane()?;
     let jit = JitLines::of_program(dp.xdp_program(XDP_PROGRAM)?.fd()?.as_fd())?;
     let frame = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
     let cpu = std::thread::available_parallelism().map_or(0, |n| n.get() - 1);
@@ -279,26 +276,22 @@ impl Drop for Recorder {
 /// `--loop`: one pipeline's part-1 measurement over and over, for a
 /// profiler attached from outside (`perf record -a -g`).
 pub fn profile_loop(args: &BenchArgs, name: &str) -> Result<()> {
-    let pipeline = PIPELINES.into_iter().find(|p| p.short_name() == name);
-    let features = pipeline.map_or(Features::ALL, |p| p.features());
-    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
-    let mut floor = test_run_floor()?;
-    let (program, label) = if name == "floor" {
-        (XDP_REDIRECT_PROGRAM, "floor".to_owned())
-    } else {
-        let pipeline = pipeline
-            .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
-        pipeline.configure(&mut dp, &lo_members(0xBB), &[LOOPBACK])?;
-        (XDP_PROGRAM, format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" }))
-    };
+    if name == "floor" {
+        return measure_in_a_loop(args, &mut test_run_floor()?, XDP_REDIRECT_PROGRAM, "floor");
+    }
+    let pipeline = PIPELINES
+        .into_iter()
+        .find(|p| p.short_name() == name)
+        .with_context(|| format!("--loop: unknown pipeline {name:?} (floor, five-tuple, qp, flowlet, full)"))?;
+    let label = format!("{} {}", pipeline.name(), if args.loop_v6 { "IPv6" } else { "IPv4" });
+    measure_in_a_loop(args, &mut pipeline.test_run_dataplane()?, XDP_PROGRAM, &label)
+}
+
+fn measure_in_a_loop(args: &BenchArgs, programs: &mut impl Programs, program: &str, label: &str) -> Result<()> {
     let frame = bench_frame(args.loop_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
     let started = Instant::now();
     while started.elapsed().as_secs_f64() < args.loop_seconds {
-        let ns = if program == XDP_REDIRECT_PROGRAM {
-            cost_ns_repeat(&mut floor, program, &frame, args.packets, args.loop_repeat)?
-        } else {
-            cost_ns_repeat(&mut dp, program, &frame, args.packets, args.loop_repeat)?
-        };
+        let ns = cost_ns_repeat(programs, program, &frame, args.packets, args.loop_repeat)?;
         println!("{label}: {ns:.1} ns");
     }
     Ok(())
