@@ -99,6 +99,16 @@ pub struct FlowletEntry {
 
 const _: () = assert!(core::mem::size_of::<FlowletEntry>() == 24);
 
+impl FlowletEntry {
+    /// What a packet leaves in its flow's state, in the keyed table or a
+    /// keyless slot: its time, flowlet, member, the group generation that
+    /// member belongs to, and whether it ended a message.
+    #[inline(always)]
+    pub fn new(now_ns: u64, flowlet_id: u32, position: u32, generation: u32, at_boundary: bool) -> Self {
+        Self { last_seen_ns: now_ns, flowlet_id, position, generation, at_boundary: at_boundary as u32 }
+    }
+}
+
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for FlowletEntry {}
 
@@ -173,11 +183,7 @@ impl FlowletSlot {
         generation: u32,
         at_boundary: bool,
     ) {
-        self.entry.last_seen_ns = now_ns;
-        self.entry.flowlet_id = flowlet_id;
-        self.entry.position = position;
-        self.entry.generation = generation;
-        self.entry.at_boundary = at_boundary as u32;
+        self.entry = FlowletEntry::new(now_ns, flowlet_id, position, generation, at_boundary);
         self.tag = tag;
         self.used = 1;
     }

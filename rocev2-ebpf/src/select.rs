@@ -122,25 +122,12 @@ fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
             (position, flowlet_id)
         }
     };
+    let entry = FlowletEntry::new(now, flowlet_id, position, group.generation, ends_message);
     match existing {
-        Some(e) => {
-            // SAFETY: as above; plain stores into the flow's own entry.
-            unsafe {
-                (*e).last_seen_ns = now;
-                (*e).flowlet_id = flowlet_id;
-                (*e).position = position;
-                (*e).generation = group.generation;
-                (*e).at_boundary = ends_message as u32;
-            }
-        }
+        // SAFETY: as above; plain stores into the flow's own entry.
+        Some(e) => unsafe { *e = entry },
         None => {
-            scratch.entry = FlowletEntry {
-                last_seen_ns: now,
-                flowlet_id,
-                position,
-                generation: group.generation,
-                at_boundary: ends_message as u32,
-            };
+            scratch.entry = entry;
             // By reference: the key and entry stay in the scratch map, off the stack.
             #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
             let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
