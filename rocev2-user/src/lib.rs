@@ -9,22 +9,15 @@
 //! - [`sys`]: system interfaces: netlink, namespaces, bpffs, privileges,
 //!   raw sockets.
 //!
-//! Every module is also re-exported at the crate root (`rocev2_user::config`,
-//! `rocev2_user::lab`, ...), the paths the rest of the code uses.
+//! Code names a module by its layer (`crate::control::config`,
+//! `rocev2_user::sys::netns`): there are no crate-root re-exports, so the
+//! layering can be read from every `use`.
 
 pub mod control;
 pub mod render;
 pub mod sys;
 pub mod testbed;
 pub mod tools;
-
-pub use control::{
-    capacity, collisions, config, dataplane, errors, health, members, metrics, notify, qp_telemetry, routing, run,
-    state, stats, top, trace, upgrade, watch,
-};
-pub use sys::{bpffs, netlink, netns, paths, privileges, rawsock, signals};
-pub use testbed::{bench, fault, frr, lab, labcmd, topology};
-pub use tools::{entropy, explain, fabric, gen, packet, programs, rc, sink};
 
 /// The compiled forwarding object, what `rocev2 run` loads (empty when
 /// built with `AYA_BUILD_SKIP=1`).

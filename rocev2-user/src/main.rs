@@ -6,19 +6,19 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use rocev2_user::{
-    config::{Config, XdpMode},
-    dataplane::Maps,
-    entropy::{self, EntropyArgs},
-    explain::{self, ExplainArgs},
-    gen::{self, GenArgs},
-    labcmd::{self, LabCommand},
-    netns,
-    privileges::{self, Need},
-    run::{self, RunOptions},
-    sink::{self, SinkArgs},
-    state::RunState,
-    stats::Snapshot,
-    watch,
+    control::config::{Config, XdpMode},
+    control::dataplane::Maps,
+    control::run::{self, RunOptions},
+    control::state::RunState,
+    control::stats::Snapshot,
+    control::watch,
+    sys::netns,
+    sys::privileges::{self, Need},
+    testbed::labcmd::{self, LabCommand},
+    tools::entropy::{self, EntropyArgs},
+    tools::explain::{self, ExplainArgs},
+    tools::gen::{self, GenArgs},
+    tools::sink::{self, SinkArgs},
 };
 
 #[derive(Parser)]
@@ -94,10 +94,10 @@ enum Command {
     },
     /// The busiest and unhealthiest QPs of a running `rocev2 run`, live
     /// (needs `telemetry_qps` in [dataplane]).
-    Top(rocev2_user::top::TopArgs),
+    Top(rocev2_user::control::top::TopArgs),
     /// Print each matching packet's forwarding decision as it happens
     /// (needs `telemetry_qps` in [dataplane]).
-    Trace(rocev2_user::trace::TraceArgs),
+    Trace(rocev2_user::control::trace::TraceArgs),
     /// Make a running `rocev2 run` re-read its config file and apply it
     /// without interrupting traffic (the same as `kill -HUP`).
     Reload {
@@ -140,7 +140,7 @@ enum Command {
     Sink(SinkArgs),
     /// Lose chosen RoCEv2 packets (QP, PSN) on an interface, for lab
     /// experiments with `gen --rc`, `sink --rc` and `rocev2 top`.
-    Fault(rocev2_user::fault::FaultArgs),
+    Fault(rocev2_user::testbed::fault::FaultArgs),
     /// Simulate how hash modes spread RDMA flows over uplinks (offline, teaching).
     Entropy(EntropyArgs),
     /// Show which route, group and member a packet takes, and why.
@@ -159,7 +159,7 @@ enum Command {
     },
     /// Measure per-packet cost, forwarding rate and control-plane times; write BENCHMARKS.md (`cargo xtask bench`).
     #[command(hide = true)]
-    Bench(rocev2_user::bench::BenchArgs),
+    Bench(rocev2_user::testbed::bench::BenchArgs),
     /// Build a small veth lab, run the dataplane with five-tuple and then QP
     /// hashing, send RoCEv2 traffic through it and print the per-uplink result.
     Demo {
@@ -285,7 +285,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 "interfaces not looked up (--offline)".to_string()
             } else {
                 runtime.block_on(async {
-                    let netlink = rocev2_user::netlink::Netlink::new()?;
+                    let netlink = rocev2_user::sys::netlink::Netlink::new()?;
                     run::resolve_links(&netlink, &config).await
                 })?;
                 format!("interfaces found in {}", netns::describe_current())
@@ -296,8 +296,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 Some(table) => format!(
                     " + the routes of kernel table {}{}",
                     match table {
-                        rocev2_user::config::KernelTable::Id(id) => id.to_string(),
-                        rocev2_user::config::KernelTable::Vrf(name) => format!("of VRF {name}"),
+                        rocev2_user::control::config::KernelTable::Id(id) => id.to_string(),
+                        rocev2_user::control::config::KernelTable::Vrf(name) => format!("of VRF {name}"),
                     },
                     match (config.route_policies.len(), config.learned_pins.len()) {
                         (0, 0) => String::new(),
@@ -336,17 +336,17 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Trace(args) => {
             let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
             privileges::require("trace", Need::PinnedMaps(&pin_dir))?;
-            rocev2_user::trace::run(&pin_dir, &args)?;
+            rocev2_user::control::trace::run(&pin_dir, &args)?;
         }
         Command::Top(args) => {
             let pin_dir = running_pin_dir(args.config.clone(), args.pin_dir.clone())?;
             privileges::require("top", Need::PinnedMaps(&pin_dir))?;
-            rocev2_user::top::run(&pin_dir, &args)?;
+            rocev2_user::control::top::run(&pin_dir, &args)?;
         }
         Command::Demo { qps, packets_per_qp, uplinks } => {
             privileges::require("demo", Need::Namespaces)?;
             privileges::require("demo", Need::LoadXdp)?;
-            rocev2_user::lab::demo(qps, packets_per_qp, uplinks)?;
+            rocev2_user::testbed::lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Reload { config, pin_dir } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
@@ -357,7 +357,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Upgrade { config, pin_dir, unit } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("upgrade", Need::PinnedMaps(&pin_dir))?;
-            rocev2_user::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
+            rocev2_user::control::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
         }
         Command::Lab { command } => {
             privileges::require(command.as_typed(), Need::Namespaces)?;
@@ -369,7 +369,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 privileges::require("gen --mode live-frames", Need::LoadXdp)?;
             }
             if args.rc {
-                let report = rocev2_user::rc::request(&args)?;
+                let report = rocev2_user::tools::rc::request(&args)?;
                 if args.json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
@@ -388,11 +388,11 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Fault(args) => {
             privileges::require("fault", Need::LoadXdp)?;
-            rocev2_user::fault::run(&args)?;
+            rocev2_user::testbed::fault::run(&args)?;
         }
         Command::Entropy(args) => entropy::run(&args)?,
         Command::Explain(args) => explain::run(&args)?,
-        Command::Bench(args) => rocev2_user::bench::run(&args)?,
+        Command::Bench(args) => rocev2_user::testbed::bench::run(&args)?,
         Command::Completions { shell } => clap_complete::generate(
             shell,
             &mut <Cli as clap::CommandFactory>::command(),

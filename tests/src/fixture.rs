@@ -18,9 +18,9 @@ use rocev2_common::{
     maps::{DEFAULT_FLOWLET_TABLE_SIZE, ROUTE_LOCAL},
 };
 use rocev2_user::{
-    config::Prefix,
-    dataplane::{Dataplane, MemberSpec},
-    packet::RoceFrameSpec,
+    control::config::Prefix,
+    control::dataplane::{Dataplane, MemberSpec},
+    tools::packet::RoceFrameSpec,
 };
 
 use crate::require_root;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use aya::{TestRun as _, TestRunOptions};
-use rocev2_user::dataplane::{Dataplane, XDP_PROGRAM};
+use rocev2_user::control::dataplane::{Dataplane, XDP_PROGRAM};
 
 /// Fails the test (with the reason) unless we can load BPF programs.
 pub fn require_root() {
@@ -78,8 +78,8 @@ pub struct LabGuard(pub String);
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        if rocev2_user::labcmd::record_path(&self.0).exists() {
-            if let Err(e) = rocev2_user::labcmd::down(&self.0) {
+        if rocev2_user::testbed::labcmd::record_path(&self.0).exists() {
+            if let Err(e) = rocev2_user::testbed::labcmd::down(&self.0) {
                 eprintln!("warning: lab down {}: {e:#}", self.0);
             }
         }

@@ -6,8 +6,8 @@
 use rocev2_common::{counters::PortCounter, maps::MAX_PORTS};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    dataplane::Maps,
-    lab::{EcmpLab, Family},
+    control::dataplane::Maps,
+    testbed::lab::{EcmpLab, Family},
 };
 
 #[test]

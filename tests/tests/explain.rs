@@ -11,10 +11,10 @@ use rocev2_tests::{
     test_run, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
-    config::Config,
-    dataplane::Dataplane,
-    explain::{explain, PacketFields, Verdict},
-    packet::{build_roce_frame, RoceFrameSpec},
+    control::config::Config,
+    control::dataplane::Dataplane,
+    tools::explain::{explain, PacketFields, Verdict},
+    tools::packet::{build_roce_frame, RoceFrameSpec},
 };
 
 const SEED: u32 = 4321;
@@ -169,7 +169,7 @@ member = "lo"
 #[test]
 fn explain_agrees_with_the_kernel_for_flowlet_and_pinned_groups() {
     use rocev2_common::maps::PinEntry;
-    use rocev2_user::run::group_policy;
+    use rocev2_user::control::run::group_policy;
     let config = Config::parse(POLICIES, Path::new("explain-policies.toml")).expect("test config");
     let mut dp = loopback_dataplane();
     dp.maps.set_hash_seed(SEED).unwrap();

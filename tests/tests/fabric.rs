@@ -9,13 +9,13 @@ use std::{path::Path, process::Command};
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
-    fabric::{Pattern, SeedPlan, Tier},
-    gen::SportModel,
-    labcmd::{
+    testbed::labcmd::{
         self,
         fabric::{LabTrafficArgs, TrafficOutcome},
         record_path, LabRecord,
     },
+    tools::fabric::{Pattern, SeedPlan, Tier},
+    tools::gen::SportModel,
 };
 
 /// A lab name unique to this process and test: 1-8 of [a-z0-9].
@@ -60,7 +60,7 @@ fn tier_bytes(o: &TrafficOutcome, tier: Tier) -> Vec<u64> {
 }
 
 fn assert_gone(name: &str, record: &LabRecord) {
-    let left = rocev2_user::netns::ip(&["netns", "list"]).unwrap();
+    let left = rocev2_user::sys::netns::ip(&["netns", "list"]).unwrap();
     assert!(!left.lines().any(|l| l.starts_with(&format!("{name}-"))), "namespaces left: {left}");
     for s in &record.switches {
         assert!(!s.pin_dir.exists(), "{} left pinned", s.pin_dir.display());

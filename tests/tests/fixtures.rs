@@ -25,8 +25,8 @@ use rocev2_tests::{
     test_run, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
-    dataplane::Dataplane,
-    packet::{build_roce_frame, build_tcp_frame, build_udp_frame, PlainFrameSpec, RoceFrameSpec},
+    control::dataplane::Dataplane,
+    tools::packet::{build_roce_frame, build_tcp_frame, build_udp_frame, PlainFrameSpec, RoceFrameSpec},
 };
 
 // The seeded leaf (tests/src/fixture.rs): routes 10.1.0.0/16 and fd01::/64
@@ -373,7 +373,7 @@ fn route_changes_take_effect_for_cached_destinations() {
     use rocev2_common::maps::{route_cache_slot, ROUTE_LOCAL};
     use rocev2_tests::fixture::sync_routes;
     // One CPU, so consecutive runs meet the same per-CPU cache.
-    let _pin = rocev2_user::gen::CpuPin::new(rocev2_user::gen::allowed_cpus().unwrap()[0]).unwrap();
+    let _pin = rocev2_user::tools::gen::CpuPin::new(rocev2_user::tools::gen::allowed_cpus().unwrap()[0]).unwrap();
     let words = |a: Ipv4Addr| rocev2_common::hash::ipv4_words(a.octets());
     // A destination in 10.3.0.0/16 that lands in DST4's cache slot.
     let slot = route_cache_slot(&words(DST4));
@@ -382,7 +382,7 @@ fn route_changes_take_effect_for_cached_destinations() {
         .find(|a| route_cache_slot(&words(*a)) == slot)
         .expect("a colliding address in 10.3.0.0/16");
     let mut dp = seeded_dataplane(&[]);
-    let send = |dp: &mut rocev2_user::dataplane::Dataplane, dst: Ipv4Addr| {
+    let send = |dp: &mut rocev2_user::control::dataplane::Dataplane, dst: Ipv4Addr| {
         test_run(dp, &build_roce_frame(&roce_v4(dst, 64, 0x11))).unwrap().action
     };
     let base: Vec<(&str, u32)> = rocev2_tests::fixture::LEAF_ROUTES.to_vec();
@@ -422,9 +422,9 @@ fn route_changes_take_effect_for_cached_destinations() {
 #[test]
 fn re_adding_an_egress_device_never_fails_a_redirect() {
     use rocev2_user::{
-        dataplane::Maps,
-        gen::{allowed_cpus, CpuPin},
-        netns::unique_name,
+        control::dataplane::Maps,
+        sys::netns::unique_name,
+        tools::gen::{allowed_cpus, CpuPin},
     };
     use std::sync::atomic::{AtomicBool, Ordering};
 

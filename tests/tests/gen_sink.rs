@@ -8,10 +8,10 @@ use std::{net::IpAddr, process::Command, sync::mpsc, time::Duration};
 use rocev2_common::bth::opcode;
 use rocev2_tests::require_root;
 use rocev2_user::{
-    gen::{self, EcnArg, GenArgs, GenMode, GenReport, SportModel, TrafficKind, PSN_MASK},
-    netns::{in_netns, spawn_in_netns, unique_name, veth_between, Netns},
-    packet::parse_roce,
-    sink::{Sink, SinkArgs, SinkReport},
+    sys::netns::{in_netns, spawn_in_netns, unique_name, veth_between, Netns},
+    tools::gen::{self, EcnArg, GenArgs, GenMode, GenReport, SportModel, TrafficKind, PSN_MASK},
+    tools::packet::parse_roce,
+    tools::sink::{Sink, SinkArgs, SinkReport},
 };
 
 const MAC_GEN: [u8; 6] = [0x02, 0x6E, 0, 0, 0, 1];

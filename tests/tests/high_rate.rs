@@ -38,13 +38,13 @@ use std::{
 
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    dataplane::Maps,
-    gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
-    lab::{uplink_mac, EcmpLab, DEST_V4},
-    netns::{in_netns, in_netns_scoped, Netns},
-    programs::{ToolPrograms, XDP_DROP_PROGRAM},
-    run::format_mac,
-    state::RunState,
+    control::dataplane::Maps,
+    control::state::RunState,
+    sys::format_mac,
+    sys::netns::{in_netns, in_netns_scoped, Netns},
+    testbed::lab::{uplink_mac, EcmpLab, DEST_V4},
+    tools::gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
+    tools::programs::{ToolPrograms, XDP_DROP_PROGRAM},
 };
 
 const UPLINKS: usize = 4;
@@ -157,7 +157,7 @@ fn hitless_at_a_high_packet_rate() {
     let mut receivers = ToolPrograms::load().unwrap();
     for up in &lab.uplinks {
         in_netns_scoped(up.name(), || {
-            let ifindex = rocev2_user::rawsock::PacketSocket::open("up0")?.ifindex();
+            let ifindex = rocev2_user::sys::rawsock::PacketSocket::open("up0")?.ifindex();
             receivers.xdp(XDP_DROP_PROGRAM)?.attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)?;
             Ok(())
         })
@@ -193,7 +193,7 @@ fn hitless_at_a_high_packet_rate() {
         let stream = thread::spawn(move || -> anyhow::Result<GenReport> {
             let mut args = GenArgs::new(
                 "snd0",
-                &format_mac(&rocev2_user::lab::SWITCH_PORT_MAC),
+                &format_mac(&rocev2_user::testbed::lab::SWITCH_PORT_MAC),
                 "10.0.0.1".parse().unwrap(),
                 DEST_V4.parse().unwrap(),
             );
@@ -346,7 +346,7 @@ fn hitless_at_a_high_packet_rate() {
     windows.push(window("rocev2 upgrade", &mut || {
         let mut cmd = std::process::Command::new(rocev2_bin());
         cmd.args(["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
-        let upgraded = rocev2_user::lab::DataplaneProcess::spawn(cmd).unwrap();
+        let upgraded = rocev2_user::testbed::lab::DataplaneProcess::spawn(cmd).unwrap();
         let out = first.take().unwrap().stop_after_exit(Duration::from_secs(10)).unwrap();
         assert!(out.contains("handed over"), "{out}");
         assert!(upgraded.output().contains("took over p0"), "{}", upgraded.output());

@@ -42,8 +42,8 @@ use rocev2_tests::{
     test_run, XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
-    dataplane::Dataplane,
-    packet::{
+    control::dataplane::Dataplane,
+    tools::packet::{
         build_roce_frame, build_tcp_frame, build_udp_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec,
     },
 };
@@ -856,7 +856,7 @@ fn jumbo_frames() {
             moved.contains(&format!("rx_bytes+{len}")) && moved.contains("forwarded_roce+1"),
             "{len} bytes: {moved}"
         );
-        let out = rocev2_user::packet::parse_roce(&r.output).unwrap();
+        let out = rocev2_user::tools::packet::parse_roce(&r.output).unwrap();
         assert!(out.icrc_ok && out.ipv4_checksum_ok != Some(false), "{len} bytes: ICRC and checksum valid");
     }
 }

@@ -11,9 +11,9 @@ use std::{
 
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    dataplane::Maps,
-    frr::{bgp_config, Frr},
-    lab::{lab_frame_to, lab_frames, EcmpLab, Family, LabReport},
+    control::dataplane::Maps,
+    testbed::frr::{bgp_config, Frr},
+    testbed::lab::{lab_frame_to, lab_frames, EcmpLab, Family, LabReport},
 };
 
 const SPINES: usize = 4;
@@ -489,7 +489,7 @@ fn explain_names_the_learned_group_and_the_member_packets_take() {
 fn ip_batch(netns: &str, name: &str, lines: impl Iterator<Item = String>) {
     let path = std::env::temp_dir().join(format!("{name}-{}.batch", std::process::id()));
     std::fs::write(&path, lines.collect::<Vec<_>>().join("\n") + "\n").unwrap();
-    let result = rocev2_user::netns::ip(&["-n", netns, "-batch", &path.display().to_string()]);
+    let result = rocev2_user::sys::netns::ip(&["-n", netns, "-batch", &path.display().to_string()]);
     std::fs::remove_file(&path).ok();
     result.expect("ip -batch");
 }

@@ -16,8 +16,8 @@ use rocev2_tests::{
     require_root, test_run, XDP_REDIRECT,
 };
 use rocev2_user::{
-    dataplane::{Dataplane, GroupPolicy},
-    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
+    control::dataplane::{Dataplane, GroupPolicy},
+    tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
 };
 
 const GROUP: u32 = 0;

@@ -10,10 +10,10 @@ use std::{
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
-    config::Config,
-    lab::DataplaneProcess,
-    labcmd::{self, record_path, LabFamily, LabRouting, LabUpArgs},
-    netns,
+    control::config::Config,
+    sys::netns,
+    testbed::lab::DataplaneProcess,
+    testbed::labcmd::{self, record_path, LabFamily, LabRouting, LabUpArgs},
 };
 
 /// A lab name unique to this process and call: 1-8 of [a-z0-9].
@@ -39,7 +39,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         config_out: None,
         routing: LabRouting::Static,
         racks: None,
-        seed: rocev2_user::fabric::SeedPlan::Auto,
+        seed: rocev2_user::tools::fabric::SeedPlan::Auto,
         zones: 1,
         aggs: None,
         unnumbered: false,
@@ -47,7 +47,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
 }
 
 fn netns_list() -> String {
-    rocev2_user::netns::ip(&["netns", "list"]).unwrap()
+    rocev2_user::sys::netns::ip(&["netns", "list"]).unwrap()
 }
 
 /// One ICMP echo from namespace `ns` to `dst` over a raw socket (no `ping`
@@ -232,15 +232,15 @@ fn lab_down_copes_with_things_already_gone_and_touches_nothing_else() {
     assert!(Config::load(&out).is_ok());
     // A namespace with the lab's prefix that the lab did not make.
     let stranger = format!("{name}-x");
-    rocev2_user::netns::ip(&["netns", "add", &stranger]).unwrap();
-    rocev2_user::netns::ip(&["netns", "del", &format!("{name}-s1")]).unwrap();
+    rocev2_user::sys::netns::ip(&["netns", "add", &stranger]).unwrap();
+    rocev2_user::sys::netns::ip(&["netns", "del", &format!("{name}-s1")]).unwrap();
     std::fs::remove_file(&out).unwrap();
 
     let down = labcmd::down(&name).expect("down works with parts already gone");
     assert!(down.contains(&format!("namespace {name}-s1 was already gone")), "{down}");
     let list = netns_list();
     let still_there = list.contains(stranger.as_str());
-    rocev2_user::netns::ip(&["netns", "del", &stranger]).unwrap();
+    rocev2_user::sys::netns::ip(&["netns", "del", &stranger]).unwrap();
     assert!(still_there, "down removed a namespace it did not make");
     assert!(!list.contains(&format!("{name}-rtsw")) && !list.contains(&format!("{name}-dst")), "{list}");
     assert!(!record_path(&name).exists());

@@ -10,8 +10,8 @@ use std::{
 
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    lab::{EcmpLab, Family},
-    metrics::MetricsServer,
+    control::metrics::MetricsServer,
+    testbed::lab::{EcmpLab, Family},
 };
 
 fn get(addr: std::net::SocketAddr, path: &str) -> String {

@@ -1,5 +1,5 @@
 //! End-to-end tests of flowlets, ECN marking and priority classes through
-//! the real `rocev2 run` in a namespace lab (see rocev2_user::lab).
+//! the real `rocev2 run` in a namespace lab (see rocev2_user::testbed::lab).
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use rocev2_common::{
     ecn::{CE, ECT0, NOT_ECT},
 };
 use rocev2_tests::{require_root, rocev2_bin};
-use rocev2_user::lab::{lab_frame, EcmpLab, Family, LabReport};
+use rocev2_user::testbed::lab::{lab_frame, EcmpLab, Family, LabReport};
 
 const UPLINKS: usize = 4;
 
@@ -204,10 +204,10 @@ fn local_traffic_is_classified_and_marked_in_tc_egress() {
     // with ECT(0) (above the 1 MB/s port rate) and 10 ACKs.
     let capture = std::thread::spawn({
         let up = lab.uplinks[0].name().to_string();
-        move || rocev2_user::netns::in_netns(&up, || capture_udp_roce(Duration::from_secs(3)))
+        move || rocev2_user::sys::netns::in_netns(&up, || capture_udp_roce(Duration::from_secs(3)))
     });
     std::thread::sleep(Duration::from_millis(300));
-    rocev2_user::netns::in_netns(lab.switch.name(), || {
+    rocev2_user::sys::netns::in_netns(lab.switch.name(), || {
         let socket = std::net::UdpSocket::bind("10.0.1.1:0")?;
         set_tos(&socket, 26 << 2 | u32::from(ECT0));
         for i in 0..200u32 {
@@ -247,7 +247,7 @@ fn set_tos(socket: &std::net::UdpSocket, tos: u32) {
 
 /// (opcode, DSCP, ECN) of RoCEv2 UDP datagrams captured on up0.
 fn capture_udp_roce(duration: Duration) -> anyhow::Result<Vec<(u8, u8, u8)>> {
-    let socket = rocev2_user::rawsock::PacketSocket::open("up0")?;
+    let socket = rocev2_user::sys::rawsock::PacketSocket::open("up0")?;
     let mut buf = vec![0u8; 65536];
     let mut seen = Vec::new();
     let end = std::time::Instant::now() + duration;

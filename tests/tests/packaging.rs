@@ -7,7 +7,7 @@ use std::{
 };
 
 use rocev2_tests::rocev2_bin;
-use rocev2_user::config::Config;
+use rocev2_user::control::config::Config;
 
 fn packaging(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging").join(file)

@@ -35,8 +35,8 @@ use rocev2_tests::{
     test_run, XDP_PASS, XDP_REDIRECT,
 };
 use rocev2_user::{
-    dataplane::{Dataplane, MemberSpec},
-    packet::{build_roce_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec},
+    control::dataplane::{Dataplane, MemberSpec},
+    tools::packet::{build_roce_frame, icrc, invariant_bytes_equal, parse_roce, RoceFrameSpec},
 };
 
 const SEED: u32 = 0x5EED;

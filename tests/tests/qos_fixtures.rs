@@ -22,9 +22,9 @@ use rocev2_tests::{
     require_root, test_run, XDP_DROP, XDP_REDIRECT,
 };
 use rocev2_user::{
-    config::Prefix,
-    dataplane::{Dataplane, GroupPolicy},
-    packet::{build_roce_frame, invariant_bytes_equal, parse_roce, RoceFrameSpec},
+    control::config::Prefix,
+    control::dataplane::{Dataplane, GroupPolicy},
+    tools::packet::{build_roce_frame, invariant_bytes_equal, parse_roce, RoceFrameSpec},
 };
 
 const EGRESS_SLOT: u32 = 0;
@@ -81,7 +81,7 @@ fn write(qp: u32, ecn: u8) -> Vec<u8> {
 
 /// Forwards `input` and checks the output is a valid RoCEv2 frame whose
 /// ICRC-covered bytes are untouched; returns the decoded output.
-fn forward(dp: &mut Dataplane, input: &[u8]) -> rocev2_user::packet::ParsedRoce {
+fn forward(dp: &mut Dataplane, input: &[u8]) -> rocev2_user::tools::packet::ParsedRoce {
     let run = test_run(dp, input).unwrap();
     assert_eq!(
         run.action,
@@ -228,7 +228,7 @@ fn flowlet(gap_ns: u64, flags: u32) -> GroupPolicy {
     }
 }
 
-fn member_of(out: &rocev2_user::packet::ParsedRoce) -> u8 {
+fn member_of(out: &rocev2_user::tools::packet::ParsedRoce) -> u8 {
     out.dst_mac[5]
 }
 
@@ -321,8 +321,8 @@ fn large_and_small_ifindexes_find_their_port_and_egress_queue() {
     use aya::{programs::TestRun as _, TestRunOptions};
     use rocev2_common::maps::MAX_DIRECT_IFINDEX;
     use rocev2_user::{
-        dataplane::{MemberSpec, XDP_PROGRAM},
-        netns::{in_netns_scoped, unique_name, Netns},
+        control::dataplane::{MemberSpec, XDP_PROGRAM},
+        sys::netns::{in_netns_scoped, unique_name, Netns},
     };
     require_root();
     let ns = Netns::create(&unique_name("ifx")).unwrap();

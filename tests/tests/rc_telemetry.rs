@@ -11,12 +11,12 @@ use std::{sync::mpsc, time::Duration};
 
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    fault::PsnDropper,
-    lab::{EcmpLab, DEST_V4},
-    netns::{in_netns, spawn_in_netns},
-    qp_telemetry,
-    rc::{self, ResponderQpReport},
-    sink::{Sink, SinkArgs},
+    control::qp_telemetry,
+    sys::netns::{in_netns, spawn_in_netns},
+    testbed::fault::PsnDropper,
+    testbed::lab::{EcmpLab, DEST_V4},
+    tools::rc::{self, ResponderQpReport},
+    tools::sink::{Sink, SinkArgs},
 };
 
 const QPS: u32 = 8;
@@ -106,7 +106,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
         .arg(lab.pin_dir())
         .output()
         .unwrap();
-    let metrics = rocev2_user::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
+    let metrics = rocev2_user::control::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
     for args in [&["top", "--once"][..], &["stats"][..]] {
         let out =
             std::process::Command::new(rocev2_bin()).args(args).arg("--pin-dir").arg(lab.pin_dir()).output().unwrap();
@@ -227,7 +227,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
 /// --once --json` (the collision detector's verdict included).
 fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value {
     use rocev2_common::bth::{opcode, Bth};
-    use rocev2_user::lab::{lab_frame_from_port, Family};
+    use rocev2_user::testbed::lab::{lab_frame_from_port, Family};
     let text = lab.rc_config(hash);
     let config = lab.write_config_text(hash, &text).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");

@@ -10,9 +10,9 @@ use std::{
 use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    dataplane::Dataplane,
-    lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
-    state::RunState,
+    control::dataplane::Dataplane,
+    control::state::RunState,
+    testbed::lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
 };
 
 const UPLINKS: usize = 4;
@@ -199,15 +199,21 @@ fn a_full_route_table_is_a_clear_error() {
     let mut dp = Dataplane::load(None).unwrap();
     let wanted: std::collections::BTreeMap<_, _> = (0..rocev2_common::maps::MAX_ROUTES_V4 + 1)
         .map(|i| {
-            (rocev2_user::config::Prefix::V4 { addr: std::net::Ipv4Addr::from(0x0A00_0000 + (i << 8)), len: 24 }, 0u32)
+            (
+                rocev2_user::control::config::Prefix::V4 {
+                    addr: std::net::Ipv4Addr::from(0x0A00_0000 + (i << 8)),
+                    len: 24,
+                },
+                0u32,
+            )
         })
         .collect();
     let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
     let msg = format!("{err:#}");
     assert!(msg.contains("route table full: 131072 of 131072 IPv4 routes installed"), "{msg}");
-    let typed = err.downcast_ref::<rocev2_user::errors::DataplaneError>();
+    let typed = err.downcast_ref::<rocev2_user::control::errors::DataplaneError>();
     assert!(
-        matches!(typed, Some(rocev2_user::errors::DataplaneError::RouteTableFull { installed: 131_072, .. })),
+        matches!(typed, Some(rocev2_user::control::errors::DataplaneError::RouteTableFull { installed: 131_072, .. })),
         "a typed error callers can act on: {typed:?}"
     );
 }
@@ -248,8 +254,9 @@ fn pins_are_root_only() {
 fn jumbo_frames_are_forwarded_intact() {
     require_root();
     let lab = EcmpLab::create(2).unwrap();
-    let set_mtu =
-        |ns: &rocev2_user::netns::Netns, dev: &str| ns.exec(&["ip", "link", "set", "dev", dev, "mtu", "9000"]).unwrap();
+    let set_mtu = |ns: &rocev2_user::sys::netns::Netns, dev: &str| {
+        ns.exec(&["ip", "link", "set", "dev", dev, "mtu", "9000"]).unwrap()
+    };
     set_mtu(&lab.sender, "snd0");
     set_mtu(&lab.switch, "p0");
     for (i, up) in lab.uplinks.iter().enumerate() {
@@ -319,7 +326,7 @@ fn runtime_config_mistakes_name_file_line_key_and_fix() {
 /// Now every trip through the real dataplane is forwarded.
 #[test]
 fn live_frames_through_the_dataplane_are_all_forwarded() {
-    use rocev2_user::gen::{generate, GenArgs, GenMode};
+    use rocev2_user::tools::gen::{generate, GenArgs, GenMode};
     require_root();
     let lab = EcmpLab::create(2).unwrap();
     let config = lab.write_config("qp").unwrap();
@@ -329,13 +336,13 @@ fn live_frames_through_the_dataplane_are_all_forwarded() {
         "snd0",
         "02:52:32:00:00:fe",
         "10.0.0.1".parse().unwrap(),
-        rocev2_user::lab::DEST_V4.parse().unwrap(),
+        rocev2_user::testbed::lab::DEST_V4.parse().unwrap(),
     );
     args.mode = GenMode::LiveFrames;
     args.qps = 16;
     args.count = Some(SENT);
     args.live_repeat = 2_000;
-    let report = rocev2_user::netns::in_netns(lab.sender.name(), move || generate(&args)).unwrap();
+    let report = rocev2_user::sys::netns::in_netns(lab.sender.name(), move || generate(&args)).unwrap();
     assert_eq!(report.packets, SENT);
     std::thread::sleep(Duration::from_millis(300));
     let stats = rocev2(&["stats", "--json", "--pin-dir", lab.pin_dir().to_str().unwrap()]);

@@ -14,8 +14,8 @@ use std::{
 use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    lab::{lab_frame, EcmpLab, Family},
-    state::RunState,
+    control::state::RunState,
+    testbed::lab::{lab_frame, EcmpLab, Family},
 };
 
 /// The socket systemd would own; removed on drop.

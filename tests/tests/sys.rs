@@ -12,10 +12,10 @@ use std::{
 use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::require_root;
 use rocev2_user::{
-    netlink::{ensure_veth_peer_napi, poke_with_datagram, Neighbour, Netlink, PeerNapi, NEIGHBOUR_POLL},
-    netns::{self, in_netns, spawn_in_netns, unique_name, veth_between, Netns},
-    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
-    rawsock::PacketSocket,
+    sys::netlink::{ensure_veth_peer_napi, poke_with_datagram, Neighbour, Netlink, PeerNapi, NEIGHBOUR_POLL},
+    sys::netns::{self, in_netns, spawn_in_netns, unique_name, veth_between, Netns},
+    sys::rawsock::PacketSocket,
+    tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
 };
 
 fn netns_list() -> String {

@@ -22,15 +22,15 @@ use rocev2_tests::{
     readme, require_root, rocev2_bin, test_run, XDP_REDIRECT,
 };
 use rocev2_user::{
-    config::{FlowletConfig, Policy, Prefix},
-    dataplane::policy_of,
-    fault::PsnDropper,
-    lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
-    netns::in_netns,
-    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
-    qp_telemetry,
-    rawsock::PacketSocket,
-    rc::{self, RequesterReport, Responder, ResponderQpReport},
+    control::config::{FlowletConfig, Policy, Prefix},
+    control::dataplane::policy_of,
+    control::qp_telemetry,
+    sys::netns::in_netns,
+    sys::rawsock::PacketSocket,
+    testbed::fault::PsnDropper,
+    testbed::lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
+    tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
+    tools::rc::{self, RequesterReport, Responder, ResponderQpReport},
 };
 
 const QPS: u32 = 16;
@@ -328,7 +328,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     assert!(repicks("u1") + repicks("u2") > 0, "{after:#}");
 
     // The same in the metrics (per member, never per QP).
-    let metrics = rocev2_user::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
+    let metrics = rocev2_user::control::metrics::scrape(&lab.pin_dir()).expect("scrape the metrics");
     let sample = |name: &str, dev: &str| -> f64 {
         let line = metrics
             .lines()
@@ -386,7 +386,7 @@ fn a_bucket_only_change_keeps_running_flowlets_on_their_member() {
     let prefix = Prefix::V4 { addr: "10.1.0.0".parse().unwrap(), len: 16 };
     dp.sync_routes(&[(prefix, 0)].into()).unwrap();
     let (src, dst) = ("10.0.0.1".parse().unwrap(), "10.1.0.9".parse().unwrap());
-    let member_of = |dp: &mut rocev2_user::dataplane::Dataplane, qp: u32| {
+    let member_of = |dp: &mut rocev2_user::control::dataplane::Dataplane, qp: u32| {
         let frame = build_roce_frame(&RoceFrameSpec {
             src_port: 0xC000,
             ..roce_spec(src, dst, 64, bth(opcode::SEND_ONLY, qp, 1))

@@ -258,7 +258,7 @@ fn gen_and_watch(gen: &str, watch: &str) -> (String, String) {
 /// The equivalent of the README's `curl -s 127.0.0.1:9464/metrics`, so the
 /// test needs no curl: one HTTP GET inside namespace `netns`.
 fn scrape(netns: &str) -> String {
-    rocev2_user::netns::in_netns(netns, || {
+    rocev2_user::sys::netns::in_netns(netns, || {
         let mut stream = std::net::TcpStream::connect("127.0.0.1:9464")?;
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
         let mut text = String::new();

@@ -16,9 +16,9 @@ use std::{collections::BTreeMap, net::IpAddr};
 use serde::Serialize;
 
 use crate::{
-    config::{Config, HashSeed},
-    explain::{explain, Live, PacketFields, Verdict},
-    top::TopRow,
+    control::config::{Config, HashSeed},
+    control::top::TopRow,
+    tools::explain::{explain, Live, PacketFields, Verdict},
 };
 
 /// A QP is heavy when it carries at least this share of its group's fair

@@ -10,7 +10,7 @@
 //! its place in the group (its position, counters, pins and the flowlets
 //! already on it), but gives its buckets to the other members, so new
 //! flowlets and new flows avoid it. Below `restore_below` it gets exactly
-//! those buckets back (crate::routing::groups::ResilientTable). The last
+//! those buckets back (crate::control::routing::groups::ResilientTable). The last
 //! member in service is never demoted, and when the others go down the
 //! healthiest demoted member comes back.
 //!
@@ -27,7 +27,7 @@ use anyhow::Result;
 use rocev2_common::telemetry::MemberTransport;
 use serde::{Deserialize, Serialize};
 
-use crate::{config::TransportAware, dataplane::GroupPolicy, qp_telemetry};
+use crate::{control::config::TransportAware, control::dataplane::GroupPolicy, control::qp_telemetry};
 
 /// One member's health, as `stats` and the metrics show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -8,10 +8,10 @@ use std::{
 };
 
 use crate::{
-    config::NextHop,
-    dataplane::MemberSpec,
-    netlink::{LinkInfo, Netlink},
+    control::config::NextHop,
+    control::dataplane::MemberSpec,
     sys::format_mac,
+    sys::netlink::{LinkInfo, Netlink},
 };
 
 /// How long `run` waits for a `via` neighbour at start before leaving the

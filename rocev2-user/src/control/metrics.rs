@@ -53,7 +53,7 @@ use prometheus_client::{
 use rocev2_common::counters::PortCounter;
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::{dataplane::Maps, state::RunState, stats::Snapshot};
+use crate::{control::dataplane::Maps, control::state::RunState, control::stats::Snapshot};
 
 /// The OpenMetrics text format, which Prometheus negotiates and parses.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -210,7 +210,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         );
     }
 
-    let member_labels = |group: &str, m: &crate::stats::MemberSnapshot| {
+    let member_labels = |group: &str, m: &crate::control::stats::MemberSnapshot| {
         labels([("group", group), ("member", &m.dev), ("next_hop", &m.next_hop)])
     };
     let members = || snapshot.groups.iter().flat_map(|g| g.members.iter().map(move |m| (g, m)));
@@ -316,7 +316,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         }),
     );
     if !snapshot.egress.is_empty() {
-        let port = |e: &crate::stats::EgressSnapshot| labels([("port", &e.name)]);
+        let port = |e: &crate::control::stats::EgressSnapshot| labels([("port", &e.name)]);
         for &c in rocev2_common::counters::EgressCounter::ALL {
             out.counter(
                 &format!("rocev2_egress_{}_total", c.name()),
@@ -336,7 +336,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         );
     }
     if !snapshot.classes.is_empty() {
-        let class = |c: &crate::stats::ClassSnapshot| labels([("class", &c.name)]);
+        let class = |c: &crate::control::stats::ClassSnapshot| labels([("class", &c.name)]);
         out.counter(
             "rocev2_class_packets_total",
             "Packets matched by a priority class.",
@@ -375,7 +375,7 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         out.gauge(
             "rocev2_kernel_routes",
             "Prefixes of the kernel table left to the kernel, by reason.",
-            crate::routing::fib::KernelReason::ALL.iter().map(|r| {
+            crate::control::routing::fib::KernelReason::ALL.iter().map(|r| {
                 let mut sample = table();
                 sample.push(("reason", r.name().to_owned()));
                 (sample, l.to_kernel.get(r.name()).copied().unwrap_or(0) as u64)
@@ -557,7 +557,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::stats::{GroupSnapshot, MemberSnapshot, PortSnapshot};
+    use crate::control::stats::{GroupSnapshot, MemberSnapshot, PortSnapshot};
 
     fn snapshot() -> Snapshot {
         let mut counters = BTreeMap::new();
@@ -573,14 +573,14 @@ mod tests {
                 name: "spines".into(),
                 hash: "qp".into(),
                 policy: "flowlet".into(),
-                flowlet: Some(crate::state::FlowletKnobs {
+                flowlet: Some(crate::control::state::FlowletKnobs {
                     gap_us: 500,
                     choice: rocev2_common::flowlet::FlowletChoice::LeastLoaded,
                     boundary: true,
                     table_size: 4096,
                     table: rocev2_common::flowlet::FlowletTable::Keyless,
                 }),
-                transport_aware: Some(crate::state::TransportAwareKnobs {
+                transport_aware: Some(crate::control::state::TransportAwareKnobs {
                     demote_above: 20.0,
                     restore_below: 2.5,
                     half_life_ms: 2000,
@@ -592,7 +592,7 @@ mod tests {
                         next_hop: "via 10.0.1.2".into(),
                         packets: 7,
                         bytes: 700,
-                        transport: Some(crate::stats::MemberTransportView {
+                        transport: Some(crate::control::stats::MemberTransportView {
                             psn_gaps: 1,
                             retransmits: 2,
                             naks_sequence: 3,
@@ -601,7 +601,7 @@ mod tests {
                             ce_marked: 6,
                             acked_repicks: 7,
                         }),
-                        health: Some(crate::health::MemberHealth {
+                        health: Some(crate::control::health::MemberHealth {
                             score: 12.5,
                             demoted: true,
                             demotions: 2,
@@ -618,18 +618,18 @@ mod tests {
                     },
                 ],
             }],
-            egress: vec![crate::stats::EgressSnapshot {
+            egress: vec![crate::control::stats::EgressSnapshot {
                 name: "u1".into(),
                 rate_bytes_per_sec: 1_250_000_000,
                 counters: rocev2_common::counters::EgressCounter::ALL.iter().map(|c| (c.name(), 5)).collect(),
                 queue_bytes: 1500,
                 queue_high_water_bytes: 90_000,
             }],
-            classes: vec![crate::stats::ClassSnapshot { name: "control".into(), packets: 3, bytes: 180 }],
+            classes: vec![crate::control::stats::ClassSnapshot { name: "control".into(), packets: 3, bytes: 180 }],
             flowlet_entries: 4,
             seed: 0,
             seed_auto: false,
-            learned: Some(crate::routing::LearnedStats {
+            learned: Some(crate::control::routing::LearnedStats {
                 table: 254,
                 routes: 7,
                 to_kernel: [("reject".to_string(), 2)].into_iter().collect(),
@@ -740,7 +740,7 @@ mod tests {
         // (gaps, retransmits, two NAK syndromes, CNPs, CE, acked re-picks), and the health
         // of the one member that has it (score, demoted, demotions, restores).
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
-        let learned = 3 + crate::routing::fib::KernelReason::ALL.len() + 2 + 2;
+        let learned = 3 + crate::control::routing::fib::KernelReason::ALL.len() + 2 + 2;
         let telemetry = 1 + 2 * 7 + 4;
         assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
     }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use sd_notify::NotifyState;
 
-use crate::stats::Snapshot;
+use crate::control::stats::Snapshot;
 
 static WARNED: AtomicBool = AtomicBool::new(false);
 

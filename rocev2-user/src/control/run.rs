@@ -25,16 +25,16 @@ use rocev2_common::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
-    dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
-    health::{self, GroupHealth},
-    members::{
+    control::config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
+    control::dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
+    control::health::{self, GroupHealth},
+    control::members::{
         live_positions, log_member_change, next_hop_text, resolve_new_neighbours, MemberLive, FIRST_RESOLVE_TIMEOUT,
     },
-    netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
-    routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
-    state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
-    stats::Snapshot,
+    control::routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
+    control::state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
+    control::stats::Snapshot,
+    sys::netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
 };
 
 /// How often link state (up, carrier) is checked: a failed uplink leaves
@@ -54,8 +54,6 @@ pub struct RunOptions {
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
-
-pub use crate::sys::format_mac;
 
 /// How `run` ended.
 pub enum Ending {
@@ -93,7 +91,7 @@ struct Runner {
     health: BTreeMap<String, GroupHealth>,
     health_at: Instant,
     /// The telemetry's per-member sums, which the health step reads.
-    member_transport: crate::qp_telemetry::MemberTransportReader,
+    member_transport: crate::control::qp_telemetry::MemberTransportReader,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
     /// The hash seed in use (resolved from `hash_seed = "auto"`).
@@ -108,7 +106,7 @@ struct Runner {
 pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Ending> {
     let pin_dir = config.dataplane.pin_dir.clone();
     // Say which capability is missing before anything else fails with EPERM.
-    crate::privileges::check()?;
+    crate::sys::privileges::check()?;
     // Handlers first: a signal that arrives while starting up (or right
     // after `ready`) must still detach and unpin, not kill the process.
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -120,7 +118,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
 
     let metrics = match options.metrics_addr {
         Some(addr) => {
-            let server = crate::metrics::MetricsServer::start(addr, pin_dir.clone())
+            let server = crate::control::metrics::MetricsServer::start(addr, pin_dir.clone())
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
             let place = runner
                 .netns
@@ -134,7 +132,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     };
     println!("{READY_LINE}");
     std::io::stdout().flush().ok();
-    crate::notify::ready(&runner.status_line());
+    crate::control::notify::ready(&runner.status_line());
     let mut status_tick = tokio::time::interval(STATUS_INTERVAL);
 
     let mut link_tick = tokio::time::interval(LINK_POLL);
@@ -145,12 +143,12 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = sigterm.recv() => break false,
             _ = sigusr1.recv() => break true,
             _ = sighup.recv() => {
-                crate::notify::reloading();
+                crate::control::notify::reloading();
                 runner.reload_from_file().await;
-                crate::notify::ready(&runner.status_line());
+                crate::control::notify::ready(&runner.status_line());
             }
             _ = status_tick.tick() => {
-                crate::notify::status(&runner.status_line());
+                crate::control::notify::status(&runner.status_line());
                 runner.check_fill();
             }
             _ = link_tick.tick() => runner.refresh(false).await?,
@@ -161,7 +159,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         }
         std::io::stdout().flush().ok();
     };
-    crate::notify::stopping(if handover { "handing over to the next rocev2 run" } else { "stopping" });
+    crate::control::notify::stopping(if handover { "handing over to the next rocev2 run" } else { "stopping" });
 
     if let Some(server) = metrics {
         server.stop().ok();
@@ -188,7 +186,7 @@ impl Runner {
         };
         // Everything the config names must exist before anything loads.
         let links = resolve_links(&netlink, &config).await?;
-        let dataplane = if crate::dataplane::has_pinned_links(&pin_dir) {
+        let dataplane = if crate::control::dataplane::has_pinned_links(&pin_dir) {
             // A previous run's programs are attached and forwarding: this is
             // a takeover, and nothing waits for the new programs. Loading
             // them (the verifier: a few hundred ms of CPU, far more on a
@@ -281,7 +279,7 @@ impl Runner {
             "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
             runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
             match c.dataplane.attach {
-                Attach::Xdp => format!("{} XDP", crate::dataplane::mode_name(mode)),
+                Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
                 Attach::Tc => "tc ingress".to_string(),
             },
             c.groups.len(),
@@ -294,14 +292,14 @@ impl Runner {
     /// One-line summary for systemd's `STATUS=`.
     fn status_line(&self) -> String {
         match Snapshot::collect(&self.dataplane.maps, &self.state) {
-            Ok(snapshot) => crate::notify::summary(&snapshot, self.config.routes.len()),
+            Ok(snapshot) => crate::control::notify::summary(&snapshot, self.config.routes.len()),
             Err(e) => format!("cannot read the counters: {e:#}"),
         }
     }
 
     /// Reports a route or flowlet table that is filling up (see capacity).
     fn check_fill(&self) {
-        use crate::capacity::Fill;
+        use crate::control::capacity::Fill;
         let (v4, v6) = self.dataplane.route_counts();
         let route_hint = "further learned prefixes (and those covering them) go to the kernel (route_table_full); aggregate prefixes";
         let mut fills = vec![
@@ -316,7 +314,7 @@ impl Runner {
                 hint: "the least recently used flows are evicted and may change path mid-flowlet; raise flowlet_table_size",
             });
         }
-        crate::capacity::check(&fills);
+        crate::control::capacity::check(&fills);
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a
@@ -794,7 +792,7 @@ impl Runner {
                 hash: group.hash.name().to_string(),
                 policy: GroupState::policy_name(&group.policy),
                 flowlet: GroupState::flowlet_knobs(&group.policy),
-                transport_aware: group.transport_aware.as_ref().map(crate::state::TransportAwareKnobs::of),
+                transport_aware: group.transport_aware.as_ref().map(crate::control::state::TransportAwareKnobs::of),
                 members: self.members[&group.name]
                     .iter()
                     .enumerate()
@@ -802,7 +800,7 @@ impl Runner {
                     .map(|(i, m)| MemberState {
                         dev: m.dev.clone(),
                         next_hop: next_hop_text(&m.next_hop),
-                        mac: m.dst_mac.map(|mac| format_mac(&mac)).unwrap_or_default(),
+                        mac: m.dst_mac.map(|mac| crate::sys::format_mac(&mac)).unwrap_or_default(),
                         health: self.health.get(&group.name).and_then(|h| h.members.get(i).copied()),
                     })
                     .collect(),
@@ -887,7 +885,7 @@ pub struct Links {
 /// Looks up every interface the config names; a missing one is an error
 /// at its place in the file, naming the namespace it looked in.
 pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let hint = crate::netns::interface_hint();
+    let hint = crate::sys::netns::interface_hint();
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
         let link =
@@ -920,7 +918,7 @@ pub fn group_policy(group: &Group) -> GroupPolicy {
 
 /// The `[[route_policy]]`s and the default for learned groups no policy
 /// covers: `[dataplane] hash`, plain hashing, immediate rebalance.
-fn learned_policies(config: &Config) -> (&[crate::config::RoutePolicy], LearnedPolicy) {
+fn learned_policies(config: &Config) -> (&[crate::control::config::RoutePolicy], LearnedPolicy) {
     let default = LearnedPolicy {
         hash: config.dataplane.hash,
         policy: Policy::Hash,

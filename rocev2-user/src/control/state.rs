@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::flowlet::FlowletChoice;
 use serde::{Deserialize, Serialize};
 
-use crate::paths::RUN_DIR;
+use crate::sys::paths::RUN_DIR;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunState {
@@ -40,7 +40,7 @@ pub struct RunState {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
-    pub learned: Option<crate::routing::LearnedStats>,
+    pub learned: Option<crate::control::routing::LearnedStats>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -101,7 +101,7 @@ pub struct TransportAwareKnobs {
 }
 
 impl TransportAwareKnobs {
-    pub fn of(t: &crate::config::TransportAware) -> Self {
+    pub fn of(t: &crate::control::config::TransportAware) -> Self {
         Self {
             demote_above: t.demote_above,
             restore_below: t.restore_below,
@@ -122,8 +122,8 @@ impl TransportAwareKnobs {
 
 impl GroupState {
     /// "hash", "flowlet" or "pinned": a config group's policy.
-    pub fn policy_name(policy: &crate::config::Policy) -> String {
-        use crate::config::Policy;
+    pub fn policy_name(policy: &crate::control::config::Policy) -> String {
+        use crate::control::config::Policy;
         match policy {
             Policy::Hash => "hash",
             Policy::Flowlet(_) => "flowlet",
@@ -133,8 +133,8 @@ impl GroupState {
     }
 
     /// A group's flowlet knobs, if it is a flowlet group.
-    pub fn flowlet_knobs(policy: &crate::config::Policy) -> Option<FlowletKnobs> {
-        let crate::config::Policy::Flowlet(f) = policy else { return None };
+    pub fn flowlet_knobs(policy: &crate::control::config::Policy) -> Option<FlowletKnobs> {
+        let crate::control::config::Policy::Flowlet(f) = policy else { return None };
         Some(FlowletKnobs {
             gap_us: f.gap.as_micros() as u64,
             choice: f.choice,
@@ -175,7 +175,7 @@ pub struct MemberState {
     pub mac: String,
     /// In a `transport_aware` group: its transport health and demotions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<crate::health::MemberHealth>,
+    pub health: Option<crate::control::health::MemberHealth>,
 }
 
 /// File names under /run/rocev2 derived from the pin directory, so each

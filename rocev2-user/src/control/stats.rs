@@ -7,10 +7,10 @@ use rocev2_common::counters::PortCounter;
 use serde::Serialize;
 
 use crate::{
-    dataplane::Maps,
-    qp_telemetry,
+    control::dataplane::Maps,
+    control::qp_telemetry,
+    control::state::RunState,
     render::{share_bar, Align, Table},
-    state::RunState,
 };
 
 #[derive(Clone, Debug, Serialize)]
@@ -28,7 +28,7 @@ pub struct Snapshot {
     pub seed: u32,
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: learned routes and groups.
-    pub learned: Option<crate::routing::LearnedStats>,
+    pub learned: Option<crate::control::routing::LearnedStats>,
     /// With `telemetry_qps`: QPs in the telemetry table now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry_qps: Option<u64>,
@@ -67,17 +67,17 @@ pub struct GroupSnapshot {
     pub policy: String,
     /// A flowlet group's knobs (gap, choice, boundary, table size).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flowlet: Option<crate::state::FlowletKnobs>,
+    pub flowlet: Option<crate::control::state::FlowletKnobs>,
     /// A `transport_aware` group's knobs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub transport_aware: Option<crate::state::TransportAwareKnobs>,
+    pub transport_aware: Option<crate::control::state::TransportAwareKnobs>,
     pub members: Vec<MemberSnapshot>,
 }
 
 impl GroupSnapshot {
     /// `hash qp, flowlet gap 500us`: the policy and its knobs.
     pub fn describe(&self) -> String {
-        let policy = crate::state::describe_policy(&self.hash, &self.policy, self.flowlet.as_ref());
+        let policy = crate::control::state::describe_policy(&self.hash, &self.policy, self.flowlet.as_ref());
         match &self.transport_aware {
             Some(t) => format!("{policy}, {}", t.describe()),
             None => policy,
@@ -96,9 +96,9 @@ pub struct MemberSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<MemberTransportView>,
     /// In a `transport_aware` group: the health score, whether the member
-    /// is demoted, its demotions and restores (see crate::health).
+    /// is demoted, its demotions and restores (see crate::control::health).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub health: Option<crate::health::MemberHealth>,
+    pub health: Option<crate::control::health::MemberHealth>,
 }
 
 /// Per member: what the QPs it carries went through.

@@ -15,11 +15,11 @@ use comfy_table::{presets::NOTHING, Table};
 use serde::Serialize;
 
 use crate::{
-    collisions::{self, Collision, GroupMembers},
-    config::Config,
-    explain::read_live,
-    qp_telemetry::{self, QpEntry},
-    state::RunState,
+    control::collisions::{self, Collision, GroupMembers},
+    control::config::Config,
+    control::qp_telemetry::{self, QpEntry},
+    control::state::RunState,
+    tools::explain::read_live,
 };
 
 #[derive(clap::Args, Debug, Clone)]

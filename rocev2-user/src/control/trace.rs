@@ -25,12 +25,12 @@ use rocev2_common::telemetry::{
 use serde::Serialize;
 
 use crate::{
-    config::Config,
-    explain::{explain, parse_qp, read_live, PacketFields, Verdict},
-    qp_telemetry::{self, words_addr},
-    signals::SigintGuard,
-    state::RunState,
-    top::member_name,
+    control::config::Config,
+    control::qp_telemetry::{self, words_addr},
+    control::state::RunState,
+    control::top::member_name,
+    sys::signals::SigintGuard,
+    tools::explain::{explain, parse_qp, read_live, PacketFields, Verdict},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -139,12 +139,12 @@ pub fn filter(args: &TraceArgs) -> Result<TraceFilter> {
     if let Some(s) = args.src {
         f.matches |= TRACE_MATCH_SRC;
         f.family = family(s);
-        f.src = crate::qp_telemetry::addr_words(s);
+        f.src = crate::control::qp_telemetry::addr_words(s);
     }
     if let Some(d) = args.dst {
         f.matches |= TRACE_MATCH_DST;
         f.family = family(d);
-        f.dst = crate::qp_telemetry::addr_words(d);
+        f.dst = crate::control::qp_telemetry::addr_words(d);
     }
     if let Some(qp) = args.qp {
         if qp > 0xFF_FFFF {
@@ -234,7 +234,7 @@ fn describe(
     e: &TraceEvent,
     state: &RunState,
     config: Option<&Config>,
-    live: Option<&crate::explain::Live>,
+    live: Option<&crate::tools::explain::Live>,
 ) -> TraceLine {
     let (src, dst) = (words_addr(&e.src, e.family), words_addr(&e.dst, e.family));
     let (group, member) = member_name(state, e.group, e.position);

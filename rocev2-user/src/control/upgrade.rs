@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::state::RunState;
+use crate::control::state::RunState;
 
 /// How the new binary gets started after the handover.
 #[derive(Debug, PartialEq, Eq)]

@@ -14,10 +14,10 @@ use anyhow::{bail, Result};
 use rocev2_common::counters::PortCounter;
 
 use crate::{
-    dataplane::Maps,
+    control::dataplane::Maps,
+    control::state::RunState,
+    control::stats::Snapshot,
     render::{share_bar, Align, Table},
-    state::RunState,
-    stats::Snapshot,
 };
 
 /// Clears the terminal and moves the cursor home.
@@ -162,7 +162,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::stats::{GroupSnapshot, MemberSnapshot, PortSnapshot};
+    use crate::control::stats::{GroupSnapshot, MemberSnapshot, PortSnapshot};
 
     fn port(name: &str, values: &[(PortCounter, u64)]) -> PortSnapshot {
         let mut counters = BTreeMap::new();
@@ -193,7 +193,7 @@ mod tests {
                 name: "spines".into(),
                 hash: "qp".into(),
                 policy: "flowlet".into(),
-                flowlet: Some(crate::state::FlowletKnobs {
+                flowlet: Some(crate::control::state::FlowletKnobs {
                     gap_us: 500,
                     choice: rocev2_common::flowlet::FlowletChoice::Rehash,
                     boundary: false,
@@ -247,7 +247,7 @@ mod tests {
         // A member demoted for its transport health says so.
         let mut demoted = now.clone();
         demoted.groups[0].members[2].health =
-            Some(crate::health::MemberHealth { score: 31.25, demoted: true, demotions: 1, restores: 0 });
+            Some(crate::control::health::MemberHealth { score: 31.25, demoted: true, demotions: 1, restores: 0 });
         let text = render_rates(&prev, &demoted, Duration::from_secs(2));
         let u33 = text.lines().find(|l| l.trim_start().starts_with("u33 ")).unwrap();
         assert!(u33.ends_with("demoted (health 31.2)") || u33.ends_with("demoted (health 31.3)"), "{u33}");

@@ -5,7 +5,7 @@ use std::{fs, os::unix::fs::DirBuilderExt as _, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::paths::BPFFS as DEFAULT_BPFFS;
+use crate::sys::paths::BPFFS as DEFAULT_BPFFS;
 
 fn is_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)

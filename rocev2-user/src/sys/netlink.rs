@@ -423,7 +423,7 @@ fn ifindex_to_name(ifindex: u32) -> Result<String> {
 /// Moves the calling thread into the network namespace at `path`.
 fn enter_netns(path: &Path) -> Result<()> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    crate::netns::enter(&file).with_context(|| format!("entering network namespace {}", path.display()))
+    crate::sys::netns::enter(&file).with_context(|| format!("entering network namespace {}", path.display()))
 }
 
 /// The namespace our namespace calls `netnsid`: asks the kernel (RTM_GETNSID

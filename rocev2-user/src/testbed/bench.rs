@@ -43,12 +43,12 @@ use rocev2_common::{
 };
 
 use crate::{
-    config::Prefix,
-    dataplane::{Dataplane, GroupPolicy, MemberSpec, XDP_PROGRAM},
-    gen::{self, GenArgs, GenMode, SportModel},
-    netns::{self, unique_name, Netns},
-    packet::{build_roce_frame, RoceFrameSpec},
-    programs::{ToolPrograms, XDP_DROP_PROGRAM, XDP_FIB_PROGRAM, XDP_REDIRECT_PROGRAM},
+    control::config::Prefix,
+    control::dataplane::{Dataplane, GroupPolicy, MemberSpec, XDP_PROGRAM},
+    sys::netns::{self, unique_name, Netns},
+    tools::gen::{self, GenArgs, GenMode, SportModel},
+    tools::packet::{build_roce_frame, RoceFrameSpec},
+    tools::programs::{ToolPrograms, XDP_DROP_PROGRAM, XDP_FIB_PROGRAM, XDP_REDIRECT_PROGRAM},
 };
 
 const XDP_REDIRECT: u32 = 4;
@@ -852,7 +852,7 @@ fn render_table(rows: &[Row]) -> String {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    crate::privileges::check()?;
+    crate::sys::privileges::check()?;
     if let Some(name) = &args.r#loop {
         return profile::profile_loop(args, name);
     }
@@ -900,7 +900,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.packets * args.rounds as u64
     ));
     md.push_str(&format!(
-        "- Part 2: namespaces sender -> switch -> {UPLINKS} uplinks over veths, native XDP. The generator is `rocev2_user::gen` (64 QPs, NIC-style source ports, 4-packet WRITE messages, 1024-byte payload, IPv4); receivers run `{XDP_DROP_PROGRAM}` and are counted from their rx counters (`ip -s link`). {} s per measurement, median of {} rounds, row order rotated each round. Kernel row: `ip route 10.1.0.0/16 nexthop via 10.0.1.2 nexthop via 10.0.2.2`, `fib_multipath_hash_policy=1`, static neighbours, nothing attached to the switch port.\n",
+        "- Part 2: namespaces sender -> switch -> {UPLINKS} uplinks over veths, native XDP. The generator is `rocev2_user::tools::gen` (64 QPs, NIC-style source ports, 4-packet WRITE messages, 1024-byte payload, IPv4); receivers run `{XDP_DROP_PROGRAM}` and are counted from their rx counters (`ip -s link`). {} s per measurement, median of {} rounds, row order rotated each round. Kernel row: `ip route 10.1.0.0/16 nexthop via 10.0.1.2 nexthop via 10.0.2.2`, `fib_multipath_hash_policy=1`, static neighbours, nothing attached to the switch port.\n",
         args.seconds, args.fwd_rounds
     ));
     for n in &notes {

@@ -14,8 +14,8 @@ use rocev2_common::{
 };
 
 use crate::{
-    programs::{ToolPrograms, FAULT_PROGRAM, TC_FAULT_PROGRAM},
-    signals::SigintGuard,
+    sys::signals::SigintGuard,
+    tools::programs::{ToolPrograms, FAULT_PROGRAM, TC_FAULT_PROGRAM},
 };
 
 pub struct PsnDropper {

@@ -27,12 +27,12 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::bth::{opcode, Bth};
 
 use crate::{
-    netns::{self, spawn_in_netns, unique_name, Netns},
-    packet::{build_roce_frame, parse_roce, RoceFrameSpec},
-    rawsock::PacketSocket,
+    control::run::READY_LINE,
     render::{share_bar, Align, Table},
-    run::READY_LINE,
-    topology::{build_topology, strs, NsPlan, VethPlan},
+    sys::netns::{self, spawn_in_netns, unique_name, Netns},
+    sys::rawsock::PacketSocket,
+    testbed::topology::{build_topology, strs, NsPlan, VethPlan},
+    tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
 };
 
 pub const SENDER_MAC: [u8; 6] = [0x02, 0x52, 0x32, 0x00, 0x00, 0x01];
@@ -110,7 +110,7 @@ impl EcmpLab {
 
     /// Pin directory unique to this lab, so parallel labs never collide.
     pub fn pin_dir(&self) -> PathBuf {
-        crate::paths::pin_dir_named(&self.tag)
+        crate::sys::paths::pin_dir_named(&self.tag)
     }
 
     /// A dataplane config for the switch. Members use all three next-hop
@@ -121,7 +121,7 @@ impl EcmpLab {
             let next_hop = match i % 3 {
                 1 => format!("via = \"10.0.{i}.2\""),
                 2 => format!("via = \"fd00:{i}::2\""),
-                _ => format!("mac = \"{}\"", crate::run::format_mac(&uplink_mac(i))),
+                _ => format!("mac = \"{}\"", crate::sys::format_mac(&uplink_mac(i))),
             };
             members.push_str(&format!("  {{ dev = \"u{i}\", {next_hop} }},\n"));
         }
@@ -232,8 +232,8 @@ impl EcmpLab {
     /// `gen --rc` from the sender to the destination behind the switch:
     /// `qps` QPs from `first_qp`, NIC-style source ports (the rest at
     /// their defaults, for the caller to set).
-    pub fn rc_requester_args(&self, qps: u32, first_qp: u32) -> crate::gen::GenArgs {
-        let mut args = crate::gen::GenArgs::new(
+    pub fn rc_requester_args(&self, qps: u32, first_qp: u32) -> crate::tools::gen::GenArgs {
+        let mut args = crate::tools::gen::GenArgs::new(
             "snd0",
             &crate::sys::format_mac(&SWITCH_PORT_MAC),
             "10.0.0.1".parse().expect("an address"),
@@ -242,7 +242,7 @@ impl EcmpLab {
         args.rc = true;
         args.qps = qps;
         args.first_qp = first_qp;
-        args.sport = crate::gen::SportModel::Nic;
+        args.sport = crate::tools::gen::SportModel::Nic;
         args
     }
 

@@ -16,7 +16,7 @@
 //! and each host link is group "host<i>" (routes 10.0.i.0/24, fd00:i::/64),
 //! so both directions go through XDP.
 //!
-//! Unlike [`crate::netns::Netns`], these namespaces outlive the command:
+//! Unlike [`crate::sys::netns::Netns`], these namespaces outlive the command:
 //! everything made is recorded in /run/rocev2/lab-<name>.json and `lab down`
 //! removes exactly that.
 
@@ -31,9 +31,9 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::hash::HashMode;
 use serde::{Deserialize, Serialize};
 
-use crate::netns::ip;
+use crate::sys::netns::ip;
 
-pub(crate) use crate::paths::RUN_DIR;
+pub(crate) use crate::sys::paths::RUN_DIR;
 const MAX_NAME: usize = 8;
 const MAX_HOSTS: u32 = 250;
 const MAX_SPINES: u32 = 15;
@@ -119,7 +119,7 @@ pub struct LabUpArgs {
     /// Fabric hash seeds: `same` on every switch (shows polarization) or
     /// `auto` (each switch's own, from its port MACs).
     #[arg(long, value_enum, default_value = "auto", requires = "racks")]
-    pub seed: crate::fabric::SeedPlan,
+    pub seed: crate::tools::fabric::SeedPlan,
     /// With `--routing bgp` in a fabric: BGP unnumbered, one session per
     /// link over IPv6 link-local addresses carrying both families (IPv4
     /// routes get IPv6 next hops, RFC 5549).
@@ -148,7 +148,7 @@ pub struct LabNameArgs {
 }
 
 /// The address families of a lab (one type with the fabric simulator's).
-pub use crate::fabric::Family as LabFamily;
+pub use crate::tools::fabric::Family as LabFamily;
 
 pub fn run(cmd: &LabCommand) -> Result<()> {
     match cmd {
@@ -187,7 +187,7 @@ pub struct LabRecord {
     pub frr_dirs: Vec<PathBuf>,
     /// A fabric lab (`lab up --racks`): its shape, for `lab traffic` and `lab stats`.
     #[serde(default)]
-    pub fabric: Option<crate::fabric::Fabric>,
+    pub fabric: Option<crate::tools::fabric::Fabric>,
     /// A fabric's dataplanes, one per switch.
     #[serde(default)]
     pub switches: Vec<fabric::SwitchRecord>,
@@ -449,7 +449,7 @@ impl LabPlan {
             routes: r,
         });
 
-        let pin_dir = crate::paths::pin_dir_named(name);
+        let pin_dir = crate::sys::paths::pin_dir_named(name);
         let config_path =
             args.config_out.clone().unwrap_or_else(|| Path::new(RUN_DIR).join(format!("lab-{name}")).join("rtsw.toml"));
         let mut text = format!(
@@ -742,7 +742,7 @@ pub fn status(name: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, NextHop};
+    use crate::control::config::{Config, NextHop};
 
     fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
         LabUpArgs {
@@ -755,7 +755,7 @@ mod tests {
             config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
             routing: LabRouting::Static,
             racks: None,
-            seed: crate::fabric::SeedPlan::Auto,
+            seed: crate::tools::fabric::SeedPlan::Auto,
             zones: 1,
             aggs: None,
             unnumbered: false,

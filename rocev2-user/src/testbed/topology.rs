@@ -17,9 +17,9 @@ use std::{
 use anyhow::{Context as _, Result};
 use nix::sys::signal::Signal;
 
-pub use crate::netns::VethPlan;
+pub use crate::sys::netns::VethPlan;
 use crate::{
-    netns::{ip, Netns},
+    sys::netns::{ip, Netns},
     sys::signal_process,
 };
 

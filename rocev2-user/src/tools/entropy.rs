@@ -134,10 +134,10 @@ pub struct EntropyArgs {
     pub links_per_spine: u32,
     /// Fabric mode: one seed on every switch (`same`) or each switch's own (`auto`).
     #[arg(long, value_enum, default_value = "auto", requires = "racks")]
-    pub seeds: crate::fabric::SeedPlan,
+    pub seeds: crate::tools::fabric::SeedPlan,
     /// Fabric mode: the address families the hosts send (each connection once per family).
     #[arg(long, value_enum, default_value = "v4", requires = "racks")]
-    pub family: crate::fabric::Family,
+    pub family: crate::tools::fabric::Family,
     /// Fabric mode: zones the racks and spines are split into, joined by `--aggs` aggregation switches.
     #[arg(long, default_value_t = 1, requires = "racks")]
     pub zones: u32,
@@ -147,7 +147,7 @@ pub struct EntropyArgs {
     pub aggs: Option<u32>,
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
-    pub pattern: crate::fabric::Pattern,
+    pub pattern: crate::tools::fabric::Pattern,
 }
 
 mod fabric;

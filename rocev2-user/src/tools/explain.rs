@@ -22,8 +22,8 @@ use rocev2_common::{
 };
 
 use crate::{
-    config::{Config, HashSeed, NextHop, Prefix, Route},
-    dataplane::Maps,
+    control::config::{Config, HashSeed, NextHop, Prefix, Route},
+    control::dataplane::Maps,
 };
 
 const IPPROTO_TCP: u8 = 6;
@@ -193,7 +193,7 @@ fn matching_routes(routes: &[Route], dst: IpAddr) -> Vec<&Route> {
     hits
 }
 
-fn member_text(m: &crate::config::Member) -> String {
+fn member_text(m: &crate::control::config::Member) -> String {
     match m.next_hop {
         NextHop::Via(ip) => format!("dev {} via {ip}", m.dev),
         NextHop::Mac(mac) => {
@@ -334,7 +334,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
 #[allow(clippy::too_many_arguments)]
 fn policy_position(
     config: &Config,
-    group: &crate::config::Group,
+    group: &crate::control::config::Group,
     live_group: Option<&LiveGroup>,
     members: &[String],
     buckets: &BucketTable,
@@ -344,8 +344,8 @@ fn policy_position(
     hash: u32,
 ) -> (u32, Option<String>) {
     match group.policy {
-        crate::config::Policy::Hash => (member_for(buckets, hash), None),
-        crate::config::Policy::Flowlet(f) if f.table == rocev2_common::flowlet::FlowletTable::Keyless => {
+        crate::control::config::Policy::Hash => (member_for(buckets, hash), None),
+        crate::control::config::Policy::Flowlet(f) if f.table == rocev2_common::flowlet::FlowletTable::Keyless => {
             // The slot is the dataplane's own (one home: flowlet::slot_of);
             // its state is shared by every flow hashing there and not read here.
             let index = live_group.map_or_else(
@@ -356,7 +356,7 @@ fn policy_position(
             let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
             (p, Some(format!("keyless flowlet table: this flow uses slot {slot} of {}, shared with any flow that hashes there (explain does not read slot state); an empty slot starts flowlet 0, {how}", f.table_size)))
         }
-        crate::config::Policy::Flowlet(f) => {
+        crate::control::config::Policy::Flowlet(f) => {
             let count = members.len() as u32;
             if let Some((e, g)) = live_group.and_then(|g| g.flowlet.map(|e| (e, g))) {
                 if e.generation != g.generation || e.position >= count {
@@ -387,7 +387,7 @@ fn policy_position(
             let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
             (p, Some(format!("no flowlet state for this flow: its next packet starts flowlet 0, {how}")))
         }
-        crate::config::Policy::Pinned => {
+        crate::control::config::Policy::Pinned => {
             let qp_hash = member_hash(key, HashMode::Qp, seed);
             let index = config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
             let pin = config
@@ -507,7 +507,7 @@ fn explain_learned(
 
 fn configured(
     config: &Config,
-    group: &crate::config::Group,
+    group: &crate::control::config::Group,
     notes: &mut Vec<String>,
 ) -> (HashMode, u32, MemberSource, u32, Vec<String>, BucketTable) {
     let members: Vec<String> = group.members.iter().map(member_text).collect();
@@ -523,7 +523,8 @@ pub fn file_seed(config: &Config, notes: &mut Vec<String>) -> u32 {
     match config.dataplane.hash_seed {
         HashSeed::Fixed(seed) => seed,
         HashSeed::Auto => {
-            let macs: Vec<[u8; 6]> = config.ports.iter().filter_map(|p| crate::gen::device_mac(&p.name).ok()).collect();
+            let macs: Vec<[u8; 6]> =
+                config.ports.iter().filter_map(|p| crate::tools::gen::device_mac(&p.name).ok()).collect();
             let seed = rocev2_common::hash::auto_seed(macs.iter().copied());
             notes.push(format!(
                 "seed: hash_seed = \"auto\" from the MACs of {} of {} port(s) here: {seed}",
@@ -641,7 +642,7 @@ pub fn parse_proto(text: &str) -> Result<u8> {
 
 /// Reads a running dataplane's state for `config`, or says why there is none.
 pub fn read_live(config: &Config) -> Result<Live> {
-    use crate::state::RunState;
+    use crate::control::state::RunState;
     let pin_dir = &config.dataplane.pin_dir;
     let state = RunState::read(pin_dir)?;
     if !Path::new(&format!("/proc/{}", state.pid)).exists() {

@@ -36,10 +36,10 @@ use rocev2_common::{
 use serde::Serialize;
 
 use crate::{
-    explain::PacketFields,
-    gen::{build_frames, GenArgs, SportModel},
-    packet::parse_roce,
     render::{share_bar, Align, Table},
+    tools::explain::PacketFields,
+    tools::gen::{build_frames, GenArgs, SportModel},
+    tools::packet::parse_roce,
 };
 
 pub const MAX_RACKS: u32 = 15;

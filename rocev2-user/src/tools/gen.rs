@@ -8,7 +8,7 @@
 //! them, and every frame with a correct ICRC.
 //!
 //! Frames are built once (one *pass*: every QP's unit of traffic, packets
-//! round-robin over the QPs) by [`crate::packet::build_roce_frame`]. Sending
+//! round-robin over the QPs) by [`crate::tools::packet::build_roce_frame`]. Sending
 //! more than one pass re-sends the same buffers with the PSN (and an ACK's
 //! MSN) advanced in place; only the ICRC (and, on IPv6, the UDP checksum)
 //! is recomputed, from a CRC state cached up to the PSN, so the send loop
@@ -59,10 +59,10 @@ use rocev2_common::{
 use serde::Serialize;
 
 use crate::{
-    packet::{build_roce_frame, RoceFrameSpec},
-    programs::{ToolPrograms, XDP_TX_PROGRAM},
-    rawsock::PacketSocket,
-    signals::SigintGuard,
+    sys::rawsock::PacketSocket,
+    sys::signals::SigintGuard,
+    tools::packet::{build_roce_frame, RoceFrameSpec},
+    tools::programs::{ToolPrograms, XDP_TX_PROGRAM},
 };
 
 /// PSNs and MSNs are 24 bits and wrap.

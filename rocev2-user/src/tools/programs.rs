@@ -11,7 +11,7 @@ use aya::{
 };
 use rocev2_common::maps::{names, GenRewrite};
 
-use crate::dataplane::add_redirect_target;
+use crate::control::dataplane::add_redirect_target;
 
 /// Sends every frame back out (XDP_TX), restoring MACs and TTL first: the
 /// live-frames traffic generator.
@@ -42,7 +42,7 @@ impl ToolPrograms {
         if crate::TOOLS_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
-        crate::privileges::check()?;
+        crate::sys::privileges::check()?;
         let mut ebpf = EbpfLoader::new().load(crate::TOOLS_OBJECT).context("cannot load the tools' eBPF object")?;
         let mut take = |name: &str| ebpf.take_map(name).with_context(|| format!("the tools' object has no map {name}"));
         let egress_devs_direct = DevMap::try_from(take(names::EGRESS_DEVS_DIRECT)?)?;

@@ -39,10 +39,10 @@ use rocev2_common::{
 use serde::Serialize;
 
 use crate::{
-    gen::{device_mac, nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
-    packet::{build_roce_frame_with_header, parse_roce, ParsedRoce, RoceFrameSpec},
-    rawsock::PacketSocket,
     render::{Align::*, Table},
+    sys::rawsock::PacketSocket,
+    tools::gen::{device_mac, nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
+    tools::packet::{build_roce_frame_with_header, parse_roce, ParsedRoce, RoceFrameSpec},
 };
 
 /// A responder sends at most one CNP per QP this often (DCQCN's default
@@ -256,7 +256,7 @@ pub fn validate_requester(args: &GenArgs) -> Result<()> {
     if args.ack_timeout_ms == 0 {
         bail!("--ack-timeout-ms must be at least 1");
     }
-    if args.mode != crate::gen::GenMode::Packet {
+    if args.mode != crate::tools::gen::GenMode::Packet {
         bail!("--rc sends through a packet socket; leave out --mode live-frames");
     }
     Ok(())
@@ -608,7 +608,7 @@ pub fn render_responder(qps: &[ResponderQpReport]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::build_roce_frame;
+    use crate::tools::packet::build_roce_frame;
 
     fn data(psn: u32, ack_req: bool, ecn: u8) -> ParsedRoce {
         let bth = Bth { ack_req, ..Bth::new(opcode::WRITE_MIDDLE, 0x100, psn) };

@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use rocev2_common::telemetry::{seen, Seen};
 use serde::Serialize;
 
-use crate::{packet::parse_roce, rawsock::PacketSocket, rc::Responder, signals::SigintGuard};
+use crate::{sys::rawsock::PacketSocket, sys::signals::SigintGuard, tools::packet::parse_roce, tools::rc::Responder};
 
 /// PSNs are 24 bits; "ahead" means less than half the space ahead.
 use rocev2_common::bth::PSN_MASK;
@@ -216,7 +216,7 @@ pub struct SinkReport {
     pub qps: Vec<QpReport>,
     /// `--rc`: what the responder accepted and answered, per QP.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub responder: Vec<crate::rc::ResponderQpReport>,
+    pub responder: Vec<crate::tools::rc::ResponderQpReport>,
 }
 
 impl SinkReport {
@@ -309,7 +309,7 @@ impl SinkReport {
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
         if !self.responder.is_empty() {
             s.push('\n');
-            s.push_str(&crate::rc::render_responder(&self.responder));
+            s.push_str(&crate::tools::rc::render_responder(&self.responder));
         }
         s
     }
@@ -541,7 +541,7 @@ mod tests {
 
     #[test]
     fn reorder_fills_the_gap_it_left() {
-        use crate::packet::{build_roce_frame, RoceFrameSpec};
+        use crate::tools::packet::{build_roce_frame, RoceFrameSpec};
         use rocev2_common::bth::Bth;
         let frame = |qp: u32, psn: u32, op: u8| {
             build_roce_frame(&RoceFrameSpec {

@@ -1,6 +1,6 @@
 //! A group's `transport_aware` option (on a `[[group]]`, or a
 //! `[[route_policy]]` for the groups learned under its prefix): demote a
-//! member whose QPs see NAKs, retransmissions or CNPs (see crate::health
+//! member whose QPs see NAKs, retransmissions or CNPs (see crate::control::health
 //! for what is done with it).
 //!
 //! ```toml
@@ -167,7 +167,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::config::{Config, Policy};
+    use crate::control::config::{Config, Policy};
 
     fn config(dataplane: &str, option: &str) -> Result<Config, ConfigError> {
         let text = format!(

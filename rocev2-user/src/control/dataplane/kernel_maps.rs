@@ -27,7 +27,7 @@ use rocev2_common::{
     },
 };
 
-use crate::{config::Prefix, errors::DataplaneError};
+use crate::{control::config::Prefix, control::errors::DataplaneError};
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -114,8 +114,8 @@ impl GroupPolicy {
 
 /// The dataplane's encoding of a group policy (config groups and learned
 /// groups alike).
-pub fn policy_of(hash: HashMode, policy: &crate::config::Policy) -> GroupPolicy {
-    use crate::config::Policy;
+pub fn policy_of(hash: HashMode, policy: &crate::control::config::Policy) -> GroupPolicy {
+    use crate::control::config::Policy;
     use rocev2_common::{
         flowlet::FlowletTable,
         maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
@@ -195,7 +195,7 @@ impl Maps {
             let data = MapData::from_pin(&path).map_err(|e| {
                 let e = anyhow::Error::new(e);
                 // A permission error is not a missing `run`: say so.
-                let hint = if crate::privileges::is_permission_error(&e) {
+                let hint = if crate::sys::privileges::is_permission_error(&e) {
                     "permission denied: run it as root"
                 } else {
                     "is `rocev2 run` running?"

@@ -32,7 +32,7 @@ use rocev2_common::{
     telemetry,
 };
 
-use crate::{config::Prefix, errors::DataplaneError};
+use crate::{control::config::Prefix, control::errors::DataplaneError};
 
 pub use self::kernel_maps::*;
 
@@ -133,7 +133,7 @@ impl Dataplane {
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this rocev2 binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it (cargo xtask build)");
         }
-        crate::privileges::check()?;
+        crate::sys::privileges::check()?;
         let telemetry_on = features.contains(Features::TELEMETRY);
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
         let mut ebpf = EbpfLoader::new()
@@ -154,11 +154,11 @@ impl Dataplane {
             .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
         program.load().with_context(|| format!("the kernel rejected program {XDP_PROGRAM}"))?;
         if let Some(dir) = pin_dir {
-            crate::bpffs::prepare_pin_dir(dir)?;
+            crate::sys::bpffs::prepare_pin_dir(dir)?;
         }
         let maps = Maps::take(&mut ebpf, pin_dir)?;
         if let (Some(dir), true) = (pin_dir, telemetry_on) {
-            crate::qp_telemetry::pin_maps(&mut ebpf, dir)?;
+            crate::control::qp_telemetry::pin_maps(&mut ebpf, dir)?;
         }
         Ok(Self {
             ebpf,
@@ -413,7 +413,7 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in maps::names::ALL.iter().chain(crate::qp_telemetry::PINNED) {
+            for name in maps::names::ALL.iter().chain(crate::control::qp_telemetry::PINNED) {
                 let _ = std::fs::remove_file(dir.join(name));
             }
             let _ = std::fs::remove_dir(&dir);

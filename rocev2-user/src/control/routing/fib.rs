@@ -11,7 +11,7 @@ use std::{
     net::IpAddr,
 };
 
-use crate::config::Prefix;
+use crate::control::config::Prefix;
 
 /// The kernel's main table.
 pub const RT_TABLE_MAIN: u32 = 254;

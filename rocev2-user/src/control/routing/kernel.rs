@@ -28,7 +28,7 @@ use rtnetlink::{
 use tokio::io::unix::AsyncFd;
 
 use super::fib::{Fib, Hops, KernelRoute, Link, NexthopObject, Path, RouteKind};
-use crate::config::Prefix;
+use crate::control::config::Prefix;
 
 // Multicast groups (linux/rtnetlink.h, enum rtnetlink_groups).
 const RTNLGRP_LINK: u32 = 1;
@@ -306,7 +306,7 @@ pub fn apply(fib: &mut Fib, table: u32, message_type: u16, message: &[u8]) -> Ch
 }
 
 fn link_of(m: LinkMessage) -> Link {
-    let info = crate::netlink::link_info(m);
+    let info = crate::sys::netlink::link_info(m);
     // A link without an Ethernet address (loopback, tun, wireguard) cannot
     // take an XDP redirect of an Ethernet frame.
     let mac = (info.mac != [0; 6]).then_some(info.mac);

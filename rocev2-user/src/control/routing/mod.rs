@@ -43,8 +43,8 @@ use self::{
     kernel::{Change, EventSocket},
 };
 use crate::{
-    config::{LearnedPin, PinMember, Policy, Prefix, RoutePolicy},
-    dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
+    control::config::{LearnedPin, PinMember, Policy, Prefix, RoutePolicy},
+    control::dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
 };
 
 /// What [`KernelRoutes::plan`] worked out.
@@ -139,7 +139,7 @@ pub struct KernelRoutes {
     pub stats: LearnedStats,
     /// Transport health of the members of learned groups under a
     /// `[[route_policy]]` with `transport_aware`, by group name.
-    pub health: BTreeMap<String, crate::health::GroupHealth>,
+    pub health: BTreeMap<String, crate::control::health::GroupHealth>,
     /// A demotion or restore waits to be published.
     health_changed: bool,
 }
@@ -150,7 +150,7 @@ pub struct LearnedPolicy {
     pub hash: HashMode,
     pub policy: Policy,
     pub rebalance: Rebalance,
-    pub transport_aware: Option<crate::config::TransportAware>,
+    pub transport_aware: Option<crate::control::config::TransportAware>,
 }
 
 impl KernelRoutes {
@@ -509,7 +509,7 @@ impl KernelRoutes {
             let specs: Vec<Option<MemberSpec>> =
                 group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
             // A member demoted for its transport health keeps its place but
-            // no buckets (crate::health).
+            // no buckets (crate::control::health).
             let health = self.health.get(&group.name);
             let wanted: Vec<(HopId, u32)> = group
                 .hops
@@ -525,7 +525,7 @@ impl KernelRoutes {
             let usable: Vec<bool> = specs.iter().map(Option::is_some).collect();
             let members: Vec<MemberSpec> = specs.into_iter().flatten().collect();
             let buckets = group.table.positions(&usable);
-            let policy = crate::health::with_transport(
+            let policy = crate::control::health::with_transport(
                 policy_of(settings.hash, &settings.policy),
                 settings.transport_aware.as_ref(),
             );
@@ -567,11 +567,11 @@ impl KernelRoutes {
     }
 
     /// One transport health step for the learned groups whose
-    /// `[[route_policy]]` has `transport_aware` (see crate::health); true
+    /// `[[route_policy]]` has `transport_aware` (see crate::control::health); true
     /// if a member was demoted or restored (`republish` then applies it).
     pub fn step_health(
         &mut self,
-        reader: &mut crate::qp_telemetry::MemberTransportReader,
+        reader: &mut crate::control::qp_telemetry::MemberTransportReader,
         pin_dir: &std::path::Path,
         policies: &[RoutePolicy],
         default: LearnedPolicy,
@@ -595,7 +595,7 @@ impl KernelRoutes {
                 })
                 .collect();
             let members: Vec<String> = group.hops.iter().map(|h| self.link_name(h.oif)).collect();
-            let scored = crate::health::Scored {
+            let scored = crate::control::health::Scored {
                 name: &group.name,
                 slot: group.slot,
                 options,
@@ -604,7 +604,7 @@ impl KernelRoutes {
             };
             let health = self.health.entry(group.name.clone()).or_default();
             // A failed read is logged once by step_group; the scores wait.
-            changed |= crate::health::step_group(health, reader, pin_dir, &scored, elapsed).unwrap_or(false);
+            changed |= crate::control::health::step_group(health, reader, pin_dir, &scored, elapsed).unwrap_or(false);
         }
         self.health.retain(|name, _| aware.contains(name));
         self.health_changed |= changed;
@@ -692,29 +692,33 @@ impl KernelRoutes {
 
     /// The learned groups as `rocev2 stats` lists them, live members in
     /// position order.
-    pub fn group_states(&self, policies: &[RoutePolicy], default: LearnedPolicy) -> Vec<crate::state::GroupState> {
-        let mut out: Vec<crate::state::GroupState> = self
+    pub fn group_states(
+        &self,
+        policies: &[RoutePolicy],
+        default: LearnedPolicy,
+    ) -> Vec<crate::control::state::GroupState> {
+        let mut out: Vec<crate::control::state::GroupState> = self
             .groups
             .by_key
             .values()
             .filter(|g| g.prefixes > 0)
             .map(|g| (g, settings_of(g.policy, policies, default)))
-            .map(|(g, settings)| crate::state::GroupState {
+            .map(|(g, settings)| crate::control::state::GroupState {
                 name: g.name.clone(),
                 index: g.slot,
                 hash: settings.hash.name().to_string(),
-                policy: crate::state::GroupState::policy_name(&settings.policy),
-                flowlet: crate::state::GroupState::flowlet_knobs(&settings.policy),
-                transport_aware: settings.transport_aware.as_ref().map(crate::state::TransportAwareKnobs::of),
+                policy: crate::control::state::GroupState::policy_name(&settings.policy),
+                flowlet: crate::control::state::GroupState::flowlet_knobs(&settings.policy),
+                transport_aware: settings.transport_aware.as_ref().map(crate::control::state::TransportAwareKnobs::of),
                 members: g
                     .hops
                     .iter()
                     .enumerate()
                     .filter_map(|(i, h)| member_spec(&self.fib, &self.prepared, h).map(|m| (i, h, m)))
-                    .map(|(i, h, m)| crate::state::MemberState {
+                    .map(|(i, h, m)| crate::control::state::MemberState {
                         dev: self.link_name(h.oif),
                         next_hop: format!("via {}", h.neighbour),
-                        mac: crate::run::format_mac(&m.dst_mac),
+                        mac: crate::sys::format_mac(&m.dst_mac),
                         health: self.health.get(&g.name).and_then(|health| health.members.get(i).copied()),
                     })
                     .collect(),

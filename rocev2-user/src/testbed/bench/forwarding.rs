@@ -5,8 +5,8 @@
 #[allow(unused_imports)]
 use super::*;
 use crate::{
-    dataplane::XDP_SPREAD_PROGRAM,
-    topology::{build_topology, route_args, strs, NsPlan, VethPlan},
+    control::dataplane::XDP_SPREAD_PROGRAM,
+    testbed::topology::{build_topology, route_args, strs, NsPlan, VethPlan},
 };
 use rocev2_common::counters::PortCounter;
 

@@ -26,9 +26,9 @@ use rocev2_common::{
 
 use super::{row, Row};
 use crate::{
-    lab::DataplaneProcess,
-    netns::{ip, unique_name, Netns},
-    state::RunState,
+    control::state::RunState,
+    sys::netns::{ip, unique_name, Netns},
+    testbed::lab::DataplaneProcess,
 };
 
 const ROUTES: u32 = 100_000;
@@ -141,7 +141,7 @@ impl RouteLab {
         ipn(&["nexthop", "add", "id", "11", "group", "2/3/4"])?;
         let dir = std::path::PathBuf::from(format!("/tmp/rocev2-bench-{tag}"));
         std::fs::create_dir_all(&dir)?;
-        Ok(Self { ns, pin_dir: crate::paths::pin_dir_named(&tag), dir })
+        Ok(Self { ns, pin_dir: crate::sys::paths::pin_dir_named(&tag), dir })
     }
 
     fn batch(&self, name: &str, lines: impl Iterator<Item = String>) -> Result<Duration> {
@@ -157,11 +157,16 @@ impl RouteLab {
         Ok(start.elapsed())
     }
 
-    fn learned(&self) -> Result<crate::routing::LearnedStats> {
+    fn learned(&self) -> Result<crate::control::routing::LearnedStats> {
         RunState::read(&self.pin_dir)?.learned.context("the state file has no learned routes")
     }
 
-    fn wait(&self, what: &str, timeout: Duration, done: impl Fn(&crate::routing::LearnedStats) -> bool) -> Result<()> {
+    fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&crate::control::routing::LearnedStats) -> bool,
+    ) -> Result<()> {
         let start = Instant::now();
         loop {
             if let Ok(l) = self.learned() {

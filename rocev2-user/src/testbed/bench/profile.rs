@@ -30,7 +30,7 @@ use super::{
     bench_frame, cost_ns_repeat, jit_lines::JitLines, median, test_run_floor, BenchArgs, Pipeline, Programs, PIPELINES,
     XDP_PROGRAM,
 };
-use crate::{gen::CpuPin, programs::XDP_REDIRECT_PROGRAM};
+use crate::{tools::gen::CpuPin, tools::programs::XDP_REDIRECT_PROGRAM};
 
 /// Samples per second per CPU (perf's cpu-clock, a timer: it works in VMs
 /// without hardware counters).

@@ -13,7 +13,7 @@ use std::{
 use anyhow::{bail, Result};
 
 use super::{DEST_PREFIX_V4, DEST_PREFIX_V6};
-use crate::frr::{bgp_config, Frr};
+use crate::testbed::frr::{bgp_config, Frr};
 
 /// The RTSW's ASN; spine j has RTSW_ASN + 100 + j.
 pub const RTSW_ASN: u32 = 65000;
@@ -79,7 +79,7 @@ pub fn state_dir(run_dir: &Path, netns: &str) -> PathBuf {
 pub fn wait_paths(ns: &str, prefix: &str, paths: usize, deadline: Instant) -> Result<()> {
     loop {
         let family = if prefix.contains(':') { "-6" } else { "-4" };
-        let shown = crate::netns::ip(&["-n", ns, family, "route", "show", prefix]).unwrap_or_default();
+        let shown = crate::sys::netns::ip(&["-n", ns, family, "route", "show", prefix]).unwrap_or_default();
         if shown.matches(" via ").count() >= paths || (paths == 1 && shown.contains(" via ")) {
             return Ok(());
         }

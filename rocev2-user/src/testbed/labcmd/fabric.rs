@@ -1,6 +1,6 @@
 //! `rocev2 lab up --racks N`: a two-tier Clos fabric in namespaces with
 //! `rocev2 run` on every switch (the shape, names and addresses are
-//! [`crate::fabric::Fabric`]'s).
+//! [`crate::tools::fabric::Fabric`]'s).
 //!
 //! Every leaf (RTSW) and spine (CTSW) is a namespace with its own config,
 //! pin directory and log under /run/rocev2/lab-<name>/; the lab starts the
@@ -30,9 +30,9 @@ use super::{
     LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
 };
 use crate::{
-    fabric::{Fabric, SeedPlan, Switch},
-    frr::bgp_config,
     render::{Align, Table},
+    testbed::frr::bgp_config,
+    tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
 mod traffic;
@@ -97,7 +97,7 @@ impl FabricPlan {
             hash,
             seeds: args.seed,
             zones: args.zones,
-            aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
+            aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
         };
         fabric.validate()?;
         if args.config_out.is_some() {
@@ -203,7 +203,7 @@ impl FabricPlan {
         for s in f.switches() {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
-            let pin_dir = crate::paths::pin_dir_named(&ns);
+            let pin_dir = crate::sys::paths::pin_dir_named(&ns);
             let text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
             if !bgp_mode {
                 let plan = namespaces.iter_mut().find(|n| n.name == ns).expect("switch namespace planned");
@@ -590,7 +590,7 @@ fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Option<String>> {
 fn start_bgp(plan: &FabricPlan) -> Result<String> {
     let started = Instant::now();
     for s in &plan.bgp {
-        crate::frr::Frr::start_in(&s.netns, &bgp::state_dir(&plan.dir, &s.netns), &s.config)?.detach();
+        crate::testbed::frr::Frr::start_in(&s.netns, &bgp::state_dir(&plan.dir, &s.netns), &s.config)?.detach();
     }
     let f = &plan.fabric;
     let deadline = started + Duration::from_secs(90);
@@ -648,7 +648,7 @@ fn start_dataplanes(record: &mut LabRecord) -> Result<()> {
     for (s, child) in record.switches.iter().zip(children.iter_mut()) {
         loop {
             let log = fs::read_to_string(&s.log).unwrap_or_default();
-            if log.lines().any(|l| l.trim() == crate::run::READY_LINE) {
+            if log.lines().any(|l| l.trim() == crate::control::run::READY_LINE) {
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -725,7 +725,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         fabric.spines,
         fabric.links,
         fabric.hash.name(),
-        crate::fabric::flag(fabric.seeds),
+        crate::tools::fabric::flag(fabric.seeds),
         hosts,
         fabric.racks * fabric.hosts,
         table.render()

@@ -11,9 +11,9 @@ use rocev2_common::hash::HashMode;
 
 use super::{parse_sweep, EntropyArgs, SimHash};
 use crate::{
-    fabric::{flag, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
-    gen::SportModel,
     render::{Align, Table},
+    tools::fabric::{flag, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
+    tools::gen::SportModel,
 };
 
 fn sport(args: &EntropyArgs) -> SportModel {
@@ -35,7 +35,7 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
         seeds,
         zones: args.zones,
-        aggs: crate::fabric::aggs_for(args.zones, args.aggs)?,
+        aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
     };
     f.validate()?;
     Ok(f)

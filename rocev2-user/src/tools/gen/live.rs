@@ -24,7 +24,7 @@ impl DispatcherHold {
         let n = NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFF;
         let name = format!("{HOLD_PREFIX}{:x}.{n:x}", std::process::id());
         let peer = format!("{name}p");
-        crate::netns::ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
+        crate::sys::netns::ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
             .context("creating the veth that keeps the live-frames program in the XDP dispatcher")?;
         let hold = Self { name };
         let ifindex = crate::sys::ifindex(&hold.name).context("the dispatcher veth vanished")?;
@@ -52,19 +52,19 @@ pub(super) fn hold_owner(ifname: &str) -> Option<u32> {
 /// namespace could lose its hold (its calls then cost ~25 ms, nothing
 /// breaks).
 pub(super) fn remove_orphaned_holds() {
-    let Ok(json) = crate::netns::ip(&["-j", "link", "show", "type", "veth"]) else { return };
+    let Ok(json) = crate::sys::netns::ip(&["-j", "link", "show", "type", "veth"]) else { return };
     let Ok(links) = serde_json::from_str::<Vec<serde_json::Value>>(&json) else { return };
     for name in links.iter().filter_map(|l| l["ifname"].as_str()) {
         let Some(pid) = hold_owner(name) else { continue };
         if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = crate::netns::ip(&["link", "del", name]);
+            let _ = crate::sys::netns::ip(&["link", "del", name]);
         }
     }
 }
 
 impl Drop for DispatcherHold {
     fn drop(&mut self) {
-        let _ = crate::netns::ip(&["link", "del", &self.name]);
+        let _ = crate::sys::netns::ip(&["link", "del", &self.name]);
     }
 }
 

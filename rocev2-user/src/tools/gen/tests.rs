@@ -1,7 +1,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::*;
-use crate::packet::{icrc, parse_roce};
+use crate::tools::packet::{icrc, parse_roce};
 
 const SRC_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 

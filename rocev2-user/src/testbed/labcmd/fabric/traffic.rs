@@ -17,11 +17,11 @@ use serde::Serialize;
 
 use super::{host_ns, view};
 use crate::{
-    fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
-    gen::{self, SportModel},
-    labcmd::LabRecord,
-    netns::spawn_in_netns,
-    sink::{Sink, SinkArgs, SinkReport},
+    sys::netns::spawn_in_netns,
+    testbed::labcmd::LabRecord,
+    tools::fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
+    tools::gen::{self, SportModel},
+    tools::sink::{Sink, SinkArgs, SinkReport},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -117,7 +117,8 @@ pub fn traffic(args: &LabTrafficArgs) -> Result<TrafficOutcome> {
 fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) -> Result<TrafficOutcome> {
     let connections = fabric.connections(spec.pattern);
     let before = view::link_loads(record)?;
-    let per_connection = u64::from(spec.qps) * u64::from(spec.messages) * u64::from(crate::fabric::MESSAGE_PACKETS);
+    let per_connection =
+        u64::from(spec.qps) * u64::from(spec.messages) * u64::from(crate::tools::fabric::MESSAGE_PACKETS);
     // Per receiving host: packets expected, by TTL.
     let mut expected: BTreeMap<(u32, u32), BTreeMap<u8, u64>> = BTreeMap::new();
     for c in &connections {
@@ -229,7 +230,7 @@ fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
         o.bad_icrc, o.bad_ipv4_checksum, o.wrong_ttl, o.reordered, o.missing, o.duplicates
     );
     let loads: BTreeMap<LinkId, Load> = o.loads.iter().cloned().collect();
-    out.push_str(&crate::fabric::render_loads(fabric, &loads));
+    out.push_str(&crate::tools::fabric::render_loads(fabric, &loads));
     if o.prediction_mismatches.is_empty() {
         let _ = writeln!(
             out,

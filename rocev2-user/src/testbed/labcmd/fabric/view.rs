@@ -8,11 +8,11 @@ use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf, time::Duration}
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    dataplane::Maps,
-    fabric::{render_loads, summarize, Fabric, LinkId, Load, Switch, Tier},
-    labcmd::LabRecord,
-    state::RunState,
-    stats::Snapshot,
+    control::dataplane::Maps,
+    control::state::RunState,
+    control::stats::Snapshot,
+    testbed::labcmd::LabRecord,
+    tools::fabric::{render_loads, summarize, Fabric, LinkId, Load, Switch, Tier},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -92,9 +92,9 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
         if !(args.interval > 0.0 && args.interval.is_finite()) {
             bail!("--interval must be a positive number of seconds, not {}", args.interval);
         }
-        let _sigint = crate::signals::SigintGuard::install();
+        let _sigint = crate::sys::signals::SigintGuard::install();
         let mut before = link_loads(&record)?;
-        while !crate::signals::SigintGuard::interrupted() {
+        while !crate::sys::signals::SigintGuard::interrupted() {
             std::thread::sleep(Duration::from_secs_f64(args.interval));
             let now = link_loads(&record)?;
             let d = delta(&now, &before);
