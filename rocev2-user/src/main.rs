@@ -48,6 +48,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    rustdoc::broken_intra_doc_links,
+    reason = "these comments are clap's --help text, where [dataplane] names the config's table, not an item"
+)]
 enum Command {
     /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
     Run {

@@ -2,7 +2,9 @@
 //!
 //! - `setup`: installs what a fresh Debian machine lacks (idempotent, fast
 //!   when everything is present).
-//! - `build`, `test`, `demo`: run `setup` first, then do their job.
+//! - `lint`: formatting, clippy and the API docs, warnings denied; no root.
+//! - `build`, `test`, `demo`: run `setup` first, then do their job (`test`
+//!   runs `lint` before any test).
 
 use std::{
     path::{Path, PathBuf},
@@ -28,6 +30,8 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
+    /// Check formatting (cargo fmt), lints (clippy -D warnings) and the API docs (cargo doc, warnings denied); needs no root.
+    Lint,
     /// Run every test: host unit tests, BPF_PROG_TEST_RUN fixtures and netns labs (needs root).
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
@@ -56,6 +60,10 @@ fn main() -> Result<()> {
             setup()?;
             build(release)
         }
+        Task::Lint => {
+            setup()?;
+            lint()
+        }
         Task::Test { args } => {
             setup()?;
             test(&args)
@@ -82,7 +90,7 @@ fn main() -> Result<()> {
 }
 
 /// Writes the generated assets (man pages, completions) to
-/// target/<profile>/package-assets, where
+/// `target/<profile>/package-assets`, where
 /// rocev2-user's `[package.metadata.deb]` expects them, runs cargo-deb on
 /// the binary just built, then lintian; an error from lintian fails.
 fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
@@ -212,8 +220,10 @@ fn test(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The gates before any test: the tree is formatted (rustfmt.toml) and
-/// clippy has nothing to say about any target of any crate.
+/// The gates before any test: the tree is formatted (rustfmt.toml),
+/// clippy has nothing to say about any target of any crate, and `cargo
+/// doc` builds the API docs without a warning (broken intra-doc links,
+/// links to private items, stray HTML).
 fn lint() -> Result<()> {
     stage("formatting (cargo fmt --check)", || {
         run(cargo().args(["fmt", "--all", "--", "--check"]))
@@ -222,6 +232,12 @@ fn lint() -> Result<()> {
     stage("lints (cargo clippy -D warnings)", || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found something: fix it (the messages are above)")
+    })?;
+    stage("API docs (cargo doc, warnings denied)", || {
+        // The default members: the eBPF crate builds for the bpf target
+        // only (and its `rocev2` binary's docs would collide with the CLI's).
+        run(cargo().args(["doc", "--no-deps", "--quiet"]).env("RUSTDOCFLAGS", "-D warnings"))
+            .context("cargo doc found something: fix it (the messages are above)")
     })
 }
 
