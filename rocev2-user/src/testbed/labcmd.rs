@@ -133,6 +133,9 @@ pub struct LabUpArgs {
     /// (default 2 with `--zones` 2 or more).
     #[arg(long, requires = "zones")]
     pub aggs: Option<u32>,
+    /// Rated links: a rate and a buffer on every fabric link.
+    #[command(flatten)]
+    pub links: fabric::links::LinkArgs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +194,9 @@ pub struct LabRecord {
     /// A fabric's dataplanes, one per switch.
     #[serde(default)]
     pub switches: Vec<fabric::SwitchRecord>,
+    /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
+    #[serde(default)]
+    pub rated: Option<fabric::links::RatedLinks>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {
@@ -759,6 +765,7 @@ mod tests {
             zones: 1,
             aggs: None,
             unnumbered: false,
+            links: Default::default(),
         }
     }
 

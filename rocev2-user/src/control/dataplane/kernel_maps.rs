@@ -305,6 +305,12 @@ impl Maps {
         self.ifindex_slots.set(ifindex, slots, 0).context("cannot write IFINDEX_SLOTS")
     }
 
+    /// Empties a virtual queue and forgets its high-water mark (the lab
+    /// does, after a measuring burst no rated link would have carried).
+    pub fn empty_virtual_queue(&mut self, slot: u32) -> Result<()> {
+        self.vqueues.set(slot, VirtualQueue::default(), 0).context("cannot write VQUEUES")
+    }
+
     /// Seeds a virtual queue (tests use it to put a port at a known depth).
     #[cfg(feature = "test-hooks")]
     pub fn set_virtual_queue(&mut self, slot: u32, q: VirtualQueue) -> Result<()> {

@@ -35,6 +35,7 @@ use crate::{
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
+pub mod links;
 mod traffic;
 mod view;
 
@@ -72,6 +73,9 @@ pub struct FabricPlan {
     /// Per switch: its record and config text.
     pub switches: Vec<(SwitchRecord, String)>,
     pub bgp: Vec<bgp::BgpSpeaker>,
+    /// Rated links (`--link-rate`): their settings and the wire namespace's
+    /// bridges and queues.
+    pub rated: Option<(links::LinkSettings, links::WirePlan)>,
 }
 
 pub fn switch_ns(name: &str, s: Switch) -> String {
@@ -100,6 +104,7 @@ impl FabricPlan {
             aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
         };
         fabric.validate()?;
+        let settings = links::LinkSettings::from_args(&args.links)?;
         if args.config_out.is_some() {
             bail!("--config-out is for the single-rack lab; a fabric writes one config per switch under {RUN_DIR}/lab-{name}/");
         }
@@ -117,6 +122,8 @@ impl FabricPlan {
         };
         let mut namespaces = Vec::new();
         let mut links = Vec::new();
+        // Who sends from each end of each link (for rated links).
+        let mut senders: Vec<(links::Sender, links::Sender)> = Vec::new();
         let bgp_mode = args.routing == LabRouting::Bgp;
 
         // Switch namespaces first (forwarding on), then the hosts.
@@ -161,6 +168,7 @@ impl FabricPlan {
                     b_addrs: pick(format!("{v4}/24"), format!("{v6}/64")),
                     gro_b: true,
                 });
+                senders.push((links::Sender::Switch(Switch::Leaf(r)), links::Sender::Host(r, i)));
             }
             // Uplinks in group member order, so interface indexes (and so the
             // kernel's sorted next hops under BGP) follow it too.
@@ -178,6 +186,7 @@ impl FabricPlan {
                     // Both ends run XDP, which gives each the NAPI a redirect needs.
                     gro_b: false,
                 });
+                senders.push((links::Sender::Switch(Switch::Leaf(r)), links::Sender::Switch(Switch::Spine(j))));
             }
         }
         // Spine-aggregation links, in the order of the spines' "aggs" groups
@@ -196,6 +205,7 @@ impl FabricPlan {
                     b_addrs: pick(format!("{a4}/24"), format!("{a6}/64")),
                     gro_b: false,
                 });
+                senders.push((links::Sender::Switch(Switch::Spine(j)), links::Sender::Switch(Switch::Agg(a))));
             }
         }
 
@@ -204,7 +214,11 @@ impl FabricPlan {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
-            let text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
+            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
+            if let Some(settings) = &settings {
+                let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
+                text.push_str(&links::switch_config(settings, s, &ports));
+            }
             if !bgp_mode {
                 let plan = namespaces.iter_mut().find(|n| n.name == ns).expect("switch namespace planned");
                 plan.routes = kernel_routes(f, s);
@@ -237,7 +251,24 @@ impl FabricPlan {
             bail!("--unnumbered is a kind of BGP session: add --routing bgp");
         }
         let bgp = if bgp_mode { speakers(&name, f, args.unnumbered) } else { Vec::new() };
-        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp })
+        // Rated links: every link through the wire namespace (neighbours
+        // above are the link's far ends, which the wire does not change).
+        let (links, rated) = match settings {
+            None => (links, None),
+            Some(settings) => {
+                let mut wires = links::WirePlan::new(&name);
+                namespaces.push(NsPlan {
+                    name: wires.netns.clone(),
+                    sysctls: links::wire_sysctls(),
+                    lo_addrs: vec![],
+                    routes: vec![],
+                });
+                let through: Vec<VethPlan> =
+                    links.into_iter().zip(senders).flat_map(|(l, (a, b))| wires.add(l, a, b, &settings)).collect();
+                (through, Some((settings, wires)))
+            }
+        };
+        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp, rated })
     }
 }
 
@@ -512,8 +543,8 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     let mut record = LabRecord { name: name.clone(), fabric: Some(plan.fabric.clone()), ..Default::default() };
     record.write()?;
     let result = build(&plan, &mut record);
-    let bgp_line = match result {
-        Ok(line) => line,
+    let lines = match result {
+        Ok(lines) => lines,
         Err(e) => {
             if let Err(cleanup) = super::remove(&record) {
                 eprintln!("rocev2: warning: cleaning up the half-built lab: {cleanup:#}");
@@ -534,7 +565,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         f.hash.name(),
         if f.seeds == SeedPlan::Same { "same" } else { "auto" },
     );
-    if let Some(line) = bgp_line {
+    for line in lines {
         let _ = writeln!(out, "{line}");
     }
     let mut table = Table::new(&[
@@ -563,8 +594,12 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     Ok(out)
 }
 
-fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Option<String>> {
+/// Builds everything; returns the lines to print about BGP and the links.
+fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Vec<String>> {
     build_topology(&plan.namespaces, &plan.links, record)?;
+    if let Some((_, wires)) = &plan.rated {
+        links::join_wires(wires)?;
+    }
     make_dir(&plan.dir, record)?;
     for (s, text) in &plan.switches {
         write_file(&s.config, text, record)?;
@@ -582,7 +617,45 @@ fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Option<String>> {
         Some(start_bgp(plan)?)
     };
     start_dataplanes(record)?;
-    Ok(bgp_line)
+    let mut lines: Vec<String> = bgp_line.into_iter().collect();
+    if let Some((settings, wires)) = &plan.rated {
+        lines.extend(rate_links(plan, settings, wires, record)?);
+    }
+    Ok(lines)
+}
+
+/// Measures what one path carries (the links are not shaped yet), refuses
+/// a rate above it, then sets up every link's queue.
+fn rate_links(
+    plan: &FabricPlan,
+    settings: &links::LinkSettings,
+    wires: &links::WirePlan,
+    record: &mut LabRecord,
+) -> Result<Vec<String>> {
+    let f = &plan.fabric;
+    let hosts = f.racks * f.hosts;
+    let path_fps = links::measure_path(&plan.name, f)?;
+    let capacity = links::Capacity { path_fps, needed_fps: links::needed_fps(settings, hosts) };
+    let warning = capacity.check(settings, hosts)?;
+    links::reset_virtual_queues(&record.switches)?;
+    links::install_queues(&wires.queues, settings.rate_bps)?;
+    record.rated = Some(links::RatedLinks {
+        settings: *settings,
+        wire_netns: wires.netns.clone(),
+        queues: wires.queues.clone(),
+        measured_path_fps: Some(path_fps),
+    });
+    record.write()?;
+    let mut lines = vec![format!(
+        "Links: {} through {} ({} queues); one path carried {:.0} frames/s unshaped (those frames are in the counters), the fabric needs at most {:.0}",
+        settings.describe(),
+        wires.netns,
+        wires.queues.len(),
+        path_fps,
+        capacity.needed_fps
+    )];
+    lines.extend(warning);
+    Ok(lines)
 }
 
 /// Starts FRR everywhere and waits until every leaf has all its paths to

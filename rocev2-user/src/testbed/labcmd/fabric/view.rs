@@ -119,10 +119,17 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
                 serde_json::json!({ "link": l.to_string(), "tier": l.tier, "switch": l.switch, "port": l.port, "packets": x.packets, "bytes": x.bytes })
             })
             .collect();
-        let json = serde_json::json!({ "fabric": fabric, "links": links, "tiers": summarize(&all, &loads) });
+        let queues = match &record.rated {
+            Some(rated) => Some(super::links::queue_stats(rated, &record.switches)?),
+            None => None,
+        };
+        let json = serde_json::json!({ "fabric": fabric, "links": links, "tiers": summarize(&all, &loads), "rated": record.rated, "queues": queues });
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print!("{}", render_loads(&fabric, &loads));
+        if let Some(rated) = &record.rated {
+            print!("{}", super::links::render_queues(rated, &super::links::queue_stats(rated, &record.switches)?));
+        }
         if let Some(path) = &args.svg {
             println!("picture written to {}", path.display());
         }
