@@ -9,6 +9,7 @@
 //! tests are); the shared harness is the `rocev2_tests` library in
 //! `tests/src`.
 
+mod collective;
 mod cpu_spread;
 mod ecmp;
 mod fabric;
