@@ -657,6 +657,7 @@ impl EcnProfileConfig {
 
 mod diagnostics;
 mod raw;
+pub mod reference;
 mod transport_aware;
 mod validate;
 mod values;
