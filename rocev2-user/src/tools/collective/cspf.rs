@@ -184,8 +184,11 @@ struct Adjacency {
     out: Vec<Vec<usize>>,
     /// Per node, the nodes with a usable edge into it.
     preds: Vec<Vec<usize>>,
-    /// The usable edges from one node to another, in edge order.
-    between: HashMap<(usize, usize), Vec<usize>>,
+    /// Per node, its usable out-edges as (target, edge), sorted: the edges
+    /// to one node are found by binary search.
+    out_by_target: Vec<Vec<(usize, usize)>>,
+    /// Per switch (by number), the switches with a usable edge into it.
+    switch_preds: Vec<Vec<u32>>,
     to: Vec<usize>,
 }
 
@@ -251,14 +254,20 @@ impl Adjacency {
                 *d = true;
             }
         }
-        let mut between: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (e, &(from, to)) in ends.iter().enumerate() {
             if !down_set[e] {
                 out[from].push(e);
                 preds[to].push(from);
-                between.entry((from, to)).or_default().push(e);
             }
         }
+        let out_by_target = out
+            .iter()
+            .map(|edges| {
+                let mut v: Vec<(usize, usize)> = edges.iter().map(|&e| (ends[e].1, e)).collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
         let mut switches = 0;
         let slot = is_host
             .iter()
@@ -271,7 +280,15 @@ impl Adjacency {
                 }
             })
             .collect();
-        Self { index, is_host, slot, switches, out, preds, between, to: ends.iter().map(|&(_, t)| t).collect() }
+        let slot: Vec<u32> = slot;
+        let mut switch_preds = vec![Vec::new(); switches];
+        for (n, p) in preds.iter().enumerate() {
+            if slot[n] != NOT_A_SWITCH {
+                switch_preds[slot[n] as usize] = p.iter().map(|&q| slot[q]).filter(|&q| q != NOT_A_SWITCH).collect();
+            }
+        }
+        let to = ends.iter().map(|&(_, t)| t).collect();
+        Self { index, is_host, slot, switches, out, preds, out_by_target, switch_preds, to }
     }
 
     /// Hops from every switch to the switch `x`, by switch number; a
@@ -280,14 +297,14 @@ impl Adjacency {
     /// hosts per switch).
     fn switch_distances_to(&self, x: usize) -> Vec<u8> {
         let mut dist = vec![u8::MAX; self.switches];
-        dist[self.slot[x] as usize] = 0;
-        let mut queue = VecDeque::from([x]);
+        let start = self.slot[x];
+        dist[start as usize] = 0;
+        let mut queue = VecDeque::from([start]);
         while let Some(n) = queue.pop_front() {
-            let d = dist[self.slot[n] as usize];
-            for &p in &self.preds[n] {
-                let s = self.slot[p];
-                if s != NOT_A_SWITCH && dist[s as usize] == u8::MAX {
-                    dist[s as usize] = d + 1;
+            let d = dist[n as usize];
+            for &p in &self.switch_preds[n as usize] {
+                if dist[p as usize] == u8::MAX {
+                    dist[p as usize] = d + 1;
                     queue.push_back(p);
                 }
             }
@@ -330,10 +347,12 @@ impl Adjacency {
         // Two hops from a host behind switch x: the edges to x, looked up
         // rather than found among a spine's hundreds of others.
         if let (2, Kind::Attached(x, _)) = (here, &dist.kind) {
-            let edges = self.between.get(&(n, *x)).map_or(&[][..], |v| v.as_slice());
-            return DagOut { a: self, dist, here, edges: edges.iter(), direct: true };
+            let all = &self.out_by_target[n];
+            let first = all.partition_point(|&(t, _)| t < *x);
+            let count = all[first..].iter().take_while(|&&(t, _)| t == *x).count();
+            return DagOut { a: self, dist, here, edges: Edges::Direct(all[first..first + count].iter()) };
         }
-        DagOut { a: self, dist, here, edges: self.out[n].iter(), direct: false }
+        DagOut { a: self, dist, here, edges: Edges::Scan(self.out[n].iter()) }
     }
 }
 
@@ -342,9 +361,14 @@ struct DagOut<'a> {
     a: &'a Adjacency,
     dist: &'a Distances<'a>,
     here: u32,
-    edges: std::slice::Iter<'a, usize>,
-    /// `edges` are the answer already.
-    direct: bool,
+    edges: Edges<'a>,
+}
+
+enum Edges<'a> {
+    /// The answer already, as (target, edge).
+    Direct(std::slice::Iter<'a, (usize, usize)>),
+    /// Every out-edge, to filter.
+    Scan(std::slice::Iter<'a, usize>),
 }
 
 impl Iterator for DagOut<'_> {
@@ -354,16 +378,14 @@ impl Iterator for DagOut<'_> {
         if self.here == UNREACHED {
             return None;
         }
-        for &e in self.edges.by_ref() {
+        let edges = match &mut self.edges {
+            Edges::Direct(edges) => return edges.next().map(|&(_, e)| e),
+            Edges::Scan(edges) => edges,
+        };
+        edges.by_ref().copied().find(|&e| {
             let t = self.a.to[e];
-            if self.direct
-                || ((t == self.dist.dst || !self.a.is_host[t])
-                    && self.dist.get(self.a, t).checked_add(1) == Some(self.here))
-            {
-                return Some(e);
-            }
-        }
-        None
+            (t == self.dist.dst || !self.a.is_host[t]) && self.dist.get(self.a, t).checked_add(1) == Some(self.here)
+        })
     }
 }
 

@@ -123,10 +123,13 @@ pub fn max_min_rates(capacity: &[f64], flows: &Flows, active: &[usize]) -> Vec<f
             continue;
         }
         let now = level(l, &unfrozen, &frozen_rate);
-        if key != now {
+        // Still the lowest (ties are common: many links at one level)?
+        // Then fill it now instead of a push and a pop.
+        if key != now && heap.peek().is_some_and(|Reverse((Level(next), _))| *next < now) {
             heap.push(Reverse((Level(now), l)));
             continue;
         }
+        let key = now;
         for &f in &on_link[start[l]..start[l + 1]] {
             if done[f] {
                 continue;

@@ -492,17 +492,14 @@ impl<'a> Model<'a> {
             for p in &paths {
                 flows.push(p.iter().copied());
             }
-            let active: Vec<usize> = (0..bytes.len()).filter(|&k| active[k]).collect();
             let t = round_time(&self.capacity, &flows, &bytes, out);
-            // Each QP's idle time before its next message: the round's
-            // wait for its slowest message, less its own time.
-            let rate = maxmin::max_min_rates(&self.capacity, &flows, &active);
-            for k in 0..bytes.len() {
-                idle_ns[k] = if bytes[k] > 0.0 { (t - bytes[k] / rate[k]).max(0.0) * 1e9 } else { f64::INFINITY };
-                if s.op != Op::Allreduce {
-                    idle_ns[k] = 0.0;
-                }
-            }
+            idle_ns = if s.op == Op::Allreduce {
+                // Idle longer than this starts a new flowlet.
+                let enough = (s.flowlet_gap_ns as f64 - s.message_gap_ns as f64).max(0.0) / 1e9;
+                waits(&self.capacity, &flows, &bytes, t, enough).into_iter().map(|w| w * 1e9).collect()
+            } else {
+                vec![0.0; self.flows.len()]
+            };
             round_times.push(t);
             previous = paths;
         }
@@ -707,6 +704,43 @@ fn round_time(capacity: &[f64], flows: &Flows, bytes: &[f64], out: &mut Outcome)
     } else {
         maxmin::completion(capacity, &active, &moved).makespan
     }
+}
+
+/// How long each flow waits after its own `bytes` for the round's last
+/// (`round` seconds): the round less its time at its max-min rate; `None`
+/// flows (0 bytes) wait for ever. Only whether a wait exceeds `enough`
+/// matters, so the max-min rates are computed only when a bound cannot
+/// tell: with equal bytes a flow's rate is at least its busiest link's
+/// equal share (a link fills at a level no lower than that), so its wait
+/// is at least the round less `bytes` at that share, and a flow on the
+/// round's busiest link waits exactly 0.
+fn waits(capacity: &[f64], flows: &Flows, bytes: &[f64], round: f64, enough: f64) -> Vec<f64> {
+    let active: Vec<usize> = (0..bytes.len()).filter(|&k| bytes[k] > 0.0).collect();
+    let equal = active.windows(2).all(|w| bytes[w[0]] == bytes[w[1]]);
+    let mut wait = vec![f64::INFINITY; bytes.len()];
+    let mut undecided = !equal;
+    if equal {
+        let mut counts = vec![0u32; capacity.len()];
+        for &k in &active {
+            for &l in flows.path(k) {
+                counts[l as usize] += 1;
+            }
+        }
+        for &k in &active {
+            let share = flows.path(k).iter().map(|&l| capacity[l as usize] / f64::from(counts[l as usize]));
+            let own = bytes[k] / share.fold(f64::INFINITY, f64::min);
+            wait[k] = (round - own).max(0.0);
+            // Neither on the busiest link nor surely idle long enough.
+            undecided |= wait[k] > round * 1e-12 && wait[k] <= enough;
+        }
+    }
+    if undecided {
+        let rate = maxmin::max_min_rates(capacity, flows, &active);
+        for &k in &active {
+            wait[k] = (round - bytes[k] / rate[k]).max(0.0);
+        }
+    }
+    wait
 }
 
 /// The rate each QP needs, for TE: its bytes over the time the busiest
@@ -921,6 +955,27 @@ mod tests {
         let one =
             predict(&Setup { mode: Mode::FlowletKeyless, flowlet_slots: 1, message_gap_ns: 100_000, ..base }).unwrap();
         assert!(one.slot_collisions > 0 && one.share_of_ideal <= every.share_of_ideal + 1e-9, "{one:?}");
+    }
+
+    #[test]
+    fn model_wait_bound_never_exceeds_the_max_min_wait() {
+        // Equal bytes on a random network: the bound (enough = 0 decides
+        // everything from it) is at most the max-min wait, and both say 0
+        // for exactly the flows on the busiest link.
+        let mut f = Flows::new();
+        let caps = vec![1.0; 9];
+        for k in 0..40u32 {
+            f.push([k % 9, (k * 4 + 3) % 9].into_iter().collect::<std::collections::BTreeSet<u32>>());
+        }
+        let bytes = vec![2.0; f.len()];
+        let (round, _) = maxmin::equal_completion(&caps, &f, 2.0);
+        let bound = waits(&caps, &f, &bytes, round, 0.0);
+        let exact = waits(&caps, &f, &bytes, round, f64::INFINITY);
+        for k in 0..f.len() {
+            assert!(bound[k] <= exact[k] + 1e-12, "flow {k}: {} > {}", bound[k], exact[k]);
+            assert_eq!(bound[k] == 0.0, exact[k] == 0.0, "flow {k}");
+        }
+        assert!(bound.contains(&0.0) && exact.iter().any(|w| *w > 0.0));
     }
 
     #[test]
