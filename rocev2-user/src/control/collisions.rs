@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::{
     control::config::{Config, HashSeed},
-    control::top::TopRow,
+    control::qp_telemetry::TopRow,
     tools::explain::{explain, Live, PacketFields, Verdict},
 };
 
