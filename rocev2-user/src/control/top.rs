@@ -16,9 +16,9 @@ use serde::Serialize;
 use crate::{
     control::collisions::{self, Collision, GroupMembers},
     control::config::Config,
+    control::decision::read_live,
     control::qp_telemetry::{self, QpEntry, TopRow},
     control::state::RunState,
-    tools::explain::read_live,
 };
 
 #[derive(clap::Args, Debug, Clone)]
