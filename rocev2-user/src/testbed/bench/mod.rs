@@ -928,4 +928,4 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// How to read the report (prose, kept beside the code that measures it).
-const READING: &str = include_str!("bench/reading.md");
+const READING: &str = include_str!("reading.md");
