@@ -28,7 +28,7 @@ use super::{row, Row};
 use crate::{
     control::state::RunState,
     sys::netns::{ip, unique_name, Netns},
-    testbed::lab::DataplaneProcess,
+    testbed::ecmp_lab::DataplaneProcess,
 };
 
 const ROUTES: u32 = 100_000;
