@@ -42,7 +42,7 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for (crate_root, name) in CRATE_ROOTS {
         let tree = Tree::load(root, Path::new(crate_root))?;
-        let edges = tree.edges()?;
+        let edges = tree.edges();
         if *crate_root == "rocev2-user/src/lib.rs" {
             problems.extend(upward_imports(&tree, &edges));
         }
@@ -72,6 +72,8 @@ struct Tree {
     modules: BTreeMap<Vec<String>, PathBuf>,
     /// Every file and the module it is.
     files: Vec<(PathBuf, Vec<String>)>,
+    /// Every file as parsed, in the order of `files`.
+    parsed: Vec<syn::File>,
 }
 
 /// One file using another: where, and the path as written.
@@ -84,7 +86,8 @@ struct Edge {
 
 impl Tree {
     fn load(root: &Path, crate_root: &Path) -> Result<Tree> {
-        let mut tree = Tree { root: root.to_path_buf(), modules: BTreeMap::new(), files: Vec::new() };
+        let mut tree =
+            Tree { root: root.to_path_buf(), modules: BTreeMap::new(), files: Vec::new(), parsed: Vec::new() };
         tree.load_file(&root.join(crate_root), Vec::new(), true)?;
         Ok(tree)
     }
@@ -94,11 +97,13 @@ impl Tree {
     fn load_file(&mut self, file: &Path, path: Vec<String>, mod_rs: bool) -> Result<()> {
         let parsed = parse(file)?;
         self.modules.insert(path.clone(), file.to_path_buf());
-        self.files.push((file.to_path_buf(), path.clone()));
         let dir = file.parent().context("a source file has a directory")?;
         let children_dir =
             if mod_rs { dir.to_path_buf() } else { dir.join(file.file_stem().context("a source file has a name")?) };
-        self.load_items(&parsed.items, file, &path, dir, &children_dir)
+        self.load_items(&parsed.items, file, &path, dir, &children_dir)?;
+        self.files.push((file.to_path_buf(), path));
+        self.parsed.push(parsed);
+        Ok(())
     }
 
     fn load_items(
@@ -139,14 +144,13 @@ impl Tree {
     }
 
     /// Every use of one of the crate's files by another.
-    fn edges(&self) -> Result<Vec<Edge>> {
+    fn edges(&self) -> Vec<Edge> {
         let mut edges = Vec::new();
-        for (file, module) in &self.files {
-            let parsed = parse(file)?;
+        for ((file, module), parsed) in self.files.iter().zip(&self.parsed) {
             let mut refs = Refs { module: module.clone(), found: Vec::new() };
             // Only the file's own items: inline modules are walked with
             // their path, child files on their own turn.
-            refs.visit_file(&parsed);
+            refs.visit_file(parsed);
             for (current, segments, line) in refs.found {
                 let Some(target) = self.resolve(&current, &segments) else { continue };
                 // Itself, or an ancestor: the namespace it lives in.
@@ -159,7 +163,7 @@ impl Tree {
                 }
             }
         }
-        Ok(edges)
+        edges
     }
 
     /// The deepest module of the crate that `segments`, written in module
