@@ -11,6 +11,12 @@ pub fn chapter(file: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
+/// The front page, README.md (the book includes its intro, quick start
+/// and minimal config).
+pub fn front_page() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap()
+}
+
 /// The chapter `file` from `heading` (a line starting with it) to the next
 /// line starting with `until`, or to its end.
 pub fn section(file: &str, heading: &str, until: &str) -> String {

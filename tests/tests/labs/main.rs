@@ -11,6 +11,7 @@
 
 mod collective;
 mod cpu_spread;
+mod demo;
 mod ecmp;
 mod fabric;
 mod fabric_tutorial;
