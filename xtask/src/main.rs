@@ -255,7 +255,8 @@ fn lint() -> Result<()> {
 }
 
 /// Builds the book with mdbook, failing on any warning it prints, then
-/// checks every internal link of the result and of README.md.
+/// checks every internal link of the result and of README.md, every
+/// include, and that SUMMARY.md lists every chapter.
 fn docs() -> Result<()> {
     let out = Command::new("mdbook")
         .arg("build")
@@ -274,9 +275,10 @@ fn docs() -> Result<()> {
         .into_iter()
         .chain(links::check_markdown(&workspace(), Path::new("README.md"))?)
         .chain(links::check_includes(&workspace().join("docs/src"))?)
+        .chain(links::check_summary(&workspace().join("docs/src"))?)
         .collect::<Vec<_>>();
     if !broken.is_empty() {
-        bail!("{} broken link(s):\n  {}", broken.len(), broken.join("\n  "));
+        bail!("the book has {} broken link(s) or missing chapter(s):\n  {}", broken.len(), broken.join("\n  "));
     }
     Ok(())
 }
