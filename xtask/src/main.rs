@@ -67,11 +67,11 @@ fn main() -> Result<()> {
             build(release)
         }
         Task::Lint => {
-            setup()?;
+            setup_for_lint()?;
             lint()
         }
         Task::Docs => {
-            setup()?;
+            setup_for_lint()?;
             stage("the book (mdbook build, links checked)", docs)?;
             println!("xtask: the book is in {}", workspace().join("target/book/index.html").display());
             Ok(())
@@ -353,8 +353,24 @@ const CARGO_DEB_VERSION: &str = "3.8";
 const MDBOOK_VERSION: &str = "0.5.4";
 
 fn setup() -> Result<()> {
+    install_prerequisites(TOOL_PACKAGES)?;
+    if !cargo_deb_ok() {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
+        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    }
+    Ok(())
+}
+
+/// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built
+/// by rocev2-user's build script) and mdbook, none of the runtime tools;
+/// so on a machine that has the toolchain it needs no root.
+fn setup_for_lint() -> Result<()> {
+    install_prerequisites(&[])
+}
+
+fn install_prerequisites(tool_packages: &[&'static str]) -> Result<()> {
     let mut apt = Apt::default();
-    let mut missing_tools: Vec<&str> = TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
+    let mut missing_tools: Vec<&str> = tool_packages.iter().copied().filter(|p| !apt.installed(p)).collect();
     let need_linker = !bpf_linker_ok();
     if need_linker {
         missing_tools.extend(LLVM_PACKAGES.iter().copied().filter(|p| !apt.installed(p)));
@@ -379,10 +395,6 @@ fn setup() -> Result<()> {
             "--features",
             "search",
         ]))?;
-    }
-    if !cargo_deb_ok() {
-        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
-        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
     }
     Ok(())
 }
