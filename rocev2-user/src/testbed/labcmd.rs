@@ -66,6 +66,11 @@ pub enum LabCommand {
     /// Run a collective's traffic over a fabric (`lab up --racks`): a generator on
     /// every host, a sink checking every packet, per-link loads by tier.
     Traffic(fabric::LabTrafficArgs),
+    /// Run a collective (ring AllReduce, all-to-all, incast) over a fabric
+    /// with rated links: an RC endpoint on every host, every packet checked;
+    /// completion time, algorithm and bus bandwidth, per-step times, the
+    /// busiest link, ECN marks, drops and retransmissions.
+    Collective(fabric::LabCollectiveArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
 }
@@ -78,6 +83,7 @@ impl LabCommand {
             Self::Down(_) => "lab down",
             Self::Status(_) => "lab status",
             Self::Traffic(_) => "lab traffic",
+            Self::Collective(_) => "lab collective",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -169,6 +175,13 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
+        LabCommand::Collective(args) => {
+            let report = fabric::collective(args)?;
+            if !report.complete {
+                anyhow::bail!("the collective did not complete");
+            }
+            Ok(())
+        }
         LabCommand::Stats(args) => fabric::stats(args),
     }
 }

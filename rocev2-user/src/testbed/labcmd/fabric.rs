@@ -35,10 +35,12 @@ use crate::{
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
+pub mod collective;
 pub mod links;
 mod traffic;
 mod view;
 
+pub use collective::{collective, CollectiveReport, LabCollectiveArgs};
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
 pub use view::{link_loads, stats, LabStatsArgs};
 

@@ -48,7 +48,7 @@ pub struct DcqcnParams {
 /// Frame time periods of [`DcqcnParams::for_link`].
 const ALPHA_FRAMES: f64 = 16.0;
 const INCREASE_FRAMES: f64 = 16.0;
-const DECREASE_FRAMES: f64 = 4.0;
+const DECREASE_FRAMES: f64 = 8.0;
 
 impl DcqcnParams {
     /// The lab's parameters for a link of `line_bps` carrying frames of

@@ -17,7 +17,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use rocev2_common::bth::{aeth, opcode, Bth, BTH_LEN, PSN_MASK};
+use rocev2_common::{
+    bth::{aeth, opcode, Bth, BTH_LEN, PSN_MASK},
+    telemetry::{seen, Seen},
+};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -57,8 +60,11 @@ impl Transport {
 
 /// Data packets a requester QP sends in a row before the next QP's turn.
 const BURST: u32 = 4;
-/// The endpoint sends its responder's pending ACKs once no frame came for this long.
+/// The endpoint sends its responder's pending ACKs once no frame came for
+/// this long, and a QP's pending ACK once its oldest unacknowledged packet
+/// waited this long (a NIC's ACK coalescing timer).
 const QUIET: Duration = Duration::from_micros(500);
+const ACK_DELAY: Duration = Duration::from_millis(1);
 /// The longest an idle endpoint sleeps between looks at its timers.
 const MAX_WAIT: Duration = Duration::from_millis(5);
 
@@ -109,6 +115,9 @@ pub struct EndpointReport {
     pub data_frames: u64,
     pub data_bytes: u64,
     pub control_frames: u64,
+    /// Frames the local egress refused (ENOBUFS, or a full control socket):
+    /// lost before the wire, repaired like any loss.
+    pub lost_at_sender: u64,
     /// Sends that found the NIC queue (the data socket's buffer) full and waited.
     pub nic_waits: u64,
     pub requesters: Vec<RequesterQpReport>,
@@ -143,6 +152,8 @@ pub struct Endpoint {
     last_frame: Instant,
     /// The data socket's buffer was full at the last try.
     blocked: bool,
+    /// Sends nothing more, only receives ([`Endpoint::stop_answering`]).
+    quiet: bool,
     turn: usize,
     report: EndpointReport,
     buf: Vec<u8>,
@@ -190,6 +201,7 @@ impl Endpoint {
             start: now,
             last_frame: now,
             blocked: false,
+            quiet: false,
             turn: 0,
             report,
             buf: vec![0u8; 65536],
@@ -236,15 +248,25 @@ impl Endpoint {
     }
 
     fn send_control(&mut self, frame: &[u8]) -> Result<()> {
+        if self.quiet {
+            return Ok(());
+        }
         match self.control.try_send(frame) {
-            Ok(()) => {}
+            Ok(()) => self.report.control_frames += 1,
             // A full control queue or qdisc: lost like on a wire (ACKs are
             // cumulative, NAKs and RTSs come again).
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)) => {
+                self.report.lost_at_sender += 1
+            }
             Err(e) => return Err(e).with_context(|| format!("sending a control frame on {}", self.cfg.dev)),
         }
-        self.report.control_frames += 1;
         Ok(())
+    }
+
+    /// From now on the endpoint only receives and counts: at the end of a
+    /// run, so that nothing is still on the way when the counts are taken.
+    pub fn stop_answering(&mut self) {
+        self.quiet = true;
     }
 
     /// Every posted message of every requester QP acknowledged.
@@ -263,10 +285,13 @@ impl Endpoint {
         let mut events = Vec::new();
         let received = self.receive(&mut events)?;
         let now = Instant::now();
-        if !received && now.duration_since(self.last_frame) >= QUIET {
-            for f in self.responder.flush() {
-                self.send_control(&f)?;
-            }
+        let pending = if !received && now.duration_since(self.last_frame) >= QUIET {
+            self.responder.flush()
+        } else {
+            self.responder.flush_older(ACK_DELAY)
+        };
+        for f in pending {
+            self.send_control(&f)?;
         }
         for q in self.qps.iter_mut() {
             if let Some(d) = q.dcqcn.as_mut() {
@@ -318,7 +343,12 @@ impl Endpoint {
             }
             any = true;
             self.last_frame = Instant::now();
-            if let Some(Arrival::Reordered) = self.tally.frame(&frame) {
+            // Late data (not ACKs: an ACK names the last PSN accepted and a
+            // NAK the next expected, so an ACK after a NAK looks one behind).
+            if self.tally.frame(&frame) == Some(Arrival::Reordered)
+                && seen(p.bth.opcode) == Seen::Data
+                && Control::parse(&p, &frame).is_none()
+            {
                 self.report.late.push((p.src_ip, p.bth.dest_qp, p.bth.psn, self.start.elapsed()));
             }
             self.dispatch(&p, &frame, events)?;
@@ -370,7 +400,7 @@ impl Endpoint {
     fn send_data(&mut self) -> Result<()> {
         self.blocked = false;
         let n = self.qps.len();
-        if n == 0 {
+        if n == 0 || self.quiet {
             return Ok(());
         }
         loop {
@@ -384,7 +414,10 @@ impl Endpoint {
                     }
                     let frame = self.qps[i].next_frame(&self.base);
                     match self.data.try_send(&frame) {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            self.report.data_frames += 1;
+                            self.report.data_bytes += frame.len() as u64;
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             // The NIC queue is full: this packet goes next time.
                             self.report.nic_waits += 1;
@@ -392,12 +425,13 @@ impl Endpoint {
                             self.turn = i;
                             return Ok(());
                         }
-                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.qps[i].report.lost_at_sender += 1,
+                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                            self.qps[i].report.lost_at_sender += 1;
+                            self.report.lost_at_sender += 1;
+                        }
                         Err(e) => return Err(e).with_context(|| format!("sending on {}", self.cfg.dev)),
                     }
                     self.qps[i].advance();
-                    self.report.data_frames += 1;
-                    self.report.data_bytes += frame.len() as u64;
                     self.qps[i].paced(frame.len(), now);
                     sent_any = true;
                 }

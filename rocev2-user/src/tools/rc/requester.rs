@@ -219,6 +219,11 @@ impl SendQp {
 
     /// The packet at `next` was handed to the NIC.
     pub fn advance(&mut self) {
+        // The ACK timer runs from the first packet in flight, not from
+        // the last ACK of an idle QP (one waiting for a grant or a step).
+        if self.next == self.acked {
+            self.last_progress = Instant::now();
+        }
         self.report.sent += 1;
         if self.next < self.high {
             self.report.retransmitted += 1;

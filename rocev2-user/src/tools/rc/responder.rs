@@ -54,8 +54,9 @@ struct ResponderQp {
     report: ResponderQpReport,
     /// A NAK for the current expected PSN went out; no other until it arrives.
     nak_sent: bool,
-    /// In-order packets not acknowledged yet, and the reply addressing.
+    /// In-order packets not acknowledged yet (since when), and the reply addressing.
     unacked: u32,
+    unacked_since: Option<Instant>,
     reply: RoceFrameSpec,
     last_cnp: Option<Instant>,
 }
@@ -161,6 +162,7 @@ impl Responder {
             },
             nak_sent: false,
             unacked: 0,
+            unacked_since: None,
             reply: reply_spec(p),
             last_cnp: None,
         });
@@ -189,6 +191,7 @@ impl Responder {
                 r.messages = (r.messages + 1) & PSN_MASK;
             }
             qp.unacked += 1;
+            qp.unacked_since.get_or_insert_with(Instant::now);
             if p.bth.ack_req || qp.unacked >= self.ack_every {
                 out.push(ack(qp, aeth::ACK));
             }
@@ -215,6 +218,17 @@ impl Responder {
     /// goes quiet, so a requester whose window ends mid-message still hears.
     pub fn flush(&mut self) -> Vec<Vec<u8>> {
         self.qps.values_mut().filter(|q| q.unacked > 0).map(|q| ack(q, aeth::ACK)).collect()
+    }
+
+    /// ACKs for QPs whose oldest unacknowledged packet arrived `age` ago
+    /// or more: a NIC's ACK coalescing timer, so a slow QP on a busy
+    /// responder still hears within `age`.
+    pub fn flush_older(&mut self, age: Duration) -> Vec<Vec<u8>> {
+        self.qps
+            .values_mut()
+            .filter(|q| q.unacked > 0 && q.unacked_since.is_some_and(|t| t.elapsed() >= age))
+            .map(|q| ack(q, aeth::ACK))
+            .collect()
     }
 
     /// The messages that arrived whole since the last call.
@@ -248,6 +262,7 @@ fn ack(qp: &mut ResponderQp, syndrome: u8) -> Vec<u8> {
     } else {
         r.acks_sent += 1;
         qp.unacked = 0;
+        qp.unacked_since = None;
         r.next_psn.wrapping_sub(1) & PSN_MASK
     };
     let mut spec = qp.reply.clone();
