@@ -27,7 +27,7 @@
 //! ```
 //!
 //! Parsing happens in two steps: serde reads the file into `Raw*` structs
-//! whose fields are wrapped in [`toml::Spanned`], then [`Source::validate`]
+//! whose fields are wrapped in [`toml::Spanned`], then `Source::validate`
 //! checks every value and builds the public types. Keeping the spans until
 //! validation is what lets every error name the file, line, column and key,
 //! because the people reading these errors are editing the file by hand.
@@ -657,6 +657,7 @@ impl EcnProfileConfig {
 
 mod diagnostics;
 mod raw;
+pub mod reference;
 mod transport_aware;
 mod validate;
 mod values;
