@@ -71,6 +71,10 @@ pub enum LabCommand {
     /// completion time, algorithm and bus bandwidth, per-step times, the
     /// busiest link, ECN marks, drops and retransmissions.
     Collective(fabric::LabCollectiveArgs),
+    /// Set how a fabric's switches spread traffic (five-tuple, qp, slice,
+    /// flowlet, transport-aware): rewrites every switch's config and
+    /// restarts its dataplane.
+    Mode(fabric::balance::LabModeArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
 }
@@ -84,6 +88,7 @@ impl LabCommand {
             Self::Status(_) => "lab status",
             Self::Traffic(_) => "lab traffic",
             Self::Collective(_) => "lab collective",
+            Self::Mode(_) => "lab mode",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -183,6 +188,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Stats(args) => fabric::stats(args),
+        LabCommand::Mode(args) => fabric::balance::mode(args),
     }
 }
 
@@ -210,6 +216,9 @@ pub struct LabRecord {
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
+    /// A fabric's load-balancing mode when `lab mode` or `lab te` set one.
+    #[serde(default)]
+    pub balance: Option<fabric::balance::Balance>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {

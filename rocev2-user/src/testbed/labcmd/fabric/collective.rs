@@ -65,8 +65,9 @@ pub struct LabCollectiveArgs {
     /// How ranks sit on the hosts (the ring follows rank order).
     #[arg(long, value_enum, default_value = "interleaved")]
     pub placement: Placement,
-    /// Unacknowledged packets per QP (64: about 70 KB in flight, several
-    /// times what a lab path holds at its rate).
+    /// Unacknowledged packets per connection, shared evenly by its QPs (64:
+    /// about 70 KB in flight, several times what a lab path holds at its
+    /// rate; the same for every --qps, as a collective library's buffer).
     #[arg(long, default_value_t = 64)]
     pub window: u32,
     /// --transport cts: bytes a receiver grants ahead (default: a chunk and an eighth).
@@ -252,7 +253,7 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     let shared = Arc::new(Shared {
         v6,
         transport: args.transport,
-        window: args.window,
+        window: args.window.div_ceil(args.qps.max(1)),
         cts_window: args.cts_window.unwrap_or(args.chunk + args.chunk / 8),
         ack_timeout: (path_delay * 2).max(Duration::from_millis(50)),
         dcqcn: rate.map(|r| DcqcnParams::for_link(r, frame)),
