@@ -76,6 +76,8 @@ struct Runner {
     members: BTreeMap<String, Vec<MemberLive>>,
     ports: Vec<PortState>,
     egress: Vec<(String, u32)>,
+    /// The `local` egress ports whose tc egress marking is attached.
+    local_egress: Vec<String>,
     local: Vec<IpAddr>,
     pins: BTreeSet<(Prefix, u32)>,
     /// What each group slot holds now (policy and usable members), so an
@@ -234,6 +236,7 @@ impl Runner {
             members: BTreeMap::new(),
             ports: Vec::new(),
             egress: Vec::new(),
+            local_egress: Vec::new(),
             local: Vec::new(),
             pins: BTreeSet::new(),
             published: BTreeMap::new(),
@@ -507,20 +510,17 @@ impl Runner {
         }
         self.ports = new_ports;
 
-        // Local-traffic marking (tc egress).
+        // Local-traffic marking (tc egress): only on the `local` egress
+        // ports, and detaching it leaves a port's forwarding attached.
         let new_local: Vec<String> = self.config.egress.iter().filter(|e| e.local).map(|e| e.dev.clone()).collect();
-        for old in self.egress.iter().map(|(d, _)| d) {
-            let was_local = self.state.egress.iter().any(|e| &e.name == old);
-            if was_local && !new_local.contains(old) {
-                self.dataplane.detach(old);
-            }
+        for old in self.local_egress.iter().filter(|d| !new_local.contains(d)) {
+            self.dataplane.detach_tc_egress(old);
         }
-        for dev in &new_local {
-            if !self.egress.iter().any(|(d, _)| d == dev) || !self.state.egress.iter().any(|e| &e.name == dev) {
-                self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
-                tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
-            }
+        for dev in new_local.iter().filter(|d| !self.local_egress.contains(d)) {
+            self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
+            tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
         }
+        self.local_egress = new_local;
         self.egress = new_egress;
         self.write_state()
     }
