@@ -75,6 +75,11 @@ pub enum LabCommand {
     /// flowlet, transport-aware): rewrites every switch's config and
     /// restarts its dataplane.
     Mode(fabric::balance::LabModeArgs),
+    /// Centralized TE: per-QP paths for a collective's traffic matrix from
+    /// CSPF, pinned on every switch; recomputed when a link fails (--fail).
+    Te(fabric::te::LabTeArgs),
+    /// Fail a fabric link (both directions) or bring it back.
+    Link(fabric::te::LabLinkArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
 }
@@ -89,6 +94,8 @@ impl LabCommand {
             Self::Traffic(_) => "lab traffic",
             Self::Collective(_) => "lab collective",
             Self::Mode(_) => "lab mode",
+            Self::Te(_) => "lab te",
+            Self::Link(_) => "lab link",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -189,6 +196,8 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         }
         LabCommand::Stats(args) => fabric::stats(args),
         LabCommand::Mode(args) => fabric::balance::mode(args),
+        LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
+        LabCommand::Link(args) => fabric::te::link(args),
     }
 }
 

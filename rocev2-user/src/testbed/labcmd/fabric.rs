@@ -39,6 +39,7 @@ use crate::{
 pub mod balance;
 pub mod collective;
 pub mod links;
+pub mod te;
 mod traffic;
 mod view;
 

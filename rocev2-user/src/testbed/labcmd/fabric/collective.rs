@@ -28,7 +28,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 
-use super::{host_ns, links};
+use super::{host_ns, links, te};
 use crate::{
     control::config::parse_size_arg,
     render::{Align, Table},
@@ -76,6 +76,14 @@ pub struct LabCollectiveArgs {
     /// Give up after this many seconds (default: 20 times the ideal time, at least 60).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// Fail this link (both directions, named as `lab stats` names a
+    /// direction: l1/s1p1) --fail-after seconds into the run; a fabric in
+    /// TE mode recomputes its pins without it. The link comes back up at
+    /// the end.
+    #[arg(long, value_name = "LINK")]
+    pub fail: Option<String>,
+    #[arg(long, default_value_t = 1.0, requires = "fail")]
+    pub fail_after: f64,
     /// Run on a lab without rated links anyway (its times then say how fast
     /// this box forwards, not what the fabric does).
     #[arg(long)]
@@ -99,6 +107,8 @@ impl LabCollectiveArgs {
             window: 64,
             cts_window: None,
             timeout: None,
+            fail: None,
+            fail_after: 1.0,
             allow_unrated: false,
             json: false,
         }
@@ -124,6 +134,19 @@ pub struct LinkUse {
     pub utilization: f64,
 }
 
+/// A link failed during the run, and what the fabric did.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailureReport {
+    pub link: String,
+    pub at_secs: f64,
+    /// TE mode: the controller's recomputation and the pins' installation.
+    pub te_compute_ms: Option<f64>,
+    pub te_install_ms: Option<f64>,
+    /// Frames sent that neither arrived nor were dropped by a queue: lost
+    /// at the failed link (in flight to it, or redirected to its port).
+    pub lost_frames: u64,
+}
+
 /// Everything `lab collective` measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct CollectiveReport {
@@ -135,8 +158,8 @@ pub struct CollectiveReport {
     pub chunk: u64,
     pub transport: Transport,
     pub placement: Placement,
-    /// The switches' hash (`five-tuple`, `qp`) as `lab up` set it.
-    pub hash: String,
+    /// How the switches spread traffic (`qp`, `five-tuple`, `te`, ...).
+    pub balance: String,
     pub link_rate_bps: Option<u64>,
     pub complete: bool,
     pub seconds: f64,
@@ -166,8 +189,10 @@ pub struct CollectiveReport {
     pub rate_cuts: u64,
     pub cts_sent: u64,
     pub drops: u64,
-    /// Every frame sent was received or dropped by a queue.
+    /// Every frame sent was received or dropped by a queue (or, with a
+    /// failure, lost at the failed link).
     pub accounted: bool,
+    pub failure: Option<FailureReport>,
     pub worst_link: Option<LinkUse>,
     /// Per host: what its endpoint counted.
     pub endpoints: Vec<EndpointReport>,
@@ -225,6 +250,15 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     if args.window == 0 {
         bail!("--window must be at least 1");
     }
+    let fail = match &args.fail {
+        Some(text) => {
+            if !(args.fail_after.is_finite() && args.fail_after >= 0.0) {
+                bail!("--fail-after must be a number of seconds, not {}", args.fail_after);
+            }
+            Some(te::parse_link(&fabric, text)?)
+        }
+        None => None,
+    };
     let ranks = collective::place(fabric.racks, fabric.hosts, args.placement);
     let plan = Plan::new(args.op, args.size, ranks, args.qps, args.chunk).map_err(anyhow::Error::msg)?;
     let v6 = !fabric.v4;
@@ -284,8 +318,14 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     let total: u64 = shared.plan.steps.iter().flat_map(|s| &s.transfers).map(|t| t.bytes).sum();
     let tty = std::io::stderr().is_terminal() && !args.json;
     let mut last_line = Instant::now();
+    let mut failure: Option<FailureReport> = None;
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(20));
+        if let Some(link) = fail.as_ref().filter(|_| failure.is_none()) {
+            if start.elapsed().as_secs_f64() >= args.fail_after {
+                failure = Some(fail_link(&record, &shared.plan, link, start)?);
+            }
+        }
         if SigintGuard::interrupted() {
             shared.stop.store(true, Ordering::Relaxed);
         }
@@ -315,11 +355,21 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     for h in handles {
         results.push(h.join().map_err(|_| anyhow::anyhow!("a rank's thread panicked"))??);
     }
+    if let Some(link) = &fail {
+        te::set_link(&record, link, true)?;
+    }
     let after = match &rated {
         Some(r) => Some(links::queue_stats(r, &record.switches)?),
         None => None,
     };
-    let report = summarize(&shared, args, &fabric, rate, ideal, start, results, before, after);
+    let balance = LabRecord::read(&args.name)?.balance.map_or_else(|| fabric.hash.name().to_owned(), |b| b.label());
+    let mut report = summarize(&shared, args, &balance, rate, ideal, start, results, before, after);
+    if let Some(mut f) = failure {
+        f.lost_frames =
+            (report.data_frames + report.control_frames).saturating_sub(report.received_frames + report.drops);
+        report.accounted = true;
+        report.failure = Some(f);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -327,6 +377,27 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
             eprintln!("rocev2: {w}");
         }
         print!("{}", render(&report));
+    }
+    Ok(report)
+}
+
+/// Takes `link` down; a fabric in TE mode recomputes and installs its
+/// pins without it, as its controller would.
+fn fail_link(
+    record: &LabRecord,
+    plan: &Plan,
+    link: &crate::tools::fabric::LinkId,
+    start: Instant,
+) -> Result<FailureReport> {
+    let at_secs = start.elapsed().as_secs_f64();
+    te::set_link(record, link, false)?;
+    let mut report =
+        FailureReport { link: link.to_string(), at_secs, te_compute_ms: None, te_install_ms: None, lost_frames: 0 };
+    let mut current = LabRecord::read(&record.name)?;
+    if matches!(current.balance, Some(super::balance::Balance::Te { .. })) {
+        let o = te::engineer(&mut current, plan, std::slice::from_ref(link))?;
+        report.te_compute_ms = Some(o.compute_ms);
+        report.te_install_ms = Some(o.install_ms);
     }
     Ok(report)
 }
@@ -446,7 +517,7 @@ fn run_rank(rank: usize, s: &Shared) -> Result<RankResult> {
 fn summarize(
     s: &Shared,
     args: &LabCollectiveArgs,
-    fabric: &Fabric,
+    balance: &str,
     rate: Option<u64>,
     ideal: Option<f64>,
     start: Instant,
@@ -522,7 +593,7 @@ fn summarize(
         chunk: plan.chunk,
         transport: args.transport,
         placement: args.placement,
-        hash: fabric.hash.name().to_owned(),
+        balance: balance.to_owned(),
         link_rate_bps: rate,
         complete,
         seconds,
@@ -548,6 +619,7 @@ fn summarize(
         cts_sent: sum(&|e| e.cts_sent),
         drops,
         accounted: after.is_none() || data_frames + control_frames == received_frames + drops,
+        failure: None,
         worst_link,
         endpoints: results.into_iter().map(|r| r.endpoint).collect(),
     }
@@ -567,7 +639,7 @@ fn mbit(bytes_per_sec: f64) -> String {
 
 pub fn render(o: &CollectiveReport) -> String {
     let mut out = format!(
-        "{} of {} per rank over {} hosts ({} placement), {} QP(s) per connection, {} chunks, transport {}, hash {}{}: {}\n",
+        "{} of {} per rank over {} hosts ({} placement), {} QP(s) per connection, {} chunks, transport {}, balancing {}{}: {}\n",
         o.op.name(),
         links::size_text(o.size),
         o.ranks,
@@ -575,7 +647,7 @@ pub fn render(o: &CollectiveReport) -> String {
         o.qps,
         links::size_text(o.chunk),
         o.transport.name(),
-        o.hash,
+        o.balance,
         o.link_rate_bps.map_or(String::new(), |r| format!(", links {}", links::rate_text(r))),
         if o.complete { "complete" } else { "NOT COMPLETE (gave up or interrupted)" }
     );
@@ -619,10 +691,31 @@ pub fn render(o: &CollectiveReport) -> String {
         "  checked at the receivers: {} frames, {} bad ICRC, {} reordered by the network, {} duplicates (resent after a loss)",
         o.received_frames, o.bad_icrc, o.reordered, o.duplicates
     );
+    if let Some(f) = &o.failure {
+        let _ = writeln!(
+            out,
+            "  link {} failed at {:.2} s{}; {} frames lost at it",
+            f.link,
+            f.at_secs,
+            match (f.te_compute_ms, f.te_install_ms) {
+                (Some(c), Some(i)) => format!(", TE recomputed in {c:.1} ms and installed new pins in {i:.0} ms"),
+                _ => String::new(),
+            },
+            f.lost_frames
+        );
+    }
     let _ = writeln!(
         out,
         "  {}",
-        if o.accounted {
+        if o.accounted && o.failure.is_some() {
+            format!(
+                "every frame accounted for: {} sent = {} received + {} dropped by queues + {} lost at the failed link",
+                o.data_frames + o.control_frames,
+                o.received_frames,
+                o.drops,
+                o.failure.as_ref().map_or(0, |f| f.lost_frames)
+            )
+        } else if o.accounted {
             format!(
                 "every frame accounted for: {} sent = {} received + {} dropped",
                 o.data_frames + o.control_frames,
