@@ -276,19 +276,22 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     let ideal = rate.map(|r| plan.ideal_seconds(r, v6));
     let deadline =
         Duration::from_secs_f64(args.timeout.unwrap_or_else(|| ideal.map_or(60.0, |i| (20.0 * i).max(60.0))));
-    // The longest a frame can wait in the queues of one path, both ways.
-    let path_delay = rated.as_ref().map_or(Duration::from_millis(10), |r| {
-        let s = r.settings;
-        let bytes = 2 * s.leaf_buffer + s.spine_buffer * if fabric.aggs > 0 { 3 } else { 1 };
-        Duration::from_secs_f64(bytes as f64 * 8.0 / s.rate_bps as f64)
-    });
     let frame =
         collective::MTU_PAYLOAD + if v6 { collective::FRAME_OVERHEAD_V6 } else { collective::FRAME_OVERHEAD_V4 };
+    // The longest a frame can wait in the queues of its path: what their
+    // buffers hold, and never more than every host's window in flight.
+    let path_delay = rated.as_ref().map_or(Duration::from_millis(10), |r| {
+        let s = r.settings;
+        let buffers = 2 * s.leaf_buffer + s.spine_buffer * if fabric.aggs > 0 { 3 } else { 1 };
+        let in_flight = plan.n() as u64 * u64::from(args.window) * frame;
+        Duration::from_secs_f64(buffers.min(in_flight) as f64 * 8.0 / s.rate_bps as f64)
+    });
     let shared = Arc::new(Shared {
         v6,
         transport: args.transport,
         window: args.window.div_ceil(args.qps.max(1)),
         cts_window: args.cts_window.unwrap_or(args.chunk + args.chunk / 8),
+        // Go-back-N's timer: twice the worst queueing a path can see.
         ack_timeout: (path_delay * 2).max(Duration::from_millis(50)),
         dcqcn: rate.map(|r| DcqcnParams::for_link(r, frame)),
         ready: Barrier::new(plan.n() + 1),
