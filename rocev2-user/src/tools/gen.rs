@@ -787,7 +787,7 @@ mod live;
 mod pace;
 
 pub use pace::{allowed_cpus, CpuPin};
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what this module does not")]
 use {live::*, pace::*};
 
 #[cfg(test)]
