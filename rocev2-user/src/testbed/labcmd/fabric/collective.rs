@@ -366,7 +366,8 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
         None => None,
     };
     let balance = LabRecord::read(&args.name)?.balance.map_or_else(|| fabric.hash.name().to_owned(), |b| b.label());
-    let mut report = summarize(&shared, args, &balance, rate, ideal, start, results, before, after);
+    let observed = Observed { balance, rate, ideal, start, before, after };
+    let mut report = summarize(&shared, args, &observed, results);
     if let Some(mut f) = failure {
         f.lost_frames =
             (report.data_frames + report.control_frames).saturating_sub(report.received_frames + report.drops);
@@ -516,19 +517,20 @@ fn run_rank(rank: usize, s: &Shared) -> Result<RankResult> {
     Ok(RankResult { endpoint: ep.finish(), started, step_ends, finished })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn summarize(
-    s: &Shared,
-    args: &LabCollectiveArgs,
-    balance: &str,
+/// What the run observed around the ranks: the mode, the link rate and
+/// ideal time, when it started, every queue before and after.
+struct Observed {
+    balance: String,
     rate: Option<u64>,
     ideal: Option<f64>,
     start: Instant,
-    results: Vec<RankResult>,
     before: Option<Vec<links::QueueStats>>,
     after: Option<Vec<links::QueueStats>>,
-) -> CollectiveReport {
+}
+
+fn summarize(s: &Shared, args: &LabCollectiveArgs, o: &Observed, results: Vec<RankResult>) -> CollectiveReport {
     let plan = &s.plan;
+    let (rate, ideal, start, before, after) = (o.rate, o.ideal, o.start, &o.before, &o.after);
     let complete = results.iter().all(|r| r.finished.is_some());
     // The collective ends when the last rank has all it expects.
     let end = results.iter().flat_map(|r| r.step_ends.iter().flatten()).max().copied().unwrap_or(start);
@@ -568,12 +570,12 @@ fn summarize(
     let data_frames = sum(&|e| e.data_frames);
     let control_frames = sum(&|e| e.control_frames);
     let received_frames = sum(&|e| e.received.packets);
-    let delta = |f: &dyn Fn(&links::QueueStats) -> u64| match (&before, &after) {
+    let delta = |f: &dyn Fn(&links::QueueStats) -> u64| match (before, after) {
         (Some(b), Some(a)) => a.iter().zip(b).map(|(a, b)| f(a).saturating_sub(f(b))).sum::<u64>(),
         _ => 0,
     };
     let drops = delta(&|q| q.drops);
-    let worst_link = match (&before, &after, rate) {
+    let worst_link = match (before, after, rate) {
         (Some(b), Some(a), Some(rate)) => a
             .iter()
             .zip(b)
@@ -596,7 +598,7 @@ fn summarize(
         chunk: plan.chunk,
         transport: args.transport,
         placement: args.placement,
-        balance: balance.to_owned(),
+        balance: o.balance.clone(),
         link_rate_bps: rate,
         complete,
         seconds,
