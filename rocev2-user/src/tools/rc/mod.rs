@@ -42,7 +42,7 @@ use serde::Serialize;
 
 use crate::{
     render::{Align::*, Table},
-    tools::gen::{device_mac, nic_sport, parse_mac, GenArgs, SportModel},
+    tools::gen::{nic_sport, parse_mac, GenArgs, SportModel},
 };
 
 pub mod admission;
@@ -182,7 +182,7 @@ pub fn request(args: &GenArgs) -> Result<RequesterReport> {
     validate_requester(args)?;
     let mac = match &args.src_mac {
         Some(m) => parse_mac(m).context("--src-mac")?,
-        None => device_mac(&args.dev)?,
+        None => crate::sys::device_mac(&args.dev)?,
     };
     let frame_bytes = args.payload as u64 + FRAME_OVERHEAD;
     let cfg = EndpointConfig {

@@ -183,7 +183,7 @@ impl LabModeArgs {
 
 /// `rocev2 lab mode`: rewrites every switch's config and restarts its dataplane.
 pub fn mode(args: &LabModeArgs) -> anyhow::Result<()> {
-    let mut record = crate::testbed::labcmd::LabRecord::read(&args.name)?;
+    let mut record = crate::testbed::lab::LabRecord::read(&args.name)?;
     let balance = args.balance();
     let took = super::apply_balance(&mut record, &balance, true)?;
     println!(

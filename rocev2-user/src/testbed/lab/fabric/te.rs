@@ -27,7 +27,7 @@ use super::{
 use crate::{
     control::config::parse_size_arg,
     sys::netns::ip,
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::collective::{
         self, cspf,
         cspf::{Demand, Graph, Node},

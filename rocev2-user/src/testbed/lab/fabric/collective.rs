@@ -33,10 +33,9 @@ use crate::{
     control::config::parse_size_arg,
     render::{Align, Table},
     sys::{netns::spawn_in_netns, signals::SigintGuard},
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::collective::{self, qp_number, split_qp_number, Message, Op, Placement, Plan},
     tools::fabric::{flag, Fabric},
-    tools::gen::nic_sport,
     tools::rc::{dcqcn::DcqcnParams, Endpoint, EndpointConfig, EndpointReport, Event, Transport},
 };
 
@@ -443,7 +442,7 @@ fn run_rank(rank: usize, s: &Shared) -> Result<RankResult> {
     for (src, dst) in plan.connections() {
         for q in 0..plan.qps {
             if src == rank {
-                ep.add_qp(ip(dst), qp_number(src, dst, q), nic_sport(qp_number(src, dst, q), qp_number(src, dst, q)));
+                ep.add_qp(ip(dst), qp_number(src, dst, q), collective::qp_source_port(qp_number(src, dst, q)));
                 outgoing.push((dst, q, plan.qp_sequence(src, dst, q).into()));
             }
             if dst == rank {
