@@ -78,8 +78,8 @@ pub struct LabGuard(pub String);
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        if rocev2_user::testbed::labcmd::record_path(&self.0).exists() {
-            if let Err(e) = rocev2_user::testbed::labcmd::down(&self.0) {
+        if rocev2_user::testbed::lab::record_path(&self.0).exists() {
+            if let Err(e) = rocev2_user::testbed::lab::down(&self.0) {
                 eprintln!("warning: lab down {}: {e:#}", self.0);
             }
         }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::{host_ns, view};
 use crate::{
     sys::netns::spawn_in_netns,
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     tools::gen::{self, SportModel},
     tools::sink::{Sink, SinkArgs, SinkReport},
