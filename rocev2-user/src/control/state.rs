@@ -41,6 +41,15 @@ pub struct RunState {
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
     pub learned: Option<crate::control::routing::LearnedStats>,
+    /// Every device redirects go to (group members' links), by ifindex:
+    /// names for the refused-redirect counters.
+    #[serde(default)]
+    pub egress_devices: std::collections::BTreeMap<u32, String>,
+    /// Why frames an egress device refuses after a redirect are not
+    /// counted (no kernel BTF, a tracepoint that would not attach); empty
+    /// when they are.
+    #[serde(default)]
+    pub refusals_uncounted: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

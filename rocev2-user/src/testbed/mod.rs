@@ -2,6 +2,7 @@
 //! up|down|status` (`labcmd`), FRR per namespace (`frr`), the benchmark, and
 //! the one topology builder they all use (`topology`).
 
+pub mod arrival;
 pub mod bench;
 pub mod fault;
 pub mod frr;
