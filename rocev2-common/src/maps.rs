@@ -302,7 +302,7 @@ pub struct IfindexSlots {
     pub egress: u32,
 }
 
-/// Value of CONFIG[0]: settings the control program may change at run time.
+/// Value of `CONFIG[0]`: settings the control program may change at run time.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -317,7 +317,7 @@ pub struct DataplaneConfig {
     pub spread_cpus: u32,
 }
 
-/// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program
+/// Value of `GEN_REWRITE[0]`: what the traffic generator's XDP_TX program
 /// restores in every frame before sending it. Live frames come from a page
 /// pool that the kernel recycles as is, so without this a frame's second
 /// trip would carry the MACs and TTL a forwarder wrote on its first.

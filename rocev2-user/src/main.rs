@@ -48,6 +48,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    rustdoc::broken_intra_doc_links,
+    reason = "these comments are clap's --help text, where [dataplane] names the config's table, not an item"
+)]
 enum Command {
     /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
     Run {
@@ -151,7 +155,9 @@ enum Command {
         shell: clap_complete::Shell,
     },
     /// Print the man page (roff), generated from these same definitions;
-    /// with --out-dir, write rocev2.1 and one page per subcommand there.
+    /// with --out-dir, write rocev2.1 and one page per subcommand there,
+    /// and rocev2.toml.5, the config file's keys (from the reference the
+    /// book's page is generated from too).
     #[command(hide = true)]
     Man {
         #[arg(long, value_name = "DIR")]
@@ -206,7 +212,7 @@ const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
 const FILES_HELP: &str = "Files:
   /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload` and `stats` use without --config
                            (`stats` and `reload` fall back to the pin directory /sys/fs/bpf/rocev2
-                           when that file does not exist)
+                           when that file does not exist); every key it takes: `man rocev2.toml`
   /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
   /run/rocev2              state file and run lock of each running instance
 
@@ -409,6 +415,10 @@ fn real_main(cli: Cli) -> Result<()> {
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
                 .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+            let page = dir.join("rocev2.toml.5");
+            let version = env!("CARGO_PKG_VERSION");
+            std::fs::write(&page, rocev2_user::control::config::reference::man_page(version))
+                .with_context(|| format!("cannot write {}", page.display()))?;
         }
     }
     Ok(())

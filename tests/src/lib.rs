@@ -4,8 +4,8 @@
 //! they need root. They never skip silently: without root they fail and
 //! say why.
 
+pub mod book;
 pub mod fixture;
-pub mod readme;
 
 use std::path::PathBuf;
 

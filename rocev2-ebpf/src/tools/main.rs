@@ -10,18 +10,18 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 // Shared with the forwarding programs; this object uses part of each.
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../ctx.rs"]
 mod ctx;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../parse.rs"]
 mod parse;
 #[path = "../redirect.rs"]
 mod redirect;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../rewrite.rs"]
 mod rewrite;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../transport.rs"]
 mod transport;
 

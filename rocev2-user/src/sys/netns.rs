@@ -320,7 +320,10 @@ impl VethPlan {
 
 /// Creates a veth pair `a_if` (in `a`) <-> `b_if` (in `b`) with the given
 /// MACs and CIDR addresses, and sets both ends up (see [`VethPlan`]).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "both ends' namespace, name, MAC and address, as `ip link add` takes them"
+)]
 pub fn veth_between(
     a: &Netns,
     a_if: &str,

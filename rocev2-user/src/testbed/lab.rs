@@ -786,6 +786,8 @@ pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
         );
     }
     println!("\nQP hashing (Meta's E-ECMP) spreads the QPs that five-tuple hashing piles onto one uplink.");
-    println!("The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (README, Tutorial).");
+    println!(
+        "The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (the book's tutorial: docs/src/tutorial-entropy.md)."
+    );
     Ok(())
 }

@@ -13,11 +13,11 @@
 //! 10.200.j.0/24 and fdc8:j::/64 (spine .1, dst .2). Spines forward in the
 //! kernel; the RTSW does not: with `rocev2 run` on it, every RTSW link is a
 //! `[[port]]`, uplinks form group "spines" (routes 10.1.0.0/16, fd01::/64)
-//! and each host link is group "host<i>" (routes 10.0.i.0/24, fd00:i::/64),
+//! and each host link is group `host<i>` (routes 10.0.i.0/24, fd00:i::/64),
 //! so both directions go through XDP.
 //!
 //! Unlike [`crate::sys::netns::Netns`], these namespaces outlive the command:
-//! everything made is recorded in /run/rocev2/lab-<name>.json and `lab down`
+//! everything made is recorded in `/run/rocev2/lab-<name>.json` and `lab down`
 //! removes exactly that.
 
 use std::{
@@ -103,7 +103,7 @@ pub struct LabUpArgs {
     /// Hash mode written into the generated dataplane config.
     #[arg(long, value_enum, default_value_t = HashMode::Qp)]
     pub hash: HashMode,
-    /// Where to write the RTSW's dataplane config (default /run/rocev2/lab-<name>/rtsw.toml).
+    /// Where to write the RTSW's dataplane config (default `/run/rocev2/lab-<name>/rtsw.toml`).
     #[arg(long, value_name = "FILE")]
     pub config_out: Option<PathBuf>,
     /// How the RTSW learns the route to the destination: `static` (a

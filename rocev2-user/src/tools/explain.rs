@@ -331,7 +331,7 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
 ///   the less loaded of two such candidates (`least-loaded`);
 /// - `pinned`: a `[[pin]]` for (destination, DestQP) whose member is up,
 ///   else `qp` hashing.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the decision's inputs, as the XDP program has them at this point")]
 fn policy_position(
     config: &Config,
     group: &crate::control::config::Group,

@@ -25,7 +25,7 @@
 //!   call repeats one frame (so one PSN), and on a veth the peer must have
 //!   NAPI (GRO on, or an XDP program) or the frames are dropped. With
 //!   `--rate` the frames go out in calls of `--live-repeat` frames, each
-//!   at its due time (see [`Pacer`]).
+//!   at its due time (see `Pacer`).
 //!
 //! Every BPF_PROG_RUN call with a repeat count registers its program in the
 //! kernel's XDP dispatcher and removes it again afterwards, two RCU grace
@@ -781,7 +781,7 @@ mod live;
 mod pace;
 
 pub use pace::{allowed_cpus, CpuPin};
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what this module does not")]
 use {live::*, pace::*};
 
 #[cfg(test)]

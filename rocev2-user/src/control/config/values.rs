@@ -80,7 +80,7 @@ pub(super) fn parse_rate(v: &toml::Value) -> Result<u64, String> {
 }
 
 /// A size typed on a command line ("64k", "1m", "150KB", "4096"): the
-/// config's [`parse_bytes`] rules, for the options that take one.
+/// config's `parse_bytes` rules, for the options that take one.
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     match s.trim().parse::<i64>() {
         Ok(n) => parse_bytes(&toml::Value::Integer(n)),
@@ -89,7 +89,7 @@ pub fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 /// A rate typed on a command line ("200mbit", "1Gbit", "25G"), in bits
-/// per second: the config's [`parse_rate`] rules, where a bare number
+/// per second: the config's `parse_rate` rules, where a bare number
 /// means bits per second (as tc reads it) rather than bytes.
 pub fn parse_rate_arg(s: &str) -> Result<u64, String> {
     let t = s.trim();

@@ -207,7 +207,8 @@ impl KernelRoutes {
     }
 
     /// Waits for the next batch of netlink messages and applies them to
-    /// the mirror. Returns when the caller should [`KernelRoutes::sync`].
+    /// the mirror. Returns when the caller should plan and publish
+    /// ([`KernelRoutes::plan`], [`KernelRoutes::publish_plan`]).
     pub async fn next_batch(&mut self) -> Result<Instant> {
         let batch = self.socket.receive().await;
         let started = Instant::now();
@@ -252,7 +253,7 @@ impl KernelRoutes {
         }
     }
 
-    /// Whether the last [`KernelRoutes::sync`] published a group.
+    /// Whether the last publish ([`KernelRoutes::publish_plan`]) wrote a group.
     pub fn published_any(&self) -> bool {
         self.published_in_sync
     }

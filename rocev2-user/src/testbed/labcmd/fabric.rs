@@ -3,7 +3,7 @@
 //! [`crate::tools::fabric::Fabric`]'s).
 //!
 //! Every leaf (RTSW) and spine (CTSW) is a namespace with its own config,
-//! pin directory and log under /run/rocev2/lab-<name>/; the lab starts the
+//! pin directory and log under `/run/rocev2/lab-<name>/`; the lab starts the
 //! dataplanes, waits for each one's ready line and records their pids.
 //! Routing is either generated (`--routing static`: `[[route]]`s in every
 //! config plus the same routes in the kernel) or BGP (`--routing bgp`: FRR

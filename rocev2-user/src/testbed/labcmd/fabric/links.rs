@@ -587,7 +587,7 @@ impl Capacity {
 }
 
 /// Sends as fast as one host can from the first host to a host of the last
-/// rack (every tier on the way) for [`MEASURE_FOR`] and counts what arrives.
+/// rack (every tier on the way) for `MEASURE_FOR` and counts what arrives.
 pub fn measure_path(lab: &str, fabric: &Fabric) -> Result<f64> {
     let src = (1, 1);
     let dst = if fabric.racks > 1 { (fabric.racks, 1) } else { (1, fabric.hosts.min(2)) };

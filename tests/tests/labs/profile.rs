@@ -25,6 +25,19 @@ fn rows(text: &str) -> Vec<(f64, f64, String, String)> {
         .collect()
 }
 
+/// (file, ns) of the "By file: FILE N ns (P%), ..." line.
+fn by_file(text: &str) -> Vec<(String, f64)> {
+    let line = text.lines().find_map(|l| l.strip_prefix("By file: ")).expect("a By file line");
+    line.trim_end_matches('.')
+        .split("), ")
+        .map(|part| {
+            let (file, rest) = part.split_once(' ').unwrap_or_else(|| panic!("{part:?} in {line}"));
+            let ns = rest.split(" ns").next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{part:?}"));
+            (file.to_string(), ns)
+        })
+        .collect()
+}
+
 #[test]
 fn qp_profile_charges_the_hash_the_route_and_the_redirect() {
     require_root();
@@ -38,7 +51,10 @@ fn qp_profile_charges_the_hash_the_route_and_the_redirect() {
     for (_, _, line, _) in &rows {
         assert!(line.starts_with("rocev2-") || line.ends_with("more lines"), "{line}");
     }
-    let on = |file: &str| rows.iter().filter(|r| r.2.starts_with(file)).map(|r| r.0).sum::<f64>();
+    // Per file from the "By file:" line, which sums every line (the table
+    // shows only the busiest): the route lookup is a few ns and can fall
+    // below the table's cut when the box is busy.
+    let on = |file: &str| by_file(&text).iter().filter(|(f, _)| f == file).map(|(_, ns)| *ns).sum::<f64>();
     assert!(on("rocev2-common/src/hash.rs") > 0.0, "the qp hash is sampled:\n{text}");
     assert!(on("rocev2-ebpf/src/route.rs") > 0.0, "the route lookup is sampled:\n{text}");
     assert!(

@@ -1,6 +1,6 @@
-//! Hitless changes at a high packet rate. A test binary of its own: cargo
-//! runs test binaries one after another, so nothing else in the suite
-//! competes for the CPUs while it measures.
+//! Hitless changes at a high packet rate. In the `exclusive` test binary:
+//! cargo runs test binaries one after another, so nothing else in the
+//! suite competes for the CPUs while it measures.
 //!
 //! The stream: XDP live frames from `rocev2 gen`, paced at [`OFFERED_PPS`]
 //! in calls of 1,024 frames (catching up on up to 100 ms of backlog), from a sender thread pinned to one CPU, into

@@ -18,7 +18,7 @@ use rocev2_user::{
 const UPLINKS: usize = 4;
 /// Packets per second of the background stream. AF_PACKET from a debug
 /// test binary; the rate the issue asks for (1 Mpps) is measured by the
-/// benchmark, not here (see README "Guarantees").
+/// benchmark, not here (see the book's "Guarantees").
 const PPS: u64 = 20_000;
 
 /// 64 QPs on one source port, so a `qp` group spreads them.

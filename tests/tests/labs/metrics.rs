@@ -1,5 +1,5 @@
 //! The Prometheus endpoint against a real running dataplane: the namespace
-//! lab of netns_ecmp.rs, some RoCEv2 traffic, then GET /metrics.
+//! lab of the `ecmp` module, some RoCEv2 traffic, then GET /metrics.
 
 use std::{
     collections::BTreeMap,
