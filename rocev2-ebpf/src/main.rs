@@ -21,6 +21,7 @@ mod ctx;
 mod ecn;
 mod features;
 mod forward;
+mod forwarded;
 mod maps;
 mod object;
 mod parse;

@@ -16,6 +16,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod layers;
 mod links;
 
 #[derive(Parser)]
@@ -241,6 +242,7 @@ fn lint() -> Result<()> {
         run(cargo().args(["fmt", "--all", "--", "--check"]))
             .context("the tree is not formatted: run `cargo fmt --all` and commit the result")
     })?;
+    stage("layers (no import points up a layer, no import cycle)", || layers::lint(&workspace()))?;
     stage("lints (cargo clippy -D warnings)", || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found something: fix it (the messages are above)")

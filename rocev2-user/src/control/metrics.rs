@@ -636,7 +636,7 @@ mod tests {
             flowlet_entries: 4,
             seed: 0,
             seed_auto: false,
-            learned: Some(crate::control::routing::LearnedStats {
+            learned: Some(crate::control::state::LearnedStats {
                 table: 254,
                 routes: 7,
                 to_kernel: [("reject".to_string(), 2)].into_iter().collect(),

@@ -28,7 +28,7 @@ pub struct Snapshot {
     pub seed: u32,
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: learned routes and groups.
-    pub learned: Option<crate::control::routing::LearnedStats>,
+    pub learned: Option<crate::control::state::LearnedStats>,
     /// With `telemetry_qps`: QPs in the telemetry table now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry_qps: Option<u64>,

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
-    testbed::labcmd::{
+    testbed::lab::{
         self,
         fabric::{links, LabTrafficArgs},
         LabRecord,
@@ -67,7 +67,7 @@ fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
         rate: 20_000,
         json: false,
     };
-    let o = labcmd::fabric::traffic(&args).unwrap();
+    let o = lab::fabric::traffic(&args).unwrap();
     let (drops, marks) = queue_totals(&LabRecord::read(&name).unwrap());
     eprintln!("sent {}, arrived {}, captured {}, dropped {drops}, marked {marks}", o.sent, o.arrived, o.received);
     assert_eq!(

@@ -7,7 +7,7 @@ use rocev2_common::{counters::PortCounter, maps::MAX_PORTS};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::dataplane::Maps,
-    testbed::lab::{EcmpLab, Family},
+    testbed::ecmp_lab::{EcmpLab, Family},
 };
 
 #[test]

@@ -12,8 +12,8 @@ use std::{
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::dataplane::Maps,
+    testbed::ecmp_lab::{lab_frame_to, lab_frames, EcmpLab, Family, LabReport},
     testbed::frr::{bgp_config, Frr},
-    testbed::lab::{lab_frame_to, lab_frames, EcmpLab, Family, LabReport},
 };
 
 const SPINES: usize = 4;

@@ -13,7 +13,7 @@ use std::{
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::metrics::MetricsServer,
-    testbed::lab::{lab_frames, CaptureOptions, EcmpLab, Family},
+    testbed::ecmp_lab::{lab_frames, CaptureOptions, EcmpLab, Family},
 };
 
 fn metrics(addr: std::net::SocketAddr) -> String {

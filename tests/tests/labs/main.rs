@@ -18,7 +18,7 @@ mod fabric_tutorial;
 mod first_hour;
 mod gen_sink;
 mod kernel_routes;
-mod labcmd;
+mod lab_command;
 mod loss_accounting;
 mod metrics;
 mod packaging;

@@ -11,7 +11,7 @@ use std::{
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::metrics::MetricsServer,
-    testbed::lab::{EcmpLab, Family},
+    testbed::ecmp_lab::{EcmpLab, Family},
 };
 
 fn get(addr: std::net::SocketAddr, path: &str) -> String {

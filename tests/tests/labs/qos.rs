@@ -1,5 +1,5 @@
 //! End-to-end tests of flowlets, ECN marking and priority classes through
-//! the real `rocev2 run` in a namespace lab (see rocev2_user::testbed::lab).
+//! the real `rocev2 run` in a namespace lab (see rocev2_user::testbed::ecmp_lab).
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use rocev2_common::{
     ecn::{CE, ECT0, NOT_ECT},
 };
 use rocev2_tests::{require_root, rocev2_bin};
-use rocev2_user::testbed::lab::{lab_frame, EcmpLab, Family, LabReport};
+use rocev2_user::testbed::ecmp_lab::{lab_frame, EcmpLab, Family, LabReport};
 
 const UPLINKS: usize = 4;
 

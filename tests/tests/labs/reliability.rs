@@ -12,7 +12,7 @@ use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::dataplane::Dataplane,
     control::state::RunState,
-    testbed::lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
+    testbed::ecmp_lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
 };
 
 const UPLINKS: usize = 4;
@@ -327,7 +327,7 @@ fn live_frames_through_the_dataplane_are_all_forwarded() {
         "snd0",
         "02:52:32:00:00:fe",
         "10.0.0.1".parse().unwrap(),
-        rocev2_user::testbed::lab::DEST_V4.parse().unwrap(),
+        rocev2_user::testbed::ecmp_lab::DEST_V4.parse().unwrap(),
     );
     args.mode = GenMode::LiveFrames;
     args.qps = 16;

@@ -15,7 +15,7 @@ use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::state::RunState,
-    testbed::lab::{lab_frame, EcmpLab, Family},
+    testbed::ecmp_lab::{lab_frame, EcmpLab, Family},
 };
 
 /// The socket systemd would own; removed on drop.

@@ -28,8 +28,8 @@ use rocev2_user::{
     control::qp_telemetry,
     sys::netns::in_netns,
     sys::rawsock::PacketSocket,
+    testbed::ecmp_lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
     testbed::fault::PsnDropper,
-    testbed::lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
     tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     tools::rc::{self, RequesterReport, Responder, ResponderQpReport},
 };

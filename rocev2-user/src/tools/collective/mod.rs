@@ -25,7 +25,7 @@
 use rocev2_common::{bth::ROCEV2_UDP_PORT, hash::FlowKey};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::{explain::PacketFields, fabric::Fabric};
+use crate::{control::decision::PacketFields, tools::fabric::Fabric};
 
 pub mod cspf;
 

@@ -20,7 +20,7 @@ use super::{host_ns, view};
 use crate::{
     sys::netns::spawn_in_netns,
     testbed::arrival::ArrivalProbe,
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     tools::gen::{self, SportModel},
     tools::sink::{Sink, SinkArgs, SinkReport},

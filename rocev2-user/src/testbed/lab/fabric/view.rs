@@ -11,7 +11,7 @@ use crate::{
     control::dataplane::Maps,
     control::state::RunState,
     control::stats::Snapshot,
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::fabric::{render_loads, summarize, Fabric, LinkId, Load, Switch, Tier},
 };
 
