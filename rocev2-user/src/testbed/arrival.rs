@@ -20,7 +20,7 @@
 //! Adopting it in a lab test: attach a probe to each receiving device
 //! before sending (`ArrivalProbe::attach(netns, "eth0")`), read
 //! [`ArrivalProbe::totals`] after, and build a [`LossAccount`] with the
-//! sender's count and the capture's (or use [`crate::testbed::lab`]'s
+//! sender's count and the capture's (or use [`crate::testbed::ecmp_lab`]'s
 //! `Capture`, which does all of it).
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
