@@ -335,6 +335,9 @@ fn real_main(cli: Cli) -> Result<()> {
             snapshot.add_transport(&pin_dir, &state)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
+                if let Some(warning) = snapshot.refusal_warning() {
+                    eprintln!("rocev2: {warning}");
+                }
             } else {
                 print!("{}", snapshot.render());
             }

@@ -85,3 +85,14 @@ impl Drop for LabGuard {
         }
     }
 }
+
+/// Fails if the switch lost a frame (sent, never arrived: counted by the
+/// arrival probes where the frames land); a capture that dropped frames
+/// is reported as the observer's loss, not failed. Prints a MEASURED line.
+pub fn assert_no_switch_loss(report: &rocev2_user::testbed::ecmp_lab::LabReport, what: &str) {
+    let loss = report.loss();
+    println!("MEASURED: {}: {}", what.lines().next().unwrap_or(what), loss.describe());
+    if let Err(why) = loss.check() {
+        panic!("{what}: {why}\n{}", report.render());
+    }
+}

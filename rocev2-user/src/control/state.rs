@@ -41,6 +41,15 @@ pub struct RunState {
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
     pub learned: Option<LearnedStats>,
+    /// Every device redirects go to (group members' links), by ifindex:
+    /// names for the refused-redirect counters.
+    #[serde(default)]
+    pub egress_devices: std::collections::BTreeMap<u32, String>,
+    /// Why frames an egress device refuses after a redirect are not
+    /// counted (no kernel BTF, a tracepoint that would not attach); empty
+    /// when they are.
+    #[serde(default)]
+    pub refusals_uncounted: String,
 }
 
 /// What a run learned from the kernel's routes: counts for `stats` and

@@ -2,6 +2,7 @@
 //! namespaces, the BPF filesystem, privileges, raw packet sockets and signals.
 
 pub mod bpffs;
+pub mod btf;
 pub mod netlink;
 pub mod netns;
 pub mod paths;

@@ -2,6 +2,7 @@
 //! up|down|status|traffic|stats` (`lab`), FRR per namespace (`frr`), the
 //! benchmark, and the one topology builder they all use (`topology`).
 
+pub mod arrival;
 pub mod bench;
 pub mod ecmp_lab;
 pub mod fault;

@@ -55,6 +55,14 @@ pub struct SinkArgs {
     /// --rc: the PSN every QP starts at (as agreed at connection setup).
     #[arg(long, default_value_t = 0)]
     pub first_psn: u32,
+    /// --rc: `cts` grants each requester's messages (`gen --rc --transport
+    /// cts`) with a CTS, at most --cts-window bytes outstanding.
+    #[arg(long, value_enum, default_value = "none", requires = "rc")]
+    pub transport: crate::tools::rc::Transport,
+    /// --rc --transport cts: bytes granted and not yet received, at most
+    /// (a message is granted whole, one at a time at least).
+    #[arg(long, value_parser = crate::control::config::parse_size_arg, default_value = "144k")]
+    pub cts_window: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -70,6 +78,8 @@ impl SinkArgs {
             rc: false,
             ack_every: 8,
             first_psn: 0,
+            transport: crate::tools::rc::Transport::None,
+            cts_window: 144 << 10,
             json: false,
         }
     }
@@ -77,7 +87,7 @@ impl SinkArgs {
 
 /// What one PSN said about the order of its QP's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arrival {
+pub(crate) enum Arrival {
     InOrder,
     /// Ahead of the next expected PSN: this many PSNs were skipped.
     Gap(u32),
@@ -214,6 +224,9 @@ pub struct SinkReport {
     pub pps: f64,
     /// Per QP, sorted by source, destination, DestQP.
     pub qps: Vec<QpReport>,
+    /// Frames the kernel dropped before this sink read them (its socket's
+    /// receive buffer was full): they arrived, and are missing above.
+    pub observer_dropped: u64,
     /// `--rc`: what the responder accepted and answered, per QP.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub responder: Vec<crate::tools::rc::ResponderQpReport>,
@@ -307,6 +320,12 @@ impl SinkReport {
             )
         });
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
+        if self.observer_dropped > 0 {
+            s.push_str(&format!(
+                "\n  WARNING: this sink's socket dropped {} frames that arrived (its receive buffer was full): gaps above may be the sink's, not the network's",
+                self.observer_dropped
+            ));
+        }
         if !self.responder.is_empty() {
             s.push('\n');
             s.push_str(&crate::tools::rc::render_responder(&self.responder));
@@ -322,18 +341,21 @@ struct QpState {
     acks: PsnTracker,
 }
 
-/// Tallies parsed frames; separate from the socket so it is testable.
+/// Tallies parsed frames; separate from the socket so it is testable (and
+/// an RC endpoint checks what it receives with it).
 #[derive(Default)]
-struct Tally {
+pub(crate) struct Tally {
     report: SinkReport,
     qps: HashMap<(IpAddr, IpAddr, u32), QpState>,
 }
 
 impl Tally {
-    fn frame(&mut self, frame: &[u8]) {
+    /// Counts and checks one frame; returns how its PSN arrived (None for
+    /// frames without one worth checking).
+    pub(crate) fn frame(&mut self, frame: &[u8]) -> Option<Arrival> {
         let Ok(p) = parse_roce(frame) else {
             self.report.not_roce += 1;
-            return;
+            return None;
         };
         let r = &mut self.report;
         r.packets += 1;
@@ -396,9 +418,10 @@ impl Tally {
             Some(Arrival::Duplicate) => q.duplicates += 1,
             Some(Arrival::InOrder) | None => {}
         }
+        arrival
     }
 
-    fn finish(mut self, dev: &str, elapsed: f64) -> SinkReport {
+    pub(crate) fn finish(mut self, dev: &str, elapsed: f64) -> SinkReport {
         let mut qps: Vec<QpReport> = self.qps.into_values().map(|s| s.report).collect();
         qps.sort_by_key(|q| (q.src, q.dst, q.dest_qp));
         let r = &mut self.report;
@@ -448,7 +471,13 @@ impl Sink {
         let duration = self.args.duration.map(Duration::from_secs_f64);
         let idle = Duration::from_secs_f64(self.args.idle_exit);
         let mut tally = Tally::default();
-        let mut responder = self.args.rc.then(|| Responder::new(self.args.first_psn, self.args.ack_every));
+        let mut responder = self.args.rc.then(|| {
+            let r = Responder::new(self.args.first_psn, self.args.ack_every);
+            match self.args.transport {
+                crate::tools::rc::Transport::Cts => r.with_admission(self.args.cts_window),
+                _ => r,
+            }
+        });
         // A responder answers quiet links quickly (its coalesced ACKs).
         let poll = if responder.is_some() { Duration::from_millis(1) } else { Duration::from_millis(100) };
         let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
@@ -478,7 +507,7 @@ impl Sink {
             tally.frame(&buf[..n]);
             if let Some(r) = responder.as_mut() {
                 if let Ok(p) = parse_roce(&buf[..n]) {
-                    self.send_all(r.frame(&p))?;
+                    self.send_all(r.frame_with(&p, &buf[..n]))?;
                 }
             }
             if tally.report.packets > before {
@@ -495,6 +524,8 @@ impl Sink {
         };
         let mut report = tally.finish(&self.args.dev, elapsed);
         report.responder = responder.map(|r| r.report()).unwrap_or_default();
+        report.observer_dropped =
+            self.socket.drops().with_context(|| format!("reading {}'s drop count", self.args.dev))?;
         Ok(report)
     }
 

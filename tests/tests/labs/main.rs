@@ -19,6 +19,7 @@ mod first_hour;
 mod gen_sink;
 mod kernel_routes;
 mod lab_command;
+mod loss_accounting;
 mod metrics;
 mod packaging;
 mod profile;

@@ -32,16 +32,7 @@ fn stream_frames() -> Vec<Vec<u8>> {
 }
 
 fn assert_no_loss(report: &LabReport, what: &str) {
-    println!("MEASURED: {}: sent {}, received {}", what.lines().next().unwrap_or(what), report.sent, report.received());
-    assert!(report.sent > 0, "{what}: nothing was sent");
-    assert_eq!(
-        report.received(),
-        report.sent,
-        "{what}: lost {} of {} packets\n{}",
-        report.sent.saturating_sub(report.received()),
-        report.sent,
-        report.render()
-    );
+    rocev2_tests::assert_no_switch_loss(report, what);
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
