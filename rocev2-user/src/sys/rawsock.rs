@@ -163,7 +163,7 @@ impl PacketSocket {
         if rc != 0 {
             return Err(os_err(&format!("bind packet socket to {ifname}")));
         }
-        Ok(Self { fd, ifindex })
+        Ok(Self { fd, ifindex, drops: Default::default() })
     }
 
     /// Limits the bytes of this socket's frames the kernel holds (in the
