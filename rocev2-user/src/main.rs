@@ -14,7 +14,7 @@ use rocev2_user::{
     control::watch,
     sys::netns,
     sys::privileges::{self, Need},
-    testbed::labcmd::{self, LabCommand},
+    testbed::lab::{self, LabCommand},
     tools::entropy::{self, EntropyArgs},
     tools::explain::{self, ExplainArgs},
     tools::gen::{self, GenArgs},
@@ -335,6 +335,9 @@ fn real_main(cli: Cli) -> Result<()> {
             snapshot.add_transport(&pin_dir, &state)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
+                if let Some(warning) = snapshot.refusal_warning() {
+                    eprintln!("rocev2: {warning}");
+                }
             } else {
                 print!("{}", snapshot.render());
             }
@@ -352,7 +355,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Demo { qps, packets_per_qp, uplinks } => {
             privileges::require("demo", Need::Namespaces)?;
             privileges::require("demo", Need::LoadXdp)?;
-            rocev2_user::testbed::lab::demo(qps, packets_per_qp, uplinks)?;
+            rocev2_user::testbed::ecmp_lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Reload { config, pin_dir } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
@@ -367,7 +370,7 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Lab { command } => {
             privileges::require(command.as_typed(), Need::Namespaces)?;
-            labcmd::run(&command)?
+            lab::run(&command)?
         }
         Command::Gen(args) => {
             privileges::require("gen", Need::RawSockets)?;

@@ -2,7 +2,8 @@
 //! (a page that exists, and an element with the `#anchor` it names), and
 //! every relative link of a Markdown file outside the book (README.md: a
 //! file that exists and, for a Markdown file, a heading with the anchor),
-//! and every `{{#include file:anchor}}` of the book's sources.
+//! every `{{#include file:anchor}}` of the book's sources, and that
+//! SUMMARY.md lists every chapter file.
 //! Links to other sites are not followed (there is no network in CI).
 
 use std::{
@@ -77,6 +78,21 @@ pub fn check_markdown(root: &Path, file: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(broken)
+}
+
+/// Chapters under `src` that SUMMARY.md does not list: mdbook leaves
+/// them out of the book without a word.
+pub fn check_summary(src: &Path) -> Result<Vec<String>> {
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).context("the book has no SUMMARY.md")?;
+    let listed: BTreeSet<String> = markdown_links(&summary).into_iter().collect();
+    let mut orphans = Vec::new();
+    for entry in std::fs::read_dir(src)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") && name != "SUMMARY.md" && !listed.contains(&name) {
+            orphans.push(format!("docs/src/{name}: not in SUMMARY.md, so not in the book"));
+        }
+    }
+    Ok(orphans)
 }
 
 /// Broken `{{#include FILE:ANCHOR}}`s of the book's sources in `src`:

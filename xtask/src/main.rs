@@ -16,6 +16,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod layers;
 mod links;
 
 #[derive(Parser)]
@@ -67,11 +68,11 @@ fn main() -> Result<()> {
             build(release)
         }
         Task::Lint => {
-            setup()?;
+            setup_for_lint()?;
             lint()
         }
         Task::Docs => {
-            setup()?;
+            setup_for_lint()?;
             stage("the book (mdbook build, links checked)", docs)?;
             println!("xtask: the book is in {}", workspace().join("target/book/index.html").display());
             Ok(())
@@ -241,6 +242,7 @@ fn lint() -> Result<()> {
         run(cargo().args(["fmt", "--all", "--", "--check"]))
             .context("the tree is not formatted: run `cargo fmt --all` and commit the result")
     })?;
+    stage("layers (no import points up a layer, no import cycle)", || layers::lint(&workspace()))?;
     stage("lints (cargo clippy -D warnings)", || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found something: fix it (the messages are above)")
@@ -255,7 +257,8 @@ fn lint() -> Result<()> {
 }
 
 /// Builds the book with mdbook, failing on any warning it prints, then
-/// checks every internal link of the result and of README.md.
+/// checks every internal link of the result and of README.md, every
+/// include, and that SUMMARY.md lists every chapter.
 fn docs() -> Result<()> {
     let out = Command::new("mdbook")
         .arg("build")
@@ -274,9 +277,10 @@ fn docs() -> Result<()> {
         .into_iter()
         .chain(links::check_markdown(&workspace(), Path::new("README.md"))?)
         .chain(links::check_includes(&workspace().join("docs/src"))?)
+        .chain(links::check_summary(&workspace().join("docs/src"))?)
         .collect::<Vec<_>>();
     if !broken.is_empty() {
-        bail!("{} broken link(s):\n  {}", broken.len(), broken.join("\n  "));
+        bail!("the book has {} broken link(s) or missing chapter(s):\n  {}", broken.len(), broken.join("\n  "));
     }
     Ok(())
 }
@@ -351,8 +355,24 @@ const CARGO_DEB_VERSION: &str = "3.8";
 const MDBOOK_VERSION: &str = "0.5.4";
 
 fn setup() -> Result<()> {
+    install_prerequisites(TOOL_PACKAGES)?;
+    if !cargo_deb_ok() {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
+        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    }
+    Ok(())
+}
+
+/// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built
+/// by rocev2-user's build script) and mdbook, none of the runtime tools;
+/// so on a machine that has the toolchain it needs no root.
+fn setup_for_lint() -> Result<()> {
+    install_prerequisites(&[])
+}
+
+fn install_prerequisites(tool_packages: &[&'static str]) -> Result<()> {
     let mut apt = Apt::default();
-    let mut missing_tools: Vec<&str> = TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
+    let mut missing_tools: Vec<&str> = tool_packages.iter().copied().filter(|p| !apt.installed(p)).collect();
     let need_linker = !bpf_linker_ok();
     if need_linker {
         missing_tools.extend(LLVM_PACKAGES.iter().copied().filter(|p| !apt.installed(p)));
@@ -377,10 +397,6 @@ fn setup() -> Result<()> {
             "--features",
             "search",
         ]))?;
-    }
-    if !cargo_deb_ok() {
-        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
-        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
     }
     Ok(())
 }

@@ -36,8 +36,8 @@ use rocev2_common::{
 use serde::Serialize;
 
 use crate::{
+    control::decision::PacketFields,
     render::{share_bar, Align, Table},
-    tools::explain::PacketFields,
     tools::gen::{build_frames, GenArgs, SportModel},
     tools::packet::parse_roce,
 };

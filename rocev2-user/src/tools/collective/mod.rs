@@ -25,7 +25,7 @@
 use rocev2_common::{bth::ROCEV2_UDP_PORT, hash::FlowKey};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::{explain::PacketFields, fabric::Fabric};
+use crate::{control::decision::PacketFields, tools::fabric::Fabric};
 
 pub mod cspf;
 pub mod maxmin;
@@ -215,6 +215,20 @@ impl Plan {
                 qp: (index % self.qps as usize) as u32,
             })
             .collect()
+    }
+
+    /// The bytes each (source rank, destination rank, QP) carries over the
+    /// whole collective: `lab te`'s traffic matrix.
+    pub fn traffic_matrix(&self) -> std::collections::BTreeMap<(usize, usize, u32), u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for (s, step) in self.steps.iter().enumerate() {
+            for t in &step.transfers {
+                for msg in self.messages(s, t) {
+                    *m.entry((t.src, t.dst, msg.qp)).or_default() += msg.bytes;
+                }
+            }
+        }
+        m
     }
 
     /// Every message the connection `src -> dst` carries on its QP `qp`,

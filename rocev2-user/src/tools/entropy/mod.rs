@@ -177,8 +177,8 @@ pub struct EntropyArgs {
 }
 
 mod collective;
-mod fabric;
 mod keyless;
+mod racks;
 
 /// One simulated traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -422,11 +422,11 @@ pub fn sweep(base: &Scenario, qps: &[u32]) -> Result<Vec<SweepRow>> {
 }
 
 pub fn run(args: &EntropyArgs) -> Result<()> {
-    if let (Some(racks), Some(op)) = (args.racks, args.collective) {
-        return collective::run(args, racks, op);
+    if let (Some(rack_count), Some(op)) = (args.racks, args.collective) {
+        return collective::run(args, rack_count, op);
     }
-    if let Some(racks) = args.racks {
-        return fabric::run(args, racks);
+    if let Some(rack_count) = args.racks {
+        return racks::run(args, rack_count);
     }
     let base = Scenario::from_args(args);
     if let Some(text) = &args.sweep {
