@@ -264,7 +264,7 @@ pub struct Prediction {
     pub te_unfit: usize,
     /// `TransportAware`: members demoted.
     pub demoted: usize,
-    /// Flowlet modes past [`WALK_BUDGET`]: rounds computed of all the
+    /// Flowlet modes past a budget of walks: rounds computed of all the
     /// collective's rounds (the rest take their mean).
     pub rounds: (u64, u64),
 }
