@@ -58,7 +58,17 @@ pub struct Maps {
     /// Frames each egress device refused after a redirect; `None` when
     /// reading the pins of a `rocev2 run` from before the counter existed.
     egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
+    /// The keyless flowlet slots, when pinned (explain reads them).
+    flowlet_slots: Option<Array<MapData, rocev2_common::flowlet::FlowletSlot>>,
+    /// A takeover's groups of the previous run, by slot, until each is
+    /// first published (see [`InheritedGroups`]).
+    inherited: InheritedGroups,
 }
+
+/// Per group slot, the generation and live members (position order) a
+/// previous run left: a takeover that publishes the slot with the same
+/// members keeps that generation, so flowlet state stays valid.
+pub type InheritedGroups = BTreeMap<u32, (u32, Vec<MemberEntry>)>;
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
 /// programs look it up (rocev2-ebpf/src/redirect.rs): below
@@ -148,11 +158,15 @@ pub struct MemberSpec {
 
 impl Maps {
     /// Takes the maps out of a loaded object, pinning each under `pin_dir`
-    /// first when given.
-    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self> {
+    /// first when given (but those in `pinned_by_loader`, already there).
+    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>, pinned_by_loader: &[&str]) -> Result<Self> {
+        let flowlet_slots = match (pin_dir, ebpf.map(names::FLOWLET_SLOTS)) {
+            (Some(dir), Some(_)) => Some(Self::open_slots(dir)?),
+            _ => None,
+        };
         let mut take = |name: &str| -> Result<aya::maps::Map> {
             let map = ebpf.take_map(name).with_context(|| format!("eBPF object has no map {name}"))?;
-            if let Some(dir) = pin_dir {
+            if let Some(dir) = pin_dir.filter(|_| !pinned_by_loader.contains(&name)) {
                 let path = dir.join(name);
                 map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
             }
@@ -189,7 +203,49 @@ impl Maps {
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
             egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
+            flowlet_slots,
+            inherited: InheritedGroups::new(),
         })
+    }
+
+    /// The pinned keyless flowlet slots under `dir`.
+    fn open_slots(dir: &Path) -> Result<Array<MapData, rocev2_common::flowlet::FlowletSlot>> {
+        let path = dir.join(names::FLOWLET_SLOTS);
+        let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
+        Array::try_from(aya::maps::Map::Array(data)).context("FLOWLET_SLOTS is not an array")
+    }
+
+    /// Each group slot's generation and live members in a previous run's
+    /// pins under `dir` (see [`InheritedGroups`]).
+    pub fn read_groups(dir: &Path) -> Result<InheritedGroups> {
+        let open = |name: &str| -> Result<MapData> {
+            let path = dir.join(name);
+            MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))
+        };
+        let groups: Array<MapData, GroupEntry> = Array::try_from(aya::maps::Map::Array(open(names::GROUPS)?))?;
+        let members: Array<MapData, MemberEntry> = Array::try_from(aya::maps::Map::Array(open(names::MEMBERS)?))?;
+        let mut out = InheritedGroups::new();
+        for slot in 0..MAX_GROUPS {
+            let g = groups.get(&slot, 0).context("cannot read GROUPS")?;
+            if g.generation == 0 {
+                continue;
+            }
+            let live: Result<Vec<MemberEntry>> = (0..g.member_count.min(MAX_MEMBERS_PER_GROUP))
+                .map(|p| members.get(&member_index(slot, g.bank & 1, p), 0).context("cannot read MEMBERS"))
+                .collect();
+            out.insert(slot, (g.generation, live?));
+        }
+        Ok(out)
+    }
+
+    /// Remembers a previous run's groups for their first publish.
+    pub(super) fn inherit_groups(&mut self, groups: InheritedGroups) {
+        self.inherited = groups;
+    }
+
+    /// The keyless flowlet slot at `index`, if the slots are pinned.
+    pub fn flowlet_slot(&self, index: u32) -> Option<rocev2_common::flowlet::FlowletSlot> {
+        self.flowlet_slots.as_ref()?.get(&index, 0).ok()
     }
 
     /// Opens the maps a running `rocev2 run` pinned under `dir`.
@@ -239,6 +295,8 @@ impl Maps {
             } else {
                 None
             },
+            flowlet_slots: if dir.join(names::FLOWLET_SLOTS).exists() { Some(Self::open_slots(dir)?) } else { None },
+            inherited: InheritedGroups::new(),
         })
     }
 
@@ -509,7 +567,14 @@ impl Maps {
             bail!("bucket table names member {bad} of a group of {}", members.len());
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
-        let generation = current.generation.wrapping_add(1).max(1);
+        // A takeover's first publish of a group the previous run left with
+        // exactly these members keeps its generation: flowlet state of
+        // that run stays valid. Other members: past that generation.
+        let generation = match self.inherited.remove(&group).filter(|_| fresh) {
+            Some((old, live)) if live == (0..new_count).map(entry_at).collect::<Vec<_>>() => old,
+            Some((old, _)) => old.wrapping_add(1).max(1),
+            None => current.generation.wrapping_add(1).max(1),
+        };
         let entry = GroupEntry {
             member_count: new_count,
             bank,

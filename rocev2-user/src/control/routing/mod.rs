@@ -114,6 +114,9 @@ pub struct KernelRoutes {
     /// Transport health of the members of learned groups under a
     /// `[[route_policy]]` with `transport_aware`, by group name.
     pub health: BTreeMap<String, crate::control::health::GroupHealth>,
+    /// A takeover's learned groups as the previous run left them, for
+    /// their members' health until each group is first published.
+    previous_health: BTreeMap<String, crate::control::state::GroupState>,
     /// A demotion or restore waits to be published.
     health_changed: bool,
 }
@@ -154,6 +157,7 @@ impl KernelRoutes {
             unfit: BTreeSet::new(),
             stats: LearnedStats { table, ..Default::default() },
             health: BTreeMap::new(),
+            previous_health: BTreeMap::new(),
             health_changed: false,
         };
         me.resync()?;
@@ -472,6 +476,13 @@ impl KernelRoutes {
         self.publish(maps, policies, default, |_| true)
     }
 
+    /// A takeover: the previous run's learned groups (its state file), whose
+    /// members' transport health goes on when each group is first published.
+    pub fn inherit_health(&mut self, groups: &[crate::control::state::GroupState]) {
+        self.previous_health =
+            groups.iter().filter(|g| g.transport_aware.is_some()).map(|g| (g.name.clone(), g.clone())).collect();
+    }
+
     fn publish(
         &mut self,
         maps: &mut Maps,
@@ -481,6 +492,16 @@ impl KernelRoutes {
     ) -> Result<()> {
         for group in self.groups.by_key.values_mut().filter(|g| g.prefixes > 0 && consider(g.slot)) {
             let settings = settings_of(group.policy, policies, default);
+            if let Some(previous) = self.previous_health.remove(&group.name) {
+                if settings.transport_aware.is_some() && !self.health.contains_key(&group.name) {
+                    let links = &self.fib.links;
+                    let name = |oif: u32| links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone());
+                    let members = group.hops.iter().map(|h| (name(h.oif), format!("via {}", h.neighbour)));
+                    let health = crate::control::health::GroupHealth::from_previous(&previous, members);
+                    log_inherited_health(&group.name, &health);
+                    self.health.insert(group.name.clone(), health);
+                }
+            }
             let specs: Vec<Option<MemberSpec>> =
                 group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
             // A member demoted for its transport health keeps its place but
@@ -811,3 +832,12 @@ fn policy_index(policies: &[RoutePolicy], prefix: &Prefix) -> Option<usize> {
 
 /// How long to wait between gradual rebalance steps.
 pub const REBALANCE_STEP: Duration = Duration::from_millis(100);
+
+/// One log line for a group whose transport health a takeover kept.
+pub(crate) fn log_inherited_health(group: &str, health: &crate::control::health::GroupHealth) {
+    let (demoted, scored) = health.summary();
+    tracing::info!(
+        group,
+        "kept the transport health of group {group} from the previous run: {demoted} member(s) demoted, {scored} with a score"
+    );
+}
