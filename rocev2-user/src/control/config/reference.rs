@@ -695,6 +695,24 @@ mod tests {
         );
     }
 
+    /// The man page's example and the front page's minimal config (the
+    /// one the book's "Running it" includes) are files `check --offline`
+    /// accepts.
+    #[test]
+    fn the_man_page_example_and_the_minimal_config_parse() {
+        let path = std::path::Path::new("rocev2.toml");
+        crate::control::config::Config::parse(EXAMPLE, path).expect("the man page's example parses");
+        let readme =
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+        let minimal = readme
+            .split("ANCHOR: minimal")
+            .nth(1)
+            .and_then(|rest| rest.split("```toml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .expect("README.md has the minimal config between its `minimal` anchors");
+        crate::control::config::Config::parse(minimal, path).expect("the front page's minimal config parses");
+    }
+
     #[test]
     fn the_man_page_names_every_key_and_escapes_roff() {
         let page = man_page("0.1.0");

@@ -315,6 +315,16 @@ impl Dataplane {
         }
     }
 
+    /// Detaches only the tc egress program of `ifname` (its local-traffic
+    /// marking), leaving its XDP or tc ingress forwarding attached.
+    pub fn detach_tc_egress(&mut self, ifname: &str) {
+        if let Some(id) = self.tc_links.remove(&(ifname.to_string(), false)) {
+            if let Ok(program) = self.tc_program(TC_EGRESS_PROGRAM) {
+                let _ = program.detach(id);
+            }
+        }
+    }
+
     /// Removes XDP link pins of interfaces not in `keep` (a takeover found
     /// a port the new config no longer has): detaches those programs.
     pub fn drop_stale_links(&mut self, keep: &[String]) -> Result<Vec<String>> {
@@ -431,6 +441,11 @@ impl Dataplane {
         changes.extend(self.static_routes.keys().filter(|p| !statics.contains_key(p)).map(|p| (*p, learned(p))));
         self.static_routes = statics.clone();
         self.update_routes(&changes)
+    }
+
+    /// The routes of the last sync that are not learned.
+    pub fn static_routes(&self) -> &BTreeMap<Prefix, u32> {
+        &self.static_routes
     }
 
     /// Routes installed now: (IPv4, IPv6).
