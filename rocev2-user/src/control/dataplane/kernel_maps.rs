@@ -4,7 +4,6 @@
 
 use std::{borrow::BorrowMut, collections::BTreeMap, net::IpAddr, path::Path};
 
-use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
@@ -27,7 +26,13 @@ use rocev2_common::{
     },
 };
 
-use crate::{control::config::Prefix, control::errors::DataplaneError};
+use crate::{
+    control::config::Prefix,
+    control::errors::{DataplaneError, MapResult as _},
+};
+
+/// Every map operation's result: what went wrong is a [`DataplaneError`].
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -165,9 +170,9 @@ pub struct MemberSpec {
 impl Maps {
     /// Takes the maps out of a loaded object, pinning each under `pin_dir`
     /// first when given.
-    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self> {
-        let mut take = |name: &str| -> Result<aya::maps::Map> {
-            let map = ebpf.take_map(name).with_context(|| format!("eBPF object has no map {name}"))?;
+    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> anyhow::Result<Self> {
+        let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
+            let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
             if let Some(dir) = pin_dir {
                 let path = dir.join(name);
                 map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
@@ -209,8 +214,8 @@ impl Maps {
     }
 
     /// Opens the maps a running `rocev2 run` pinned under `dir`.
-    pub fn open_pinned(dir: &Path) -> Result<Self> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
+    pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
+        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path).map_err(|e| {
                 let e = anyhow::Error::new(e);
@@ -224,7 +229,7 @@ impl Maps {
             })?;
             let map = aya::maps::Map::from_map_data(data)
                 .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
-            T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
+            Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
         }
         Ok(Self {
             routes_v4: open(dir, names::ROUTES_V4)?,
@@ -284,7 +289,7 @@ impl Maps {
     /// Installs the priority classes, in match order.
     pub fn set_classes(&mut self, classes: &[ClassEntry]) -> Result<()> {
         if classes.len() > MAX_CLASSES as usize {
-            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES }.into());
+            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES });
         }
         // Shrink the live count first so no packet sees a half-written list.
         let config = self.dataplane_config()?;
@@ -298,9 +303,7 @@ impl Maps {
 
     pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {
         if id >= MAX_ECN_PROFILES {
-            return Err(
-                DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES }.into()
-            );
+            return Err(DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES });
         }
         self.ecn_profiles.set(id, profile, 0).context("cannot write ECN_PROFILES")
     }
@@ -309,7 +312,7 @@ impl Maps {
     /// a default ECN profile (NO_PROFILE for none) and counters.
     pub fn set_egress(&mut self, ifindex: u32, slot: u32, rate_bytes_per_sec: u64, profile: u32) -> Result<()> {
         if slot >= MAX_EGRESS_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS });
         }
         let entry = EgressEntry::new(slot, profile, rate_bytes_per_sec);
         let context = || format!("cannot configure egress ifindex {ifindex}");
@@ -424,7 +427,7 @@ impl Maps {
     /// Registers an ingress port and gives it a counter slot.
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS });
         }
         let context = || format!("cannot register port ifindex {ifindex}");
         if ifindex < MAX_DIRECT_IFINDEX {
@@ -501,12 +504,10 @@ impl Maps {
         buckets: &BucketTable,
     ) -> Result<u32> {
         if group >= MAX_GROUPS {
-            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS }.into());
+            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS });
         }
         if members.len() > MAX_MEMBERS_PER_GROUP as usize {
-            return Err(
-                DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP }.into()
-            );
+            return Err(DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP });
         }
         let current = self.groups.get(&group, 0).context("cannot read GROUPS")?;
         // A never-written group has member_count 0 and takes bank 0.
@@ -536,7 +537,7 @@ impl Maps {
             }
         }
         if let Some(bad) = buckets.iter().find(|m| usize::from(**m) >= members.len() && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", members.len());
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: members.len() });
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
         let generation = current.generation.wrapping_add(1).max(1);
@@ -556,7 +557,7 @@ impl Maps {
     pub fn set_live_buckets(&mut self, group: u32, buckets: &BucketTable) -> Result<u32> {
         let current = self.group(group)?;
         if let Some(bad) = buckets.iter().find(|m| u32::from(**m) >= current.member_count && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", current.member_count);
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: current.member_count as usize });
         }
         self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
         tracing::debug!(target: "rocev2::maps", "group {group}: buckets moved in place, generation {}", current.generation);
