@@ -27,6 +27,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     control::config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     control::dataplane::{local_routes, Dataplane, GroupPolicy},
+    control::errors::{ReloadError, ReloadRefused},
     control::groups::{
         self, resilient::ResilientTable, GroupPipeline, HealthView, MemberRecord, MemberView, PlannedGroup, RouteStep,
         WantedPin,
@@ -36,7 +37,7 @@ use crate::{
         live_positions, log_member_change, next_hop_text, resolve_new_neighbours, MemberLive, FIRST_RESOLVE_TIMEOUT,
     },
     control::routing::{KernelRoutes, Learned, LearnedPolicy, Plan},
-    control::state::{EgressState, PortState, RunLock, RunState},
+    control::state::{EgressState, PortState, ReloadOutcome, RunLock, RunState},
     control::stats::Snapshot,
     sys::netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
 };
@@ -381,22 +382,23 @@ impl Runner {
     /// change that needs a restart is reported and the running config stays.
     async fn reload_from_file(&mut self) {
         let path = self.config.path.clone();
-        let result = async {
+        let result: Result<(), ReloadError> = async {
             let new = Config::load(&path)?;
             self.check_live_changeable(&new)?;
-            let links = resolve_links(&self.netlink, &new).await?;
-            self.apply(new, links).await
+            let links = resolve_links(&self.netlink, &new).await.map_err(ReloadError::from_apply)?;
+            self.apply(new, links).await.map_err(ReloadError::from_apply)
         }
         .await;
         self.state.reloads += 1;
         match &result {
             Ok(()) => {
-                self.state.last_reload = "ok".into();
+                self.state.last_reload = ReloadOutcome::Applied;
                 tracing::info!(config = %path.display(), "reloaded {}", path.display());
             }
             Err(e) => {
-                self.state.last_reload = format!("{e:#}");
-                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {e:#}", path.display());
+                let message = e.to_string();
+                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {message}", path.display());
+                self.state.last_reload = ReloadOutcome::Refused { reason: e.reason(), message };
             }
         }
         if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
@@ -405,7 +407,7 @@ impl Runner {
     }
 
     /// Settings fixed when the programs were loaded and attached.
-    fn check_live_changeable(&self, new: &Config) -> Result<()> {
+    fn check_live_changeable(&self, new: &Config) -> Result<(), ReloadError> {
         let (old, newd) = (&self.config.dataplane, &new.dataplane);
         let mut fixed = Vec::new();
         if old.pin_dir != newd.pin_dir {
@@ -436,13 +438,10 @@ impl Runner {
         // programs were built without is not there to run.
         let missing = new.features().without(self.dataplane.features());
         if missing != Features::NONE {
-            bail!(
-                "the new config uses {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic",
-                missing.names().collect::<Vec<_>>().join(", ")
-            );
+            return Err(ReloadError::FeaturesNotLoaded { features: missing.names().collect() });
         }
         if !fixed.is_empty() {
-            bail!("{} changed; that needs a restart of `rocev2 run`", fixed.join(", "));
+            return Err(ReloadError::NeedsRestart { settings: fixed });
         }
         Ok(())
     }
@@ -1006,7 +1005,8 @@ fn learned_policies(config: &Config) -> (&[crate::control::config::RoutePolicy],
 
 /// `rocev2 reload`: sends SIGHUP to the `rocev2 run` using `pin_dir` and
 /// waits until it reports the result. Returns the config file it reloaded;
-/// a failed reload is an error carrying the reason (the old config stays).
+/// a refused reload is a [`ReloadRefused`] (downcast it to match on its
+/// reason): the old config stays.
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
     if let Err(e) = crate::sys::signal_process(before.pid, nix::sys::signal::Signal::SIGHUP) {
@@ -1017,10 +1017,11 @@ pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<Pa
         std::thread::sleep(Duration::from_millis(50));
         let now = RunState::read(pin_dir)?;
         if now.reloads > before.reloads {
-            return if now.last_reload == "ok" {
-                Ok(now.config)
-            } else {
-                Err(anyhow::anyhow!("the reload failed and the running config stays: {}", now.last_reload))
+            return match now.last_reload {
+                ReloadOutcome::Applied => Ok(now.config),
+                ReloadOutcome::Refused { reason, message } => Err(ReloadRefused { reason, message }.into()),
+                // A count that grew with no outcome: a run that records none.
+                ReloadOutcome::None => bail!("rocev2 run (pid {}) counted a reload but recorded no outcome", now.pid),
             };
         }
         if Instant::now() > deadline {

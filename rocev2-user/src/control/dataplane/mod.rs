@@ -365,7 +365,7 @@ impl Dataplane {
     /// Installs the route set `wanted` (prefix -> group index or ROUTE_LOCAL),
     /// then removes routes that are no longer wanted: adding first means a
     /// prefix that moves to another group is never briefly unrouted.
-    pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<()> {
+    pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<(), DataplaneError> {
         // Only new or retargeted routes are written: `run` syncs on every
         // refresh tick, and rewriting 100,000 unchanged routes each time
         // would cost a fifth of a second of CPU per tick.
@@ -374,13 +374,14 @@ impl Dataplane {
         // caches never serve a result the tables no longer give.
         let additions: Vec<(Prefix, u32)> =
             wanted.iter().filter(|(p, t)| self.installed_routes.get(p) != Some(t)).map(|(p, t)| (*p, *t)).collect();
-        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
+        let added: Result<(), DataplaneError> =
+            additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
         if !additions.is_empty() {
             self.maps.bump_route_generation()?;
         }
         added?;
         let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
-        let removed: Result<()> = stale.iter().try_for_each(|prefix| {
+        let removed: Result<(), DataplaneError> = stale.iter().try_for_each(|prefix| {
             self.maps.remove_route(prefix)?;
             self.installed_routes.remove(prefix);
             Ok(())
@@ -394,12 +395,9 @@ impl Dataplane {
     /// Writes one route. A full table is reported as
     /// [`DataplaneError::RouteTableFull`], with the numbers (the kernel
     /// says only "no space").
-    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
+    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<(), DataplaneError> {
         if let Err(e) = self.maps.set_route(prefix, target) {
-            let no_space = e
-                .chain()
-                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOSPC)));
-            if !no_space {
+            if !e.is_no_space() {
                 return Err(e);
             }
             let (v4, v6) = self.route_counts();
@@ -408,7 +406,7 @@ impl Dataplane {
                 Prefix::V6 { .. } => ("IPv6", v6, rocev2_common::maps::MAX_ROUTES_V6),
             };
             let prefix = prefix.to_string();
-            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix }.into());
+            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix });
         }
         self.installed_routes.insert(*prefix, target);
         Ok(())
@@ -416,7 +414,11 @@ impl Dataplane {
 
     /// [`Dataplane::sync_routes`] of every route, `statics` among them
     /// (remembered for [`Dataplane::sync_static_routes`]).
-    pub fn sync_all_routes(&mut self, wanted: &BTreeMap<Prefix, u32>, statics: &BTreeMap<Prefix, u32>) -> Result<()> {
+    pub fn sync_all_routes(
+        &mut self,
+        wanted: &BTreeMap<Prefix, u32>,
+        statics: &BTreeMap<Prefix, u32>,
+    ) -> Result<(), DataplaneError> {
         self.static_routes = statics.clone();
         self.sync_routes(wanted)
     }
@@ -432,7 +434,7 @@ impl Dataplane {
         &mut self,
         statics: &BTreeMap<Prefix, u32>,
         learned: impl Fn(&Prefix) -> Option<u32>,
-    ) -> Result<()> {
+    ) -> Result<(), DataplaneError> {
         let mut changes: Vec<(Prefix, Option<u32>)> = statics
             .iter()
             .filter(|(p, t)| self.installed_routes.get(p) != Some(t))
@@ -458,11 +460,11 @@ impl Dataplane {
     /// generation once: the incremental path for learned routes, where a
     /// full [`Dataplane::sync_routes`] over 100,000 prefixes per change
     /// would cost milliseconds.
-    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<()> {
+    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<(), DataplaneError> {
         if changes.is_empty() {
             return Ok(());
         }
-        let applied: Result<()> = changes.iter().try_for_each(|(prefix, target)| {
+        let applied: Result<(), DataplaneError> = changes.iter().try_for_each(|(prefix, target)| {
             match target {
                 Some(t) if self.installed_routes.get(prefix) != Some(t) => self.install_route(prefix, *t)?,
                 Some(_) => {}
