@@ -365,7 +365,7 @@ impl<'a> Model<'a> {
                 Mode::Pinned => self.path(q.src, q.dst, |c| slice_position(q.dst.1, c.members)),
                 _ => self.path(q.src, q.dst, |c| {
                     let table = tables.get(&group_of(f, &c, q.dst)).map_or(c.table, |(t, _)| t);
-                    member_for(table, member_hash(&q.key, hash, c.seed))
+                    member_for(table, member_hash(&q.key, hash, c.seed, f.hash_version))
                 }),
             })
             .collect()
@@ -812,6 +812,7 @@ mod tests {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             seeds: SeedPlan::Auto,
         }
     }
@@ -868,7 +869,8 @@ mod tests {
             for q in 0..qps {
                 let key = qp_flow_key(src, dst, qp_number(k, (k + 1) % n, q), false);
                 let seed = router.seed(Switch::Leaf(src.0));
-                out[src.0 as usize - 1].push(member_for(&even_table(f.spines), member_hash(&key, mode, seed)));
+                out[src.0 as usize - 1]
+                    .push(member_for(&even_table(f.spines), member_hash(&key, mode, seed, f.hash_version)));
             }
         }
         out
