@@ -443,8 +443,8 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in maps::names::ALL.iter().chain(crate::control::qp_telemetry::PINNED) {
-                let _ = std::fs::remove_file(dir.join(name));
+            for map in maps::MAPS.iter().filter(|m| m.pin != maps::Pin::Never) {
+                let _ = std::fs::remove_file(dir.join(map.name));
             }
             let _ = std::fs::remove_dir(&dir);
         }
