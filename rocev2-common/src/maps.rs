@@ -34,6 +34,10 @@ pub enum Takeover {
     Refilled,
     /// Starts empty: counters from zero, flows and QPs are seen anew.
     Fresh,
+    /// The very same map goes on in the new run (the loader pins it and
+    /// the new programs use the pinned one), when the new config sizes it
+    /// the same; else it starts empty.
+    Kept,
     /// Holds nothing across packets.
     Scratch,
 }
@@ -107,8 +111,8 @@ maps! {
         CONFIG: Array, pin Always, Refilled, "the hash seed, route generation and spreading";
         PORT_COUNTERS: PerCpuArray, pin Always, Fresh, "every port's counters per CPU";
         MEMBER_STATS: PerCpuArray, pin Always, Fresh, "every member's packets and bytes per CPU";
-        FLOWLETS: LruHashMap, pin Always, Fresh, "keyed flowlet state per flow (flowlet_table_size)";
-        FLOWLET_SLOTS: Array, pin Never, Fresh, "keyless flowlet slots (flowlet_table_size)";
+        FLOWLETS: LruHashMap, pin Always, Kept, "keyed flowlet state per flow (flowlet_table_size)";
+        FLOWLET_SLOTS: Array, pin Always, Kept, "keyless flowlet slots (flowlet_table_size)";
         FLOWLET_SCRATCH: PerCpuArray, pin Never, Scratch, "a packet's flowlet step";
         FLOW_KEY: PerCpuArray, pin Never, Scratch, "a packet's flow key";
         PINS_V4: LpmTrie, pin Always, Refilled, "IPv4 pins (MAX_PINS)";

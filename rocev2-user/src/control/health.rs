@@ -181,6 +181,19 @@ impl GroupHealth {
         verdicts
     }
 
+    /// A group's health as a previous run left it (a takeover): the scores,
+    /// demotions and counts go on; the next step is a new baseline for the
+    /// transport sums (the new run's telemetry starts at zero).
+    pub fn restored(members: Vec<MemberHealth>) -> Self {
+        let n = members.len();
+        Self { members, seen: vec![None; n], flaps: vec![Flaps::default(); n], ..Self::default() }
+    }
+
+    /// Members demoted now, and members with a score.
+    pub fn summary(&self) -> (usize, usize) {
+        (self.members.iter().filter(|m| m.demoted).count(), self.members.iter().filter(|m| m.score > 0.0).count())
+    }
+
     /// Whether member `i` is demoted now.
     pub fn demoted(&self, i: usize) -> bool {
         self.members.get(i).is_some_and(|m| m.demoted)

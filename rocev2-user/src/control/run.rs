@@ -194,7 +194,11 @@ impl Runner {
         };
         // Everything the config names must exist before anything loads.
         let links = resolve_links(&netlink, &config).await?;
-        let dataplane = if crate::control::dataplane::has_pinned_links(&pin_dir) {
+        let takeover = crate::control::dataplane::has_pinned_links(&pin_dir);
+        // What the previous run published about itself: the members'
+        // transport health goes on (a demoted member stays demoted).
+        let previous = takeover.then(|| RunState::read(&pin_dir).ok()).flatten();
+        let dataplane = if takeover {
             // A previous run's programs are attached and forwarding: this is
             // a takeover, and nothing waits for the new programs. Loading
             // them (the verifier: a few hundred ms of CPU, far more on a
@@ -269,6 +273,9 @@ impl Runner {
             };
             runner.kernel = Some(KernelRoutes::start(id)?);
         }
+        if let Some(previous) = &previous {
+            runner.inherit_health(previous);
+        }
         runner.apply(config, links).await?;
         runner.resolve_learned_next_hops().await?;
         if let Some(kernel) = &mut runner.kernel {
@@ -330,6 +337,22 @@ impl Runner {
             });
         }
         crate::control::capacity::check(&fills);
+    }
+
+    /// A takeover: the members' transport health as the previous run left
+    /// it, before anything is published, so no demoted member gets its
+    /// buckets back for a moment.
+    fn inherit_health(&mut self, previous: &RunState) {
+        for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
+            let Some(old) = previous.groups.iter().find(|g| g.name == group.name) else { continue };
+            let members = group.members.iter().map(|m| (m.dev.clone(), next_hop_text(&m.next_hop)));
+            let health = groups::health_from_previous(old, members);
+            crate::control::routing::log_inherited_health(&group.name, &health);
+            self.health.insert(group.name.clone(), health);
+        }
+        if let Some(kernel) = &mut self.kernel {
+            kernel.inherit_health(&previous.groups);
+        }
     }
 
     /// Warns (once per status interval) when egress devices refused
@@ -504,7 +527,8 @@ impl Runner {
             }
         }
         let plan = self.plan_kernel().await?;
-        let routes = RouteStep::Sync(self.wanted_routes());
+        let statics = self.static_routes();
+        let routes = RouteStep::Sync { all: self.wanted_routes(&statics), statics };
         self.publish(true, plan.as_ref().map_or(Learned::None, Learned::Planned), routes)?;
 
         // Ports: register new ones, then attach; detach removed ones.
@@ -767,7 +791,10 @@ impl Runner {
                 self.local = local;
             }
         }
-        let routes = if neighbours { RouteStep::Sync(self.wanted_routes()) } else { RouteStep::Keep };
+        // Only the statics: learned routes are installed as they change
+        // (apply_kernel_changes); a walk over a full table every second
+        // cost far more than the statics ever do.
+        let routes = if neighbours { self.static_route_step() } else { RouteStep::Keep };
         if changed || settling || !matches!(learned, Learned::None) || !matches!(routes, RouteStep::Keep) {
             self.publish(changed || settling, learned, routes)?;
         }
@@ -790,14 +817,38 @@ impl Runner {
     }
 
     /// Configured routes plus host routes for every local address (which
-    /// win: traffic for the box itself is never forwarded).
-    fn wanted_routes(&self) -> BTreeMap<Prefix, u32> {
-        let mut routes: BTreeMap<Prefix, u32> = self.kernel.as_ref().map(|k| k.routes.clone()).unwrap_or_default();
-        routes.extend(
-            self.config.routes.iter().map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name])),
-        );
+    /// win: traffic for the box itself is never forwarded): the routes
+    /// that are not learned.
+    fn static_routes(&self) -> BTreeMap<Prefix, u32> {
+        let mut routes: BTreeMap<Prefix, u32> = self
+            .config
+            .routes
+            .iter()
+            .map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name]))
+            .collect();
         routes.extend(local_routes(&self.local));
         routes
+    }
+
+    /// Every route: the learned ones, with `statics` over them.
+    fn wanted_routes(&self, statics: &BTreeMap<Prefix, u32>) -> BTreeMap<Prefix, u32> {
+        let mut routes: BTreeMap<Prefix, u32> = self.kernel.as_ref().map(|k| k.routes.clone()).unwrap_or_default();
+        routes.extend(statics.iter().map(|(p, t)| (*p, *t)));
+        routes
+    }
+
+    /// The periodic refresh's route step: the statics against the last
+    /// ones synced, with the learned route of each prefix that leaves them.
+    fn static_route_step(&self) -> RouteStep {
+        let statics = self.static_routes();
+        let learned = self
+            .dataplane
+            .static_routes()
+            .keys()
+            .filter(|p| !statics.contains_key(p))
+            .filter_map(|p| Some((*p, *self.kernel.as_ref()?.routes.get(p)?)))
+            .collect();
+        RouteStep::Statics { statics, learned }
     }
 
     fn write_state(&mut self) -> Result<()> {

@@ -33,8 +33,8 @@ fn stream_frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn assert_no_loss(report: &LabReport, what: &str) {
-    rocev2_tests::assert_no_switch_loss(report, what);
+fn assert_no_loss(lab: &EcmpLab, report: &LabReport, what: &str) {
+    rocev2_tests::assert_no_switch_loss(report, &format!("{what}\n{}", lab.link_drops()));
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
@@ -89,7 +89,7 @@ fn reload_changes_members_and_routes_without_loss() {
     let report = capture.finish(sent).unwrap();
     // Its final counters say where a lost packet went (pass_*, drop_*).
     let output = dataplane.stop().unwrap();
-    assert_no_loss(&report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
     assert!(report.uplinks[3].packets > 0, "u4 carried traffic before and after");
 }
 
@@ -235,7 +235,7 @@ fn restart_with_handover_loses_nothing() {
     let sent = stream.stop().unwrap();
     let report = capture.finish(sent).unwrap();
     let output = second.stop().unwrap();
-    assert_no_loss(&report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
 
     // A normal stop detaches: no XDP program left on the port, no pins.
     let link = lab.in_switch(&["ip", "-d", "link", "show", "p0"]).unwrap();
@@ -268,7 +268,7 @@ fn a_failed_uplink_leaves_its_group_and_comes_back() {
     std::thread::sleep(Duration::from_millis(500));
     let sent = counted.stop().unwrap();
     let report = capture.finish(sent).unwrap();
-    assert_no_loss(&report, "traffic after the failure");
+    assert_no_loss(&lab, &report, "traffic after the failure");
     assert_eq!(report.uplinks[1].packets, 0, "nothing goes to the failed uplink");
 
     let up_at = Instant::now();
@@ -370,7 +370,7 @@ fn jumbo_frames_are_forwarded_intact() {
         .collect();
     let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
     dataplane.stop().unwrap();
-    assert_no_loss(&report, "jumbo frames");
+    assert_no_loss(&lab, &report, "jumbo frames");
     for u in &report.uplinks {
         assert_eq!((u.bad_icrc, u.bad_ipv4_checksum, u.bad_ttl), (0, 0, 0), "up{} intact", u.uplink);
     }

@@ -21,7 +21,7 @@ use rocev2_common::{
     maps::{
         bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
         GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAPS, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
+        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, Takeover, MAPS, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
         MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
@@ -34,29 +34,59 @@ use crate::{
 /// Every map operation's result: what went wrong is a [`DataplaneError`].
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
+/// Opens the map pinned as `name` under `dir`, of its type `T`.
+fn open_pin<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        // A permission error is not a missing `run`: say so.
+        let hint = if crate::sys::privileges::is_permission_error(&e) {
+            "permission denied: run it as root"
+        } else {
+            "is `rocev2 run` running?"
+        };
+        e.context(format!("cannot open pinned map {} ({hint})", path.display()))
+    })?;
+    let map = aya::maps::Map::from_map_data(data)
+        .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
+    Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
+}
+
 /// Typed handles on the maps the control plane reads and writes, owned
 /// (taken out of the `Ebpf` or opened from their pins): one line each, the
 /// field, its map (named in the table, `rocev2_common::maps::MAPS`, which
 /// says whether and how it is pinned) and its type. Those under `optional`
-/// may be missing from the pins of a run from before they existed.
+/// may be missing from the pins of a run from before they existed; those
+/// under `from_pins` are opened from their pin (when it exists), not taken
+/// from the object (the programs keep them); `state` is the control
+/// plane's own, starting at its default.
 macro_rules! handles {
-    (always { $($field:ident: $name:ident => $ty:ty,)* } optional { $($ofield:ident: $oname:ident => $oty:ty,)* }) => {
+    (
+        always { $($field:ident: $name:ident => $ty:ty,)* }
+        optional { $($ofield:ident: $oname:ident => $oty:ty,)* }
+        from_pins { $($pfield:ident: $pname:ident => $pty:ty,)* }
+        state { $($(#[$sdoc:meta])* $sfield:ident: $sty:ty,)* }
+    ) => {
         pub struct Maps {
             $($field: $ty,)*
             $($ofield: Option<$oty>,)*
+            $($pfield: Option<$pty>,)*
+            $($(#[$sdoc])* $sfield: $sty,)*
         }
 
         impl Maps {
             /// The maps `Maps` holds handles on: every map the table pins
             /// always (a test checks).
-            pub const HANDLES: &[&str] = &[$(names::$name,)* $(names::$oname,)*];
+            pub const HANDLES: &[&str] = &[$(names::$name,)* $(names::$oname,)* $(names::$pname,)*];
 
             /// Takes the maps out of a loaded object, pinning under
-            /// `pin_dir` (when given) those the table says are pinned.
+            /// `pin_dir` (when given) those the table says are pinned (but
+            /// those a takeover keeps, which the loader pinned already).
             pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> anyhow::Result<Self> {
                 let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
                     let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
-                    let pinned = MAPS.iter().any(|m| m.name == name && m.pin == Pin::Always);
+                    let pinned =
+                        MAPS.iter().any(|m| m.name == name && m.pin == Pin::Always && m.takeover != Takeover::Kept);
                     if let (Some(dir), true) = (pin_dir, pinned) {
                         let path = dir.join(name);
                         map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
@@ -72,33 +102,21 @@ macro_rules! handles {
                 Ok(Self {
                     $($field: typed(take(names::$name)?, names::$name)?,)*
                     $($ofield: Some(typed(take(names::$oname)?, names::$oname)?),)*
+                    $($pfield: match pin_dir {
+                        Some(dir) if dir.join(names::$pname).exists() => Some(open_pin(dir, names::$pname)?),
+                        _ => None,
+                    },)*
+                    $($sfield: <$sty>::default(),)*
                 })
             }
 
             /// Opens the maps a running `rocev2 run` pinned under `dir`.
             pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
-                fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-                    dir: &Path,
-                    name: &str,
-                ) -> anyhow::Result<T> {
-                    let path = dir.join(name);
-                    let data = MapData::from_pin(&path).map_err(|e| {
-                        let e = anyhow::Error::new(e);
-                        // A permission error is not a missing `run`: say so.
-                        let hint = if crate::sys::privileges::is_permission_error(&e) {
-                            "permission denied: run it as root"
-                        } else {
-                            "is `rocev2 run` running?"
-                        };
-                        e.context(format!("cannot open pinned map {} ({hint})", path.display()))
-                    })?;
-                    let map = aya::maps::Map::from_map_data(data)
-                        .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
-                    Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
-                }
                 Ok(Self {
-                    $($field: open(dir, names::$name)?,)*
-                    $($ofield: if dir.join(names::$oname).exists() { Some(open(dir, names::$oname)?) } else { None },)*
+                    $($field: open_pin(dir, names::$name)?,)*
+                    $($ofield: if dir.join(names::$oname).exists() { Some(open_pin(dir, names::$oname)?) } else { None },)*
+                    $($pfield: if dir.join(names::$pname).exists() { Some(open_pin(dir, names::$pname)?) } else { None },)*
+                    $($sfield: <$sty>::default(),)*
                 })
             }
         }
@@ -134,7 +152,20 @@ handles! {
     optional {
         egress_refused: EGRESS_REFUSED => PerCpuHashMap<MapData, u32, u64>,
     }
+    from_pins {
+        flowlet_slots: FLOWLET_SLOTS => Array<MapData, rocev2_common::flowlet::FlowletSlot>,
+    }
+    state {
+        /// A takeover's groups of the previous run, by slot, until each is
+        /// first published (see [`InheritedGroups`]).
+        inherited: InheritedGroups,
+    }
 }
+
+/// Per group slot, the generation and live members (position order) a
+/// previous run left: a takeover that publishes the slot with the same
+/// members keeps that generation, so flowlet state stays valid.
+pub type InheritedGroups = BTreeMap<u32, (u32, Vec<MemberEntry>)>;
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
 /// programs look it up (rocev2-ebpf/src/redirect.rs): below
@@ -239,6 +270,41 @@ pub struct MemberSpec {
 }
 
 impl Maps {
+    /// Each group slot's generation and live members in a previous run's
+    /// pins under `dir` (see [`InheritedGroups`]).
+    pub fn read_groups(dir: &Path) -> Result<InheritedGroups> {
+        let open = |name: &str| -> Result<MapData> {
+            let path = dir.join(name);
+            MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))
+        };
+        let groups: Array<MapData, GroupEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::GROUPS)?)).context("GROUPS is not an array")?;
+        let members: Array<MapData, MemberEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::MEMBERS)?)).context("MEMBERS is not an array")?;
+        let mut out = InheritedGroups::new();
+        for slot in 0..MAX_GROUPS {
+            let g = groups.get(&slot, 0).context("cannot read GROUPS")?;
+            if g.generation == 0 {
+                continue;
+            }
+            let live: Result<Vec<MemberEntry>> = (0..g.member_count.min(MAX_MEMBERS_PER_GROUP))
+                .map(|p| members.get(&member_index(slot, g.bank & 1, p), 0).context("cannot read MEMBERS"))
+                .collect();
+            out.insert(slot, (g.generation, live?));
+        }
+        Ok(out)
+    }
+
+    /// Remembers a previous run's groups for their first publish.
+    pub(super) fn inherit_groups(&mut self, groups: InheritedGroups) {
+        self.inherited = groups;
+    }
+
+    /// The keyless flowlet slot at `index`, if the slots are pinned.
+    pub fn flowlet_slot(&self, index: u32) -> Option<rocev2_common::flowlet::FlowletSlot> {
+        self.flowlet_slots.as_ref()?.get(&index, 0).ok()
+    }
+
     fn dataplane_config(&self) -> Result<DataplaneConfig> {
         self.config.get(&0, 0).context("cannot read CONFIG")
     }
@@ -516,7 +582,14 @@ impl Maps {
             return Err(DataplaneError::InvalidBuckets { member: *bad, members: members.len() });
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
-        let generation = current.generation.wrapping_add(1).max(1);
+        // A takeover's first publish of a group the previous run left with
+        // exactly these members keeps its generation: flowlet state of
+        // that run stays valid. Other members: past that generation.
+        let generation = match self.inherited.remove(&group).filter(|_| fresh) {
+            Some((old, live)) if live == (0..new_count).map(entry_at).collect::<Vec<_>>() => old,
+            Some((old, _)) => old.wrapping_add(1).max(1),
+            None => current.generation.wrapping_add(1).max(1),
+        };
         let entry = policy.entry(new_count, bank, generation);
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
         tracing::debug!(target: "rocev2::maps", "group {group}: {new_count} members, bank {bank}, generation {generation}");
@@ -671,7 +744,6 @@ fn pin_key(prefix: &Prefix, dest_qp: u32) -> PinKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rocev2_common::maps::Takeover;
 
     /// The forwarding object defines exactly the table's maps, each of
     /// the table's type (rocev2-ebpf writes them, the table describes them).

@@ -10,6 +10,7 @@ mod kernel_maps;
 
 use std::{
     collections::BTreeMap,
+    mem::size_of,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -66,6 +67,10 @@ pub struct Dataplane {
     pub maps: Maps,
     /// What ROUTES_V4/V6 hold now, so a sync writes only the differences.
     installed_routes: BTreeMap<Prefix, u32>,
+    /// The routes of the last sync that are not learned (config routes and
+    /// the box's own addresses): what [`Dataplane::sync_static_routes`]
+    /// diffs against, without walking the learned ones.
+    static_routes: BTreeMap<Prefix, u32>,
     pin_dir: Option<PathBuf>,
     /// XDP attachments by interface name.
     xdp_links: BTreeMap<String, PinnedXdp>,
@@ -144,7 +149,23 @@ impl Dataplane {
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
         let kernel_layout = RefusalLayout::find();
         let layout = kernel_layout.as_ref().copied().unwrap_or_default();
-        let mut ebpf = EbpfLoader::new()
+        // A takeover keeps the previous run's flowlet state (see Inherited);
+        // everything else in the pin directory is the old run's and goes.
+        let inherited = match pin_dir {
+            Some(dir) if has_pinned_links(dir) => Inherited::read(dir, flowlet_table_size, flowlet_slots),
+            _ => Inherited::default(),
+        };
+        if let Some(dir) = pin_dir {
+            crate::sys::bpffs::prepare_pin_dir(dir, &inherited.reused)?;
+        }
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = pin_dir {
+            // Pinned as they are created (or reused): the next takeover keeps them.
+            for map in kept_by_takeover() {
+                loader.map_pin_path(map.name, dir.join(map.name));
+            }
+        }
+        let mut ebpf = loader
             .override_global("NETDEV_IFINDEX_OFFSET", &layout.ifindex, true)
             .override_global("NETDEV_NET_OFFSET", &layout.net, true)
             .override_global("NET_COOKIE_OFFSET", &layout.cookie, true)
@@ -165,10 +186,11 @@ impl Dataplane {
             .try_into()
             .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
         program.load().with_context(|| format!("the kernel rejected program {XDP_PROGRAM}"))?;
-        if let Some(dir) = pin_dir {
-            crate::sys::bpffs::prepare_pin_dir(dir)?;
+        let mut maps = Maps::take(&mut ebpf, pin_dir)?;
+        maps.inherit_groups(inherited.groups);
+        for line in &inherited.notes {
+            tracing::info!("{line}");
         }
-        let maps = Maps::take(&mut ebpf, pin_dir)?;
         if let (Some(dir), true) = (pin_dir, telemetry_on) {
             crate::control::qp_telemetry::pin_maps(&mut ebpf, dir)?;
         }
@@ -180,6 +202,7 @@ impl Dataplane {
             ebpf,
             maps,
             installed_routes: BTreeMap::new(),
+            static_routes: BTreeMap::new(),
             pin_dir: pin_dir.map(Path::to_path_buf),
             xdp_links: BTreeMap::new(),
             tc_links: BTreeMap::new(),
@@ -389,6 +412,44 @@ impl Dataplane {
         Ok(())
     }
 
+    /// [`Dataplane::sync_routes`] of every route, `statics` among them
+    /// (remembered for [`Dataplane::sync_static_routes`]).
+    pub fn sync_all_routes(
+        &mut self,
+        wanted: &BTreeMap<Prefix, u32>,
+        statics: &BTreeMap<Prefix, u32>,
+    ) -> Result<(), DataplaneError> {
+        self.static_routes = statics.clone();
+        self.sync_routes(wanted)
+    }
+
+    /// Installs `statics` (config routes and the box's own addresses,
+    /// which win over learned routes for the same prefix) against the last
+    /// ones synced: new or retargeted ones are written; a prefix no longer
+    /// among them goes back to its learned route (`learned`) or is
+    /// removed. Learned routes are left as the incremental updates wrote
+    /// them, so a periodic sync costs the statics only, not a walk over
+    /// 100,000 learned prefixes.
+    pub fn sync_static_routes(
+        &mut self,
+        statics: &BTreeMap<Prefix, u32>,
+        learned: impl Fn(&Prefix) -> Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let mut changes: Vec<(Prefix, Option<u32>)> = statics
+            .iter()
+            .filter(|(p, t)| self.installed_routes.get(p) != Some(t))
+            .map(|(p, t)| (*p, Some(*t)))
+            .collect();
+        changes.extend(self.static_routes.keys().filter(|p| !statics.contains_key(p)).map(|p| (*p, learned(p))));
+        self.static_routes = statics.clone();
+        self.update_routes(&changes)
+    }
+
+    /// The routes of the last sync that are not learned.
+    pub fn static_routes(&self) -> &BTreeMap<Prefix, u32> {
+        &self.static_routes
+    }
+
     /// Routes installed now: (IPv4, IPv6).
     pub fn route_counts(&self) -> (usize, usize) {
         let v4 = self.installed_routes.keys().filter(|p| matches!(p, Prefix::V4 { .. })).count();
@@ -458,6 +519,81 @@ impl Drop for Dataplane {
         }
         // On a handover the link pins keep the programs attached and the
         // programs keep their maps; dropping our fds changes nothing.
+    }
+}
+
+/// The maps a takeover keeps (the table's `Takeover::Kept`: the flowlet
+/// tables), pinned by the loader itself (map_pin_path) so that a
+/// takeover's programs can use the very maps the previous run's use;
+/// [`Inherited::read`] checks each one's size.
+fn kept_by_takeover() -> impl Iterator<Item = &'static maps::MapSpec> {
+    maps::MAPS.iter().filter(|m| m.takeover == maps::Takeover::Kept)
+}
+
+/// What a takeover keeps of the previous run: its flowlet tables (the
+/// maps themselves, when the new config sizes them the same) and each
+/// group's generation and live members, so a group published again with
+/// the same members keeps its generation and every running flowlet keeps
+/// its member. Without them every flowlet would start over at once, and
+/// with `rehash` most would move.
+#[derive(Default)]
+struct Inherited {
+    /// Pins in the directory to reuse (not removed).
+    reused: Vec<&'static str>,
+    groups: InheritedGroups,
+    /// What was kept or not, for the log.
+    notes: Vec<String>,
+}
+
+impl Inherited {
+    fn read(dir: &Path, flowlet_table_size: u32, flowlet_slots: u32) -> Self {
+        let mut out = Self::default();
+        let expected = [
+            (
+                names::FLOWLETS,
+                "flowlet table",
+                size_of::<rocev2_common::maps::FlowletKey>(),
+                size_of::<rocev2_common::flowlet::FlowletEntry>(),
+                flowlet_table_size.max(1),
+            ),
+            (
+                names::FLOWLET_SLOTS,
+                "keyless flowlet slots",
+                size_of::<u32>(),
+                size_of::<rocev2_common::flowlet::FlowletSlot>(),
+                flowlet_slots.max(1),
+            ),
+        ];
+        debug_assert!(
+            kept_by_takeover().all(|m| expected.iter().any(|e| e.0 == m.name)),
+            "a kept map whose size is not checked"
+        );
+        for (name, what, key_size, value_size, entries) in expected {
+            let path = dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let info = MapData::from_pin(&path).map_err(anyhow::Error::from).and_then(|m| Ok(m.info()?));
+            match info {
+                Ok(i) if (i.key_size(), i.value_size(), i.max_entries()) == (key_size as u32, value_size as u32, entries) => {
+                    out.reused.push(name);
+                    out.notes.push(format!("took over the previous run's {what} ({entries} entries): running flowlets keep their members"));
+                }
+                Ok(i) => out.notes.push(format!(
+                    "the previous run's {what} held {} entries of {} bytes, this config wants {entries} of {value_size}: it starts empty and running flowlets start over",
+                    i.max_entries(),
+                    i.value_size()
+                )),
+                Err(e) => out.notes.push(format!("cannot open the previous run's {what}: {e:#}; it starts empty")),
+            }
+        }
+        match Maps::read_groups(dir) {
+            Ok(groups) => out.groups = groups,
+            Err(e) => out.notes.push(format!(
+                "cannot read the previous run's groups ({e:#}): every group starts a new generation, and running flowlets start over"
+            )),
+        }
+        out
     }
 }
 

@@ -69,9 +69,13 @@ pub struct WantedPin {
 pub enum RouteStep {
     /// The routes stay as they are.
     Keep,
-    /// The route tables become exactly this (new routes are added before
-    /// stale ones go).
-    Sync(BTreeMap<Prefix, u32>),
+    /// The route tables become exactly `all` (new routes are added before
+    /// stale ones go); `statics` are those of them that are not learned.
+    Sync { all: BTreeMap<Prefix, u32>, statics: BTreeMap<Prefix, u32> },
+    /// Only the routes that are not learned (config routes, the box's
+    /// addresses) against those of the last sync; a prefix that leaves
+    /// them goes back to its entry in `learned`, or is removed.
+    Statics { statics: BTreeMap<Prefix, u32>, learned: BTreeMap<Prefix, u32> },
     /// These changes: a target, or `None` to remove the prefix.
     Update(Vec<(Prefix, Option<u32>)>),
 }
@@ -107,7 +111,10 @@ impl GroupPipeline {
         }
         match routes {
             RouteStep::Keep => {}
-            RouteStep::Sync(routes) => dataplane.sync_routes(&routes)?,
+            RouteStep::Sync { all, statics } => dataplane.sync_all_routes(&all, &statics)?,
+            RouteStep::Statics { statics, learned } => {
+                dataplane.sync_static_routes(&statics, |p| learned.get(p).copied())?
+            }
             RouteStep::Update(changes) => dataplane.update_routes(&changes)?,
         }
         if let Some(pins) = pins {
@@ -253,6 +260,16 @@ pub fn step_health(
         changed |= health::step_group(scores, reader, pin_dir, &scored, elapsed).unwrap_or(false);
     }
     changed
+}
+
+/// A group's transport health as a previous run's state file left it (a
+/// takeover): each of `members` (device, next hop as the state file writes
+/// it) gets the health found there, a default one when none.
+pub fn health_from_previous(previous: &GroupState, members: impl IntoIterator<Item = (String, String)>) -> GroupHealth {
+    let found = |dev: &str, next_hop: &str| {
+        previous.members.iter().find(|m| m.dev == dev && m.next_hop == next_hop).and_then(|m| m.health)
+    };
+    GroupHealth::restored(members.into_iter().map(|(dev, hop)| found(&dev, &hop).unwrap_or_default()).collect())
 }
 
 /// A member's record in the state file: its device, next hop (as text) and
