@@ -20,10 +20,10 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
-        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
+        FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6,
+        PortCounters, PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX,
+        MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -55,6 +55,8 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
+    fdb: HashMap<MapData, FdbKey, FdbEntry>,
+    bridge_ports: Array<MapData, BridgePort>,
 }
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
@@ -185,6 +187,8 @@ impl Maps {
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
+            fdb: typed(take(names::FDB)?, names::FDB)?,
+            bridge_ports: typed(take(names::BRIDGE_PORTS)?, names::BRIDGE_PORTS)?,
         })
     }
 
@@ -230,6 +234,8 @@ impl Maps {
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
             buckets: open(dir, names::BUCKETS)?,
+            fdb: open(dir, names::FDB)?,
+            bridge_ports: open(dir, names::BRIDGE_PORTS)?,
         })
     }
 
@@ -602,6 +608,49 @@ impl Maps {
             }
             acc
         }))
+    }
+
+    /// Host bridge mode: writes one FDB entry (a new MAC, or one that moved).
+    pub fn set_fdb(&mut self, key: FdbKey, entry: FdbEntry) -> Result<()> {
+        self.fdb.insert(key, entry, 0).with_context(|| {
+            format!(
+                "cannot write the FDB entry of {} (FDB full at {} entries?)",
+                crate::sys::format_mac(&key.mac),
+                rocev2_common::maps::MAX_FDB_ENTRIES
+            )
+        })
+    }
+
+    /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
+    pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
+        match self.fdb.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
+            }
+        }
+    }
+
+    /// One FDB entry as the dataplane has it (with its activity bit).
+    pub fn fdb_entry(&self, key: &FdbKey) -> Option<FdbEntry> {
+        self.fdb.get(key, 0).ok()
+    }
+
+    /// Every FDB entry, for `explain` and the tests.
+    pub fn fdb_entries(&self) -> Vec<(FdbKey, FdbEntry)> {
+        self.fdb.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Host bridge mode: a bridge port's state, at its port counter slot.
+    pub fn set_bridge_port(&mut self, slot: u32, port: BridgePort) -> Result<()> {
+        if slot == 0 || slot >= MAX_PORTS {
+            return Err(DataplaneError::SlotOutOfRange { what: "bridge port", slot, capacity: MAX_PORTS }.into());
+        }
+        self.bridge_ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+    }
+
+    pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {
+        self.bridge_ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.

@@ -44,6 +44,8 @@ pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
 pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
 /// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
 const CPU_QUEUE_FRAMES: u32 = 2048;
+/// The program on every port of the Linux bridge in host bridge mode.
+pub const XDP_BRIDGE_PROGRAM: &str = "rocev2_bridge";
 /// tc ingress forwarding (`attach = "tc"`).
 pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
 /// tc egress classes + ECN for locally originated traffic.
@@ -222,20 +224,43 @@ impl Dataplane {
     /// program replaces the old one in it atomically: no packet is lost.
     /// Returns true when it took over an existing attachment.
     pub fn attach(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        self.attach_program(self.ingress_program, ifname, ifindex, mode)
+    }
+
+    /// Attaches the bridge program to a port of the Linux bridge (host
+    /// bridge mode), loading it into the kernel on first use; like
+    /// [`Dataplane::attach`] otherwise (a pinned link, taken over if one
+    /// is there).
+    pub fn attach_bridge_port(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        self.bridge_program()?;
+        self.attach_program(XDP_BRIDGE_PROGRAM, ifname, ifindex, mode)
+    }
+
+    /// The bridge program, loaded into the kernel (verified) on first use:
+    /// a box without a `[bridge]` never spends the time.
+    pub fn bridge_program(&mut self) -> Result<&mut Xdp> {
+        let program = self.xdp_program(XDP_BRIDGE_PROGRAM)?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {XDP_BRIDGE_PROGRAM}"))?;
+        }
+        Ok(program)
+    }
+
+    fn attach_program(&mut self, name: &str, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
         let pin_path = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(ifname)));
         if let Some(path) = pin_path.as_ref().filter(|p| p.exists()) {
             let pinned = PinnedLink::from_pin(path)
                 .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
             let old = XdpLink::try_from(FdLink::from(pinned))
                 .with_context(|| format!("{} is not an XDP link", path.display()))?;
-            let program = self.xdp_program(self.ingress_program)?;
+            let program = self.xdp_program(name)?;
             let id =
                 program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
             let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
             self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
             return Ok(true);
         }
-        let program = self.xdp_program(self.ingress_program)?;
+        let program = self.xdp_program(name)?;
         let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
                 XdpMode::Driver => {
