@@ -103,7 +103,7 @@ fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome>
         return Err(pass(PortCounter::PassBridgePortBlocked));
     }
     // SAFETY: a map value, only read.
-    let to = unsafe { FDB.get(&FdbKey { mac: dst, vlan: 0 }) }.ok_or(pass(PortCounter::PassBridgeUnknownUnicast))?;
+    let to = unsafe { FDB.get(FdbKey { mac: dst, vlan: 0 }) }.ok_or(pass(PortCounter::PassBridgeUnknownUnicast))?;
     let (kind, id, port_slot) = (to.kind, to.target, to.port_slot);
     learned_here(src, slot, port.uplink)?;
     match kind {
@@ -123,7 +123,7 @@ fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome>
 #[inline(always)]
 fn learned_here(src: [u8; 6], slot: u32, uplink: u32) -> Result<(), Outcome> {
     let learn = pass(PortCounter::PassBridgeLearn);
-    let from = FDB.get_ptr_mut(&FdbKey { mac: src, vlan: 0 }).ok_or(learn)?;
+    let from = FDB.get_ptr_mut(FdbKey { mac: src, vlan: 0 }).ok_or(learn)?;
     // SAFETY: a map value. The activity bit is one aligned store; the
     // control program clearing it at the same time only delays a refresh.
     unsafe {

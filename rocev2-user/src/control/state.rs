@@ -41,6 +41,9 @@ pub struct RunState {
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
     pub learned: Option<crate::control::routing::LearnedStats>,
+    /// With `[bridge]`: the bridge mirror's counts.
+    #[serde(default)]
+    pub bridge: Option<crate::control::bridge::BridgeStats>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -50,7 +53,7 @@ pub struct EgressState {
     pub rate_bytes_per_sec: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortState {
     pub name: String,
     pub ifindex: u32,

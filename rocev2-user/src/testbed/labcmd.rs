@@ -50,6 +50,7 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
 pub mod fabric;
+pub mod hostbridge;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -136,6 +137,16 @@ pub struct LabUpArgs {
     /// Rated links: a rate and a buffer on every fabric link.
     #[command(flatten)]
     pub links: fabric::links::LinkArgs,
+    /// Build a host bridge lab instead: `--hosts` hosts behind a Linux
+    /// bridge (the box rocev2 runs on in bridge mode), whose `--uplinks`
+    /// ports lead to as many rack switches sharing one anycast gateway MAC
+    /// and address, which route onward to the destination.
+    #[arg(long, conflicts_with_all = ["racks", "routing", "spines", "links_per_spine"])]
+    pub host_bridge: bool,
+    /// With `--host-bridge`: rack switches (each one bridge port, one
+    /// member of the uplink group).
+    #[arg(long, default_value_t = 4, requires = "host_bridge")]
+    pub uplinks: u32,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,6 +278,17 @@ pub struct LabPlan {
     pub pin_dir: PathBuf,
     /// With `--routing bgp`: every switch's FRR config, the RTSW first.
     pub bgp: Vec<bgp::BgpSpeaker>,
+    /// The single-rack lab or the host bridge lab.
+    pub kind: LabKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabKind {
+    /// Hosts behind a rack switch running rocev2 (routed), spines, a destination.
+    Rack,
+    /// Hosts behind a Linux bridge running rocev2 in bridge mode, rack
+    /// switches with an anycast gateway, a destination.
+    HostBridge,
 }
 
 pub fn validate_name(name: &str) -> Result<()> {
@@ -297,6 +319,9 @@ fn dst_spine_mac(j: u32) -> [u8; 6] {
 
 impl LabPlan {
     pub fn new(args: &LabUpArgs) -> Result<Self> {
+        if args.host_bridge {
+            return hostbridge::plan(args);
+        }
         let name = args.name.as_str();
         validate_name(name)?;
         let (hosts, spines, links) = (args.hosts, args.spines, args.links_per_spine);
@@ -500,11 +525,15 @@ impl LabPlan {
             config_text: text,
             pin_dir,
             bgp: speakers,
+            kind: LabKind::Rack,
         })
     }
 
     /// The commands to try the lab, one per line.
     pub fn next_commands(&self) -> String {
+        if self.kind == LabKind::HostBridge {
+            return hostbridge::next_commands(self);
+        }
         let name = &self.name;
         let (src, dst) = if self.family.v4() { ("10.0.1.1", DEST_V4) } else { ("fd00:1::1", DEST_V6) };
         let cfg = self.config_path.display();
@@ -593,10 +622,15 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
             let _ = writeln!(out, "      {i}");
         }
     }
-    let _ = writeln!(
-        out,
-        "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
-    );
+    match plan.kind {
+        LabKind::Rack => {
+            let _ = writeln!(
+                out,
+                "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
+            );
+        }
+        LabKind::HostBridge => out.push_str(&hostbridge::about(&plan)),
+    }
     if let Some(line) = bgp_line {
         let _ = writeln!(out, "{line}");
     }
@@ -745,12 +779,18 @@ pub fn status(name: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Lab arguments with every default, for unit tests.
+#[cfg(test)]
+fn tests_args(name: &str) -> LabUpArgs {
+    tests::args(name, 2, 2, 1, LabFamily::Both)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::control::config::{Config, NextHop};
 
-    fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
+    pub(super) fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
         LabUpArgs {
             name: name.into(),
             hosts,
@@ -766,6 +806,8 @@ mod tests {
             aggs: None,
             unnumbered: false,
             links: Default::default(),
+            host_bridge: false,
+            uplinks: 4,
         }
     }
 

@@ -199,6 +199,7 @@ fn member_text(m: &crate::control::config::Member) -> String {
         NextHop::Mac(mac) => {
             format!("dev {} mac {}", m.dev, mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"))
         }
+        NextHop::BridgePort => format!("bridge port {} (frame unchanged)", m.dev),
     }
 }
 

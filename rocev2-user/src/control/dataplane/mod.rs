@@ -146,15 +146,9 @@ impl Dataplane {
             .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
-        // Only the forwarding program is verified now; the spreading and tc
-        // programs (verifying costs CPU) when something needs them: see
-        // `enable_cpu_spread` and `tc_program`.
-        let program: &mut Xdp = ebpf
-            .program_mut(XDP_PROGRAM)
-            .with_context(|| format!("eBPF object has no program {XDP_PROGRAM}"))?
-            .try_into()
-            .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
-        program.load().with_context(|| format!("the kernel rejected program {XDP_PROGRAM}"))?;
+        // No program is verified yet (verifying costs CPU): each is loaded
+        // into the kernel when first needed (`xdp_program`, `tc_program`),
+        // or ahead of time with `preload`.
         if let Some(dir) = pin_dir {
             crate::sys::bpffs::prepare_pin_dir(dir)?;
         }
@@ -185,9 +179,7 @@ impl Dataplane {
     /// ports attached from now on get XDP_SPREAD_PROGRAM, which hands each
     /// flow to one of them. Returns the CPUs in use.
     pub fn enable_cpu_spread(&mut self) -> Result<Vec<u32>> {
-        for name in [XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM] {
-            self.xdp_program(name)?.load().with_context(|| format!("the kernel rejected program {name}"))?;
-        }
+        self.preload(&[XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM])?;
         let cpu_program =
             self.xdp_program(XDP_CPU_PROGRAM)?.fd()?.try_clone().context("cannot duplicate a program fd")?;
         let online = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
@@ -210,12 +202,25 @@ impl Dataplane {
         Ok(used)
     }
 
+    /// An XDP program of the object, loaded into the kernel (verified) on
+    /// first use.
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
-        self.ebpf
+        let program: &mut Xdp = self
+            .ebpf
             .program_mut(name)
             .with_context(|| format!("no program {name}"))?
             .try_into()
-            .with_context(|| format!("{name} is not an XDP program"))
+            .with_context(|| format!("{name} is not an XDP program"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
+    }
+
+    /// Loads (verifies) these XDP programs now rather than when first used:
+    /// a takeover does it at low priority before anything is attached.
+    pub fn preload(&mut self, names: &[&str]) -> Result<()> {
+        names.iter().try_for_each(|name| self.xdp_program(name).map(|_| ()))
     }
 
     /// Attaches the forwarding program to an ingress port. With a pin
@@ -232,18 +237,13 @@ impl Dataplane {
     /// [`Dataplane::attach`] otherwise (a pinned link, taken over if one
     /// is there).
     pub fn attach_bridge_port(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
-        self.bridge_program()?;
         self.attach_program(XDP_BRIDGE_PROGRAM, ifname, ifindex, mode)
     }
 
-    /// The bridge program, loaded into the kernel (verified) on first use:
-    /// a box without a `[bridge]` never spends the time.
+    /// The bridge program (loaded on first use: a box without a `[bridge]`
+    /// never spends the time).
     pub fn bridge_program(&mut self) -> Result<&mut Xdp> {
-        let program = self.xdp_program(XDP_BRIDGE_PROGRAM)?;
-        if program.fd().is_err() {
-            program.load().with_context(|| format!("the kernel rejected program {XDP_BRIDGE_PROGRAM}"))?;
-        }
-        Ok(program)
+        self.xdp_program(XDP_BRIDGE_PROGRAM)
     }
 
     fn attach_program(&mut self, name: &str, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
