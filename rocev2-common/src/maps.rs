@@ -41,6 +41,8 @@ pub mod names {
     /// Host bridge mode: the mirrored forwarding database and the bridge's ports.
     pub const FDB: &str = "FDB";
     pub const BRIDGE_PORTS: &str = "BRIDGE_PORTS";
+    /// Frames an egress device refused after a redirect, by its ifindex.
+    pub const EGRESS_REFUSED: &str = "EGRESS_REFUSED";
     /// Not pinned: it holds program references and lives with the programs.
     pub const CPUS: &str = "CPUS";
     /// The tools object's maps (rocev2-tools; never pinned).
@@ -63,6 +65,7 @@ pub mod names {
         BUCKETS,
         FDB,
         BRIDGE_PORTS,
+        EGRESS_REFUSED,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,

@@ -40,10 +40,99 @@ pub struct RunState {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
-    pub learned: Option<crate::control::routing::LearnedStats>,
+    pub learned: Option<LearnedStats>,
+    /// Every device redirects go to (group members' links), by ifindex:
+    /// names for the refused-redirect counters.
+    #[serde(default)]
+    pub egress_devices: std::collections::BTreeMap<u32, String>,
+    /// Why frames an egress device refuses after a redirect are not
+    /// counted (no kernel BTF, a tracepoint that would not attach); empty
+    /// when they are.
+    #[serde(default)]
+    pub refusals_uncounted: String,
     /// With `[bridge]`: the bridge mirror's counts.
     #[serde(default)]
-    pub bridge: Option<crate::control::bridge::BridgeStats>,
+    pub bridge: Option<BridgeStats>,
+}
+
+/// The bridge mirror of a run with `[bridge]` (control::bridge): counts for
+/// `stats` and the metrics.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct BridgeStats {
+    pub bridge: String,
+    /// Ports of the bridge, and how many of them forward.
+    pub ports: usize,
+    pub forwarding: usize,
+    /// FDB map entries by kind: port, uplink, local, kernel.
+    pub fdb_port: usize,
+    pub fdb_uplink: usize,
+    pub fdb_local: usize,
+    pub fdb_kernel: usize,
+    /// FDB entries of another VLAN than 0 (a VLAN-aware bridge): not served.
+    pub other_vlans: usize,
+    /// Netlink messages applied, full re-reads (start, socket overflow).
+    pub messages: u64,
+    pub resyncs: u64,
+    /// Kernel FDB entries refreshed for hosts XDP forwarded from.
+    pub ageing_refreshes: u64,
+    /// The bridge's ageing time, in seconds.
+    pub ageing_s: u64,
+}
+
+impl BridgeStats {
+    /// One line for `stats` and the log.
+    pub fn describe(&self) -> String {
+        let mut line = format!(
+            "bridge {}: {} ports ({} forwarding), FDB {} entries ({} to a port, {} to an uplink group, {} local, {} left to the kernel), ageing {} s, {} refreshed for hosts XDP forwards from; {} messages, {} resyncs",
+            self.bridge,
+            self.ports,
+            self.forwarding,
+            self.fdb_port + self.fdb_uplink + self.fdb_local + self.fdb_kernel,
+            self.fdb_port,
+            self.fdb_uplink,
+            self.fdb_local,
+            self.fdb_kernel,
+            self.ageing_s,
+            self.ageing_refreshes,
+            self.messages,
+            self.resyncs
+        );
+        if self.other_vlans > 0 {
+            line.push_str(&format!("; {} entries of other VLANs not served (VLAN filtering)", self.other_vlans));
+        }
+        line
+    }
+}
+
+/// What a run learned from the kernel's routes: counts for `stats` and
+/// the metrics.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LearnedStats {
+    /// The kernel table followed.
+    pub table: u32,
+    /// Prefixes forwarded in XDP over learned groups (host entries included).
+    pub routes: usize,
+    /// Of those, host entries made from the neighbour table.
+    pub hosts: usize,
+    /// Prefixes left to the kernel, by reason.
+    pub to_kernel: std::collections::BTreeMap<String, usize>,
+    /// Learned groups.
+    pub groups: usize,
+    /// Netlink messages applied.
+    pub messages: u64,
+    /// Full re-reads of the kernel's tables (start, socket overflow).
+    pub resyncs: u64,
+    /// Time the last batch of changes took from its first message read to
+    /// the dataplane updated, in microseconds.
+    pub last_apply_us: u64,
+    /// Median and 99th percentile of that time over the last 1,000 batches
+    /// that changed a route or a group, and how many there were.
+    pub apply_us_p50: u64,
+    pub apply_us_p99: u64,
+    pub apply_samples: u64,
+    /// With `[bridge]`: the bridge mirror's counts.
+    #[serde(default)]
+    pub bridge: Option<BridgeStats>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

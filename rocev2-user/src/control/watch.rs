@@ -211,6 +211,8 @@ mod tests {
             learned: None,
             bridge: None,
             telemetry_qps: None,
+            egress_refused: Vec::new(),
+            egress_refused_uncounted: None,
         }
     }
 

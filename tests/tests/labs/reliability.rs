@@ -12,13 +12,13 @@ use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::dataplane::Dataplane,
     control::state::RunState,
-    testbed::lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
+    testbed::ecmp_lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
 };
 
 const UPLINKS: usize = 4;
 /// Packets per second of the background stream. AF_PACKET from a debug
 /// test binary; the rate the issue asks for (1 Mpps) is measured by the
-/// benchmark, not here (see README "Guarantees").
+/// benchmark, not here (see the book's "Guarantees").
 const PPS: u64 = 20_000;
 
 /// 64 QPs on one source port, so a `qp` group spreads them.
@@ -32,16 +32,7 @@ fn stream_frames() -> Vec<Vec<u8>> {
 }
 
 fn assert_no_loss(report: &LabReport, what: &str) {
-    println!("MEASURED: {}: sent {}, received {}", what.lines().next().unwrap_or(what), report.sent, report.received());
-    assert!(report.sent > 0, "{what}: nothing was sent");
-    assert_eq!(
-        report.received(),
-        report.sent,
-        "{what}: lost {} of {} packets\n{}",
-        report.sent.saturating_sub(report.received()),
-        report.sent,
-        report.render()
-    );
+    rocev2_tests::assert_no_switch_loss(report, what);
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
@@ -336,7 +327,7 @@ fn live_frames_through_the_dataplane_are_all_forwarded() {
         "snd0",
         "02:52:32:00:00:fe",
         "10.0.0.1".parse().unwrap(),
-        rocev2_user::testbed::lab::DEST_V4.parse().unwrap(),
+        rocev2_user::testbed::ecmp_lab::DEST_V4.parse().unwrap(),
     );
     args.mode = GenMode::LiveFrames;
     args.qps = 16;

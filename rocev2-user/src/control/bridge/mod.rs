@@ -29,6 +29,7 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::maps::{BridgePort, FdbEntry, FDB_PORT};
 
 use self::view::{BridgeView, Changed, EntryKind, UplinkSpec, Wanted};
+pub use crate::control::state::BridgeStats;
 use crate::{
     control::{
         config::{Config, NextHop},
@@ -42,54 +43,6 @@ use crate::{
 const AF_BRIDGE: u8 = 7;
 /// The shortest and longest interval between two ageing refreshes.
 const REFRESH_BOUNDS: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
-
-/// Counts for `stats` and the metrics.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct BridgeStats {
-    pub bridge: String,
-    /// Ports of the bridge, and how many of them forward.
-    pub ports: usize,
-    pub forwarding: usize,
-    /// FDB map entries by kind: port, uplink, local, kernel.
-    pub fdb_port: usize,
-    pub fdb_uplink: usize,
-    pub fdb_local: usize,
-    pub fdb_kernel: usize,
-    /// FDB entries of another VLAN than 0 (a VLAN-aware bridge): not served.
-    pub other_vlans: usize,
-    /// Netlink messages applied, full re-reads (start, socket overflow).
-    pub messages: u64,
-    pub resyncs: u64,
-    /// Kernel FDB entries refreshed for hosts XDP forwarded from.
-    pub ageing_refreshes: u64,
-    /// The bridge's ageing time, in seconds.
-    pub ageing_s: u64,
-}
-
-impl BridgeStats {
-    /// One line for `stats` and the log.
-    pub fn describe(&self) -> String {
-        let mut line = format!(
-            "bridge {}: {} ports ({} forwarding), FDB {} entries ({} to a port, {} to an uplink group, {} local, {} left to the kernel), ageing {} s, {} refreshed for hosts XDP forwards from; {} messages, {} resyncs",
-            self.bridge,
-            self.ports,
-            self.forwarding,
-            self.fdb_port + self.fdb_uplink + self.fdb_local + self.fdb_kernel,
-            self.fdb_port,
-            self.fdb_uplink,
-            self.fdb_local,
-            self.fdb_kernel,
-            self.ageing_s,
-            self.ageing_refreshes,
-            self.messages,
-            self.resyncs
-        );
-        if self.other_vlans > 0 {
-            line.push_str(&format!("; {} entries of other VLANs not served (VLAN filtering)", self.other_vlans));
-        }
-        line
-    }
-}
 
 /// The bridge mirror of a running `rocev2 run`.
 pub struct BridgeMirror {

@@ -702,6 +702,7 @@ impl EcnProfileConfig {
 mod bridge;
 mod diagnostics;
 mod raw;
+pub mod reference;
 mod transport_aware;
 mod validate;
 mod values;
@@ -710,7 +711,7 @@ pub use transport_aware::TransportAware;
 pub use values::{parse_rate_arg, parse_size_arg};
 
 // The submodules' items, for each other and for the tests (`use super::*`).
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what the submodules do not")]
 use {diagnostics::*, raw::*, validate::*, values::*};
 
 #[cfg(test)]

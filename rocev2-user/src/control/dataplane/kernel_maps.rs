@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray, PerCpuHashMap,
     },
     Ebpf,
 };
@@ -55,8 +55,13 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
-    fdb: HashMap<MapData, FdbKey, FdbEntry>,
-    bridge_ports: Array<MapData, BridgePort>,
+    /// Host bridge mode's maps; `None` when reading the pins of a `rocev2
+    /// run` from before host bridge mode.
+    fdb: Option<HashMap<MapData, FdbKey, FdbEntry>>,
+    bridge_ports: Option<Array<MapData, BridgePort>>,
+    /// Frames each egress device refused after a redirect; `None` when
+    /// reading the pins of a `rocev2 run` from before the counter existed.
+    egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
 }
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
@@ -187,8 +192,9 @@ impl Maps {
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
-            fdb: typed(take(names::FDB)?, names::FDB)?,
-            bridge_ports: typed(take(names::BRIDGE_PORTS)?, names::BRIDGE_PORTS)?,
+            fdb: Some(typed(take(names::FDB)?, names::FDB)?),
+            bridge_ports: Some(typed(take(names::BRIDGE_PORTS)?, names::BRIDGE_PORTS)?),
+            egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
         })
     }
 
@@ -234,8 +240,17 @@ impl Maps {
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
             buckets: open(dir, names::BUCKETS)?,
-            fdb: open(dir, names::FDB)?,
-            bridge_ports: open(dir, names::BRIDGE_PORTS)?,
+            fdb: if dir.join(names::FDB).exists() { Some(open(dir, names::FDB)?) } else { None },
+            bridge_ports: if dir.join(names::BRIDGE_PORTS).exists() {
+                Some(open(dir, names::BRIDGE_PORTS)?)
+            } else {
+                None
+            },
+            egress_refused: if dir.join(names::EGRESS_REFUSED).exists() {
+                Some(open(dir, names::EGRESS_REFUSED)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -600,19 +615,48 @@ impl Maps {
     }
 
     /// A port slot's counter block, summed over CPUs (one map read).
+    /// `forwarded` is what the egress devices took: the program counts what
+    /// it redirected, the tracepoint programs what a device then refused.
     fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
         let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
-        Ok(values.iter().fold(PortCounters::default(), |mut acc, cpu| {
+        let mut sums = values.iter().fold(PortCounters::default(), |mut acc, cpu| {
             for (sum, v) in acc.counts.iter_mut().zip(cpu.counts) {
                 *sum += v;
             }
             acc
-        }))
+        });
+        let refused = sums.get(PortCounter::DropEgressRefused);
+        sums.counts[PortCounter::Forwarded as usize] = sums.get(PortCounter::Forwarded).saturating_sub(refused);
+        Ok(sums)
+    }
+
+    /// Frames each egress device (by ifindex; 0 for a CPU map entry)
+    /// refused after a redirect, summed over CPUs; only devices that did.
+    pub fn egress_refused(&self) -> Result<BTreeMap<u32, u64>> {
+        let Some(map) = &self.egress_refused else { return Ok(BTreeMap::new()) };
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (ifindex, per_cpu) = entry.context("cannot read EGRESS_REFUSED")?;
+            let frames: u64 = per_cpu.iter().sum();
+            if frames > 0 {
+                out.insert(ifindex, frames);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The FDB map, or why there is none.
+    fn fdb(&self) -> Result<&HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_ref().context("these pins have no FDB map (a rocev2 run from before host bridge mode)")
+    }
+
+    fn fdb_mut(&mut self) -> Result<&mut HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_mut().context("these pins have no FDB map (a rocev2 run from before host bridge mode)")
     }
 
     /// Host bridge mode: writes one FDB entry (a new MAC, or one that moved).
     pub fn set_fdb(&mut self, key: FdbKey, entry: FdbEntry) -> Result<()> {
-        self.fdb.insert(key, entry, 0).with_context(|| {
+        self.fdb_mut()?.insert(key, entry, 0).with_context(|| {
             format!(
                 "cannot write the FDB entry of {} (FDB full at {} entries?)",
                 crate::sys::format_mac(&key.mac),
@@ -623,7 +667,7 @@ impl Maps {
 
     /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
     pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
-        match self.fdb.remove(key) {
+        match self.fdb_mut()?.remove(key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => {
                 Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
@@ -633,12 +677,12 @@ impl Maps {
 
     /// One FDB entry as the dataplane has it (with its activity bit).
     pub fn fdb_entry(&self, key: &FdbKey) -> Option<FdbEntry> {
-        self.fdb.get(key, 0).ok()
+        self.fdb().ok()?.get(key, 0).ok()
     }
 
     /// Every FDB entry, for `explain` and the tests.
     pub fn fdb_entries(&self) -> Vec<(FdbKey, FdbEntry)> {
-        self.fdb.iter().filter_map(Result::ok).collect()
+        self.fdb().map(|fdb| fdb.iter().filter_map(Result::ok).collect()).unwrap_or_default()
     }
 
     /// Host bridge mode: a bridge port's state, at its port counter slot.
@@ -646,11 +690,13 @@ impl Maps {
         if slot == 0 || slot >= MAX_PORTS {
             return Err(DataplaneError::SlotOutOfRange { what: "bridge port", slot, capacity: MAX_PORTS }.into());
         }
-        self.bridge_ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+        let ports = self.bridge_ports.as_mut().context("these pins have no BRIDGE_PORTS map")?;
+        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
     }
 
     pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {
-        self.bridge_ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
+        let ports = self.bridge_ports.as_ref().context("these pins have no BRIDGE_PORTS map")?;
+        ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.

@@ -12,8 +12,8 @@ use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
     control::config::Config,
     sys::netns,
-    testbed::lab::DataplaneProcess,
-    testbed::labcmd::{self, record_path, LabFamily, LabRouting, LabUpArgs},
+    testbed::ecmp_lab::DataplaneProcess,
+    testbed::lab::{self, record_path, LabFamily, LabRouting, LabUpArgs},
 };
 
 /// A lab name unique to this process and call: 1-8 of [a-z0-9].
@@ -160,7 +160,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     require_root();
     let name = lab_name('a');
     let guard = LabGuard(name.clone());
-    let printed = labcmd::up(&up_args(&name, 2, 2, 2)).expect("lab up");
+    let printed = lab::up(&up_args(&name, 2, 2, 2)).expect("lab up");
     let namespaces: Vec<String> =
         ["rtsw", "h1", "h2", "s1", "s2", "dst"].iter().map(|s| format!("{name}-{s}")).collect();
     let list = netns_list();
@@ -181,7 +181,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     assert_eq!(config.ports.len(), 2 + 4);
 
     // A second `up` with the same name is refused.
-    let err = labcmd::up(&up_args(&name, 1, 1, 1)).unwrap_err();
+    let err = lab::up(&up_args(&name, 1, 1, 1)).unwrap_err();
     assert!(format!("{err:#}").contains("lab down"), "{err:#}");
 
     // Spines forward in the kernel; the RTSW does not.
@@ -189,7 +189,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     ping(&format!("{name}-s2"), "fd01::1").expect("spine 2 reaches the destination over IPv6");
     assert!(ping(&format!("{name}-h1"), "10.1.0.1").is_err(), "without rocev2 the RTSW must not forward");
 
-    let status = labcmd::status(&name).unwrap();
+    let status = lab::status(&name).unwrap();
     for ns in &namespaces {
         assert!(status.contains(ns.as_str()), "status names {ns}:\n{status}");
     }
@@ -202,7 +202,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
         ping(&format!("{name}-h2"), "fd01::1"),
         ping(&format!("{name}-h2"), "10.1.0.1"),
     ];
-    let status = labcmd::status(&name).unwrap();
+    let status = lab::status(&name).unwrap();
     let output = dataplane.stop().expect("rocev2 run stops cleanly");
     for p in pings {
         p.unwrap_or_else(|e| panic!("ping through the dataplane failed: {e}\nrocev2 run said:\n{output}"));
@@ -211,7 +211,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     // Both directions went through XDP: forwarded counters on host and uplink ports.
     assert!(output.contains("forwarded"), "{output}");
 
-    let down = labcmd::down(&name).expect("lab down");
+    let down = lab::down(&name).expect("lab down");
     assert!(down.contains(&format!("removed namespace {name}-rtsw")), "{down}");
     let list = netns_list();
     for ns in &namespaces {
@@ -219,7 +219,7 @@ fn lab_up_forwards_through_the_dataplane_and_down_removes_everything() {
     }
     assert!(!config_path.exists() && !config_path.parent().unwrap().exists());
     assert!(!record_path(&name).exists());
-    assert!(labcmd::status(&name).is_err(), "status of a removed lab is an error");
+    assert!(lab::status(&name).is_err(), "status of a removed lab is an error");
     drop(guard);
 }
 
@@ -231,7 +231,7 @@ fn lab_down_copes_with_things_already_gone_and_touches_nothing_else() {
     let out = std::env::temp_dir().join(format!("{name}-rtsw.toml"));
     let mut args = up_args(&name, 1, 1, 1);
     args.config_out = Some(out.clone());
-    labcmd::up(&args).expect("lab up");
+    lab::up(&args).expect("lab up");
     assert!(Config::load(&out).is_ok());
     // A namespace with the lab's prefix that the lab did not make.
     let stranger = format!("{name}-x");
@@ -239,7 +239,7 @@ fn lab_down_copes_with_things_already_gone_and_touches_nothing_else() {
     rocev2_user::sys::netns::ip(&["netns", "del", &format!("{name}-s1")]).unwrap();
     std::fs::remove_file(&out).unwrap();
 
-    let down = labcmd::down(&name).expect("down works with parts already gone");
+    let down = lab::down(&name).expect("down works with parts already gone");
     assert!(down.contains(&format!("namespace {name}-s1 was already gone")), "{down}");
     let list = netns_list();
     let still_there = list.contains(stranger.as_str());
@@ -262,7 +262,7 @@ fn lab_up_with_bgp_routes_through_learned_groups() {
     let _guard = LabGuard(name.clone());
     let mut args = up_args(&name, 2, 2, 2);
     args.routing = LabRouting::Bgp;
-    let printed = labcmd::up(&args).expect("lab up --routing bgp");
+    let printed = lab::up(&args).expect("lab up --routing bgp");
     assert!(printed.contains("BGP converged in"), "{printed}");
     let config_path = Path::new("/run/rocev2").join(format!("lab-{name}")).join("rtsw.toml");
     let config = Config::load(&config_path).unwrap();
@@ -283,7 +283,7 @@ fn lab_up_with_bgp_routes_through_learned_groups() {
     let learned = learned.unwrap_or_else(|| panic!("no learned group of the four links: {}", stats["groups"]));
     let packets: u64 = learned["members"].as_array().unwrap().iter().map(|m| m["packets"].as_u64().unwrap()).sum();
     assert!(packets > 0, "the pings went over the learned group: {learned}");
-    let down = labcmd::down(&name).unwrap();
+    let down = lab::down(&name).unwrap();
     assert!(down.contains("(FRR state)"), "{down}");
     assert!(netns::ip(&["netns", "pids", &format!("{name}-s1")]).is_err(), "spine namespace gone");
 }

@@ -10,10 +10,10 @@
 //! 3. Control plane: loading 100,000 routes, a group change taking effect,
 //!    memory of the maps.
 
-mod fabric;
 mod forwarding;
 mod jit_lines;
 mod kernel_routes;
+mod lab_build;
 mod profile;
 mod telemetry;
 
@@ -875,7 +875,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let p2 = part2(args, &mut notes)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
-    let p5 = fabric::part5(&rocev2, &mut notes)?;
+    let p5 = lab_build::part5(&rocev2, &mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
     rows.extend(p2);
@@ -928,4 +928,4 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// How to read the report (prose, kept beside the code that measures it).
-const READING: &str = include_str!("bench/reading.md");
+const READING: &str = include_str!("reading.md");

@@ -812,7 +812,7 @@ mod tests {
     }
 
     #[test]
-    fn labcmd_names_are_checked() {
+    fn lab_names_are_checked() {
         for good in ["lab", "a1", "abcdefgh"] {
             validate_name(good).unwrap();
         }
@@ -827,7 +827,7 @@ mod tests {
     }
 
     #[test]
-    fn labcmd_plan_config_parses_with_every_uplink_in_spines() {
+    fn lab_plan_config_parses_with_every_uplink_in_spines() {
         let plan = LabPlan::new(&args("lab", 2, 2, 2, LabFamily::Both)).unwrap();
         let names: Vec<&str> = plan.namespaces.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["lab-rtsw", "lab-h1", "lab-h2", "lab-s1", "lab-s2", "lab-dst"]);
@@ -853,7 +853,7 @@ mod tests {
     }
 
     #[test]
-    fn labcmd_single_family_plans_use_only_that_family() {
+    fn lab_single_family_plans_use_only_that_family() {
         let plan = LabPlan::new(&args("v6", 1, 1, 3, LabFamily::V6)).unwrap();
         assert!(!plan.config_text.contains("10."), "{}", plan.config_text);
         let config = Config::parse(&plan.config_text, &plan.config_path).unwrap();
@@ -868,7 +868,7 @@ mod tests {
     }
 
     #[test]
-    fn labcmd_multipath_routes() {
+    fn lab_multipath_routes() {
         let r = route_args(
             false,
             "10.0.0.0/8",

@@ -1,9 +1,10 @@
-//! `rocev2 lab traffic`: one collective step over a fabric. A sink on
-//! every receiving host checks every packet (ICRC, IPv4 checksum, TTL
-//! against the switches on its path, PSN order per QP); a generator on
-//! every sending host sends its connections; the switches' member
-//! counters before and after give each link's load, which is compared
-//! with the simulator's prediction for the same frames.
+//! `rocev2 lab traffic`: one collective step over a fabric. An arrival
+//! probe on every receiving host counts what lands there and follows each
+//! QP's PSNs (in XDP, before any socket: testbed::arrival); a sink checks
+//! every packet it captures (ICRC, IPv4 checksum, TTL against the switches
+//! on its path); a generator on every sending host sends its connections;
+//! the switches' member counters before and after give each link's load,
+//! which is compared with the simulator's prediction for the same frames.
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +19,8 @@ use serde::Serialize;
 use super::{host_ns, view};
 use crate::{
     sys::netns::spawn_in_netns,
-    testbed::labcmd::LabRecord,
+    testbed::arrival::ArrivalProbe,
+    testbed::lab::LabRecord,
     tools::fabric::{flag, summarize, Fabric, Family, LinkId, Load, Pattern, TierSummary, TrafficSpec, SENT_TTL},
     tools::gen::{self, SportModel},
     tools::sink::{Sink, SinkArgs, SinkReport},
@@ -53,6 +55,12 @@ pub struct LabTrafficArgs {
 pub struct HostCheck {
     pub host: String,
     pub expected: u64,
+    /// RoCEv2 frames that landed on its eth0 (its arrival probe).
+    pub arrived: u64,
+    /// What its arrival probe found of the PSN order, over every QP.
+    pub missing: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
     pub report: SinkReport,
     /// Packets whose TTL is not 64 minus the switches on their path.
     pub wrong_ttl: u64,
@@ -64,10 +72,17 @@ pub struct TrafficOutcome {
     pub spec: TrafficSpec,
     pub connections: usize,
     pub sent: u64,
+    /// Landed on the receiving hosts (arrival probes, before any socket).
+    pub arrived: u64,
+    /// Captured by the sinks (they may drop under load: `observer_dropped`).
     pub received: u64,
+    /// Frames the sinks' sockets dropped (their receive buffers full).
+    pub observer_dropped: u64,
     pub bad_icrc: u64,
     pub bad_ipv4_checksum: u64,
     pub wrong_ttl: u64,
+    /// PSN order where the frames land (arrival probes): late packets,
+    /// PSNs that never arrived, duplicates.
     pub reordered: u64,
     pub missing: u64,
     pub duplicates: u64,
@@ -81,9 +96,10 @@ pub struct TrafficOutcome {
 }
 
 impl TrafficOutcome {
-    /// Every packet arrived, once, in order, intact, with the right TTL.
+    /// Every packet arrived, once, in order, intact, with the right TTL
+    /// (what the sinks could not capture is the observer's loss).
     pub fn clean(&self) -> bool {
-        self.received == self.sent
+        self.arrived == self.sent
             && self.bad_icrc == 0
             && self.bad_ipv4_checksum == 0
             && self.wrong_ttl == 0
@@ -125,6 +141,11 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
         *expected.entry(c.dst).or_default().entry(SENT_TTL - fabric.hops(c.src, c.dst)).or_default() += per_connection;
     }
 
+    // Arrival probes first: they count what lands, whatever the sinks miss.
+    let mut probes = BTreeMap::new();
+    for &(r, i) in expected.keys() {
+        probes.insert((r, i), ArrivalProbe::attach(&host_ns(&record.name, r, i), "eth0")?);
+    }
     let started = Instant::now();
     // Sinks first; each says when its socket is open.
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -177,7 +198,18 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
         // More packets at a TTL than the paths explain (loss shows as missing).
         let wrong_ttl =
             report.ttl.iter().map(|(t, n)| n.saturating_sub(want.get(t).copied().unwrap_or(0))).sum::<u64>();
-        hosts.push(HostCheck { host: format!("r{r}h{i}"), expected: want.values().sum(), report, wrong_ttl });
+        let probe = &probes[&(r, i)];
+        let flows = probe.flows()?;
+        hosts.push(HostCheck {
+            host: format!("r{r}h{i}"),
+            expected: want.values().sum(),
+            arrived: probe.totals()?.roce,
+            missing: flows.values().map(|f| f.missing).sum(),
+            reordered: flows.values().map(|f| f.late).sum(),
+            duplicates: flows.values().map(|f| f.duplicates).sum(),
+            report,
+            wrong_ttl,
+        });
     }
     let seconds = started.elapsed().as_secs_f64();
     // Counters are per packet as the XDP program forwards it: read them once the sinks are done.
@@ -193,17 +225,20 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
         })
         .collect();
     let sum = |f: fn(&SinkReport) -> u64| hosts.iter().map(|h| f(&h.report)).sum::<u64>();
+    let per_host = |f: fn(&HostCheck) -> u64| hosts.iter().map(f).sum::<u64>();
     Ok(TrafficOutcome {
         spec: *spec,
         connections: connections.len(),
         sent,
+        arrived: per_host(|h| h.arrived),
         received: sum(|r| r.packets),
+        observer_dropped: sum(|r| r.observer_dropped),
         bad_icrc: sum(|r| r.bad_icrc),
         bad_ipv4_checksum: sum(|r| r.bad_ipv4_checksum),
-        wrong_ttl: hosts.iter().map(|h| h.wrong_ttl).sum(),
-        reordered: sum(|r| r.reordered),
-        missing: sum(|r| r.missing),
-        duplicates: sum(|r| r.duplicates),
+        wrong_ttl: per_host(|h| h.wrong_ttl),
+        reordered: per_host(|h| h.reordered),
+        missing: per_host(|h| h.missing),
+        duplicates: per_host(|h| h.duplicates),
         seconds,
         tiers: summarize(&all, &loads),
         loads: all.iter().map(|l| (l.clone(), loads.get(l).copied().unwrap_or_default())).collect(),
@@ -214,21 +249,30 @@ fn run_step(record: &LabRecord, fabric: &Fabric, spec: &TrafficSpec, rate: u64) 
 
 fn render(fabric: &Fabric, o: &TrafficOutcome) -> String {
     let mut out = format!(
-        "{} step: {} connections x {} QPs x {} messages, sport {}: {} packets sent, {} received in {:.1} s\n",
+        "{} step: {} connections x {} QPs x {} messages, sport {}: {} packets sent, {} arrived, {} captured by the sinks in {:.1} s\n",
         flag(o.spec.pattern),
         o.connections,
         o.spec.qps,
         o.spec.messages,
         flag(o.spec.sport),
         o.sent,
+        o.arrived,
         o.received,
         o.seconds
     );
     let _ = writeln!(
         out,
-        "Checked at the sinks: {} bad ICRC, {} bad IPv4 checksum, {} wrong TTL (64 - switches on the path), {} reordered, {} missing, {} duplicate",
-        o.bad_icrc, o.bad_ipv4_checksum, o.wrong_ttl, o.reordered, o.missing, o.duplicates
+        "Where the frames land (XDP on each host): {} reordered, {} missing, {} duplicate; checked at the sinks: {} bad ICRC, {} bad IPv4 checksum, {} wrong TTL (64 - switches on the path)",
+        o.reordered, o.missing, o.duplicates, o.bad_icrc, o.bad_ipv4_checksum, o.wrong_ttl
     );
+    if o.received < o.arrived || o.observer_dropped > 0 {
+        let _ = writeln!(
+            out,
+            "The sinks missed {} frames that arrived (their sockets dropped {}, receive buffers full): the observer's loss, not the fabric's; the checks above cover what they captured",
+            o.arrived.saturating_sub(o.received),
+            o.observer_dropped
+        );
+    }
     let loads: BTreeMap<LinkId, Load> = o.loads.iter().cloned().collect();
     out.push_str(&crate::tools::fabric::render_loads(fabric, &loads));
     if o.prediction_mismatches.is_empty() {

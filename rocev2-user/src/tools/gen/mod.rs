@@ -354,43 +354,6 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
     crate::sys::parse_mac(s).map_err(anyhow::Error::msg)
 }
 
-/// The MAC of interface `dev` in the calling thread's network namespace.
-///
-/// Asked with the SIOCGIFHWADDR ioctl rather than read from
-/// /sys/class/net: sysfs shows the namespace it was mounted in, which is
-/// not the thread's after a `setns` (how `--netns` and the tests work).
-pub fn device_mac(dev: &str) -> Result<[u8; 6]> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let name = dev.as_bytes();
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        bail!("{dev:?} is not a valid interface name");
-    }
-    // SAFETY: plain syscall; the result is checked before use.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        bail!("socket() for SIOCGIFHWADDR: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: all-zero is a valid ifreq.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(name) {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: `req` is a valid ifreq with a NUL-terminated name.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } != 0 {
-        let e = std::io::Error::last_os_error();
-        bail!("cannot read the MAC of {dev:?}: {e} (does the interface exist in this network namespace?)");
-    }
-    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
-    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
-    let mut mac = [0u8; 6];
-    for (m, d) in mac.iter_mut().zip(data) {
-        *m = d as u8;
-    }
-    Ok(mac)
-}
-
 /// One packet of a QP's per-pass unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
@@ -707,7 +670,7 @@ pub fn generate(args: &GenArgs) -> Result<GenReport> {
     args.validate()?;
     let src_mac = match &args.src_mac {
         Some(m) => parse_mac(m).context("--src-mac")?,
-        None => device_mac(&args.dev)?,
+        None => crate::sys::device_mac(&args.dev)?,
     };
     let mut source = FrameSource::new(args, src_mac)?;
     let limit = match (args.count, args.duration) {
@@ -781,7 +744,7 @@ mod live;
 mod pace;
 
 pub use pace::{allowed_cpus, CpuPin};
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what this module does not")]
 use {live::*, pace::*};
 
 #[cfg(test)]

@@ -1,16 +1,29 @@
-//! Replaying the README: its sections, and the comparison of what a
-//! command printed with the output block the README shows, where an
-//! expected line `…` stands for any number of lines.
+//! Replaying the book (`docs/src`): its chapters and sections, and the
+//! comparison of what a command printed with the output block the book
+//! shows, where an expected line `…` stands for any number of lines.
 
 use std::{io::Write as _, path::Path};
 
-/// The README from `heading` (a line starting with it) to the next line
-/// starting with `until`.
-pub fn section(heading: &str, until: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
-    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
-    let end = readme[start + heading.len()..].find(until).map_or(readme.len(), |e| start + heading.len() + e);
-    readme[start..end].to_string()
+/// The book's chapter `file` (a name under `docs/src`, as SUMMARY.md
+/// links it).
+pub fn chapter(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src").join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// The front page, README.md (the book includes its intro, quick start
+/// and minimal config).
+pub fn front_page() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap()
+}
+
+/// The chapter `file` from `heading` (a line starting with it) to the next
+/// line starting with `until`, or to its end.
+pub fn section(file: &str, heading: &str, until: &str) -> String {
+    let text = chapter(file);
+    let start = text.find(heading).unwrap_or_else(|| panic!("{file} has no {heading:?}"));
+    let end = text[start + heading.len()..].find(until).map_or(text.len(), |e| start + heading.len() + e);
+    text[start..end].to_string()
 }
 
 /// Numbers masked (each run of digits is one `0`), bars and repeated
@@ -57,7 +70,7 @@ pub fn appears(expected: &[String], actual: &[String], normalize: fn(&str) -> St
 }
 
 /// Fails unless `expected` appears in `actual` (see [`appears`]). To
-/// refresh the README after an output change, run the test with
+/// refresh the book after an output change, run the test with
 /// ROCEV2_TUTORIAL_OUTPUT=FILE and copy what each step printed.
 pub fn assert_shows(what: &str, expected: &[String], actual: &str, normalize: fn(&str) -> String) {
     if let Ok(path) = std::env::var("ROCEV2_TUTORIAL_OUTPUT") {
@@ -67,7 +80,7 @@ pub fn assert_shows(what: &str, expected: &[String], actual: &str, normalize: fn
     let actual: Vec<String> = actual.lines().map(str::to_string).collect();
     assert!(
         appears(expected, &actual, normalize),
-        "{what}: the README shows\n{}\nbut the command printed\n{}",
+        "{what}: the book shows\n{}\nbut the command printed\n{}",
         expected.join("\n"),
         actual.join("\n")
     );

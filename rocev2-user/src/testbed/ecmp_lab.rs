@@ -31,6 +31,7 @@ use crate::{
     render::{share_bar, Align, Table},
     sys::netns::{self, spawn_in_netns, unique_name, Netns},
     sys::rawsock::PacketSocket,
+    testbed::arrival::{ArrivalProbe, LossAccount},
     testbed::topology::{build_topology, strs, NsPlan, VethPlan},
     tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
 };
@@ -168,10 +169,30 @@ impl EcmpLab {
         self.send_bursts_and_capture(vec![lab_frames(qps, packets_per_qp, families)], Duration::ZERO)
     }
 
+    /// [`EcmpLab::send_and_capture`] with capture options.
+    pub fn send_and_capture_with(
+        &self,
+        qps: u32,
+        packets_per_qp: u32,
+        families: &[Family],
+        options: CaptureOptions,
+    ) -> Result<LabReport> {
+        self.send_bursts_with(vec![lab_frames(qps, packets_per_qp, families)], Duration::ZERO, options)
+    }
+
     /// Sends each burst of frames back to back, pausing `pause` between
     /// bursts, and reports what every uplink received.
     pub fn send_bursts_and_capture(&self, bursts: Vec<Vec<Vec<u8>>>, pause: Duration) -> Result<LabReport> {
-        let capture = self.start_capture()?;
+        self.send_bursts_with(bursts, pause, CaptureOptions::default())
+    }
+
+    fn send_bursts_with(
+        &self,
+        bursts: Vec<Vec<Vec<u8>>>,
+        pause: Duration,
+        options: CaptureOptions,
+    ) -> Result<LabReport> {
+        let capture = self.start_capture_with(options)?;
         let sent = bursts.iter().map(|b| b.len() as u64).sum();
         netns::in_netns(self.sender.name(), move || {
             let socket = PacketSocket::open("snd0")?;
@@ -194,21 +215,31 @@ impl EcmpLab {
         capture.finish(sent)
     }
 
-    /// Starts capturing on every uplink; [`Capture::finish`] stops and reports.
+    /// Starts capturing on every uplink, with an arrival probe on each
+    /// (see [`crate::testbed::arrival`]); [`Capture::finish`] stops and reports.
     pub fn start_capture(&self) -> Result<Capture> {
+        self.start_capture_with(CaptureOptions::default())
+    }
+
+    /// [`EcmpLab::start_capture`] with a capture that may be made to drop.
+    pub fn start_capture_with(&self, options: CaptureOptions) -> Result<Capture> {
+        let mut probes = Vec::new();
+        for ns in self.uplinks.iter().filter(|_| !options.without_arrival_probes) {
+            probes.push(ArrivalProbe::attach(ns.name(), "up0")?);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut receivers = Vec::new();
         for (i, ns) in self.uplinks.iter().enumerate() {
             let stop = stop.clone();
             let ready = ready_tx.clone();
-            receivers.push(spawn_in_netns(ns.name(), move || capture("up0", i + 1, &stop, ready))?);
+            receivers.push(spawn_in_netns(ns.name(), move || capture("up0", i + 1, &stop, ready, options))?);
         }
         drop(ready_tx);
         for _ in 0..self.uplinks.len() {
             ready_rx.recv_timeout(Duration::from_secs(10)).context("an uplink receiver did not start")?;
         }
-        Ok(Capture { stop, receivers })
+        Ok(Capture { stop, receivers, probes })
     }
 
     /// Sends `frames` round-robin at `pps` packets per second from the
@@ -276,10 +307,24 @@ impl EcmpLab {
     }
 }
 
-/// A capture running on every uplink.
+/// How the uplinks' captures behave (a test makes one drop on purpose).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CaptureOptions {
+    /// Receive buffer of each capture socket (default 8 MiB).
+    pub receive_buffer: Option<usize>,
+    /// How long each receiver waits after opening its socket before it
+    /// reads anything: a descheduled capture, made on purpose.
+    pub stall: Duration,
+    /// No arrival probes (their XDP program would give a veth the NAPI a
+    /// test wants it without); `arrived` is then 0.
+    pub without_arrival_probes: bool,
+}
+
+/// A capture running on every uplink, with an arrival probe on each.
 pub struct Capture {
     stop: Arc<AtomicBool>,
     receivers: Vec<thread::JoinHandle<Result<UplinkReport>>>,
+    probes: Vec<ArrivalProbe>,
 }
 
 impl Capture {
@@ -289,8 +334,12 @@ impl Capture {
         thread::sleep(Duration::from_millis(300));
         self.stop.store(true, Ordering::Relaxed);
         let mut uplinks = Vec::new();
-        for handle in self.receivers {
-            uplinks.push(handle.join().map_err(|_| anyhow::anyhow!("uplink receiver panicked"))??);
+        for (i, handle) in self.receivers.into_iter().enumerate() {
+            let mut report = handle.join().map_err(|_| anyhow::anyhow!("uplink receiver panicked"))??;
+            if let Some(probe) = self.probes.get(i) {
+                report.arrived = probe.totals()?.roce;
+            }
+            uplinks.push(report);
         }
         Ok(LabReport { sent, uplinks })
     }
@@ -378,6 +427,12 @@ pub fn lab_frames(qps: u32, packets_per_qp: u32, families: &[Family]) -> Vec<Vec
 #[derive(Clone, Debug, Default)]
 pub struct UplinkReport {
     pub uplink: usize,
+    /// RoCEv2 frames that landed on the uplink, counted by its arrival
+    /// probe (XDP) before any socket.
+    pub arrived: u64,
+    /// Frames the capture socket dropped (its receive buffer full).
+    pub observer_dropped: u64,
+    /// Frames the capture saw (what the fields below describe).
     pub packets: u64,
     pub ipv4: u64,
     pub ipv6: u64,
@@ -410,8 +465,25 @@ pub struct LabReport {
 }
 
 impl LabReport {
+    /// Frames the captures saw.
     pub fn received(&self) -> u64 {
         self.uplinks.iter().map(|u| u.packets).sum()
+    }
+
+    /// Frames that landed on the uplinks (arrival probes).
+    pub fn arrived(&self) -> u64 {
+        self.uplinks.iter().map(|u| u.arrived).sum()
+    }
+
+    /// Sent, arrived and captured: what the switch lost and what only the
+    /// observer did.
+    pub fn loss(&self) -> LossAccount {
+        LossAccount {
+            sent: self.sent,
+            arrived: self.arrived(),
+            captured: self.received(),
+            observer_dropped: self.uplinks.iter().map(|u| u.observer_dropped).sum(),
+        }
     }
 
     pub fn active_uplinks(&self) -> usize {
@@ -455,10 +527,17 @@ impl LabReport {
             ]);
         }
         let mut out = table.indent(2).render();
+        let loss = self.loss();
+        let observer = if loss.observer_lost() > 0 || loss.observer_dropped > 0 {
+            format!(" (the capture missed {}, its sockets dropped {})", loss.observer_lost(), loss.observer_dropped)
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "  sent {} received {}; {} of {} uplinks used; busiest uplink carries {:.2}x its fair share\n",
+            "  sent {} arrived {} captured {}{observer}; {} of {} uplinks used; busiest uplink carries {:.2}x its fair share\n",
             self.sent,
-            self.received(),
+            loss.arrived,
+            loss.captured,
             self.active_uplinks(),
             self.uplinks.len(),
             self.max_over_fair()
@@ -468,9 +547,19 @@ impl LabReport {
 }
 
 /// Captures RoCEv2 frames for the lab destinations on `ifname` until `stop`.
-fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<()>) -> Result<UplinkReport> {
+fn capture(
+    ifname: &str,
+    uplink: usize,
+    stop: &AtomicBool,
+    ready: mpsc::Sender<()>,
+    options: CaptureOptions,
+) -> Result<UplinkReport> {
     let socket = PacketSocket::open(ifname)?;
+    if let Some(bytes) = options.receive_buffer {
+        socket.set_receive_buffer(bytes)?;
+    }
     ready.send(()).ok();
+    thread::sleep(options.stall);
     let dest_v4: IpAddr = DEST_V4.parse().unwrap();
     let dest_v6: IpAddr = DEST_V6.parse().unwrap();
     let mut report = UplinkReport { uplink, ..Default::default() };
@@ -521,6 +610,7 @@ fn capture(ifname: &str, uplink: usize, stop: &AtomicBool, ready: mpsc::Sender<(
             }
         }
     }
+    report.observer_dropped = socket.drops()?;
     Ok(report)
 }
 
@@ -696,6 +786,8 @@ pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
         );
     }
     println!("\nQP hashing (Meta's E-ECMP) spreads the QPs that five-tuple hashing piles onto one uplink.");
-    println!("The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (README, Tutorial).");
+    println!(
+        "The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (the book's tutorial: docs/src/tutorial-entropy.md)."
+    );
     Ok(())
 }

@@ -150,8 +150,8 @@ pub struct EntropyArgs {
     pub pattern: crate::tools::fabric::Pattern,
 }
 
-mod fabric;
 mod keyless;
+mod racks;
 
 /// One simulated traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -395,8 +395,8 @@ pub fn sweep(base: &Scenario, qps: &[u32]) -> Result<Vec<SweepRow>> {
 }
 
 pub fn run(args: &EntropyArgs) -> Result<()> {
-    if let Some(racks) = args.racks {
-        return fabric::run(args, racks);
+    if let Some(rack_count) = args.racks {
+        return racks::run(args, rack_count);
     }
     let base = Scenario::from_args(args);
     if let Some(text) = &args.sweep {

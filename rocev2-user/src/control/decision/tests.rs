@@ -1,5 +1,5 @@
-//! explain's unit tests: its predictions against the shared member choice,
-//! for each policy, and its messages.
+//! The decision model's unit tests: its predictions against the shared
+//! member choice, for each policy, and explain's messages about them.
 
 use super::*;
 
@@ -232,18 +232,4 @@ fn prefix_contains_edges() {
     let host = Prefix::host("fd00::1".parse().unwrap());
     assert!(host.contains("fd00::1".parse().unwrap()));
     assert!(!host.contains("fd00::2".parse().unwrap()));
-}
-
-#[test]
-fn proto_parsing() {
-    assert_eq!(parse_proto("UDP").unwrap(), 17);
-    assert_eq!(parse_proto("tcp").unwrap(), 6);
-    assert_eq!(parse_proto("47").unwrap(), 47);
-    assert!(parse_proto("sctpx").is_err());
-    assert!(parse_proto("300").is_err());
-    assert_eq!(parse_qp("0x123"), Ok(0x123));
-    assert_eq!(parse_qp("291"), Ok(0x123));
-    assert_eq!(parse_qp("0xffffff"), Ok(0xFF_FFFF));
-    assert!(parse_qp("0x1000000").is_err());
-    assert!(parse_qp("q1").is_err());
 }

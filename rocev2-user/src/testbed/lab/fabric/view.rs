@@ -11,7 +11,7 @@ use crate::{
     control::dataplane::Maps,
     control::state::RunState,
     control::stats::Snapshot,
-    testbed::labcmd::LabRecord,
+    testbed::lab::LabRecord,
     tools::fabric::{render_loads, summarize, Fabric, LinkId, Load, Switch, Tier},
 };
 
@@ -71,6 +71,36 @@ pub fn link_loads(record: &LabRecord) -> Result<BTreeMap<LinkId, Load>> {
     Ok(out)
 }
 
+/// Per link (a switch's egress port), frames its device refused after the
+/// switch's XDP program redirected them (lost; see `rocev2 stats`), for
+/// links that refused any.
+pub fn link_refusals(record: &LabRecord) -> Result<BTreeMap<LinkId, u64>> {
+    let mut out = BTreeMap::new();
+    for s in &record.switches {
+        let state =
+            RunState::read(&s.pin_dir).with_context(|| format!("the dataplane of {} is not running", s.switch))?;
+        let maps = Maps::open_pinned(&s.pin_dir)?;
+        for r in Snapshot::collect(&maps, &state)?.egress_refused.into_iter().filter(|r| r.frames > 0) {
+            let id = LinkId { tier: Fabric::tier_of(s.switch, &r.dev), switch: s.switch, port: r.dev };
+            *out.entry(id).or_default() += r.frames;
+        }
+    }
+    Ok(out)
+}
+
+/// One line (or a few) on refused redirects for `lab stats`.
+fn render_refusals(refused: &BTreeMap<LinkId, u64>) -> String {
+    if refused.is_empty() {
+        return "Redirects refused by an egress device: none\n".to_string();
+    }
+    let total: u64 = refused.values().sum();
+    let links: Vec<String> = refused.iter().map(|(l, n)| format!("{l} {n}")).collect();
+    format!(
+        "warning: {total} redirected frames were LOST, refused by the egress device after the XDP program: {}\n",
+        links.join(", ")
+    )
+}
+
 /// `after - before` per link.
 pub fn delta(after: &BTreeMap<LinkId, Load>, before: &BTreeMap<LinkId, Load>) -> BTreeMap<LinkId, Load> {
     after
@@ -107,6 +137,7 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
         return Ok(());
     }
     let loads = link_loads(&record)?;
+    let refused = link_refusals(&record)?;
     if let Some(path) = &args.svg {
         write_svg(path, &svg(&fabric, &loads))?;
     }
@@ -116,7 +147,8 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
             .iter()
             .map(|l| {
                 let x = loads.get(l).copied().unwrap_or_default();
-                serde_json::json!({ "link": l.to_string(), "tier": l.tier, "switch": l.switch, "port": l.port, "packets": x.packets, "bytes": x.bytes })
+                let refused = refused.get(l).copied().unwrap_or(0);
+                serde_json::json!({ "link": l.to_string(), "tier": l.tier, "switch": l.switch, "port": l.port, "packets": x.packets, "bytes": x.bytes, "refused": refused })
             })
             .collect();
         let queues = match &record.rated {
@@ -127,6 +159,7 @@ pub fn stats(args: &LabStatsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print!("{}", render_loads(&fabric, &loads));
+        print!("{}", render_refusals(&refused));
         if let Some(rated) = &record.rated {
             print!("{}", super::links::render_queues(rated, &super::links::queue_stats(rated, &record.switches)?));
         }
