@@ -167,8 +167,9 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 runner.apply_kernel_changes(started?).await?;
             }
             changed = async { runner.bridge.as_mut().expect("guarded").next_batch().await }, if runner.bridge.is_some() => {
-                changed?;
-                runner.sync_bridge().await?;
+                if changed? {
+                    runner.sync_bridge().await?;
+                }
             }
             _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
@@ -854,6 +855,13 @@ impl Runner {
                 for (ifindex, addr) in kernel.next_hops_to_refresh() {
                     let _ = self.netlink.refresh_neighbour(ifindex, addr).await;
                 }
+            }
+        }
+        if let Some(mirror) = &mut self.bridge {
+            // What the kernel has announced meanwhile first: an entry it aged
+            // out must not be refreshed (which would make it again).
+            if mirror.absorb_pending()? {
+                self.sync_bridge().await?;
             }
         }
         if let Some(mirror) = &mut self.bridge {

@@ -17,6 +17,7 @@ mod fabric;
 mod fabric_tutorial;
 mod first_hour;
 mod gen_sink;
+mod host_bridge;
 mod kernel_routes;
 mod lab_command;
 mod loss_accounting;

@@ -91,30 +91,38 @@ impl BridgeMirror {
     }
 
     /// Waits for the next batch of link and neighbour messages and applies
-    /// them; says whether the ports (or their states) or the FDB changed.
-    pub async fn next_batch(&mut self) -> Result<(bool, bool)> {
-        let (mut ports, mut fdb) = (false, false);
-        match self.socket.receive().await {
+    /// them; says whether anything changed.
+    pub async fn next_batch(&mut self) -> Result<bool> {
+        let batch = self.socket.receive().await;
+        self.absorb(batch)
+    }
+
+    /// Applies the messages waiting now, without waiting; says whether
+    /// anything changed.
+    pub fn absorb_pending(&mut self) -> Result<bool> {
+        let batch = self.socket.ready_now();
+        self.absorb(batch)
+    }
+
+    fn absorb(&mut self, batch: std::io::Result<Vec<Vec<u8>>>) -> Result<bool> {
+        let mut changed = false;
+        match batch {
             Ok(datagrams) => {
                 for datagram in &datagrams {
                     for (message_type, message) in messages(datagram) {
                         self.stats.messages += 1;
-                        match self.view.apply(message_type, message) {
-                            Changed::Ports => ports = true,
-                            Changed::Fdb => fdb = true,
-                            Changed::Nothing => {}
-                        }
+                        changed |= self.view.apply(message_type, message) != Changed::Nothing;
                     }
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                 tracing::warn!("the kernel's bridge events overflowed the socket; reading the bridge again");
                 self.resync()?;
-                (ports, fdb) = (true, true);
+                changed = true;
             }
             Err(e) => return Err(e).context("cannot read bridge events"),
         }
-        Ok((ports, fdb))
+        Ok(changed)
     }
 
     /// Checks what `rocev2 run` needs of the bridge at start: that it
