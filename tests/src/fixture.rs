@@ -274,7 +274,13 @@ pub fn set_fdb(dp: &mut Dataplane, mac: [u8; 6], kind: u32, target: u32, port_sl
 /// ([`HOST_MAC`]) on lo, [`OTHER_HOST_MAC`] on another port,
 /// [`GATEWAY_MAC`] through [`UPLINK_GROUP`], [`BRIDGE_MAC`] local.
 pub fn bridge_dataplane() -> Dataplane {
-    let mut dp = loopback_dataplane();
+    bridge_dataplane_at(None)
+}
+
+/// [`bridge_dataplane`] with its maps (and the telemetry's) pinned under
+/// `pin_dir`.
+pub fn bridge_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
+    let mut dp = loopback_dataplane_at(pin_dir);
     reseed_bridge(&mut dp);
     dp
 }

@@ -949,9 +949,8 @@ impl Runner {
             .into_iter()
             .map(|(slot, ports, macs)| crate::control::bridge::view::UplinkSpec { slot, ports, macs })
             .collect();
-        let before = mirror.stats.clone();
         mirror.sync(&mut self.dataplane.maps, &slots, &specs)?;
-        changed |= mirror.stats != before;
+        changed |= self.state.bridge.as_ref() != Some(&mirror.stats);
         for port in fresh {
             if self.dataplane.attach_bridge_port(&port.name, port.ifindex, self.mode)? {
                 tracing::info!(port = %port.name, "took over {} from the previous run without interruption", port.name);

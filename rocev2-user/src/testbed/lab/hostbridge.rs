@@ -15,13 +15,22 @@
 //! config serves `br0` with one uplink group over the uplinks whose MAC is
 //! the gateway's.
 
-use std::path::Path;
+use std::{
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
 
 use super::{
-    base_sysctls, strs, validate_name, LabKind, LabPlan, LabUpArgs, NsPlan, VethPlan, DEST_PREFIX_V4, DEST_PREFIX_V6,
-    DEST_V4, DEST_V6, MAX_PORTS, RUN_DIR,
+    base_sysctls, fabric::LabStatsArgs, strs, validate_name, LabKind, LabPlan, LabRecord, LabUpArgs, NsPlan, VethPlan,
+    DEST_PREFIX_V4, DEST_PREFIX_V6, DEST_V4, DEST_V6, MAX_PORTS, RUN_DIR,
+};
+use crate::{
+    render::{share_bar, Align, Table},
+    sys::netns::ip,
 };
 
 /// The anycast gateway every rack switch answers as.
@@ -213,11 +222,128 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     })
 }
 
+/// What `lab down` and `lab stats` need of a host bridge lab.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HostBridgeRecord {
+    pub uplinks: u32,
+    /// Each rack switch's received-frame counter at the last `lab stats`
+    /// (or when `lab up` finished), so the next one shows what came since.
+    pub last: Vec<u64>,
+}
+
+/// Frames rack switch `k`'s `gw` has received (the kernel counts the
+/// kernel bridge's frames and XDP's alike).
+fn received(lab: &str, k: u32) -> Result<u64> {
+    let ns = format!("{lab}-rtsw{k}");
+    let text = ip(&["-n", &ns, "-j", "-s", "link", "show", "dev", "gw"])?;
+    let links: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("`ip -j` in {ns}"))?;
+    links[0]["stats64"]["rx"]["packets"].as_u64().with_context(|| format!("no rx counter for gw in {ns}"))
+}
+
+fn all_received(lab: &str, uplinks: u32) -> Result<Vec<u64>> {
+    (1..=uplinks).map(|k| received(lab, k)).collect()
+}
+
+/// The last step of `lab up`: lets the rack switches' own start-up
+/// chatter (IPv6 announcements, each teaching the bridge the gateway's MAC
+/// on its own port) pass, then sends one frame from host 1 to the
+/// destination, whose answer comes back through rack switch 1: the kernel
+/// bridge then has the gateway on u1, as after any first exchange. Then
+/// `lab stats` starts counting.
+pub fn settle(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
+    let uplinks = plan.links.iter().filter(|l| l.b_if == "gw").count() as u32;
+    let name = &plan.name;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = all_received(name, uplinks)?;
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(1) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        let now = all_received(name, uplinks)?;
+        if now != last {
+            (last, quiet_since) = (now, Instant::now());
+        }
+    }
+    if plan.family.v4() {
+        let frame = crate::tools::packet::build_roce_frame(&crate::tools::packet::RoceFrameSpec {
+            src_mac: host_mac(1),
+            dst_mac: GATEWAY_MAC,
+            vlan: None,
+            src_ip: host_v4(1).parse()?,
+            dst_ip: DEST_V4.parse()?,
+            ttl: 64,
+            dscp: 26,
+            ecn: 2,
+            src_port: 0xC000,
+            bth: rocev2_common::bth::Bth::new(rocev2_common::bth::opcode::SEND_ONLY, 1, 0),
+            payload_len: 0,
+        });
+        crate::sys::netns::in_netns(&format!("{name}-h1"), move || {
+            crate::sys::rawsock::PacketSocket::open("eth0")?.send(&frame)?;
+            Ok(())
+        })?;
+        thread::sleep(Duration::from_millis(200));
+    }
+    record.host_bridge = Some(HostBridgeRecord { uplinks, last: all_received(name, uplinks)? });
+    record.write()
+}
+
+/// `rocev2 lab stats` of a host bridge lab: the frames each rack switch
+/// received from the bridge box since the last `lab stats` (the first
+/// time: since `lab up`), which uplink carried how much.
+pub fn stats(args: &LabStatsArgs) -> Result<()> {
+    let mut record = LabRecord::read(&args.name)?;
+    let Some(hb) = record.host_bridge.clone() else { bail!("lab {:?} is not a host bridge lab", args.name) };
+    let now = all_received(&args.name, hb.uplinks)?;
+    let frames: Vec<u64> =
+        now.iter().zip(hb.last.iter().chain(std::iter::repeat(&0))).map(|(n, l)| n - l.min(n)).collect();
+    record.host_bridge = Some(HostBridgeRecord { last: now, ..hb });
+    record.write()?;
+    if args.json {
+        let uplinks: Vec<serde_json::Value> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| serde_json::json!({ "port": format!("u{}", i + 1), "rack_switch": format!("{}-rtsw{}", args.name, i + 1), "frames": f }))
+            .collect();
+        println!("{}", serde_json::json!({ "uplinks": uplinks }));
+        return Ok(());
+    }
+    print!("{}", render_stats(&args.name, &frames));
+    Ok(())
+}
+
+fn render_stats(lab: &str, frames: &[u64]) -> String {
+    let total: u64 = frames.iter().sum();
+    let mut table = Table::new(&[
+        ("UPLINK", Align::Left),
+        ("RACK SWITCH", Align::Left),
+        ("FRAMES", Align::Right),
+        ("SHARE", Align::Right),
+        ("", Align::Left),
+    ]);
+    for (i, f) in frames.iter().enumerate() {
+        let share = if total == 0 { 0.0 } else { *f as f64 / total as f64 };
+        table.row([
+            format!("u{}", i + 1),
+            format!("{lab}-rtsw{}", i + 1),
+            f.to_string(),
+            format!("{:.1}%", 100.0 * share),
+            share_bar(share),
+        ]);
+    }
+    let used = frames.iter().filter(|f| **f > 0).count();
+    format!(
+        "{}{total} frames from the bridge box to the rack switches since the last `lab stats`; {used} of {} uplinks used
+",
+        table.render(),
+        frames.len()
+    )
+}
+
 /// What `lab up` prints after the namespaces.
 pub fn about(plan: &LabPlan) -> String {
     let name = &plan.name;
     format!(
-        "The bridge box ({name}-bridge) bridges the hosts and the uplinks in the kernel ({BRIDGE}); with rocev2 running on it, frames to the gateway {} take an uplink chosen per QP.\n",
+        "The bridge box ({name}-bridge) bridges the hosts and the uplinks in the kernel ({BRIDGE}); it has learned the gateway {} on u1, the way the destination answers. With rocev2 running on it, frames to the gateway take an uplink chosen per QP.\n",
         crate::sys::format_mac(&GATEWAY_MAC)
     )
 }
@@ -230,6 +356,7 @@ pub fn next_commands(plan: &LabPlan) -> String {
     format!(
         "  rocev2 --netns {name}-bridge run --config {cfg}\n\
          \x20 rocev2 --netns {name}-h1 gen --dev eth0 --dst-mac {mac} --src {src} --dst {dst} --qps 64 --sport fixed\n\
+         \x20 rocev2 lab stats --name {name}\n\
          \x20 rocev2 stats --config {cfg}\n\
          \x20 rocev2 lab down --name {name}\n",
         mac = crate::sys::format_mac(&GATEWAY_MAC),

@@ -180,7 +180,10 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
-        LabCommand::Stats(args) => fabric::stats(args),
+        LabCommand::Stats(args) => match LabRecord::read(&args.name)?.host_bridge {
+            Some(_) => hostbridge::stats(args),
+            None => fabric::stats(args),
+        },
     }
 }
 
@@ -208,6 +211,9 @@ pub struct LabRecord {
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
+    /// A host bridge lab (`lab up --host-bridge`): its uplinks, for `lab stats`.
+    #[serde(default)]
+    pub host_bridge: Option<hostbridge::HostBridgeRecord>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {
@@ -578,7 +584,10 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     }
     let mut record = LabRecord { name: name.clone(), pin_dir: plan.pin_dir.clone(), ..Default::default() };
     record.write()?;
-    let built = build(&plan, &mut record).and_then(|()| start_bgp(&plan, args, &mut record));
+    let built = build(&plan, &mut record).and_then(|()| match plan.kind {
+        LabKind::HostBridge => hostbridge::settle(&plan, &mut record).map(|()| None),
+        LabKind::Rack => start_bgp(&plan, args, &mut record),
+    });
     let bgp_line = match built {
         Ok(line) => line,
         Err(e) => {
@@ -594,24 +603,10 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
         let mut ifaces = Vec::new();
         for l in &plan.links {
             if l.a_ns == ns.name {
-                ifaces.push(format!(
-                    "{} {} {} <-> {}/{}",
-                    l.a_if,
-                    crate::sys::format_mac(&l.a_mac),
-                    l.a_addrs.join(" "),
-                    l.b_ns,
-                    l.b_if
-                ));
+                ifaces.push(describe_end(&l.a_if, &l.a_mac, &l.a_addrs, &l.b_ns, &l.b_if));
             }
             if l.b_ns == ns.name {
-                ifaces.push(format!(
-                    "{} {} {} <-> {}/{}",
-                    l.b_if,
-                    crate::sys::format_mac(&l.b_mac),
-                    l.b_addrs.join(" "),
-                    l.a_ns,
-                    l.a_if
-                ));
+                ifaces.push(describe_end(&l.b_if, &l.b_mac, &l.b_addrs, &l.a_ns, &l.a_if));
             }
         }
         if !ns.lo_addrs.is_empty() {
@@ -638,6 +633,13 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     let _ = writeln!(out, "Next:");
     out.push_str(&plan.next_commands());
     Ok(out)
+}
+
+/// One end of a link as `lab up` lists it: `name MAC [addresses] <-> peer`.
+fn describe_end(ifname: &str, mac: &[u8; 6], addrs: &[String], peer_ns: &str, peer_if: &str) -> String {
+    let mut words = vec![ifname.to_string(), crate::sys::format_mac(mac)];
+    words.extend(addrs.iter().cloned());
+    format!("{} <-> {peer_ns}/{peer_if}", words.join(" "))
 }
 
 fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
