@@ -25,6 +25,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
+use self::balance::Balance;
 use super::{
     base_sysctls, bgp, build_topology, make_dir, netns_exists, record_path, route_args, strs, write_file, LabRecord,
     LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
@@ -35,10 +36,14 @@ use crate::{
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
+pub mod balance;
+pub mod collective;
 pub mod links;
+pub mod te;
 mod traffic;
 mod view;
 
+pub use collective::{collective, CollectiveReport, LabCollectiveArgs};
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
 pub use view::{link_loads, stats, LabStatsArgs};
 
@@ -214,7 +219,8 @@ impl FabricPlan {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
-            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
+            let balance = Balance::Hash { hash };
+            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance);
             if let Some(settings) = &settings {
                 let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
                 text.push_str(&links::switch_config(settings, s, &ports));
@@ -280,15 +286,27 @@ fn link_local(mac: [u8; 6]) -> String {
 }
 
 /// The `[[port]]`s, groups and routes of one switch.
-fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, bgp: bool) -> String {
+/// The config of switch `s`: ports, groups and routes, spreading traffic
+/// as `balance` says.
+pub fn switch_config(
+    f: &Fabric,
+    s: Switch,
+    ns: &str,
+    path: &Path,
+    pin_dir: &Path,
+    bgp: bool,
+    balance: &Balance,
+) -> String {
     let mut t = format!(
-        "# Written by `rocev2 lab up` for {s} (namespace {ns}).\n\
+        "# Written by `rocev2 lab up` for {s} (namespace {ns}); load balancing: {mode}.\n\
          # Its dataplane: rocev2 --netns {ns} run --config {cfg}\n\
-         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
+         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
+        mode = balance.label(),
         cfg = path.display(),
-        hash = f.hash.name(),
+        hash = balance.hash().name(),
         seed = f.seed_setting(),
         pin = pin_dir.display(),
+        extra = balance.dataplane_lines(),
     );
     for (port, _) in f.ports(s) {
         let _ = write!(t, "\n[[port]]\nname = \"{port}\"\n");
@@ -319,7 +337,11 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
             if !bgp {
-                t.push_str("\n[[group]]\nname = \"spines\"\nmembers = [\n");
+                let _ = write!(
+                    t,
+                    "\n[[group]]\nname = \"spines\"\n{}members = [\n",
+                    balance.group_lines(f.zone_spines() * f.links)
+                );
                 for (j, k) in f.uplinks(r) {
                     let ((_, s4), (_, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
@@ -339,7 +361,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         Switch::Spine(j) if !bgp => {
             let zone = f.zone_of_spine(j);
             if f.aggs > 0 {
-                t.push_str("\n[[group]]\nname = \"aggs\"\nmembers = [\n");
+                let _ = write!(t, "\n[[group]]\nname = \"aggs\"\n{}members = [\n", balance.group_lines(f.aggs));
                 for a in 1..=f.aggs {
                     let (a4, a6) = (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1);
                     let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::agg_port(a), via(&a4, &a6));
@@ -355,7 +377,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
             for r in f.racks_of_zone(zone) {
-                let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\nmembers = [\n");
+                let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\n{}members = [\n", balance.group_lines(f.links));
                 for k in 1..=f.links {
                     let ((l4, _), (l6, _)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
@@ -372,7 +394,8 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         }
         Switch::Agg(a) if !bgp => {
             for z in 1..=f.zones {
-                let _ = write!(t, "\n[[group]]\nname = \"zone{z}\"\nmembers = [\n");
+                let _ =
+                    write!(t, "\n[[group]]\nname = \"zone{z}\"\n{}members = [\n", balance.group_lines(f.zone_spines()));
                 for j in f.spines_of_zone(z) {
                     let (s4, s6) = (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0);
                     let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::spine_port(j), via(&s4, &s6));
@@ -390,6 +413,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         }
         Switch::Spine(_) | Switch::Agg(_) => {}
     }
+    t.push_str(&balance.extra(f, s));
     t
 }
 
@@ -698,6 +722,70 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
         plan.bgp.len(),
         f.zone_spines() * f.links
     ))
+}
+
+/// Rewrites every switch's config for `balance` and applies it: with
+/// `restart`, every dataplane stops and starts again (a mode may need
+/// program features the running ones were loaded without); without, each
+/// reloads its config (enough when only pins change). Returns how long
+/// applying took.
+pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -> Result<Duration> {
+    let Some(f) = record.fabric.clone() else { bail!("lab {:?} is not a fabric", record.name) };
+    if !record.frr_dirs.is_empty() {
+        bail!(
+            "lab {:?} routes with BGP: its groups are learned from the kernel, so the load-balancing modes (which rewrite the generated groups and routes) need a lab with --routing static",
+            record.name
+        );
+    }
+    let started = Instant::now();
+    for s in &record.switches {
+        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance);
+        if let Some(rated) = &record.rated {
+            let ports: Vec<String> = f.ports(s.switch).into_iter().map(|(p, _)| p).collect();
+            text.push_str(&links::switch_config(&rated.settings, s.switch, &ports));
+        }
+        crate::control::config::Config::parse(&text, &s.config)
+            .with_context(|| format!("the {} config for {}", balance.label(), s.switch))?;
+        fs::write(&s.config, text).with_context(|| format!("cannot write {}", s.config.display()))?;
+    }
+    if restart {
+        stop_dataplanes(record)?;
+        start_dataplanes(record)?;
+    } else {
+        for s in &record.switches {
+            crate::control::run::request_reload(&s.pin_dir, Duration::from_secs(20))
+                .with_context(|| format!("reloading the dataplane of {}", s.switch))?;
+        }
+    }
+    let mut fabric = f;
+    fabric.hash = balance.hash();
+    record.fabric = Some(fabric);
+    record.balance = Some(balance.clone());
+    record.write()?;
+    Ok(started.elapsed())
+}
+
+/// Stops every switch's dataplane (SIGTERM: it detaches and unpins) and
+/// waits until each has exited.
+fn stop_dataplanes(record: &mut LabRecord) -> Result<()> {
+    for s in &record.switches {
+        if let Some(pid) = s.pid.filter(|&p| alive(p)) {
+            let _ = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for s in record.switches.iter_mut() {
+        if let Some(pid) = s.pid {
+            while alive(pid) {
+                if Instant::now() > deadline {
+                    bail!("the dataplane of {} (pid {pid}) did not stop within 20 s of SIGTERM", s.switch);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        s.pid = None;
+    }
+    record.write()
 }
 
 /// Starts `rocev2 run` on every switch (output to its log), then waits
