@@ -96,6 +96,16 @@ pub fn loopback_dataplane() -> Dataplane {
 /// [`loopback_dataplane`] with its maps pinned under `pin_dir` (so a
 /// second handle, `Maps::open_pinned`, can change them from another thread).
 pub fn loopback_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
+    let mut dp = loopback_object_at(pin_dir);
+    // Verified now, not at the first run: tests that time their runs must
+    // not count the verifier.
+    dp.preload(&[rocev2_user::control::dataplane::XDP_PROGRAM]).expect("the kernel accepts the forwarding program");
+    dp
+}
+
+/// The object loaded with lo as its port, no program verified yet (each
+/// is, when first run).
+fn loopback_object_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
     require_root();
     let mut dp = Dataplane::load(pin_dir).expect("load the eBPF object");
     add_loopback_port(&mut dp);
@@ -280,7 +290,8 @@ pub fn bridge_dataplane() -> Dataplane {
 /// [`bridge_dataplane`] with its maps (and the telemetry's) pinned under
 /// `pin_dir`.
 pub fn bridge_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
-    let mut dp = loopback_dataplane_at(pin_dir);
+    let mut dp = loopback_object_at(pin_dir);
+    dp.preload(&[rocev2_user::control::dataplane::XDP_BRIDGE_PROGRAM]).expect("the kernel accepts the bridge program");
     reseed_bridge(&mut dp);
     dp
 }
