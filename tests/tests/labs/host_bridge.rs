@@ -171,10 +171,14 @@ fn send(ns: &str, dev: &str, frames: Vec<Vec<u8>>) {
     .unwrap_or_else(|e| panic!("sending from {ns}/{dev}: {e:#}"));
 }
 
+/// What one capture thread returns: the RoCEv2 frames it saw, and how many
+/// frames the socket itself dropped.
+type Captured = anyhow::Result<(Vec<Vec<u8>>, u64)>;
+
 /// Packet-socket captures of RoCEv2 frames on several interfaces.
 struct Capture {
     stop: Arc<AtomicBool>,
-    threads: Vec<thread::JoinHandle<anyhow::Result<(Vec<Vec<u8>>, u64)>>>,
+    threads: Vec<thread::JoinHandle<Captured>>,
 }
 
 impl Capture {

@@ -2,7 +2,7 @@
 //! (rocev2-ebpf `bridge.rs`) sends a frame, by its destination MAC's entry
 //! in the mirrored FDB, in the program's order of checks; and for a MAC of
 //! an uplink group, which member, by the very choice a routed group makes
-//! ([`super::choose_member`]).
+//! (`choose_member` in the parent module).
 
 use std::collections::BTreeMap;
 
