@@ -19,10 +19,11 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, Takeover, MAPS, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES,
-        MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
+        FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4,
+        PinKeyV6, PortCounters, PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, Takeover, MAPS,
+        MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS,
+        MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -151,6 +152,8 @@ handles! {
     }
     optional {
         egress_refused: EGRESS_REFUSED => PerCpuHashMap<MapData, u32, u64>,
+        fdb: FDB => HashMap<MapData, FdbKey, FdbEntry>,
+        bridge_ports: BRIDGE_PORTS => Array<MapData, BridgePort>,
     }
     from_pins {
         flowlet_slots: FLOWLET_SLOTS => Array<MapData, rocev2_common::flowlet::FlowletSlot>,
@@ -703,6 +706,62 @@ impl Maps {
             }
         }
         Ok(out)
+    }
+
+    /// The FDB map, or why there is none.
+    fn fdb(&self) -> Result<&HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_ref().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    fn fdb_mut(&mut self) -> Result<&mut HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_mut().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    /// Host bridge mode: writes one FDB entry (a new MAC, or one that moved).
+    pub fn set_fdb(&mut self, key: FdbKey, entry: FdbEntry) -> Result<()> {
+        self.fdb_mut()?.insert(key, entry, 0).with_context(|| {
+            format!(
+                "cannot write the FDB entry of {} (FDB full at {} entries?)",
+                crate::sys::format_mac(&key.mac),
+                rocev2_common::maps::MAX_FDB_ENTRIES
+            )
+        })
+    }
+
+    /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
+    pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
+        match self.fdb_mut()?.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
+            }
+        }
+    }
+
+    /// One FDB entry as the dataplane has it (with its activity bit).
+    pub fn fdb_entry(&self, key: &FdbKey) -> Option<FdbEntry> {
+        self.fdb().ok()?.get(key, 0).ok()
+    }
+
+    /// Every FDB entry, for `explain` and the tests.
+    pub fn fdb_entries(&self) -> Vec<(FdbKey, FdbEntry)> {
+        self.fdb().map(|fdb| fdb.iter().filter_map(Result::ok).collect()).unwrap_or_default()
+    }
+
+    /// Host bridge mode: a bridge port's state, at its port counter slot.
+    pub fn set_bridge_port(&mut self, slot: u32, port: BridgePort) -> Result<()> {
+        if slot == 0 || slot >= MAX_PORTS {
+            return Err(DataplaneError::SlotOutOfRange { what: "bridge port", slot, capacity: MAX_PORTS });
+        }
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_mut().ok_or(missing)?;
+        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+    }
+
+    pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_ref().ok_or(missing)?;
+        ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.
