@@ -57,8 +57,7 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
     let mut now = 0.0;
     loop {
         // Start every QP whose next message may go.
-        for k in 0..qps.len() {
-            let run = &qps[k];
+        for (k, run) in qps.iter_mut().enumerate() {
             let Some(&(step, index, bytes)) = run.messages.get(run.next) else { continue };
             if run.sending.is_some() {
                 continue;
@@ -67,7 +66,6 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
             if s.op == Op::Allreduce && step > 0 && delivered[(conn + m.n - 1) % m.n][index] < step as i64 - 1 {
                 continue;
             }
-            let run = &mut qps[k];
             if s.mode.flowlet() {
                 let idle = if run.last_end == f64::NEG_INFINITY { f64::INFINITY } else { now - run.last_end };
                 let placed = m.place_flowlet(k, &Start { now, idle }, &mut state);

@@ -5,7 +5,7 @@
 //! Every QP of every connection is a flow. Its path is what the switches
 //! choose for its packets ([`Router::walk`] with the dataplane's own hash,
 //! flowlet re-hash and buckets, on the flow key the lab's endpoints send,
-//! [`qp_flow_key`]), or what a slice or TE pins it to ([`placement`]).
+//! [`qp_flow_key`]), or what a slice or TE pins it to (`placement`).
 //! The QPs sending at a moment share every link's rate max-min fairly
 //! ([`maxmin`]): an ideal transport, with no queues, loss or
 //! congestion-control dynamics. Packets show only in the latency: a
@@ -16,13 +16,13 @@
 //! Two engines run the collective's messages (chunks), with one result
 //! where both apply:
 //!
-//! - [`events`]: message by message, as the lab's endpoints post them: a
+//! - `events`: message by message, as the lab's endpoints post them: a
 //!   QP sends its messages in order, each once its dependency arrived
 //!   (ring AllReduce: the same message of the previous step, from the ring
 //!   predecessor), and the rates are recomputed whenever a message ends.
 //!   Waiting is real, so flowlets see the gaps a real ring leaves. Used
 //!   while messages x QPs stay below [`EVENT_WORK`].
-//! - [`rounds`]: for the paper's scale. Round r of a step is the r-th
+//! - `rounds`: for the paper's scale. Round r of a step is the r-th
 //!   message of every QP; it lasts until its slowest message is done,
 //!   which for a ring is the busiest link's bytes over its rate
 //!   ([`maxmin::equal_completion`]); steps with fixed paths are computed

@@ -255,4 +255,4 @@ impl Model<'_> {
 /// log2(demote_above / restore_below) half-lives, with the lab's
 /// `transport_aware = { demote_above = 20, restore_below = 2,
 /// half_life_ms = 500 }`.
-pub(super) const TRANSPORT_AWARE_HOLD: f64 = 0.5 * 3.321_928_094_887_362;
+pub(super) const TRANSPORT_AWARE_HOLD: f64 = 0.5 * std::f64::consts::LOG2_10;
