@@ -55,6 +55,7 @@ pub fn run(args: &EntropyArgs, racks: u32, op: Op) -> Result<()> {
         mode: rows[0].mode,
         flowlet_gap_ns: gaps[0],
         flowlet_slots: args.flowlet_slots.unwrap_or(4096).next_power_of_two(),
+        message_gap_ns: args.message_gap.map_or(0, |us| u64::from(us) * 1000),
     };
     base.validate().map_err(anyhow::Error::msg)?;
     let mut results = Vec::new();
@@ -94,6 +95,7 @@ pub fn render(base: &Setup, results: &[(Row, Prediction)]) -> String {
     );
     let mut table = Table::new(&[
         ("MODE", Align::Left),
+        ("QPS", Align::Right),
         ("OF IDEAL", Align::Right),
         ("BUSBW MB/s", Align::Right),
         ("TIME", Align::Right),
@@ -120,6 +122,7 @@ pub fn render(base: &Setup, results: &[(Row, Prediction)]) -> String {
         }
         table.row([
             row.label(),
+            row.qps.to_string(),
             format!("{:.0}%", p.share_of_ideal * 100.0),
             format!("{:.2}", p.busbw / 1e6),
             seconds_text(p.seconds),

@@ -170,6 +170,10 @@ pub struct EntropyArgs {
     /// --collective: the flowlet gaps (the scorecard has a row per gap, transport-aware the last; --mode uses the first).
     #[arg(long, value_delimiter = ',', value_parser = crate::control::config::parse_gap, default_value = "2ms,50ms", requires = "collective")]
     pub gaps: Vec<u32>,
+    /// --collective: idle time before every message whatever the fabric
+    /// does (e.g. waiting for a CTS grant), e.g. 100us; none by default.
+    #[arg(long, value_parser = crate::control::config::parse_gap, requires = "collective")]
+    pub message_gap: Option<u32>,
 }
 
 mod collective;

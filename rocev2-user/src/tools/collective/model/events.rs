@@ -55,8 +55,11 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
     let mut arriving: Vec<(f64, usize, usize, usize)> = Vec::new();
     let mut step_end = vec![0.0f64; steps];
     let mut now = 0.0;
+    let message_gap = s.message_gap_ns as f64 / 1e9;
     loop {
-        // Start every QP whose next message may go.
+        // Start every QP whose next message may go; the earliest a QP
+        // waiting out its message gap may.
+        let mut next_ready = f64::INFINITY;
         for (k, run) in qps.iter_mut().enumerate() {
             let Some(&(step, index, bytes)) = run.messages.get(run.next) else { continue };
             if run.sending.is_some() {
@@ -64,6 +67,11 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
             }
             let conn = m.qps[k].transfer;
             if s.op == Op::Allreduce && step > 0 && delivered[(conn + m.n - 1) % m.n][index] < step as i64 - 1 {
+                continue;
+            }
+            let ready = message_gap + if run.last_end == f64::NEG_INFINITY { 0.0 } else { run.last_end };
+            if ready > now * (1.0 + 1e-12) {
+                next_ready = next_ready.min(ready);
                 continue;
             }
             if s.mode.flowlet() {
@@ -82,7 +90,7 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
             run.sending = Some(bytes);
         }
         let active: Vec<usize> = (0..qps.len()).filter(|&k| qps[k].sending.is_some()).collect();
-        let next_arrival = arriving.iter().map(|a| a.0).fold(f64::INFINITY, f64::min);
+        let next_arrival = arriving.iter().map(|a| a.0).fold(f64::INFINITY, f64::min).min(next_ready);
         if active.is_empty() {
             if next_arrival == f64::INFINITY {
                 break;
@@ -102,7 +110,7 @@ pub(super) fn run(m: &Model, fixed: &[Vec<u32>], out: &mut Outcome) {
         let all: Vec<usize> = (0..active.len()).collect();
         let rate = maxmin::max_min_rates(&m.capacity, &flows, &all);
         let dt = all.iter().map(|&i| qps[active[i]].sending.unwrap_or(0.0) / rate[i]).fold(f64::INFINITY, f64::min);
-        // Up to the next message sent, or the next delivered if sooner.
+        // Up to the next message sent, or the next delivered or ready if sooner.
         let dt = dt.min(next_arrival - now);
         now += dt;
         for (i, &k) in active.iter().enumerate() {

@@ -57,8 +57,11 @@ pub enum Mode {
     Qp,
     /// Static path pinning by destination slice: every switch sends traffic
     /// for host i of a rack through member (i-1) mod members
-    /// ([`slice_position`]), as `lab mode slice` configures.
-    Slice,
+    /// ([`slice_position`]), as `lab mode slice` configures (named
+    /// `slice` on the command line and in JSON, as the lab names it).
+    #[value(name = "slice")]
+    #[serde(rename = "slice")]
+    Pinned,
     /// Centralized TE: CSPF ([`cspf`]) places every QP on the least loaded
     /// path with the rate it needs ([`te_demands`]), installed as pins.
     Te,
@@ -83,7 +86,7 @@ impl Mode {
     pub const ALL: [Mode; 7] = [
         Mode::FiveTuple,
         Mode::Qp,
-        Mode::Slice,
+        Mode::Pinned,
         Mode::Te,
         Mode::FlowletKeyed,
         Mode::FlowletKeyless,
@@ -94,7 +97,7 @@ impl Mode {
         match self {
             Mode::FiveTuple => "five-tuple",
             Mode::Qp => "qp",
-            Mode::Slice => "slice",
+            Mode::Pinned => "slice",
             Mode::Te => "te",
             Mode::FlowletKeyed => "flowlet keyed",
             Mode::FlowletKeyless => "flowlet keyless",
@@ -156,6 +159,9 @@ pub struct Setup {
     pub flowlet_gap_ns: u64,
     /// `FlowletKeyless`: slots of each group's table (a power of two).
     pub flowlet_slots: u32,
+    /// Idle time before every message of a QP whatever the fabric does
+    /// (e.g. waiting for a CTS grant); 0 for messages back to back.
+    pub message_gap_ns: u64,
 }
 
 /// Largest fabrics the model takes (addresses, MACs and bucket tables
@@ -545,7 +551,7 @@ pub fn scorecard_rows(gaps_ns: &[u64]) -> Vec<Row> {
     let row = |mode, qps, flowlet_gap_ns| Row { mode, qps, flowlet_gap_ns };
     let mut rows = vec![row(Mode::FiveTuple, 1, 0)];
     rows.extend([1, 2, 4, 8].map(|q| row(Mode::Qp, q, 0)));
-    rows.extend([row(Mode::Slice, 1, 0), row(Mode::Te, 1, 0)]);
+    rows.extend([row(Mode::Pinned, 1, 0), row(Mode::Te, 1, 0)]);
     for mode in [Mode::FlowletKeyed, Mode::FlowletKeyless] {
         rows.extend(gaps_ns.iter().map(|&g| row(mode, 1, g)));
     }

@@ -171,7 +171,7 @@ impl Model<'_> {
     pub(super) fn fixed_path(&self, q: &QpFlow) -> Vec<u32> {
         let hash = self.router.fabric.hash;
         match self.s.mode {
-            Mode::Slice => self.walk(q, |c| slice_position(q.dst.1, c.members)),
+            Mode::Pinned => self.walk(q, |c| slice_position(q.dst.1, c.members)),
             _ => self.walk(q, |c| member_for(c.table, member_hash(&q.key, hash, c.seed))),
         }
     }

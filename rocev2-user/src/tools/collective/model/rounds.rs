@@ -33,12 +33,16 @@ pub(super) fn run_fixed(m: &Model, paths: &[Vec<u32>], out: &mut Outcome) {
     for p in paths {
         flows.push(p.iter().copied());
     }
+    let message_gap = m.s.message_gap_ns as f64 / 1e9;
     let times: Vec<f64> = if m.s.op == Op::Allreduce {
-        (0..m.rounds).map(|r| round_time(&m.capacity, &flows, &m.round_bytes(r), out)).collect()
+        // Every round's messages wait out the message gap first.
+        (0..m.rounds).map(|r| message_gap + round_time(&m.capacity, &flows, &m.round_bytes(r), out)).collect()
     } else {
-        // No dependencies: every QP sends its messages back to back.
+        // No dependencies: every QP sends its messages one after another,
+        // each after the message gap.
         let bytes: Vec<f64> = m.qps.iter().map(|q| q.messages.iter().map(|&(_, b)| b).sum()).collect();
-        vec![round_time(&m.capacity, &flows, &bytes, out)]
+        let most = m.qps.iter().map(|q| q.messages.len()).max().unwrap_or(0);
+        vec![most as f64 * message_gap + round_time(&m.capacity, &flows, &bytes, out)]
     };
     let latency = paths.iter().map(|p| m.forwarding(p)).fold(0.0, f64::max);
     out.steps = paced_steps(&vec![times; m.steps], latency);
@@ -78,11 +82,14 @@ pub(super) fn run_flowlets(m: &Model, out: &mut Outcome) {
     let mut times = Vec::new();
     let mut latency = 0.0f64;
     let mut now = 0.0;
+    let message_gap = m.s.message_gap_ns as f64 / 1e9;
     for g in 0..computed as usize {
         let bytes = m.round_bytes(g % m.rounds.max(1));
+        // The round's messages go after the message gap.
+        let start = now + message_gap;
         for k in (0..m.qps.len()).filter(|&k| bytes[k] > 0.0) {
-            let idle = if last_end[k] == f64::NEG_INFINITY { f64::INFINITY } else { now - last_end[k] };
-            let placed = m.place_flowlet(k, &Start { now, idle }, &mut state);
+            let idle = if last_end[k] == f64::NEG_INFINITY { f64::INFINITY } else { start - last_end[k] };
+            let placed = m.place_flowlet(k, &Start { now: start, idle }, &mut state);
             if placed.new_flowlet {
                 out.new_flowlets += 1;
                 out.moved_flowlets += u64::from(!paths[k].is_empty() && paths[k] != placed.path);
@@ -98,7 +105,7 @@ pub(super) fn run_flowlets(m: &Model, out: &mut Outcome) {
         if m.s.mode == super::Mode::TransportAware {
             let sending: Vec<&[u32]> =
                 (0..m.qps.len()).filter(|&k| bytes[k] > 0.0).map(|k| paths[k].as_slice()).collect();
-            m.demote_congested(&sending, now, &mut state);
+            m.demote_congested(&sending, start, &mut state);
         }
         let t = round_time(&m.capacity, &flows, &bytes, out);
         // Idle longer than this starts a new flowlet (or, transport-aware, ACKed).
@@ -112,11 +119,11 @@ pub(super) fn run_flowlets(m: &Model, out: &mut Outcome) {
             vec![0.0; bytes.len()]
         };
         for k in (0..m.qps.len()).filter(|&k| bytes[k] > 0.0) {
-            last_end[k] = now + t - wait[k];
+            last_end[k] = start + t - wait[k];
             state.slots.release(&held[k], last_end[k]);
         }
-        now += t;
-        times.push(t);
+        now = start + t;
+        times.push(message_gap + t);
     }
     out.slot_collisions = state.slots.collisions;
     out.demoted = state.demotions.count;

@@ -39,6 +39,7 @@ fn setup(fabric: Fabric, op: Op, size: u64, qps: u32, mode: Mode) -> Setup {
         mode,
         flowlet_gap_ns: 50_000,
         flowlet_slots: 4096,
+        message_gap_ns: 0,
     }
 }
 
@@ -95,6 +96,23 @@ fn model_ring_on_a_nonblocking_fabric_is_ideal() {
     );
 }
 
+#[test]
+fn model_message_gap_idles_before_every_message() {
+    // The non-blocking ring of two ranks, 4 chunks per step, each message
+    // after a gap of 1 ms: 8 gaps more, in both engines.
+    let gap = 1e-3;
+    let s = Setup { message_gap_ns: 1_000_000, ..setup(fabric(2, 1, 1), Op::Allreduce, 1 << 20, 1, Mode::Qp) };
+    let (p, r) = both(&s);
+    let expected = 8.0 * (gap + chunk_wire() / RATE) + latency(3);
+    assert!(close(p.seconds, expected) && close(r.seconds, expected), "{p:?} {r:?}");
+    // An incast of 2 senders: each sends its 4 chunks one after another,
+    // each after its gap, both at half the receiver's link.
+    let s = Setup { message_gap_ns: 1_000_000, ..setup(fabric(1, 3, 1), Op::Incast, 1 << 20, 1, Mode::Qp) };
+    let (p, r) = both(&s);
+    let expected = 4.0 * (gap + 2.0 * chunk_wire() / RATE) + latency(1);
+    assert!(close(p.seconds, expected) && close(r.seconds, expected), "{p:?} {r:?}");
+}
+
 /// Per rack, the leaf uplink each QP of its ring connections takes.
 fn uplinks_by_rack(f: &Fabric, qps: u32, mode: HashMode) -> Vec<Vec<u32>> {
     let router = Router::new(f);
@@ -147,7 +165,7 @@ fn model_five_tuple_collides_where_qp_spreads() {
     assert!(close(qp.seconds, rounds.seconds), "{qp:?}");
     assert!(qp.share_of_ideal > five.share_of_ideal, "qp x4 beats five-tuple x1: {qp:?}");
     // Pinning by destination slice and TE place the two apart.
-    for mode in [Mode::Slice, Mode::Te] {
+    for mode in [Mode::Pinned, Mode::Te] {
         let (p, r) = both(&setup(f.clone(), Op::Allreduce, size, 1, mode));
         assert!(close(p.seconds, ideal) && close(r.seconds, ideal), "{mode:?}: {p:?} {r:?}");
     }
@@ -204,6 +222,9 @@ fn model_flowlets_move_only_after_an_idle_gap() {
     assert!(short.new_flowlets > 4 && short.new_flowlets <= messages, "{short:?}");
     assert!(short.moved_flowlets < short.new_flowlets);
     assert_eq!(predict(&Setup { flowlet_gap_ns: 1, ..base.clone() }).unwrap(), short, "deterministic");
+    // A message gap longer than the flowlet gap: every message a new flowlet.
+    let every = predict(&Setup { message_gap_ns: 100_000, ..base.clone() }).unwrap();
+    assert_eq!(every.new_flowlets, messages, "{every:?}");
     // A keyless table of 1 slot: QPs that send together share its member.
     let one = predict(&Setup { mode: Mode::FlowletKeyless, flowlet_slots: 1, ..base }).unwrap();
     assert!(one.slot_collisions > 0, "{one:?}");
