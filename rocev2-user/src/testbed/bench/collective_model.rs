@@ -1,7 +1,7 @@
 //! Part 6 of the benchmark: the collective model at the paper's scale.
 //! `rocev2 entropy --collective` on 32,768 endpoints (2,048 racks of 16
 //! hosts, 128 spines in 8 zones joined by 16 aggregation switches): a ring
-//! AllReduce of 1 GiB per rank under the hashing modes, TE and flowlets,
+//! AllReduce of 16 GiB per rank (4 chunks per hop, one per QP of 4) under the hashing modes, TE and flowlets,
 //! each timed from the fabric's description to the prediction.
 
 use std::time::Instant;
@@ -38,7 +38,7 @@ pub fn paper_scale(mode: Mode, qps: u32) -> Setup {
         link_bps: 200_000_000,
         v6: false,
         op: Op::Allreduce,
-        size: 1 << 30,
+        size: 16 << 30,
         qps,
         chunk: DEFAULT_CHUNK,
         placement: Placement::Interleaved,
@@ -53,7 +53,7 @@ pub fn part6(notes: &mut Vec<String>) -> Result<Vec<Row>> {
     notes.push(format!(
         "Part 6 (collective model): `model::predict` timed in the bench process, one thread, median of {ROUNDS}; \
          each is what `rocev2 entropy --racks 2048 --hosts 16 --spines 128 --zones 8 --aggs 16 --collective allreduce \
-         --size 1g --gaps 2ms --mode MODE [--qps 4]` prints (the round engine: every step's rounds with fixed paths, \
+         --size 16g --gaps 2ms --mode MODE [--qps 4]` prints (the round engine: every step's rounds with fixed paths, \
          flowlets sampled)."
     ));
     let mut rows = Vec::new();
@@ -71,7 +71,7 @@ pub fn part6(notes: &mut Vec<String>) -> Result<Vec<Row>> {
         rows.push(row(
             "6 model",
             format!("collective model, 32,768 endpoints: {} x{qps}", mode.name()),
-            "ring AllReduce 1 GiB/rank, 2,048 racks x 16 hosts, 128 spines, 8 zones, 16 aggs",
+            "ring AllReduce 16 GiB/rank, 2,048 racks x 16 hosts, 128 spines, 8 zones, 16 aggs",
             format!("{:.2} s", median(seconds)),
             format!("worst of {ROUNDS}: {worst:.2} s; predicts {:.0}% of ideal", share * 100.0),
             "< 10 s",

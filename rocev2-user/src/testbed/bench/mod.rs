@@ -13,9 +13,9 @@
 //!    memory of the maps.
 
 mod bridge;
+mod collective_model;
 mod forwarding;
 mod jit_lines;
-mod collective_model;
 mod kernel_routes;
 mod lab_build;
 mod profile;
