@@ -10,7 +10,7 @@
 //! its place in the group (its position, counters, pins and the flowlets
 //! already on it), but gives its buckets to the other members, so new
 //! flowlets and new flows avoid it. Below `restore_below` it gets exactly
-//! those buckets back (crate::control::routing::groups::ResilientTable). The last
+//! those buckets back (crate::control::groups::resilient::ResilientTable). The last
 //! member in service is never demoted, and when the others go down the
 //! healthiest demoted member comes back.
 //!
@@ -27,7 +27,7 @@ use anyhow::Result;
 use rocev2_common::telemetry::MemberTransport;
 use serde::{Deserialize, Serialize};
 
-use crate::{control::config::TransportAware, control::dataplane::GroupPolicy, control::qp_telemetry};
+use crate::{control::config::TransportAware, control::qp_telemetry};
 
 /// One member's health, as `stats` and the metrics show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -181,6 +181,31 @@ impl GroupHealth {
         verdicts
     }
 
+    /// A group's health as a previous run left it (a takeover): the scores,
+    /// demotions and counts go on; the next step is a new baseline for the
+    /// transport sums (the new run's telemetry starts at zero).
+    pub fn restored(members: Vec<MemberHealth>) -> Self {
+        let n = members.len();
+        Self { members, seen: vec![None; n], flaps: vec![Flaps::default(); n], ..Self::default() }
+    }
+
+    /// From a previous run's state of the group: each of `members`' health
+    /// found there by device and next hop (default when not).
+    pub fn from_previous(
+        previous: &crate::control::state::GroupState,
+        members: impl IntoIterator<Item = (String, String)>,
+    ) -> Self {
+        let found = |dev: &str, next_hop: &str| {
+            previous.members.iter().find(|m| m.dev == dev && m.next_hop == next_hop).and_then(|m| m.health)
+        };
+        Self::restored(members.into_iter().map(|(dev, hop)| found(&dev, &hop).unwrap_or_default()).collect())
+    }
+
+    /// Members demoted now, and members with a score.
+    pub fn summary(&self) -> (usize, usize) {
+        (self.members.iter().filter(|m| m.demoted).count(), self.members.iter().filter(|m| m.score > 0.0).count())
+    }
+
     /// Whether member `i` is demoted now.
     pub fn demoted(&self, i: usize) -> bool {
         self.members.get(i).is_some_and(|m| m.demoted)
@@ -261,15 +286,6 @@ pub fn step_group(
         }
     }
     Ok(!verdicts.is_empty())
-}
-
-/// A group policy with what `transport_aware` adds in the dataplane (the
-/// ACK-ended flowlet flag), for config and learned groups alike.
-pub fn with_transport(mut policy: GroupPolicy, options: Option<&TransportAware>) -> GroupPolicy {
-    if options.is_some_and(|t| t.repick_when_acked) {
-        policy.flowlet_flags |= rocev2_common::maps::FLOWLET_REPICK_ACKED;
-    }
-    policy
 }
 
 /// The weighted trouble between two readings of one member's sums.

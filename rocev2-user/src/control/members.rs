@@ -66,16 +66,7 @@ pub(crate) fn next_hop_text(n: &NextHop) -> String {
 /// Each configured member's position among the usable ones (its place in
 /// the dataplane's member list and counters), `None` if not usable.
 pub(crate) fn live_positions(members: &[MemberLive]) -> Vec<Option<u32>> {
-    let mut next = 0u32;
-    members
-        .iter()
-        .map(|m| {
-            m.usable().map(|_| {
-                next += 1;
-                next - 1
-            })
-        })
-        .collect()
+    crate::control::groups::positions(members.iter().map(|m| m.usable().is_some()))
 }
 
 /// One line per change of a member's usability: a warning naming group,

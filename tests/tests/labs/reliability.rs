@@ -10,8 +10,10 @@ use std::{
 use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
-    control::dataplane::Dataplane,
-    control::state::RunState,
+    control::dataplane::{Dataplane, Maps},
+    control::errors::{RefusalReason, ReloadRefused},
+    control::run::request_reload,
+    control::state::{state_path, ReloadOutcome, RunState},
     testbed::ecmp_lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
 };
 
@@ -31,8 +33,8 @@ fn stream_frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn assert_no_loss(report: &LabReport, what: &str) {
-    rocev2_tests::assert_no_switch_loss(report, what);
+fn assert_no_loss(lab: &EcmpLab, report: &LabReport, what: &str) {
+    rocev2_tests::assert_no_switch_loss(report, &format!("{what}\n{}", lab.link_drops()));
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
@@ -87,8 +89,87 @@ fn reload_changes_members_and_routes_without_loss() {
     let report = capture.finish(sent).unwrap();
     // Its final counters say where a lost packet went (pass_*, drop_*).
     let output = dataplane.stop().unwrap();
-    assert_no_loss(&report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
     assert!(report.uplinks[3].packets > 0, "u4 carried traffic before and after");
+}
+
+/// The one publish path (control::groups) under a reload that adds a
+/// group, a route to it and a pin on it at once: the group is written
+/// first, then the route, then the pin, which names the group's live
+/// generation and the pinned member's position. Read from the map writes
+/// `rocev2 run` logs as it makes them (`RUST_LOG=rocev2::maps=debug`),
+/// then checked in the pinned maps and with packets that follow the pin.
+#[test]
+fn a_reload_writes_a_new_group_then_its_route_then_its_pin() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    // Pinned from the start: pins are a feature the programs load with.
+    let base = lab.config("qp").replace("name = \"spines\"\n", "name = \"spines\"\npolicy = \"pinned\"\n");
+    let config = lab.write_config_text("publish-order", &base).unwrap();
+    let mut run = Command::new(rocev2_bin());
+    run.args(["--netns", lab.switch.name(), "run", "--config"]).arg(&config);
+    run.env("RUST_LOG", "info,rocev2::maps=debug");
+    let dataplane = DataplaneProcess::spawn(run).unwrap();
+    let before = dataplane.output().lines().count();
+
+    // A pinned group on both uplinks, a route more specific than the
+    // lab's (so the lab's destination takes it) and a pin on u2.
+    let te = base
+        + "\n[[group]]\nname = \"te\"\npolicy = \"pinned\"\nmembers = [\n  { dev = \"u1\", via = \"10.0.1.2\" },\n  { dev = \"u2\", via = \"fd00:2::2\" },\n]\n\n[[route]]\nprefix = \"10.1.0.0/24\"\ngroup = \"te\"\n\n[[pin]]\nprefix = \"10.1.0.1/32\"\nqp = 0x123\ngroup = \"te\"\nmember = \"u2\"\n";
+    std::fs::write(&config, &te).unwrap();
+    let out = rocev2(&["reload", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "reload: {}", String::from_utf8_lossy(&out.stderr));
+    let state = RunState::read(&lab.pin_dir()).unwrap();
+    let group = state.groups.iter().find(|g| g.name == "te").expect("group te in the state file");
+    let (slot, u2) = (group.index, group.members.iter().position(|m| m.dev == "u2").expect("u2 usable") as u32);
+
+    // The reload's map writes, in the order they were made.
+    let pin_line = format!("pin 10.1.0.1/32 qp 0x123 -> group {slot} position {u2} generation ");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let writes: Vec<String> = loop {
+        let lines: Vec<String> = dataplane.output().lines().skip(before).map(str::to_string).collect();
+        if lines.iter().any(|l| l.contains(&pin_line)) {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "no `{pin_line}` logged after the reload:\n{}", lines.join("\n"));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let at = |needle: &str| {
+        writes
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in the reload's map writes:\n{}", writes.join("\n")))
+    };
+    let group_written = at(&format!("group {slot}: 2 members"));
+    let route_written = at(&format!("route 10.1.0.0/24 -> {slot}"));
+    let pin_written = at(&pin_line);
+    println!(
+        "MEASURED: the reload's map writes, in order:\n{}\n{}\n{}",
+        writes[group_written], writes[route_written], writes[pin_written]
+    );
+    assert!(
+        group_written < route_written && route_written < pin_written,
+        "group, then route, then pin:\n{}",
+        writes.join("\n")
+    );
+
+    // The maps hold them, and the pin names the group's live generation.
+    let maps = Maps::open_pinned(&lab.pin_dir()).unwrap();
+    assert_eq!(maps.route_target("10.1.0.1".parse().unwrap()).unwrap(), Some(slot));
+    let generation = maps.group(slot).unwrap().generation;
+    assert!(writes[pin_written].ends_with(&format!("generation {generation}")), "{}", writes[pin_written]);
+
+    // Packets of QP 0x123 follow the pin to u2.
+    let frames: Vec<Vec<u8>> =
+        (0..20).map(|psn| lab_frame(Family::V4, Bth::new(opcode::WRITE_MIDDLE, 0x123, psn), 2, 128)).collect();
+    let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
+    let output = dataplane.stop().unwrap();
+    assert_eq!(
+        (report.uplinks[0].packets, report.uplinks[1].packets),
+        (0, 20),
+        "every packet on u2 (rocev2 run said:\n{output}\n)\n{}",
+        report.render()
+    );
 }
 
 #[test]
@@ -104,6 +185,28 @@ fn reload_refuses_a_flowlet_table_kind_the_programs_were_loaded_without() {
     assert!(!out.status.success(), "the keyless table was not loaded: the reload must be refused");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("flowlet-keyless") && err.contains("running config stays"), "{err}");
+    // The state file says why, and `request_reload` returns it typed: a
+    // restart would apply this file.
+    let state = RunState::read(&lab.pin_dir()).unwrap();
+    assert!(
+        matches!(&state.last_reload, ReloadOutcome::Refused { reason: RefusalReason::FeaturesNotLoaded, .. }),
+        "{:?}",
+        state.last_reload
+    );
+    let err = request_reload(&lab.pin_dir(), Duration::from_secs(20)).unwrap_err();
+    let refused = err.downcast_ref::<ReloadRefused>().expect("a typed refusal");
+    assert!(refused.reason.restart_applies(), "{refused:?}");
+    // A setting fixed at load time: refused as needing a restart, recorded
+    // in the state file as the book shows it.
+    std::fs::write(&config, keyed.replace("xdp_mode = \"native\"", "xdp_mode = \"skb\"")).unwrap();
+    let err = request_reload(&lab.pin_dir(), Duration::from_secs(20)).unwrap_err();
+    let refused = err.downcast_ref::<ReloadRefused>().expect("a typed refusal");
+    assert_eq!(refused.reason, RefusalReason::NeedsRestart, "{refused:?}");
+    let written = std::fs::read_to_string(state_path(&lab.pin_dir())).unwrap();
+    let shown = "  \"last_reload\": {\n    \"outcome\": \"refused\",\n    \"reason\": \"needs-restart\",\n    \"message\": \"dataplane.xdp_mode changed; that needs a restart of `rocev2 run`\"\n  },";
+    assert!(written.contains(shown), "{written}");
+    let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/running.md")).unwrap();
+    assert!(book.contains(shown), "the book shows what the state file holds:\n{shown}");
     let output = dataplane.stop().unwrap();
     // Only the keyed table's code was loaded.
     assert!(output.contains("programs loaded with features: flowlet-keyed, classes, counters"), "{output}");
@@ -132,7 +235,7 @@ fn restart_with_handover_loses_nothing() {
     let sent = stream.stop().unwrap();
     let report = capture.finish(sent).unwrap();
     let output = second.stop().unwrap();
-    assert_no_loss(&report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
 
     // A normal stop detaches: no XDP program left on the port, no pins.
     let link = lab.in_switch(&["ip", "-d", "link", "show", "p0"]).unwrap();
@@ -165,7 +268,7 @@ fn a_failed_uplink_leaves_its_group_and_comes_back() {
     std::thread::sleep(Duration::from_millis(500));
     let sent = counted.stop().unwrap();
     let report = capture.finish(sent).unwrap();
-    assert_no_loss(&report, "traffic after the failure");
+    assert_no_loss(&lab, &report, "traffic after the failure");
     assert_eq!(report.uplinks[1].packets, 0, "nothing goes to the failed uplink");
 
     let up_at = Instant::now();
@@ -202,10 +305,10 @@ fn a_full_route_table_is_a_clear_error() {
     let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
     let msg = format!("{err:#}");
     assert!(msg.contains("route table full: 131072 of 131072 IPv4 routes installed"), "{msg}");
-    let typed = err.downcast_ref::<rocev2_user::control::errors::DataplaneError>();
+    // A typed error a caller matches on, no downcast needed.
     assert!(
-        matches!(typed, Some(rocev2_user::control::errors::DataplaneError::RouteTableFull { installed: 131_072, .. })),
-        "a typed error callers can act on: {typed:?}"
+        matches!(err, rocev2_user::control::errors::DataplaneError::RouteTableFull { installed: 131_072, .. }),
+        "a typed error callers can act on: {err:?}"
     );
 }
 
@@ -267,7 +370,7 @@ fn jumbo_frames_are_forwarded_intact() {
         .collect();
     let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
     dataplane.stop().unwrap();
-    assert_no_loss(&report, "jumbo frames");
+    assert_no_loss(&lab, &report, "jumbo frames");
     for u in &report.uplinks {
         assert_eq!((u.bad_icrc, u.bad_ipv4_checksum, u.bad_ttl), (0, 0, 0), "up{} intact", u.uplink);
     }

@@ -4,7 +4,6 @@
 
 use std::{borrow::BorrowMut, collections::BTreeMap, net::IpAddr, path::Path};
 
-use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
@@ -27,7 +26,13 @@ use rocev2_common::{
     },
 };
 
-use crate::{control::config::Prefix, control::errors::DataplaneError};
+use crate::{
+    control::config::Prefix,
+    control::errors::{DataplaneError, MapResult as _},
+};
+
+/// Every map operation's result: what went wrong is a [`DataplaneError`].
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -58,7 +63,17 @@ pub struct Maps {
     /// Frames each egress device refused after a redirect; `None` when
     /// reading the pins of a `rocev2 run` from before the counter existed.
     egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
+    /// The keyless flowlet slots, when pinned (explain reads them).
+    flowlet_slots: Option<Array<MapData, rocev2_common::flowlet::FlowletSlot>>,
+    /// A takeover's groups of the previous run, by slot, until each is
+    /// first published (see [`InheritedGroups`]).
+    inherited: InheritedGroups,
 }
+
+/// Per group slot, the generation and live members (position order) a
+/// previous run left: a takeover that publishes the slot with the same
+/// members keeps that generation, so flowlet state stays valid.
+pub type InheritedGroups = BTreeMap<u32, (u32, Vec<MemberEntry>)>;
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
 /// programs look it up (rocev2-ebpf/src/redirect.rs): below
@@ -87,54 +102,70 @@ pub fn add_redirect_target<T: BorrowMut<MapData>>(
     hashed.insert(ifindex, ifindex, None, 0).with_context(context)
 }
 
-/// How a group chooses members (everything in GroupEntry but the members).
+/// How a group chooses members: its GROUPS entry with the fields a
+/// publish sets (member count, bank, generation) left 0. The entry is the
+/// one definition of what a policy holds; [`GroupPolicy::new`] is the one
+/// encoding of a configured policy, for config and learned groups alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupPolicy {
-    pub hash: HashMode,
-    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
-    pub policy: u32,
-    pub flowlet_gap_ns: u64,
-    /// A FlowletChoice as u32.
-    pub flowlet_choice: u32,
-    pub flowlet_flags: u32,
-    /// Keyless flowlet groups: slot count - 1.
-    pub flowlet_slot_mask: u32,
-}
+pub struct GroupPolicy(GroupEntry);
 
 impl GroupPolicy {
     /// Plain hashing in `mode`.
     pub fn hash(mode: HashMode) -> Self {
-        Self {
-            hash: mode,
-            policy: POLICY_HASH,
-            flowlet_gap_ns: 0,
-            flowlet_choice: 0,
-            flowlet_flags: 0,
-            flowlet_slot_mask: 0,
-        }
+        Self(GroupEntry { hash_mode: mode as u32, policy: POLICY_HASH, ..GroupEntry::default() })
     }
-}
 
-/// The dataplane's encoding of a group policy (config groups and learned
-/// groups alike).
-pub fn policy_of(hash: HashMode, policy: &crate::control::config::Policy) -> GroupPolicy {
-    use crate::control::config::Policy;
-    use rocev2_common::{
-        flowlet::FlowletTable,
-        maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
-    };
-    match policy {
-        Policy::Hash => GroupPolicy::hash(hash),
-        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(hash) },
-        Policy::Flowlet(f) => GroupPolicy {
-            policy: POLICY_FLOWLET,
-            flowlet_gap_ns: f.gap.as_nanos() as u64,
-            flowlet_choice: f.choice as u32,
-            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
-                | if f.table == FlowletTable::Keyless { FLOWLET_KEYLESS } else { 0 },
-            flowlet_slot_mask: if f.table == FlowletTable::Keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
-            ..GroupPolicy::hash(hash)
-        },
+    /// The dataplane's encoding of a policy: the hash mode, the policy and
+    /// its flowlet settings, and what `transport_aware` adds (a flowlet
+    /// may end at an ACK).
+    pub fn new(
+        hash: HashMode,
+        policy: &crate::control::config::Policy,
+        transport_aware: Option<&crate::control::config::TransportAware>,
+    ) -> Self {
+        use crate::control::config::Policy;
+        use rocev2_common::{
+            flowlet::FlowletTable,
+            maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, POLICY_FLOWLET, POLICY_PINNED},
+        };
+        let plain = Self::hash(hash).0;
+        let repick_acked = if transport_aware.is_some_and(|t| t.repick_when_acked) { FLOWLET_REPICK_ACKED } else { 0 };
+        Self(match policy {
+            Policy::Hash => GroupEntry { flowlet_flags: repick_acked, ..plain },
+            Policy::Pinned => GroupEntry { policy: POLICY_PINNED, flowlet_flags: repick_acked, ..plain },
+            Policy::Flowlet(f) => {
+                let keyless = f.table == FlowletTable::Keyless;
+                GroupEntry {
+                    policy: POLICY_FLOWLET,
+                    flowlet_gap_ns: f.gap.as_nanos() as u64,
+                    flowlet_choice: f.choice as u32,
+                    flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
+                        | if keyless { FLOWLET_KEYLESS } else { 0 }
+                        | repick_acked,
+                    flowlet_slot_mask: if keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
+                    ..plain
+                }
+            }
+        })
+    }
+
+    /// The group's entry as a publish writes it.
+    fn entry(&self, member_count: u32, bank: u32, generation: u32) -> GroupEntry {
+        GroupEntry { member_count, bank, generation, ..self.0 }
+    }
+
+    pub fn hash_mode(&self) -> HashMode {
+        HashMode::from_u32(self.0.hash_mode).unwrap_or(HashMode::FiveTuple)
+    }
+
+    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
+    pub fn policy(&self) -> u32 {
+        self.0.policy
+    }
+
+    /// FLOWLET_* flags.
+    pub fn flowlet_flags(&self) -> u32 {
+        self.0.flowlet_flags
     }
 }
 
@@ -148,11 +179,15 @@ pub struct MemberSpec {
 
 impl Maps {
     /// Takes the maps out of a loaded object, pinning each under `pin_dir`
-    /// first when given.
-    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self> {
-        let mut take = |name: &str| -> Result<aya::maps::Map> {
-            let map = ebpf.take_map(name).with_context(|| format!("eBPF object has no map {name}"))?;
-            if let Some(dir) = pin_dir {
+    /// first when given (but those in `pinned_by_loader`, already there).
+    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>, pinned_by_loader: &[&str]) -> anyhow::Result<Self> {
+        let flowlet_slots = match (pin_dir, ebpf.map(names::FLOWLET_SLOTS)) {
+            (Some(dir), Some(_)) => Some(Self::open_slots(dir)?),
+            _ => None,
+        };
+        let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
+            let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
+            if let Some(dir) = pin_dir.filter(|_| !pinned_by_loader.contains(&name)) {
                 let path = dir.join(name);
                 map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
             }
@@ -189,12 +224,56 @@ impl Maps {
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
             egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
+            flowlet_slots,
+            inherited: InheritedGroups::new(),
         })
     }
 
+    /// The pinned keyless flowlet slots under `dir`.
+    fn open_slots(dir: &Path) -> Result<Array<MapData, rocev2_common::flowlet::FlowletSlot>> {
+        let path = dir.join(names::FLOWLET_SLOTS);
+        let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
+        Array::try_from(aya::maps::Map::Array(data)).context("FLOWLET_SLOTS is not an array")
+    }
+
+    /// Each group slot's generation and live members in a previous run's
+    /// pins under `dir` (see [`InheritedGroups`]).
+    pub fn read_groups(dir: &Path) -> Result<InheritedGroups> {
+        let open = |name: &str| -> Result<MapData> {
+            let path = dir.join(name);
+            MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))
+        };
+        let groups: Array<MapData, GroupEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::GROUPS)?)).context("GROUPS is not an array")?;
+        let members: Array<MapData, MemberEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::MEMBERS)?)).context("MEMBERS is not an array")?;
+        let mut out = InheritedGroups::new();
+        for slot in 0..MAX_GROUPS {
+            let g = groups.get(&slot, 0).context("cannot read GROUPS")?;
+            if g.generation == 0 {
+                continue;
+            }
+            let live: Result<Vec<MemberEntry>> = (0..g.member_count.min(MAX_MEMBERS_PER_GROUP))
+                .map(|p| members.get(&member_index(slot, g.bank & 1, p), 0).context("cannot read MEMBERS"))
+                .collect();
+            out.insert(slot, (g.generation, live?));
+        }
+        Ok(out)
+    }
+
+    /// Remembers a previous run's groups for their first publish.
+    pub(super) fn inherit_groups(&mut self, groups: InheritedGroups) {
+        self.inherited = groups;
+    }
+
+    /// The keyless flowlet slot at `index`, if the slots are pinned.
+    pub fn flowlet_slot(&self, index: u32) -> Option<rocev2_common::flowlet::FlowletSlot> {
+        self.flowlet_slots.as_ref()?.get(&index, 0).ok()
+    }
+
     /// Opens the maps a running `rocev2 run` pinned under `dir`.
-    pub fn open_pinned(dir: &Path) -> Result<Self> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
+    pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
+        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path).map_err(|e| {
                 let e = anyhow::Error::new(e);
@@ -208,7 +287,7 @@ impl Maps {
             })?;
             let map = aya::maps::Map::from_map_data(data)
                 .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
-            T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
+            Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
         }
         Ok(Self {
             routes_v4: open(dir, names::ROUTES_V4)?,
@@ -239,6 +318,8 @@ impl Maps {
             } else {
                 None
             },
+            flowlet_slots: if dir.join(names::FLOWLET_SLOTS).exists() { Some(Self::open_slots(dir)?) } else { None },
+            inherited: InheritedGroups::new(),
         })
     }
 
@@ -268,7 +349,7 @@ impl Maps {
     /// Installs the priority classes, in match order.
     pub fn set_classes(&mut self, classes: &[ClassEntry]) -> Result<()> {
         if classes.len() > MAX_CLASSES as usize {
-            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES }.into());
+            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES });
         }
         // Shrink the live count first so no packet sees a half-written list.
         let config = self.dataplane_config()?;
@@ -282,9 +363,7 @@ impl Maps {
 
     pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {
         if id >= MAX_ECN_PROFILES {
-            return Err(
-                DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES }.into()
-            );
+            return Err(DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES });
         }
         self.ecn_profiles.set(id, profile, 0).context("cannot write ECN_PROFILES")
     }
@@ -293,7 +372,7 @@ impl Maps {
     /// a default ECN profile (NO_PROFILE for none) and counters.
     pub fn set_egress(&mut self, ifindex: u32, slot: u32, rate_bytes_per_sec: u64, profile: u32) -> Result<()> {
         if slot >= MAX_EGRESS_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS });
         }
         let entry = EgressEntry::new(slot, profile, rate_bytes_per_sec);
         let context = || format!("cannot configure egress ifindex {ifindex}");
@@ -366,7 +445,15 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.insert(&key, entry, 0),
             PinKey::V6(key) => self.pins_v6.insert(&key, entry, 0),
         }
-        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(
+            target: "rocev2::maps",
+            "pin {prefix} qp {dest_qp:#x} -> group {} position {} generation {}",
+            entry.group,
+            entry.position,
+            entry.generation
+        );
+        Ok(())
     }
 
     pub fn remove_pin(&mut self, prefix: &Prefix, dest_qp: u32) -> Result<()> {
@@ -374,7 +461,9 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.remove(&key),
             PinKey::V6(key) => self.pins_v6.remove(&key),
         }
-        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(target: "rocev2::maps", "pin {prefix} qp {dest_qp:#x} removed");
+        Ok(())
     }
 
     /// Unregisters an ingress port (a reload removed it).
@@ -398,7 +487,7 @@ impl Maps {
     /// Registers an ingress port and gives it a counter slot.
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS });
         }
         let context = || format!("cannot register port ifindex {ifindex}");
         if ifindex < MAX_DIRECT_IFINDEX {
@@ -421,7 +510,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.insert(&Key::new(len.into(), addr.octets()), value, 0),
             Prefix::V6 { addr, len } => self.routes_v6.insert(&Key::new(len.into(), addr.octets()), value, 0),
         }
-        .with_context(|| format!("cannot install route {prefix} (route table full?)"))
+        .with_context(|| format!("cannot install route {prefix} (route table full?)"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} -> {target}");
+        Ok(())
     }
 
     pub(super) fn remove_route(&mut self, prefix: &Prefix) -> Result<()> {
@@ -429,7 +520,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.remove(&Key::new(len.into(), addr.octets())),
             Prefix::V6 { addr, len } => self.routes_v6.remove(&Key::new(len.into(), addr.octets())),
         }
-        .with_context(|| format!("cannot remove route {prefix}"))
+        .with_context(|| format!("cannot remove route {prefix}"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} removed");
+        Ok(())
     }
 
     /// Publishes a hash group whose members share its buckets evenly (see
@@ -471,12 +564,10 @@ impl Maps {
         buckets: &BucketTable,
     ) -> Result<u32> {
         if group >= MAX_GROUPS {
-            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS }.into());
+            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS });
         }
         if members.len() > MAX_MEMBERS_PER_GROUP as usize {
-            return Err(
-                DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP }.into()
-            );
+            return Err(DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP });
         }
         let current = self.groups.get(&group, 0).context("cannot read GROUPS")?;
         // A never-written group has member_count 0 and takes bank 0.
@@ -506,22 +597,20 @@ impl Maps {
             }
         }
         if let Some(bad) = buckets.iter().find(|m| usize::from(**m) >= members.len() && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", members.len());
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: members.len() });
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
-        let generation = current.generation.wrapping_add(1).max(1);
-        let entry = GroupEntry {
-            member_count: new_count,
-            bank,
-            hash_mode: policy.hash as u32,
-            policy: policy.policy,
-            generation,
-            flowlet_choice: policy.flowlet_choice,
-            flowlet_flags: policy.flowlet_flags,
-            flowlet_slot_mask: policy.flowlet_slot_mask,
-            flowlet_gap_ns: policy.flowlet_gap_ns,
+        // A takeover's first publish of a group the previous run left with
+        // exactly these members keeps its generation: flowlet state of
+        // that run stays valid. Other members: past that generation.
+        let generation = match self.inherited.remove(&group).filter(|_| fresh) {
+            Some((old, live)) if live == (0..new_count).map(entry_at).collect::<Vec<_>>() => old,
+            Some((old, _)) => old.wrapping_add(1).max(1),
+            None => current.generation.wrapping_add(1).max(1),
         };
+        let entry = policy.entry(new_count, bank, generation);
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: {new_count} members, bank {bank}, generation {generation}");
         Ok(generation)
     }
 
@@ -535,9 +624,10 @@ impl Maps {
     pub fn set_live_buckets(&mut self, group: u32, buckets: &BucketTable) -> Result<u32> {
         let current = self.group(group)?;
         if let Some(bad) = buckets.iter().find(|m| u32::from(**m) >= current.member_count && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", current.member_count);
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: current.member_count as usize });
         }
         self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: buckets moved in place, generation {}", current.generation);
         Ok(current.generation)
     }
 

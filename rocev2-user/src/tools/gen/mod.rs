@@ -240,7 +240,7 @@ pub struct GenArgs {
     /// QP's rate, from --rate, falls on CNPs and climbs back), `cts` (each
     /// message waits for the receiver's grant; `sink --rc --transport cts`).
     #[arg(long, value_enum, default_value = "none", requires = "rc")]
-    pub transport: crate::tools::rc::Transport,
+    pub transport: crate::tools::rc::transport::Transport,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -278,7 +278,7 @@ impl GenArgs {
             window: 32,
             messages: 16,
             ack_timeout_ms: 100,
-            transport: crate::tools::rc::Transport::None,
+            transport: crate::tools::rc::transport::Transport::None,
             json: false,
         }
     }

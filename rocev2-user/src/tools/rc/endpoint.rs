@@ -21,42 +21,20 @@ use rocev2_common::{
     bth::{aeth, opcode, Bth, BTH_LEN, PSN_MASK},
     telemetry::{seen, Seen},
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{
     admission::{self, Control, Kind},
     dcqcn::{Dcqcn, DcqcnParams},
     requester::{RequesterQpReport, SendQp},
     responder::{Delivered, Responder, ResponderQpReport, CONTROL_DSCP},
+    transport::Transport,
 };
 use crate::{
     sys::rawsock::PacketSocket,
     tools::packet::{parse_roce, ParsedRoce, RoceFrameSpec},
-    tools::sink::{Arrival, SinkReport, Tally},
+    tools::sink::tally::{Arrival, SinkReport, Tally},
 };
-
-/// How the requesters react to congestion.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Transport {
-    /// Send whatever the window allows, ignore CNPs (loss is repaired by go-back-N).
-    #[default]
-    None,
-    /// DCQCN: every QP's rate falls on CNPs and climbs back without them.
-    Dcqcn,
-    /// Receiver-driven admission: a message goes only once its receiver granted it (CTS).
-    Cts,
-}
-
-impl Transport {
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::None => "none",
-            Transport::Dcqcn => "dcqcn",
-            Transport::Cts => "cts",
-        }
-    }
-}
 
 /// Data packets a requester QP sends in a row before the next QP's turn.
 const BURST: u32 = 4;

@@ -49,13 +49,15 @@ pub mod admission;
 pub mod dcqcn;
 mod endpoint;
 mod requester;
-mod responder;
+pub(crate) mod responder;
+pub mod transport;
 
-pub use endpoint::{Endpoint, EndpointConfig, EndpointReport, Event, Transport};
+pub use endpoint::{Endpoint, EndpointConfig, EndpointReport, Event};
 pub use requester::{RequesterQpReport, Retransmission};
 pub use responder::{
     data_bytes, render_responder, Delivered, Responder, ResponderQpReport, CNP_INTERVAL, CONTROL_DSCP,
 };
+pub use transport::Transport;
 
 /// The requester gives up after this long without completing (a lab whose
 /// path is down should not hang a test).

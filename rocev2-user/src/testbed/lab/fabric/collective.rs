@@ -14,7 +14,7 @@
 //! frame: each one sent was received or dropped by a queue.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     fmt::Write as _,
     io::IsTerminal as _,
     net::IpAddr,
@@ -765,17 +765,4 @@ pub fn render(o: &CollectiveReport) -> String {
     }
     out.push_str(&table.render());
     out
-}
-
-/// Per rank, the bytes the plan sends it (for `lab te`'s traffic matrix).
-pub fn traffic_matrix(plan: &Plan) -> BTreeMap<(usize, usize, u32), u64> {
-    let mut m = BTreeMap::new();
-    for (s, step) in plan.steps.iter().enumerate() {
-        for t in &step.transfers {
-            for msg in plan.messages(s, t) {
-                *m.entry((t.src, t.dst, msg.qp)).or_default() += msg.bytes;
-            }
-        }
-    }
-    m
 }

@@ -110,7 +110,7 @@ pub fn engineer(record: &mut LabRecord, plan: &Plan, down: &[LinkId]) -> Result<
     // Every QP needs its share of its host's link: the share of the
     // host's bytes it carries.
     let mut sent = vec![0u64; plan.n()];
-    let matrix = super::collective::traffic_matrix(plan);
+    let matrix = plan.traffic_matrix();
     for ((src, _, _), bytes) in &matrix {
         sent[*src] += bytes;
     }
