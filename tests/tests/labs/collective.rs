@@ -9,7 +9,10 @@
 
 use std::process::Command;
 
-use rocev2_tests::{require_root, rocev2_bin, LabGuard};
+use rocev2_tests::{
+    book::{self, assert_shows, mask},
+    require_root, rocev2_bin, LabGuard,
+};
 use rocev2_user::{
     testbed::lab::{
         self,
@@ -47,6 +50,18 @@ fn queue_totals(record: &LabRecord) -> (u64, u64) {
     stats.iter().fold((0, 0), |(d, m), s| (d + s.drops, m + s.ecn_marked))
 }
 
+/// The book's text block (in collectives.md) whose first line starts with `first`.
+fn book_block(first: &str) -> Vec<String> {
+    let chapter = book::chapter("collectives.md");
+    let block = chapter
+        .split("```text\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap_or(""))
+        .find(|b| b.starts_with(first))
+        .unwrap_or_else(|| panic!("collectives.md has no text block starting with {first:?}"));
+    block.lines().map(str::to_string).collect()
+}
+
 /// `rocev2 lab mode --name NAME MODE`: every switch's config rewritten and its dataplane restarted.
 fn mode(name: &str, mode: &str) {
     let out = Command::new(rocev2_bin()).args(["lab", "mode", "--name", name, mode]).output().unwrap();
@@ -70,10 +85,10 @@ fn run(args: &LabCollectiveArgs) -> CollectiveReport {
 fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
     require_root();
     let name = lab_name('q');
-    let _lab = lab_up(&name, &["--link-rate", "20mbit", "--leaf-buffer", "16k", "--spine-buffer", "128k"]);
+    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "16k", "--spine-buffer", "1m"]);
     let record = LabRecord::read(&name).unwrap();
     let rated = record.rated.clone().expect("lab up recorded the rated links");
-    assert_eq!(rated.settings.rate_bps, 20_000_000);
+    assert_eq!(rated.settings.rate_bps, 10_000_000);
     // 4 host NICs, 4 leaf->host, 4 leaf->spine, 4 spine->leaf.
     assert_eq!(rated.queues.len(), 16);
     assert!(rated.measured_path_fps.unwrap() > 0.0);
@@ -89,7 +104,7 @@ fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
         qps: 8,
         messages: 24,
         sport: SportModel::Fixed,
-        rate: 20_000,
+        rate: 10_000,
         json: false,
     };
     let o = lab::fabric::traffic(&args).unwrap();
@@ -103,8 +118,10 @@ fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
     let out = Command::new(rocev2_bin()).args(["lab", "stats", "--name", &name]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("Queues: every link 20mbit"), "{text}");
+    assert!(text.contains("Queues: every link 10mbit"), "{text}");
     assert!(text.contains("r1h1/eth0") && text.contains("l1/s1p1") && text.contains("s2/l2p1"), "{text}");
+    let queues = text[text.find("Queues:").unwrap()..].replace(&format!("{name}-wire"), "lab-wire");
+    assert_shows("lab stats (its queues)", &book_block("Queues:"), &queues, mask);
 }
 
 #[test]
@@ -119,6 +136,12 @@ fn allreduce_with_qp_hashing_over_4_qps_beats_five_tuple_over_one_where_five_tup
     mode(&name, "five-tuple");
     args.qps = 1;
     let five = run(&args);
+    assert_shows(
+        "lab collective under five-tuple",
+        &book_block("allreduce of 2m per rank"),
+        &collective::render(&five),
+        mask,
+    );
     mode(&name, "qp");
     args.qps = 4;
     let qp = run(&args);
@@ -153,10 +176,38 @@ fn incast_with_cts_admission_drops_less_than_without() {
     let none = run(&args);
     args.transport = Transport::Cts;
     let cts = run(&args);
+    assert_shows("an incast under cts", &book_block("incast of 2m into r1h1"), &collective::render(&cts), mask);
     eprintln!("drops: none {}, cts {}", none.drops, cts.drops);
     assert!(none.drops > 0, "without admission the receiver's link overflows");
     assert!(none.retransmitted > 0, "and go-back-N sends again");
     assert!(cts.drops < none.drops, "admission keeps the receiver's queue within its buffer");
     // One grant per message: 2m from 3 senders, 6 messages of at most 128k each.
     assert_eq!(cts.cts_sent, 18);
+}
+
+/// The book's scorecard is the rendering of the run saved beside it
+/// (docs/src/scorecard.json), and its chart that run's SVG.
+#[test]
+fn the_books_scorecard_is_one_run_rendered() {
+    use rocev2_user::testbed::lab::fabric::scorecard::{mode_runs, render, svg, Scorecard};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src");
+    let card: Scorecard = serde_json::from_str(&std::fs::read_to_string(dir.join("scorecard.json")).unwrap()).unwrap();
+    let table: Vec<String> = render(&card).lines().map(str::to_string).collect();
+    assert_eq!(book_block("Ring AllReduce of"), table, "collectives.md shows `lab scorecard --from scorecard.json`");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("scorecard.svg")).unwrap(),
+        svg(&card),
+        "scorecard.svg is that run's chart"
+    );
+    // Every mode of the scorecard ran, completed, and its numbers agree.
+    let modes: Vec<(String, u32)> = mode_runs(&[2000, 50_000]).into_iter().map(|(b, q)| (b.label(), q)).collect();
+    let ran: Vec<(String, u32)> = card.modes.iter().map(|r| (r.mode.clone(), r.qps)).collect();
+    assert_eq!(ran, modes);
+    for r in &card.modes {
+        assert!(r.complete, "{}", r.mode);
+        assert!((r.busbw / card.ideal_busbw - r.share_of_ideal).abs() < 1e-9, "{}", r.mode);
+        assert!((card.ideal_seconds / r.seconds - r.share_of_ideal).abs() < 0.01, "{}", r.mode);
+    }
+    let transports: Vec<&str> = card.transports.iter().map(|t| t.transport.name()).collect();
+    assert_eq!(transports, ["none", "dcqcn", "cts"]);
 }
