@@ -28,7 +28,10 @@ use crate::{
     control::config::parse_size_arg,
     render::{Align, Table},
     testbed::lab::LabRecord,
-    tools::collective::{Op, Placement},
+    tools::collective::{
+        model::{self, Mode, Setup},
+        Op, Placement,
+    },
     tools::rc::Transport,
 };
 
@@ -122,6 +125,51 @@ pub fn mode_runs(gaps: &[u32]) -> Vec<(Balance, u32)> {
     }
     rows.push((Balance::TransportAware { gap_us: gaps.last().copied().unwrap_or(50_000) }, 1));
     rows
+}
+
+/// The simulator's mode for a lab balance, with its flowlet gap in ns.
+pub fn model_mode(balance: &Balance) -> (Mode, u64) {
+    match balance {
+        Balance::Hash { hash: HashMode::FiveTuple } => (Mode::FiveTuple, 0),
+        Balance::Hash { hash: HashMode::Qp } => (Mode::Qp, 0),
+        Balance::Slice => (Mode::Pinned, 0),
+        Balance::Te { .. } => (Mode::Te, 0),
+        Balance::Flowlet { table: FlowletTable::Keyed, gap_us } => (Mode::FlowletKeyed, u64::from(*gap_us) * 1000),
+        Balance::Flowlet { table: FlowletTable::Keyless, gap_us } => (Mode::FlowletKeyless, u64::from(*gap_us) * 1000),
+        Balance::TransportAware { gap_us } => (Mode::TransportAware, u64::from(*gap_us) * 1000),
+    }
+}
+
+/// What the flow-level model ([`model::predict`]) says a collective on lab
+/// `record` under `balance` does: the same fabric (its seeds), link rate,
+/// placement, QPs and chunks as `lab collective` runs with transport
+/// `none` (messages back to back).
+pub fn predict(
+    record: &LabRecord,
+    balance: &Balance,
+    op: Op,
+    size: u64,
+    chunk: u64,
+    qps: u32,
+) -> Result<model::Prediction> {
+    let fabric = record.fabric.clone().context("not a fabric")?;
+    let rated = record.rated.as_ref().context("the model needs the lab's link rate (lab up --link-rate)")?;
+    let (mode, flowlet_gap_ns) = model_mode(balance);
+    let setup = Setup {
+        v6: !fabric.v4,
+        fabric,
+        link_bps: rated.settings.rate_bps,
+        op,
+        size,
+        qps,
+        chunk,
+        placement: Placement::Interleaved,
+        mode,
+        flowlet_gap_ns,
+        message_gap_ns: 0,
+        flowlet_slots: rocev2_common::maps::DEFAULT_FLOWLET_SLOTS,
+    };
+    model::predict(&setup).map_err(|e| anyhow::anyhow!("the model: {e}"))
 }
 
 fn run_args(name: &str, op: Op, size: u64, chunk: u64, qps: u32, transport: Transport) -> LabCollectiveArgs {
