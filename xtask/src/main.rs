@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, lintian, debootstrap, qemu, cargo-deb).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -284,9 +284,21 @@ const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev"
 /// packaging: `systemd` (systemd-analyze verify on the unit, no running
 /// systemd needed), `man-db` (verify looks up Documentation=man:),
 /// `lintian` (checks the .deb), `linux-perf` (`rocev2 bench --profile`
-/// samples with `perf record`).
-const TOOL_PACKAGES: &[&str] =
-    &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian", "linux-perf"];
+/// samples with `perf record`); for the RDMA guests (`lab up --rdma-hosts`,
+/// the real-RDMA tests): `debootstrap` builds their Debian tree,
+/// `qemu-system-x86` boots them (TCG).
+const TOOL_PACKAGES: &[&str] = &[
+    "iproute2",
+    "ethtool",
+    "python3-scapy",
+    "frr",
+    "systemd",
+    "man-db",
+    "lintian",
+    "linux-perf",
+    "debootstrap",
+    "qemu-system-x86",
+];
 /// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
 const CARGO_DEB_VERSION: &str = "3.8";
 

@@ -3,6 +3,7 @@
 //! the one topology builder they all use (`topology`).
 
 pub mod bench;
+pub mod debian_tree;
 pub mod fault;
 pub mod frr;
 pub mod lab;
