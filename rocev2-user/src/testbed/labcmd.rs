@@ -50,6 +50,7 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
 pub mod fabric;
+pub mod rdma_hosts;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -68,6 +69,9 @@ pub enum LabCommand {
     Traffic(fabric::LabTrafficArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
+    /// Run a command in a host of the lab: in its virtual machine
+    /// (`--rdma-hosts`), else in its namespace. Exits with its status.
+    Exec(rdma_hosts::LabExecArgs),
 }
 
 impl LabCommand {
@@ -79,6 +83,7 @@ impl LabCommand {
             Self::Status(_) => "lab status",
             Self::Traffic(_) => "lab traffic",
             Self::Stats(_) => "lab stats",
+            Self::Exec(_) => "lab exec",
         }
     }
 }
@@ -133,6 +138,8 @@ pub struct LabUpArgs {
     /// (default 2 with `--zones` 2 or more).
     #[arg(long, requires = "zones")]
     pub aggs: Option<u32>,
+    #[command(flatten)]
+    pub rdma: rdma_hosts::RdmaHostArgs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +174,13 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         }
         LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
         LabCommand::Stats(args) => fabric::stats(args),
+        LabCommand::Exec(args) => {
+            let status = rdma_hosts::exec(args)?;
+            if status != 0 {
+                std::process::exit(status);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -191,6 +205,9 @@ pub struct LabRecord {
     /// A fabric's dataplanes, one per switch.
     #[serde(default)]
     pub switches: Vec<fabric::SwitchRecord>,
+    /// `--rdma-hosts`: the hosts' virtual machines.
+    #[serde(default)]
+    pub guests: Vec<crate::testbed::guest::Guest>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {
@@ -629,6 +646,7 @@ fn start_bgp(plan: &LabPlan, args: &LabUpArgs, record: &mut LabRecord) -> Result
 fn remove(record: &LabRecord) -> Result<String> {
     let mut log = String::new();
     let mut errors = Vec::new();
+    rdma_hosts::remove_guests(record, &mut log, &mut errors);
     for ns in record.namespaces.iter().rev() {
         match remove_netns(ns, &mut log) {
             Ok(true) => {
@@ -703,7 +721,12 @@ pub fn status(name: &str) -> Result<String> {
     validate_name(name)?;
     let record = LabRecord::read(name)?;
     if let Some(f) = &record.fabric {
-        return fabric::status(&record, f);
+        let mut out = fabric::status(&record, f)?;
+        if !record.guests.is_empty() {
+            out.push_str("RDMA hosts:\n");
+            out.push_str(&rdma_hosts::guests_table(&record.guests));
+        }
+        return Ok(out);
     }
     let mut out = format!("Lab {name:?}");
     if let Some(c) = &record.config {
@@ -759,6 +782,7 @@ mod tests {
             zones: 1,
             aggs: None,
             unnumbered: false,
+            rdma: Default::default(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod debian_tree;
 pub mod fault;
 pub mod frr;
+pub mod guest;
 pub mod lab;
 pub mod labcmd;
 pub mod topology;

@@ -26,12 +26,12 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    base_sysctls, bgp, build_topology, make_dir, netns_exists, record_path, route_args, strs, write_file, LabRecord,
-    LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
+    base_sysctls, bgp, build_topology, make_dir, netns_exists, rdma_hosts, record_path, route_args, strs, write_file,
+    LabRecord, LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
 };
 use crate::{
     render::{Align, Table},
-    testbed::frr::bgp_config,
+    testbed::{frr::bgp_config, guest::GuestSpec},
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
@@ -72,6 +72,8 @@ pub struct FabricPlan {
     /// Per switch: its record and config text.
     pub switches: Vec<(SwitchRecord, String)>,
     pub bgp: Vec<bgp::BgpSpeaker>,
+    /// `--rdma-hosts`: one virtual machine per host.
+    pub guests: Vec<GuestSpec>,
 }
 
 pub fn switch_ns(name: &str, s: Switch) -> String {
@@ -128,11 +130,34 @@ impl FabricPlan {
                 routes: vec![],
             });
         }
+        let mut guests = Vec::new();
         for r in 1..=f.racks {
             let leaf = switch_ns(&name, Switch::Leaf(r));
             for i in 1..=f.hosts {
                 let h = host_ns(&name, r, i);
                 let (v4, v6) = (Fabric::host_v4(r, i), Fabric::host_v6(r, i));
+                if args.rdma.enabled {
+                    // The guest takes the host's addresses; its namespace bridges.
+                    guests.push(rdma_hosts::guest_spec(&name, &dir, f, r, i, args.rdma.guest_memory));
+                    namespaces.push(NsPlan {
+                        name: h.clone(),
+                        sysctls: rdma_hosts::host_side_sysctls(),
+                        lo_addrs: vec![],
+                        routes: rdma_hosts::host_side_commands(),
+                    });
+                    links.push(VethPlan {
+                        a_ns: leaf.clone(),
+                        a_if: Fabric::host_port(i),
+                        a_mac: Fabric::leaf_host_mac(r, i),
+                        a_addrs: pick(format!("10.{r}.{i}.254/24"), format!("fd00:{r}:{i}::fe/64")),
+                        b_ns: h,
+                        b_if: "eth0".into(),
+                        b_mac: Fabric::host_mac(r, i),
+                        b_addrs: vec![],
+                        gro_b: true,
+                    });
+                    continue;
+                }
                 let mut routes = Vec::new();
                 if f.v4 {
                     routes.push(strs(&["route", "add", "default", "via", &format!("10.{r}.{i}.254"), "dev", "eth0"]));
@@ -204,7 +229,7 @@ impl FabricPlan {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
-            let text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode);
+            let text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, args.rdma.enabled);
             if !bgp_mode {
                 let plan = namespaces.iter_mut().find(|n| n.name == ns).expect("switch namespace planned");
                 plan.routes = kernel_routes(f, s);
@@ -237,7 +262,7 @@ impl FabricPlan {
             bail!("--unnumbered is a kind of BGP session: add --routing bgp");
         }
         let bgp = if bgp_mode { speakers(&name, f, args.unnumbered) } else { Vec::new() };
-        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp })
+        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp, guests })
     }
 }
 
@@ -249,7 +274,9 @@ fn link_local(mac: [u8; 6]) -> String {
 }
 
 /// The `[[port]]`s, groups and routes of one switch.
-fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, bgp: bool) -> String {
+/// `telemetry`: per-QP telemetry on (`rocev2 top`, `trace`), for the real
+/// QPs of RDMA hosts.
+fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, bgp: bool, telemetry: bool) -> String {
     let mut t = format!(
         "# Written by `rocev2 lab up` for {s} (namespace {ns}).\n\
          # Its dataplane: rocev2 --netns {ns} run --config {cfg}\n\
@@ -259,6 +286,9 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         seed = f.seed_setting(),
         pin = pin_dir.display(),
     );
+    if telemetry {
+        t.push_str("telemetry_qps = 4096\n");
+    }
     for (port, _) in f.ports(s) {
         let _ = write!(t, "\n[[port]]\nname = \"{port}\"\n");
     }
@@ -509,9 +539,12 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(ns) = plan.namespaces.iter().find(|n| netns_exists(&n.name)) {
         bail!("network namespace {:?} already exists but belongs to no lab record; pick another --name", ns.name);
     }
+    // The guests' tree first (built once; a minute and a half): a failure
+    // there leaves nothing to clean up.
+    let tree = if args.rdma.enabled { Some(rdma_hosts::tree(&args.rdma)?) } else { None };
     let mut record = LabRecord { name: name.clone(), fabric: Some(plan.fabric.clone()), ..Default::default() };
     record.write()?;
-    let result = build(&plan, &mut record);
+    let result = build(&plan, &mut record, tree.as_deref());
     let bgp_line = match result {
         Ok(line) => line,
         Err(e) => {
@@ -555,15 +588,29 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         ]);
     }
     out.push_str(&table.render());
-    let _ = writeln!(
-        out,
-        "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
-        name
-    );
+    if record.guests.is_empty() {
+        let _ = writeln!(
+            out,
+            "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            name
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "RDMA hosts: virtual machines r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1) with Soft-RoCE rxe0, bridged in namespaces {name}-r<rack>h<host>:"
+        );
+        out.push_str(&rdma_hosts::guests_table(&record.guests));
+        let (server, client) = ("r2h1", "r1h1");
+        let _ = writeln!(
+            out,
+            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            Fabric::host_addr(2, 1, !f.v4)
+        );
+    }
     Ok(out)
 }
 
-fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Option<String>> {
+fn build(plan: &FabricPlan, record: &mut LabRecord, tree: Option<&Path>) -> Result<Option<String>> {
     build_topology(&plan.namespaces, &plan.links, record)?;
     make_dir(&plan.dir, record)?;
     for (s, text) in &plan.switches {
@@ -582,6 +629,9 @@ fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Option<String>> {
         Some(start_bgp(plan)?)
     };
     start_dataplanes(record)?;
+    if let Some(tree) = tree {
+        rdma_hosts::start_guests(&plan.guests, tree, record)?;
+    }
     Ok(bgp_line)
 }
 
