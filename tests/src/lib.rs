@@ -5,6 +5,7 @@
 //! say why.
 
 pub mod fixture;
+pub mod rdma;
 pub mod readme;
 
 use std::path::PathBuf;

@@ -17,6 +17,15 @@ hostname "$GUEST_NAME"
 # dropped. A plain FIFO with a long queue instead (set before the NIC exists).
 echo pfifo_fast >/proc/sys/net/core/default_qdisc
 modprobe -a virtio_net crc32_generic rdma_rxe ib_uverbs rdma_ucm || say "modprobe failed"
+# rxe (Linux 6.1) drops a packet whose ICRC is wrong without a counter or
+# a log line: a return probe on its check counts both outcomes (a
+# histogram by return value, read by the host).
+t=/sys/kernel/tracing
+mount -t tracefs tracefs $t &&
+	echo 'r:rocev2/icrc rxe_icrc_check ret=$retval:s32' >>$t/kprobe_events &&
+	echo 'hist:keys=ret' >$t/events/rocev2/icrc/trigger &&
+	echo 1 >$t/events/rocev2/icrc/enable ||
+	say "cannot probe rxe's ICRC check: ICRC errors will not be counted"
 for f in all default; do
 	echo 0 >/proc/sys/net/ipv6/conf/$f/accept_dad
 done
