@@ -44,6 +44,8 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    /// Frames an egress device refused after a redirect, by its ifindex.
+    pub const EGRESS_REFUSED: &str = "EGRESS_REFUSED";
     /// Not pinned: it holds program references and lives with the programs.
     pub const CPUS: &str = "CPUS";
     /// The tools object's maps (rocev2-tools; never pinned).
@@ -64,6 +66,7 @@ pub mod names {
         EGRESS_BY_SLOT,
         ROUTE_CACHE,
         BUCKETS,
+        EGRESS_REFUSED,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,
@@ -305,7 +308,7 @@ pub struct IfindexSlots {
     pub egress: u32,
 }
 
-/// Value of CONFIG[0]: settings the control program may change at run time.
+/// Value of `CONFIG[0]`: settings the control program may change at run time.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -320,7 +323,7 @@ pub struct DataplaneConfig {
     pub spread_cpus: u32,
 }
 
-/// Value of GEN_REWRITE[0]: what the traffic generator's XDP_TX program
+/// Value of `GEN_REWRITE[0]`: what the traffic generator's XDP_TX program
 /// restores in every frame before sending it. Live frames come from a page
 /// pool that the kernel recycles as is, so without this a frame's second
 /// trip would carry the MACs and TTL a forwarder wrote on its first.

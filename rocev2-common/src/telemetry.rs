@@ -116,7 +116,7 @@ pub struct MemberTransport {
     pub acked_repicks: u64,
 }
 
-/// `rocev2 trace`'s filter, in TRACE_FILTER[0]; `active` 0 = no trace.
+/// `rocev2 trace`'s filter, in `TRACE_FILTER[0]`; `active` 0 = no trace.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceFilter {

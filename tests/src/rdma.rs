@@ -11,7 +11,7 @@ use std::{
 
 use rocev2_user::testbed::{
     guest::{Budget, Guest, GuestJob, JobOutput, RxeCounters},
-    labcmd::LabRecord,
+    lab::LabRecord,
 };
 
 use crate::{rocev2_bin, LabGuard};

@@ -94,6 +94,10 @@ struct Runner {
     member_transport: crate::control::qp_telemetry::MemberTransportReader,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
+    /// Names of the devices redirects go to, by ifindex (for `stats`).
+    egress_names: BTreeMap<u32, String>,
+    /// Refused redirects per egress ifindex at the last status tick.
+    refused_seen: BTreeMap<u32, u64>,
     /// The hash seed in use (resolved from `hash_seed = "auto"`).
     seed: u32,
     /// The class list installed, so an unchanged one is not rewritten
@@ -150,6 +154,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = status_tick.tick() => {
                 crate::control::notify::status(&runner.status_line());
                 runner.check_fill();
+                runner.check_refusals();
             }
             _ = link_tick.tick() => runner.refresh(false).await?,
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
@@ -211,6 +216,11 @@ impl Runner {
         let mut dataplane = dataplane;
         let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
         tracing::info!(features = features.as_str(), "programs loaded with features: {features}");
+        if let Err(why) = dataplane.refusal_counting() {
+            tracing::warn!(
+                "frames an egress device refuses after a redirect are not counted (they show as forwarded): {why}"
+            );
+        }
         if config.dataplane.cpu_spread == CpuSpread::Qp {
             if config.dataplane.attach == Attach::Tc {
                 bail!("dataplane.cpu_spread = \"qp\" needs attach = \"xdp\" (the CPU map is an XDP redirect); set one of them back");
@@ -242,6 +252,8 @@ impl Runner {
             health_at: Instant::now(),
             member_transport: Default::default(),
             kernel: None,
+            egress_names: BTreeMap::new(),
+            refused_seen: BTreeMap::new(),
             seed: 0,
             classes: None,
             mode,
@@ -315,6 +327,29 @@ impl Runner {
             });
         }
         crate::control::capacity::check(&fills);
+    }
+
+    /// Warns (once per status interval) when egress devices refused
+    /// redirected frames since the last check: lost frames `forwarded`
+    /// does not count.
+    fn check_refusals(&mut self) {
+        let Ok(now) = self.dataplane.maps.egress_refused() else { return };
+        let grown: Vec<String> = now
+            .iter()
+            .filter_map(|(ifindex, n)| {
+                let new = n.saturating_sub(self.refused_seen.get(ifindex).copied().unwrap_or(0));
+                let name = self.egress_names.get(ifindex).cloned().unwrap_or_else(|| format!("ifindex {ifindex}"));
+                (new > 0).then(|| format!("{name} {new}"))
+            })
+            .collect();
+        if !grown.is_empty() {
+            tracing::warn!(
+                "egress devices refused redirected frames (lost, counted as drop_egress_refused) in the last {}s: {}; a full ring, a device down, or a veth peer without NAPI",
+                STATUS_INTERVAL.as_secs(),
+                grown.join(", ")
+            );
+        }
+        self.refused_seen = now;
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a
@@ -440,7 +475,7 @@ impl Runner {
         }
         resolve_new_neighbours(&self.netlink, &mut members).await;
         for link in links.members.iter().flatten() {
-            prepare_egress(&mut self.dataplane, link)?;
+            prepare_egress(&mut self.dataplane, link, &mut self.egress_names)?;
         }
 
         // Group slots by name; new groups take free slots (not those of
@@ -656,7 +691,7 @@ impl Runner {
         for (ifindex, name) in kernel.links_to_prepare() {
             match self.netlink.link(&name).await {
                 Ok(link) => {
-                    prepare_egress(&mut self.dataplane, &link)?;
+                    prepare_egress(&mut self.dataplane, &link, &mut self.egress_names)?;
                     kernel.mark_prepared(ifindex);
                 }
                 Err(e) => tracing::warn!(link = name.as_str(), "learned next hop on {name}: {e:#}"),
@@ -813,6 +848,8 @@ impl Runner {
         }
         self.state.seed = self.seed;
         self.state.seed_auto = c.dataplane.hash_seed == HashSeed::Auto;
+        self.state.egress_devices = self.egress_names.clone();
+        self.state.refusals_uncounted = self.dataplane.refusal_counting().err().unwrap_or_default().to_string();
         self.state.egress = c
             .egress
             .iter()
@@ -829,9 +866,11 @@ impl Runner {
 }
 
 /// Makes `link` a redirect target: in the device map, and for a veth, NAPI
-/// on its peer (XDP redirects into a veth are dropped without it).
-fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo) -> Result<()> {
+/// on its peer (XDP redirects into a veth are dropped without it); notes
+/// its name in `names`.
+fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo, names: &mut BTreeMap<u32, String>) -> Result<()> {
     dataplane.maps.add_egress_dev(link.ifindex)?;
+    names.insert(link.ifindex, link.name.clone());
     match ensure_veth_peer_napi(link) {
         Ok(PeerNapi::EnabledGro { peer_name, netns }) => tracing::info!(
             "enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",

@@ -40,7 +40,44 @@ pub struct RunState {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
-    pub learned: Option<crate::control::routing::LearnedStats>,
+    pub learned: Option<LearnedStats>,
+    /// Every device redirects go to (group members' links), by ifindex:
+    /// names for the refused-redirect counters.
+    #[serde(default)]
+    pub egress_devices: std::collections::BTreeMap<u32, String>,
+    /// Why frames an egress device refuses after a redirect are not
+    /// counted (no kernel BTF, a tracepoint that would not attach); empty
+    /// when they are.
+    #[serde(default)]
+    pub refusals_uncounted: String,
+}
+
+/// What a run learned from the kernel's routes: counts for `stats` and
+/// the metrics.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LearnedStats {
+    /// The kernel table followed.
+    pub table: u32,
+    /// Prefixes forwarded in XDP over learned groups (host entries included).
+    pub routes: usize,
+    /// Of those, host entries made from the neighbour table.
+    pub hosts: usize,
+    /// Prefixes left to the kernel, by reason.
+    pub to_kernel: std::collections::BTreeMap<String, usize>,
+    /// Learned groups.
+    pub groups: usize,
+    /// Netlink messages applied.
+    pub messages: u64,
+    /// Full re-reads of the kernel's tables (start, socket overflow).
+    pub resyncs: u64,
+    /// Time the last batch of changes took from its first message read to
+    /// the dataplane updated, in microseconds.
+    pub last_apply_us: u64,
+    /// Median and 99th percentile of that time over the last 1,000 batches
+    /// that changed a route or a group, and how many there were.
+    pub apply_us_p50: u64,
+    pub apply_us_p99: u64,
+    pub apply_samples: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -23,6 +23,9 @@ const VLAN_TAG_LEN: usize = 4;
 pub struct PacketSocket {
     fd: OwnedFd,
     ifindex: u32,
+    /// Frames the kernel dropped for want of room in this socket's
+    /// receive buffer, read so far (the kernel resets its count on read).
+    drops: std::sync::atomic::AtomicU64,
 }
 
 fn os_err(what: &str) -> io::Error {
@@ -94,7 +97,40 @@ impl PacketSocket {
         if rc != 0 {
             return Err(os_err(&format!("bind packet socket to {ifname}")));
         }
-        Ok(Self { fd, ifindex })
+        Ok(Self { fd, ifindex, drops: Default::default() })
+    }
+
+    /// Sets the receive buffer to `bytes` (the kernel doubles it and has a
+    /// floor): a small one makes a capture drop under load on purpose.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+            .or_else(|_| setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+            .map_err(|e| io::Error::new(e.kind(), format!("SO_RCVBUF: {e}")))
+    }
+
+    /// Frames that reached this socket but were dropped because its receive
+    /// buffer was full (the kernel's PACKET_STATISTICS, what tcpdump
+    /// reports as "dropped by kernel"), since it was opened.
+    pub fn drops(&self) -> io::Result<u64> {
+        use std::sync::atomic::Ordering;
+        // SAFETY: all-zero is a valid tpacket_stats.
+        let mut stats: libc::tpacket_stats = unsafe { zeroed() };
+        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `stats` and `len` outlive the call and describe the buffer.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut stats as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("PACKET_STATISTICS"));
+        }
+        Ok(self.drops.fetch_add(u64::from(stats.tp_drops), Ordering::Relaxed) + u64::from(stats.tp_drops))
     }
 
     /// The kernel index of the bound interface.

@@ -2,6 +2,7 @@
 //! building and ICRC, the RC requester and responder, the entropy
 //! simulator and `explain`, and the eBPF programs the tools load.
 
+pub mod collective;
 pub mod entropy;
 pub mod explain;
 pub mod fabric;

@@ -474,7 +474,7 @@ pub struct ParsedRoce {
 }
 
 /// Decodes a RoCEv2 frame and checks its ICRC and IPv4 header checksum.
-/// Errors for anything that is not Ethernet / [VLAN] / IP / UDP 4791 with
+/// Errors for anything that is not Ethernet / \[VLAN\] / IP / UDP 4791 with
 /// room for BTH and ICRC, or is truncated.
 pub fn parse_roce(frame: &[u8]) -> Result<ParsedRoce, PacketError> {
     let loc = locate(frame)?;

@@ -41,7 +41,7 @@ use serde::Serialize;
 use crate::{
     render::{Align::*, Table},
     sys::rawsock::PacketSocket,
-    tools::gen::{device_mac, nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
+    tools::gen::{nic_sport, parse_mac, reth, GenArgs, SportModel, CNP_RESERVED_LEN, GEN_TTL},
     tools::packet::{build_roce_frame_with_header, parse_roce, ParsedRoce, RoceFrameSpec},
 };
 
@@ -267,7 +267,7 @@ pub fn request(args: &GenArgs) -> Result<RequesterReport> {
     validate_requester(args)?;
     let src_mac = match &args.src_mac {
         Some(m) => parse_mac(m).context("--src-mac")?,
-        None => device_mac(&args.dev)?,
+        None => crate::sys::device_mac(&args.dev)?,
     };
     let dst_mac = parse_mac(&args.dst_mac).context("--dst-mac")?;
     let socket =

@@ -214,6 +214,9 @@ pub struct SinkReport {
     pub pps: f64,
     /// Per QP, sorted by source, destination, DestQP.
     pub qps: Vec<QpReport>,
+    /// Frames the kernel dropped before this sink read them (its socket's
+    /// receive buffer was full): they arrived, and are missing above.
+    pub observer_dropped: u64,
     /// `--rc`: what the responder accepted and answered, per QP.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub responder: Vec<crate::tools::rc::ResponderQpReport>,
@@ -307,6 +310,12 @@ impl SinkReport {
             )
         });
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
+        if self.observer_dropped > 0 {
+            s.push_str(&format!(
+                "\n  WARNING: this sink's socket dropped {} frames that arrived (its receive buffer was full): gaps above may be the sink's, not the network's",
+                self.observer_dropped
+            ));
+        }
         if !self.responder.is_empty() {
             s.push('\n');
             s.push_str(&crate::tools::rc::render_responder(&self.responder));
@@ -495,6 +504,8 @@ impl Sink {
         };
         let mut report = tally.finish(&self.args.dev, elapsed);
         report.responder = responder.map(|r| r.report()).unwrap_or_default();
+        report.observer_dropped =
+            self.socket.drops().with_context(|| format!("reading {}'s drop count", self.args.dev))?;
         Ok(report)
     }
 

@@ -27,7 +27,7 @@
 //! ```
 //!
 //! Parsing happens in two steps: serde reads the file into `Raw*` structs
-//! whose fields are wrapped in [`toml::Spanned`], then [`Source::validate`]
+//! whose fields are wrapped in [`toml::Spanned`], then `Source::validate`
 //! checks every value and builds the public types. Keeping the spans until
 //! validation is what lets every error name the file, line, column and key,
 //! because the people reading these errors are editing the file by hand.
@@ -657,14 +657,16 @@ impl EcnProfileConfig {
 
 mod diagnostics;
 mod raw;
+pub mod reference;
 mod transport_aware;
 mod validate;
 mod values;
 
 pub use transport_aware::TransportAware;
+pub use values::{parse_rate_arg, parse_size_arg};
 
 // The submodules' items, for each other and for the tests (`use super::*`).
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what the submodules do not")]
 use {diagnostics::*, raw::*, validate::*, values::*};
 
 #[cfg(test)]

@@ -28,10 +28,13 @@ pub(super) fn parse_bytes(v: &toml::Value) -> Result<u64, String> {
                 "KB" | "kB" => 1e3,
                 "MB" => 1e6,
                 "GB" => 1e9,
-                "KiB" => 1024.0,
-                "MiB" => 1024.0 * 1024.0,
-                "GiB" => 1024.0 * 1024.0 * 1024.0,
-                other => return Err(format!("{other:?} is not a size unit; use B, KB, MB, GB, KiB, MiB or GiB")),
+                // tc's one-letter spellings ("64k", "1m") are powers of 1024, as in tc.
+                "KiB" | "k" | "K" => 1024.0,
+                "MiB" | "m" | "M" => 1024.0 * 1024.0,
+                "GiB" | "g" | "G" => 1024.0 * 1024.0 * 1024.0,
+                other => {
+                    return Err(format!("{other:?} is not a size unit; use B, KB, MB, GB, KiB (k), MiB (m) or GiB (g)"))
+                }
             };
             if num < 0.0 || !num.is_finite() {
                 return Err(format!("{s:?} is not a size"));
@@ -52,12 +55,13 @@ pub(super) fn parse_rate(v: &toml::Value) -> Result<u64, String> {
             let (num, unit) = number_and_unit(s)
                 .ok_or_else(|| format!("{s:?} is not a rate; write e.g. \"10Gbit\", \"25G\" or \"100Mbit\""))?;
             let unit = unit.trim_end_matches("ps").trim_end_matches("bit").trim_end_matches("/s");
+            // "Gbit" as in configs, "gbit" as tc writes it.
             let bits_per: f64 = match unit {
                 "" => 1.0,
                 "K" | "k" => 1e3,
-                "M" => 1e6,
-                "G" => 1e9,
-                "T" => 1e12,
+                "M" | "m" => 1e6,
+                "G" | "g" => 1e9,
+                "T" | "t" => 1e12,
                 other => {
                     return Err(format!("{other:?} is not a rate unit; use Kbit, Mbit, Gbit or Tbit (bits per second)"))
                 }
@@ -73,6 +77,29 @@ pub(super) fn parse_rate(v: &toml::Value) -> Result<u64, String> {
         return Err(format!("rate must be between 1 byte/s and {} Gbit/s", max * 8 / 1_000_000_000));
     }
     Ok(bytes)
+}
+
+/// A size typed on a command line ("64k", "1m", "150KB", "4096"): the
+/// config's `parse_bytes` rules, for the options that take one.
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) => parse_bytes(&toml::Value::Integer(n)),
+        Err(_) => parse_bytes(&toml::Value::String(s.to_owned())),
+    }
+}
+
+/// A rate typed on a command line ("200mbit", "1Gbit", "25G"), in bits
+/// per second: the config's `parse_rate` rules, where a bare number
+/// means bits per second (as tc reads it) rather than bytes.
+pub fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.chars().all(|c| c.is_ascii_digit()) {
+        return match t.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a rate; write e.g. \"200mbit\" or \"1gbit\"")),
+        };
+    }
+    parse_rate(&toml::Value::String(t.to_owned())).map(|bytes| bytes * 8)
 }
 
 /// A probability: 0.0 to 1.0, or a percentage string such as "5%".

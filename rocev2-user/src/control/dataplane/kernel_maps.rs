@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray, PerCpuHashMap,
     },
     Ebpf,
 };
@@ -55,6 +55,9 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
+    /// Frames each egress device refused after a redirect; `None` when
+    /// reading the pins of a `rocev2 run` from before the counter existed.
+    egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
 }
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
@@ -185,6 +188,7 @@ impl Maps {
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
+            egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
         })
     }
 
@@ -230,6 +234,11 @@ impl Maps {
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
             buckets: open(dir, names::BUCKETS)?,
+            egress_refused: if dir.join(names::EGRESS_REFUSED).exists() {
+                Some(open(dir, names::EGRESS_REFUSED)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -303,6 +312,12 @@ impl Maps {
         let mut slots = self.ifindex_slots.get(&ifindex, 0).context("cannot read IFINDEX_SLOTS")?;
         change(&mut slots);
         self.ifindex_slots.set(ifindex, slots, 0).context("cannot write IFINDEX_SLOTS")
+    }
+
+    /// Empties a virtual queue and forgets its high-water mark (the lab
+    /// does, after a measuring burst no rated link would have carried).
+    pub fn empty_virtual_queue(&mut self, slot: u32) -> Result<()> {
+        self.vqueues.set(slot, VirtualQueue::default(), 0).context("cannot write VQUEUES")
     }
 
     /// Seeds a virtual queue (tests use it to put a port at a known depth).
@@ -588,14 +603,34 @@ impl Maps {
     }
 
     /// A port slot's counter block, summed over CPUs (one map read).
+    /// `forwarded` is what the egress devices took: the program counts what
+    /// it redirected, the tracepoint programs what a device then refused.
     fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
         let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
-        Ok(values.iter().fold(PortCounters::default(), |mut acc, cpu| {
+        let mut sums = values.iter().fold(PortCounters::default(), |mut acc, cpu| {
             for (sum, v) in acc.counts.iter_mut().zip(cpu.counts) {
                 *sum += v;
             }
             acc
-        }))
+        });
+        let refused = sums.get(PortCounter::DropEgressRefused);
+        sums.counts[PortCounter::Forwarded as usize] = sums.get(PortCounter::Forwarded).saturating_sub(refused);
+        Ok(sums)
+    }
+
+    /// Frames each egress device (by ifindex; 0 for a CPU map entry)
+    /// refused after a redirect, summed over CPUs; only devices that did.
+    pub fn egress_refused(&self) -> Result<BTreeMap<u32, u64>> {
+        let Some(map) = &self.egress_refused else { return Ok(BTreeMap::new()) };
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (ifindex, per_cpu) = entry.context("cannot read EGRESS_REFUSED")?;
+            let frames: u64 = per_cpu.iter().sum();
+            if frames > 0 {
+                out.insert(ifindex, frames);
+            }
+        }
+        Ok(out)
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.

@@ -45,6 +45,7 @@ use self::{
 use crate::{
     control::config::{LearnedPin, PinMember, Policy, Prefix, RoutePolicy},
     control::dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
+    control::state::LearnedStats,
 };
 
 /// What [`KernelRoutes::plan`] worked out.
@@ -77,33 +78,6 @@ enum Installed {
     /// Not in the route table: it had no room. The kernel forwards it, and
     /// every prefix covering it is installed as ROUTE_KERNEL.
     Unfit,
-}
-
-/// Counts for `stats` and the metrics.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct LearnedStats {
-    /// The kernel table followed.
-    pub table: u32,
-    /// Prefixes forwarded in XDP over learned groups (host entries included).
-    pub routes: usize,
-    /// Of those, host entries made from the neighbour table.
-    pub hosts: usize,
-    /// Prefixes left to the kernel, by reason.
-    pub to_kernel: BTreeMap<String, usize>,
-    /// Learned groups.
-    pub groups: usize,
-    /// Netlink messages applied.
-    pub messages: u64,
-    /// Full re-reads of the kernel's tables (start, socket overflow).
-    pub resyncs: u64,
-    /// Time the last batch of changes took from its first message read to
-    /// the dataplane updated, in microseconds.
-    pub last_apply_us: u64,
-    /// Median and 99th percentile of that time over the last 1,000 batches
-    /// that changed a route or a group, and how many there were.
-    pub apply_us_p50: u64,
-    pub apply_us_p99: u64,
-    pub apply_samples: u64,
 }
 
 /// The kernel route mirror of a running `rocev2 run`.
@@ -207,7 +181,8 @@ impl KernelRoutes {
     }
 
     /// Waits for the next batch of netlink messages and applies them to
-    /// the mirror. Returns when the caller should [`KernelRoutes::sync`].
+    /// the mirror. Returns when the caller should plan and publish
+    /// ([`KernelRoutes::plan`], [`KernelRoutes::publish_plan`]).
     pub async fn next_batch(&mut self) -> Result<Instant> {
         let batch = self.socket.receive().await;
         let started = Instant::now();
@@ -252,7 +227,7 @@ impl KernelRoutes {
         }
     }
 
-    /// Whether the last [`KernelRoutes::sync`] published a group.
+    /// Whether the last publish ([`KernelRoutes::publish_plan`]) wrote a group.
     pub fn published_any(&self) -> bool {
         self.published_in_sync
     }
