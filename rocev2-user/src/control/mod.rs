@@ -8,6 +8,7 @@ pub mod config;
 pub mod dataplane;
 pub mod decision;
 pub mod errors;
+pub mod groups;
 pub mod health;
 pub mod members;
 pub mod metrics;

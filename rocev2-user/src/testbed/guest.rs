@@ -172,7 +172,7 @@ impl Guest {
 
     /// Whether qemu still runs.
     pub fn alive(&self) -> bool {
-        crate::testbed::lab::fabric::alive(self.pid)
+        crate::sys::process_alive(self.pid)
     }
 
     /// qemu's CPU time so far (user + system).

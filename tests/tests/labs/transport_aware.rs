@@ -24,7 +24,7 @@ use rocev2_tests::{
 };
 use rocev2_user::{
     control::config::{FlowletConfig, Policy, Prefix},
-    control::dataplane::policy_of,
+    control::dataplane::GroupPolicy,
     control::qp_telemetry,
     sys::netns::in_netns,
     sys::rawsock::PacketSocket,
@@ -382,7 +382,7 @@ fn a_bucket_only_change_keeps_running_flowlets_on_their_member() {
     };
     let generation = dp
         .maps
-        .publish_group_with(0, &policy_of(HashMode::Qp, &Policy::Flowlet(flowlet)), &group_members(0, 2))
+        .publish_group_with(0, &GroupPolicy::new(HashMode::Qp, &Policy::Flowlet(flowlet), None), &group_members(0, 2))
         .unwrap();
     let prefix = Prefix::V4 { addr: "10.1.0.0".parse().unwrap(), len: 16 };
     dp.sync_routes(&[(prefix, 0)].into()).unwrap();

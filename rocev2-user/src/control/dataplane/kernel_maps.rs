@@ -87,54 +87,70 @@ pub fn add_redirect_target<T: BorrowMut<MapData>>(
     hashed.insert(ifindex, ifindex, None, 0).with_context(context)
 }
 
-/// How a group chooses members (everything in GroupEntry but the members).
+/// How a group chooses members: its GROUPS entry with the fields a
+/// publish sets (member count, bank, generation) left 0. The entry is the
+/// one definition of what a policy holds; [`GroupPolicy::new`] is the one
+/// encoding of a configured policy, for config and learned groups alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupPolicy {
-    pub hash: HashMode,
-    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
-    pub policy: u32,
-    pub flowlet_gap_ns: u64,
-    /// A FlowletChoice as u32.
-    pub flowlet_choice: u32,
-    pub flowlet_flags: u32,
-    /// Keyless flowlet groups: slot count - 1.
-    pub flowlet_slot_mask: u32,
-}
+pub struct GroupPolicy(GroupEntry);
 
 impl GroupPolicy {
     /// Plain hashing in `mode`.
     pub fn hash(mode: HashMode) -> Self {
-        Self {
-            hash: mode,
-            policy: POLICY_HASH,
-            flowlet_gap_ns: 0,
-            flowlet_choice: 0,
-            flowlet_flags: 0,
-            flowlet_slot_mask: 0,
-        }
+        Self(GroupEntry { hash_mode: mode as u32, policy: POLICY_HASH, ..GroupEntry::default() })
     }
-}
 
-/// The dataplane's encoding of a group policy (config groups and learned
-/// groups alike).
-pub fn policy_of(hash: HashMode, policy: &crate::control::config::Policy) -> GroupPolicy {
-    use crate::control::config::Policy;
-    use rocev2_common::{
-        flowlet::FlowletTable,
-        maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
-    };
-    match policy {
-        Policy::Hash => GroupPolicy::hash(hash),
-        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(hash) },
-        Policy::Flowlet(f) => GroupPolicy {
-            policy: POLICY_FLOWLET,
-            flowlet_gap_ns: f.gap.as_nanos() as u64,
-            flowlet_choice: f.choice as u32,
-            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
-                | if f.table == FlowletTable::Keyless { FLOWLET_KEYLESS } else { 0 },
-            flowlet_slot_mask: if f.table == FlowletTable::Keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
-            ..GroupPolicy::hash(hash)
-        },
+    /// The dataplane's encoding of a policy: the hash mode, the policy and
+    /// its flowlet settings, and what `transport_aware` adds (a flowlet
+    /// may end at an ACK).
+    pub fn new(
+        hash: HashMode,
+        policy: &crate::control::config::Policy,
+        transport_aware: Option<&crate::control::config::TransportAware>,
+    ) -> Self {
+        use crate::control::config::Policy;
+        use rocev2_common::{
+            flowlet::FlowletTable,
+            maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, POLICY_FLOWLET, POLICY_PINNED},
+        };
+        let plain = Self::hash(hash).0;
+        let repick_acked = if transport_aware.is_some_and(|t| t.repick_when_acked) { FLOWLET_REPICK_ACKED } else { 0 };
+        Self(match policy {
+            Policy::Hash => GroupEntry { flowlet_flags: repick_acked, ..plain },
+            Policy::Pinned => GroupEntry { policy: POLICY_PINNED, flowlet_flags: repick_acked, ..plain },
+            Policy::Flowlet(f) => {
+                let keyless = f.table == FlowletTable::Keyless;
+                GroupEntry {
+                    policy: POLICY_FLOWLET,
+                    flowlet_gap_ns: f.gap.as_nanos() as u64,
+                    flowlet_choice: f.choice as u32,
+                    flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
+                        | if keyless { FLOWLET_KEYLESS } else { 0 }
+                        | repick_acked,
+                    flowlet_slot_mask: if keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
+                    ..plain
+                }
+            }
+        })
+    }
+
+    /// The group's entry as a publish writes it.
+    fn entry(&self, member_count: u32, bank: u32, generation: u32) -> GroupEntry {
+        GroupEntry { member_count, bank, generation, ..self.0 }
+    }
+
+    pub fn hash_mode(&self) -> HashMode {
+        HashMode::from_u32(self.0.hash_mode).unwrap_or(HashMode::FiveTuple)
+    }
+
+    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
+    pub fn policy(&self) -> u32 {
+        self.0.policy
+    }
+
+    /// FLOWLET_* flags.
+    pub fn flowlet_flags(&self) -> u32 {
+        self.0.flowlet_flags
     }
 }
 
@@ -366,7 +382,15 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.insert(&key, entry, 0),
             PinKey::V6(key) => self.pins_v6.insert(&key, entry, 0),
         }
-        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(
+            target: "rocev2::maps",
+            "pin {prefix} qp {dest_qp:#x} -> group {} position {} generation {}",
+            entry.group,
+            entry.position,
+            entry.generation
+        );
+        Ok(())
     }
 
     pub fn remove_pin(&mut self, prefix: &Prefix, dest_qp: u32) -> Result<()> {
@@ -374,7 +398,9 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.remove(&key),
             PinKey::V6(key) => self.pins_v6.remove(&key),
         }
-        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(target: "rocev2::maps", "pin {prefix} qp {dest_qp:#x} removed");
+        Ok(())
     }
 
     /// Unregisters an ingress port (a reload removed it).
@@ -421,7 +447,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.insert(&Key::new(len.into(), addr.octets()), value, 0),
             Prefix::V6 { addr, len } => self.routes_v6.insert(&Key::new(len.into(), addr.octets()), value, 0),
         }
-        .with_context(|| format!("cannot install route {prefix} (route table full?)"))
+        .with_context(|| format!("cannot install route {prefix} (route table full?)"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} -> {target}");
+        Ok(())
     }
 
     pub(super) fn remove_route(&mut self, prefix: &Prefix) -> Result<()> {
@@ -429,7 +457,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.remove(&Key::new(len.into(), addr.octets())),
             Prefix::V6 { addr, len } => self.routes_v6.remove(&Key::new(len.into(), addr.octets())),
         }
-        .with_context(|| format!("cannot remove route {prefix}"))
+        .with_context(|| format!("cannot remove route {prefix}"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} removed");
+        Ok(())
     }
 
     /// Publishes a hash group whose members share its buckets evenly (see
@@ -510,18 +540,9 @@ impl Maps {
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
         let generation = current.generation.wrapping_add(1).max(1);
-        let entry = GroupEntry {
-            member_count: new_count,
-            bank,
-            hash_mode: policy.hash as u32,
-            policy: policy.policy,
-            generation,
-            flowlet_choice: policy.flowlet_choice,
-            flowlet_flags: policy.flowlet_flags,
-            flowlet_slot_mask: policy.flowlet_slot_mask,
-            flowlet_gap_ns: policy.flowlet_gap_ns,
-        };
+        let entry = policy.entry(new_count, bank, generation);
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: {new_count} members, bank {bank}, generation {generation}");
         Ok(generation)
     }
 
@@ -538,6 +559,7 @@ impl Maps {
             bail!("bucket table names member {bad} of a group of {}", current.member_count);
         }
         self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: buckets moved in place, generation {}", current.generation);
         Ok(current.generation)
     }
 

@@ -292,6 +292,16 @@ impl Dataplane {
         }
     }
 
+    /// Detaches only the tc egress program of `ifname` (its local-traffic
+    /// marking), leaving its XDP or tc ingress forwarding attached.
+    pub fn detach_tc_egress(&mut self, ifname: &str) {
+        if let Some(id) = self.tc_links.remove(&(ifname.to_string(), false)) {
+            if let Ok(program) = self.tc_program(TC_EGRESS_PROGRAM) {
+                let _ = program.detach(id);
+            }
+        }
+    }
+
     /// Removes XDP link pins of interfaces not in `keep` (a takeover found
     /// a port the new config no longer has): detaches those programs.
     pub fn drop_stale_links(&mut self, keep: &[String]) -> Result<Vec<String>> {

@@ -37,13 +37,13 @@ use rocev2_common::{
     class::{add_opcode, ClassEntry, CLASS_ECN_EXEMPT, CLASS_MATCH_OPCODE, CLASS_MATCH_PAYLOAD, CLASS_SET_DSCP},
     ecn::{EcnProfile, ECT0},
     features::Features,
-    flowlet::FlowletChoice,
+    flowlet::{FlowletChoice, FlowletTable},
     hash::HashMode,
-    maps::{route_cache_slot, DEFAULT_FLOWLET_TABLE_SIZE, FLOWLET_AT_BOUNDARY, POLICY_FLOWLET},
+    maps::{route_cache_slot, DEFAULT_FLOWLET_SLOTS, DEFAULT_FLOWLET_TABLE_SIZE},
 };
 
 use crate::{
-    control::config::Prefix,
+    control::config::{FlowletConfig, Policy, Prefix},
     control::dataplane::{Dataplane, GroupPolicy, MemberSpec, XDP_PROGRAM},
     sys::netns::{self, unique_name, Netns},
     tools::gen::{self, GenArgs, GenMode, SportModel},
@@ -153,13 +153,7 @@ impl Pipeline {
     /// Publishes the group with this pipeline's policy (and, for Full, an
     /// ECN profile, a virtual queue on `egress` and classes).
     fn configure(self, dp: &mut Dataplane, members: &[MemberSpec], egress: &[u32]) -> Result<()> {
-        let flowlet = GroupPolicy {
-            policy: POLICY_FLOWLET,
-            flowlet_gap_ns: 50_000,
-            flowlet_choice: FlowletChoice::Rehash as u32,
-            flowlet_flags: FLOWLET_AT_BOUNDARY,
-            ..GroupPolicy::hash(HashMode::Qp)
-        };
+        let flowlet = flowlet_policy(FlowletTable::Keyed);
         let policy = match self {
             Pipeline::FiveTuple => GroupPolicy::hash(HashMode::FiveTuple),
             Pipeline::Qp => GroupPolicy::hash(HashMode::Qp),
@@ -196,6 +190,19 @@ impl Pipeline {
 
 /// A virtual queue (SONiC's lossless ECN profile, a 25 Gbit/s port) on
 /// each of `egress`.
+/// The benchmark's flowlet group: `qp` hashing, a 50 us gap, re-hashed
+/// new flowlets that start only at a message end.
+fn flowlet_policy(table: FlowletTable) -> GroupPolicy {
+    let flowlet = FlowletConfig {
+        gap: Duration::from_micros(50),
+        choice: FlowletChoice::Rehash,
+        at_message_boundary: true,
+        table_size: DEFAULT_FLOWLET_SLOTS,
+        table,
+    };
+    GroupPolicy::new(HashMode::Qp, &Policy::Flowlet(flowlet), None)
+}
+
 fn add_ecn_queue(dp: &mut Dataplane, egress: &[u32]) -> Result<()> {
     let pmax = (0.05 * u32::MAX as f64) as u32;
     dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 })?;
@@ -284,14 +291,7 @@ impl Variant {
         match self {
             Variant::FlowletKeyless => {
                 // The flowlet pipeline's group again, its state in the keyless slots.
-                let policy = GroupPolicy {
-                    policy: POLICY_FLOWLET,
-                    flowlet_gap_ns: 50_000,
-                    flowlet_choice: FlowletChoice::Rehash as u32,
-                    flowlet_flags: FLOWLET_AT_BOUNDARY | rocev2_common::maps::FLOWLET_KEYLESS,
-                    flowlet_slot_mask: rocev2_common::maps::DEFAULT_FLOWLET_SLOTS - 1,
-                    ..GroupPolicy::hash(HashMode::Qp)
-                };
+                let policy = flowlet_policy(FlowletTable::Keyless);
                 dp.maps.publish_group_with(GROUP, &policy, &lo_members(0xBB)).map(|_| ())
             }
             Variant::QpClasses => add_classes(dp),

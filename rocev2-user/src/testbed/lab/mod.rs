@@ -67,6 +67,20 @@ pub enum LabCommand {
     /// Run a collective's traffic over a fabric (`lab up --racks`): a generator on
     /// every host, a sink checking every packet, per-link loads by tier.
     Traffic(fabric::LabTrafficArgs),
+    /// Run a collective (ring AllReduce, all-to-all, incast) over a fabric
+    /// with rated links: an RC endpoint on every host, every packet checked;
+    /// completion time, algorithm and bus bandwidth, per-step times, the
+    /// busiest link, ECN marks, drops and retransmissions.
+    Collective(fabric::LabCollectiveArgs),
+    /// Set how a fabric's switches spread traffic (five-tuple, qp, slice,
+    /// flowlet, transport-aware): rewrites every switch's config and
+    /// restarts its dataplane.
+    Mode(fabric::balance::LabModeArgs),
+    /// Centralized TE: per-QP paths for a collective's traffic matrix from
+    /// CSPF, pinned on every switch; recomputed when a link fails (--fail).
+    Te(fabric::te::LabTeArgs),
+    /// Fail a fabric link (both directions) or bring it back.
+    Link(fabric::te::LabLinkArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
     /// Run a command in a host of the lab: in its virtual machine
@@ -82,6 +96,10 @@ impl LabCommand {
             Self::Down(_) => "lab down",
             Self::Status(_) => "lab status",
             Self::Traffic(_) => "lab traffic",
+            Self::Collective(_) => "lab collective",
+            Self::Mode(_) => "lab mode",
+            Self::Te(_) => "lab te",
+            Self::Link(_) => "lab link",
             Self::Stats(_) => "lab stats",
             Self::Exec(_) => "lab exec",
         }
@@ -176,6 +194,13 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
+        LabCommand::Collective(args) => {
+            let report = fabric::collective(args)?;
+            if !report.complete {
+                anyhow::bail!("the collective did not complete");
+            }
+            Ok(())
+        }
         LabCommand::Stats(args) => fabric::stats(args),
         LabCommand::Exec(args) => {
             let status = rdma_hosts::exec(args)?;
@@ -184,6 +209,9 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             }
             Ok(())
         }
+        LabCommand::Mode(args) => fabric::balance::mode(args),
+        LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
+        LabCommand::Link(args) => fabric::te::link(args),
     }
 }
 
@@ -214,6 +242,9 @@ pub struct LabRecord {
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
+    /// A fabric's load-balancing mode when `lab mode` or `lab te` set one.
+    #[serde(default)]
+    pub balance: Option<fabric::balance::Balance>,
 }
 
 pub fn record_path(name: &str) -> PathBuf {

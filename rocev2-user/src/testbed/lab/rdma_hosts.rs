@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{fabric::host_ns, strs, LabRecord};
+use super::{strs, LabRecord};
 use crate::{
     render::{Align, Table},
     sys::signals::SigintGuard,
@@ -90,9 +90,10 @@ pub fn host_side_sysctls() -> Vec<String> {
     s
 }
 
-/// The guest of host `i` in rack `r`: the addresses and MAC a namespace
-/// host would have (its own MAC: the bridge port keeps the host's).
-pub fn guest_spec(lab: &str, dir: &std::path::Path, f: &Fabric, r: u32, i: u32, memory_mib: u32) -> GuestSpec {
+/// The guest of host `i` in rack `r`, in namespace `netns`: the addresses
+/// and MAC a namespace host would have (its own MAC: the bridge port keeps
+/// the host's).
+pub fn guest_spec(netns: &str, dir: &std::path::Path, f: &Fabric, r: u32, i: u32, memory_mib: u32) -> GuestSpec {
     let mut addrs = Vec::new();
     if f.v4 {
         addrs.push(format!("{}/24", Fabric::host_v4(r, i)));
@@ -102,7 +103,7 @@ pub fn guest_spec(lab: &str, dir: &std::path::Path, f: &Fabric, r: u32, i: u32, 
     }
     GuestSpec {
         name: format!("r{r}h{i}"),
-        netns: host_ns(lab, r, i),
+        netns: netns.to_owned(),
         tap: GUEST_TAP.into(),
         mac: Fabric::guest_mac(r, i),
         addrs,
@@ -187,7 +188,7 @@ pub fn remove_guests(record: &LabRecord, log: &mut String, errors: &mut Vec<Stri
 pub struct LabExecArgs {
     #[arg(long, default_value = "lab")]
     pub name: String,
-    /// The host: r<rack>h<host>, e.g. r1h1.
+    /// The host: rRACKhHOST, e.g. r1h1 (rack 1, host 1).
     pub host: String,
     /// The command and its arguments (after `--`); in a guest it runs under /bin/sh.
     #[arg(last = true, required = true)]
@@ -283,7 +284,7 @@ mod tests {
             hash: rocev2_common::hash::HashMode::Qp,
             seeds: crate::tools::fabric::SeedPlan::Auto,
         };
-        let spec = guest_spec("lab", std::path::Path::new("/run/rocev2/lab-lab"), &f, 2, 1, 256);
+        let spec = guest_spec("lab-r2h1", std::path::Path::new("/run/rocev2/lab-lab"), &f, 2, 1, 256);
         assert_eq!(spec.name, "r2h1");
         assert_eq!(spec.netns, "lab-r2h1");
         assert_eq!(spec.addrs, ["10.2.1.1/24", "fd00:2:1::1/64"]);

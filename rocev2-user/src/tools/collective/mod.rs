@@ -208,6 +208,20 @@ impl Plan {
             .collect()
     }
 
+    /// The bytes each (source rank, destination rank, QP) carries over the
+    /// whole collective: `lab te`'s traffic matrix.
+    pub fn traffic_matrix(&self) -> std::collections::BTreeMap<(usize, usize, u32), u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for (s, step) in self.steps.iter().enumerate() {
+            for t in &step.transfers {
+                for msg in self.messages(s, t) {
+                    *m.entry((t.src, t.dst, msg.qp)).or_default() += msg.bytes;
+                }
+            }
+        }
+        m
+    }
+
     /// Every message the connection `src -> dst` carries on its QP `qp`,
     /// in the order of that QP's PSNs (step by step).
     pub fn qp_sequence(&self, src: usize, dst: usize, qp: u32) -> Vec<Message> {

@@ -236,6 +236,11 @@ pub struct GenArgs {
     /// without progress.
     #[arg(long, default_value_t = 100)]
     pub ack_timeout_ms: u64,
+    /// --rc: how the requester reacts to congestion: `none`, `dcqcn` (every
+    /// QP's rate, from --rate, falls on CNPs and climbs back), `cts` (each
+    /// message waits for the receiver's grant; `sink --rc --transport cts`).
+    #[arg(long, value_enum, default_value = "none", requires = "rc")]
+    pub transport: crate::tools::rc::transport::Transport,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -273,6 +278,7 @@ impl GenArgs {
             window: 32,
             messages: 16,
             ack_timeout_ms: 100,
+            transport: crate::tools::rc::transport::Transport::None,
             json: false,
         }
     }

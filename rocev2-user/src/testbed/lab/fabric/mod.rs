@@ -25,6 +25,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
+use self::balance::Balance;
 use super::{
     base_sysctls, bgp, build_topology, make_dir, netns_exists, rdma_hosts, record_path, route_args, strs, write_file,
     LabRecord, LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
@@ -35,10 +36,14 @@ use crate::{
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
+pub mod balance;
+pub mod collective;
 pub mod links;
+pub mod te;
 mod traffic;
 mod view;
 
+pub use collective::{collective, CollectiveReport, LabCollectiveArgs};
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
 pub use view::{link_loads, stats, LabStatsArgs};
 
@@ -148,7 +153,7 @@ impl FabricPlan {
                 let (v4, v6) = (Fabric::host_v4(r, i), Fabric::host_v6(r, i));
                 if args.rdma.enabled {
                     // The guest takes the host's addresses; its namespace bridges.
-                    guests.push(rdma_hosts::guest_spec(&name, &dir, f, r, i, args.rdma.guest_memory));
+                    guests.push(rdma_hosts::guest_spec(&h, &dir, f, r, i, args.rdma.guest_memory));
                     namespaces.push(NsPlan {
                         name: h.clone(),
                         sysctls: rdma_hosts::host_side_sysctls(),
@@ -243,7 +248,8 @@ impl FabricPlan {
             let ns = switch_ns(&name, s);
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
-            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, args.rdma.enabled);
+            let balance = Balance::Hash { hash };
+            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled);
             if let Some(settings) = &settings {
                 let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
                 text.push_str(&links::switch_config(settings, s, &ports));
@@ -309,20 +315,36 @@ fn link_local(mac: [u8; 6]) -> String {
 }
 
 /// The `[[port]]`s, groups and routes of one switch.
-/// `telemetry`: per-QP telemetry on (`rocev2 top`, `trace`), for the real
-/// QPs of RDMA hosts.
-fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, bgp: bool, telemetry: bool) -> String {
+/// The config of switch `s`: ports, groups and routes, spreading traffic
+/// as `balance` says; `telemetry`: per-QP telemetry on (`rocev2 top`,
+/// `trace`), for the real QPs of RDMA hosts.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one switch's identity, paths and the three lab-wide choices it depends on"
+)]
+pub fn switch_config(
+    f: &Fabric,
+    s: Switch,
+    ns: &str,
+    path: &Path,
+    pin_dir: &Path,
+    bgp: bool,
+    balance: &Balance,
+    telemetry: bool,
+) -> String {
     let mut t = format!(
-        "# Written by `rocev2 lab up` for {s} (namespace {ns}).\n\
+        "# Written by `rocev2 lab up` for {s} (namespace {ns}); load balancing: {mode}.\n\
          # Its dataplane: rocev2 --netns {ns} run --config {cfg}\n\
-         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
+         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
+        mode = balance.label(),
         cfg = path.display(),
-        hash = f.hash.name(),
+        hash = balance.hash().name(),
         seed = f.seed_setting(),
         pin = pin_dir.display(),
+        extra = balance.dataplane_lines(),
     );
-    if telemetry {
-        t.push_str("telemetry_qps = 4096\n");
+    if telemetry && !t.contains("telemetry_qps") {
+        let _ = writeln!(t, "telemetry_qps = {}", balance::TELEMETRY_QPS);
     }
     for (port, _) in f.ports(s) {
         let _ = write!(t, "\n[[port]]\nname = \"{port}\"\n");
@@ -353,7 +375,11 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
             if !bgp {
-                t.push_str("\n[[group]]\nname = \"spines\"\nmembers = [\n");
+                let _ = write!(
+                    t,
+                    "\n[[group]]\nname = \"spines\"\n{}members = [\n",
+                    balance.group_lines(f.zone_spines() * f.links)
+                );
                 for (j, k) in f.uplinks(r) {
                     let ((_, s4), (_, s6)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
@@ -373,7 +399,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         Switch::Spine(j) if !bgp => {
             let zone = f.zone_of_spine(j);
             if f.aggs > 0 {
-                t.push_str("\n[[group]]\nname = \"aggs\"\nmembers = [\n");
+                let _ = write!(t, "\n[[group]]\nname = \"aggs\"\n{}members = [\n", balance.group_lines(f.aggs));
                 for a in 1..=f.aggs {
                     let (a4, a6) = (Fabric::agg_v4(j, a).1, Fabric::agg_v6(j, a).1);
                     let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::agg_port(a), via(&a4, &a6));
@@ -389,7 +415,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
                 }
             }
             for r in f.racks_of_zone(zone) {
-                let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\nmembers = [\n");
+                let _ = write!(t, "\n[[group]]\nname = \"rack{r}\"\n{}members = [\n", balance.group_lines(f.links));
                 for k in 1..=f.links {
                     let ((l4, _), (l6, _)) = (Fabric::fabric_v4(r, j, k), Fabric::fabric_v6(r, j, k));
                     let _ =
@@ -406,7 +432,8 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         }
         Switch::Agg(a) if !bgp => {
             for z in 1..=f.zones {
-                let _ = write!(t, "\n[[group]]\nname = \"zone{z}\"\nmembers = [\n");
+                let _ =
+                    write!(t, "\n[[group]]\nname = \"zone{z}\"\n{}members = [\n", balance.group_lines(f.zone_spines()));
                 for j in f.spines_of_zone(z) {
                     let (s4, s6) = (Fabric::agg_v4(j, a).0, Fabric::agg_v6(j, a).0);
                     let _ = writeln!(t, "  {{ dev = \"{}\", via = \"{}\" }},", Fabric::spine_port(j), via(&s4, &s6));
@@ -424,6 +451,7 @@ fn switch_config(f: &Fabric, s: Switch, ns: &str, path: &Path, pin_dir: &Path, b
         }
         Switch::Spine(_) | Switch::Agg(_) => {}
     }
+    t.push_str(&balance.extra(f, s));
     t
 }
 
@@ -755,6 +783,71 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
     ))
 }
 
+/// Rewrites every switch's config for `balance` and applies it: with
+/// `restart`, every dataplane stops and starts again (a mode may need
+/// program features the running ones were loaded without); without, each
+/// reloads its config (enough when only pins change). Returns how long
+/// applying took.
+pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -> Result<Duration> {
+    let Some(f) = record.fabric.clone() else { bail!("lab {:?} is not a fabric", record.name) };
+    if !record.frr_dirs.is_empty() {
+        bail!(
+            "lab {:?} routes with BGP: its groups are learned from the kernel, so the load-balancing modes (which rewrite the generated groups and routes) need a lab with --routing static",
+            record.name
+        );
+    }
+    let started = Instant::now();
+    for s in &record.switches {
+        let rdma_hosts = !record.guests.is_empty();
+        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, rdma_hosts);
+        if let Some(rated) = &record.rated {
+            let ports: Vec<String> = f.ports(s.switch).into_iter().map(|(p, _)| p).collect();
+            text.push_str(&links::switch_config(&rated.settings, s.switch, &ports));
+        }
+        crate::control::config::Config::parse(&text, &s.config)
+            .with_context(|| format!("the {} config for {}", balance.label(), s.switch))?;
+        fs::write(&s.config, text).with_context(|| format!("cannot write {}", s.config.display()))?;
+    }
+    if restart {
+        stop_dataplanes(record)?;
+        start_dataplanes(record)?;
+    } else {
+        for s in &record.switches {
+            crate::control::run::request_reload(&s.pin_dir, Duration::from_secs(20))
+                .with_context(|| format!("reloading the dataplane of {}", s.switch))?;
+        }
+    }
+    let mut fabric = f;
+    fabric.hash = balance.hash();
+    record.fabric = Some(fabric);
+    record.balance = Some(balance.clone());
+    record.write()?;
+    Ok(started.elapsed())
+}
+
+/// Stops every switch's dataplane (SIGTERM: it detaches and unpins) and
+/// waits until each has exited.
+fn stop_dataplanes(record: &mut LabRecord) -> Result<()> {
+    for s in &record.switches {
+        if let Some(pid) = s.pid.filter(|&p| crate::sys::process_alive(p)) {
+            let _ = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for s in record.switches.iter_mut() {
+        if let Some(pid) = s.pid {
+            while crate::sys::process_alive(pid) {
+                if Instant::now() > deadline {
+                    bail!("the dataplane of {} (pid {pid}) did not stop within 20 s of SIGTERM", s.switch);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        s.pid = None;
+    }
+    record.write()
+}
+
 /// Starts `rocev2 run` on every switch (output to its log), then waits
 /// for each one's ready line.
 fn start_dataplanes(record: &mut LabRecord) -> Result<()> {
@@ -791,14 +884,6 @@ fn start_dataplanes(record: &mut LabRecord) -> Result<()> {
     Ok(())
 }
 
-/// Whether the process `pid` runs (a zombie left to a parent that does not
-/// reap it has exited).
-pub fn alive(pid: u32) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name in parentheses.
-    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
-}
-
 /// The last line a dataplane logged, shortened for a table cell.
 fn last_line(log: &Path) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
@@ -821,7 +906,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         ("LOG", Align::Left),
     ]);
     for s in &record.switches {
-        let running = s.pid.is_some_and(alive) && netns_exists(&s.netns);
+        let running = s.pid.is_some_and(crate::sys::process_alive) && netns_exists(&s.netns);
         let counters = view::port_totals(&s.pin_dir).ok();
         let state = match (running, &counters) {
             (true, Some(_)) => format!("running (pid {})", s.pid.unwrap_or_default()),
