@@ -9,7 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rocev2_tests::{
-    rdma::{accounting, counters, one_at_a_time, perftest_qps, perftest_result, run_pair, RdmaLab},
+    rdma::{
+        accounting, counters, describe, one_at_a_time, perftest_qps, read_rxe_fixture, run_pair, run_perftest,
+        wait_perftest, write_rxe_fixture, Capture, RdmaLab,
+    },
     require_root,
 };
 
@@ -27,10 +30,9 @@ fn rdma_guests_write_bw_8_qps_between_racks() {
     let (client, server) = (lab.guest("r1h1"), lab.guest("r2h1"));
     let before = counters([client, server]);
 
-    let (server_out, client_out) =
-        run_pair(server, "ib_write_bw -R -q 8 -n 40", client, "ib_write_bw -R -q 8 -n 40 10.2.1.1", 18515);
+    let (server_out, client_out, (bytes, iterations, mb_per_s)) =
+        run_perftest(server, "ib_write_bw -R -q 8 -n 40", client, "ib_write_bw -R -q 8 -n 40 10.2.1.1");
     let after = counters([client, server]);
-    let (bytes, iterations, mb_per_s) = perftest_result(&client_out);
     eprintln!("ib_write_bw -q 8: {iterations} x {bytes} B at {mb_per_s} MB/s");
     assert_eq!((bytes, iterations), (65536, 8 * 40), "{client_out}");
     assert!(mb_per_s > 0.0, "{client_out}");
@@ -90,7 +92,11 @@ fn rdma_guests_write_bw_8_qps_between_racks() {
 /// recovers (NAK, go-back-N) and the transfer completes; the receiver's rxe
 /// discarded exactly the corrupted packet (its ICRC check, which so can
 /// fail) and missed exactly the dropped ones; the sender's leaf saw the
-/// NAKs and the retransmission on that QP.
+/// NAKs and the retransmission on that QP. Then rping (RDMA CM, IPv4:
+/// SEND, READ, WRITE). One frame of each kind the client sent and received
+/// is captured: every one has a valid ICRC, and every kind in the fixture
+/// file of real frames (tests/data/rxe-frames.txt) was seen again; with
+/// ROCEV2_WRITE_RXE_FIXTURES=1 the file is rewritten from this capture.
 #[test]
 fn rdma_guests_recover_what_rocev2_fault_drops_and_corrupts() {
     require_root();
@@ -103,6 +109,7 @@ fn rdma_guests_recover_what_rocev2_fault_drops_and_corrupts() {
         gids.iter().find(|(_, gid)| *gid == want).unwrap_or_else(|| panic!("{addr} not in {gids:?}")).0
     };
     let (client_gid, server_gid) = (gid(client, "fd00:1:1::1"), gid(server, "fd00:2:1::1"));
+    let capture = Capture::start(&lab, "r1h1");
     let before = counters([client, server]);
 
     let server_job = server.spawn(&format!("ib_write_bw -x {server_gid} -q 2 -n 300")).unwrap();
@@ -132,12 +139,11 @@ fn rdma_guests_recover_what_rocev2_fault_drops_and_corrupts() {
     eprintln!("{fault_out}{}", String::from_utf8_lossy(&fault.stderr));
     assert!(fault.status.success() && fault_out.contains("lost 2 of 2, corrupted 1 of 1"), "{fault_out}");
 
-    let client_out = client_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap();
-    client_out.success().unwrap();
-    server_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap().success().unwrap();
-    let (_, iterations, mb_per_s) = perftest_result(&client_out.stdout);
-    assert_eq!(iterations, 600, "{}", client_out.stdout);
-    eprintln!("ib_write_bw -q 2 (IPv6 GIDs) through 2 drops and a corruption: {mb_per_s} MB/s");
+    let (client_out, result) = wait_perftest(&server_job, &client_job);
+    if let Some((_, iterations, _)) = result {
+        assert_eq!(iterations, 600, "{}", client_out.stdout);
+    }
+    eprintln!("ib_write_bw -q 2 (IPv6 GIDs) through 2 drops and a corruption: {}", describe(result));
 
     let after = counters([client, server]);
     let acc = accounting(["r1h1", "r2h1"], &before, &after);
@@ -160,6 +166,42 @@ fn rdma_guests_recover_what_rocev2_fault_drops_and_corrupts() {
     eprintln!("l1 top, QP {qp:#x}: {row:#}");
     assert!(row["naks_sequence"].as_u64().unwrap() >= 1, "{row:#}");
     assert!(row["psn_backward_jumps"].as_u64().unwrap() >= 1, "the retransmission: {row:#}");
+
+    // RDMA CM, SEND, READ and WRITE over IPv4 (3000 bytes: READ responses
+    // and WRITEs of three packets).
+    let (_, client_out) =
+        run_pair(server, "rping -s -a 0.0.0.0 -S 3000 -C 2 -v", client, "rping -c -a 10.2.1.1 -S 3000 -C 2 -v", 7174);
+    assert_eq!(client_out.matches("ping data: rdma-ping-").count(), 2, "{client_out}");
+
+    let frames = capture.stop();
+    let kinds: Vec<&str> = frames.iter().map(|f| f.kind.as_str()).collect();
+    eprintln!("captured on r1h1's links: {kinds:#?}");
+    for f in &frames {
+        let parsed = rocev2_user::tools::packet::parse_roce(&f.frame).unwrap();
+        assert!(parsed.icrc_ok, "{}: the ICRC does not match: {parsed:?}", f.kind);
+    }
+    for wanted in [
+        "IPv6 RC RDMA_WRITE_FIRST, sent by r1h1",
+        "IPv6 RC RDMA_WRITE_MIDDLE, sent by r1h1",
+        "IPv6 RC RDMA_WRITE_LAST, sent by r1h1",
+        "IPv6 RC ACKNOWLEDGE, delivered to r1h1",
+        "IPv6 RC ACKNOWLEDGE (NAK: PSN sequence error), delivered to r1h1",
+        "IPv4 UD SEND_ONLY to QP1 (a CM MAD), sent by r1h1",
+        "IPv4 UD SEND_ONLY to QP1 (a CM MAD), delivered to r1h1",
+        "IPv4 RC SEND_ONLY, sent by r1h1",
+        "IPv4 RC RDMA_READ_REQUEST, delivered to r1h1",
+        "IPv4 RC RDMA_READ_RESPONSE_FIRST, sent by r1h1",
+        "IPv4 RC RDMA_WRITE_FIRST, delivered to r1h1",
+    ] {
+        assert!(kinds.contains(&wanted), "no {wanted:?} captured: {kinds:#?}");
+    }
+    if std::env::var_os("ROCEV2_WRITE_RXE_FIXTURES").is_some() {
+        write_rxe_fixture(&frames).unwrap();
+        eprintln!("wrote {}", rocev2_tests::rdma::rxe_fixture_path().display());
+    }
+    for fixture in read_rxe_fixture() {
+        assert!(kinds.contains(&fixture.kind.as_str()), "the fixture's {:?} was not seen in this run", fixture.kind);
+    }
 }
 
 /// Every rewrite rocev2 makes, checked by the receiver's ICRC: the sender's
@@ -214,14 +256,10 @@ fn rdma_guests_survive_rewrites_upgrade_and_a_member_failure() {
         "the transfer ended before the upgrade did ({upgrade_took:?}): the machine is too loaded for this test"
     );
     eprintln!("rocev2 upgrade took {upgrade_took:?}, during the transfer");
-    let client_out = client_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap();
-    client_out.success().unwrap();
-    server_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap().success().unwrap();
-    let (_, iterations, mb_per_s) = perftest_result(&client_out.stdout);
-    assert!(iterations > 0, "{}", client_out.stdout);
+    let (_, result) = wait_perftest(&server_job, &client_job);
     let after = counters([client, server]);
     let acc = accounting(["r1h1", "r2h1"], &before, &after);
-    eprintln!("upgrade during ib_write_bw ({mb_per_s} MB/s): {acc:#?}");
+    eprintln!("upgrade during ib_write_bw ({}): {acc:#?}", describe(result));
     acc.assert_clean();
 
     let stats: serde_json::Value =
@@ -261,14 +299,10 @@ fn rdma_guests_survive_rewrites_upgrade_and_a_member_failure() {
     rocev2_user::sys::netns::ip(&["-n", &l1, "link", "set", "s1p1", "down"]).unwrap();
     std::thread::sleep(std::time::Duration::from_secs(1));
     rocev2_user::sys::netns::ip(&["-n", &l1, "link", "set", "s1p1", "up"]).unwrap();
-    let client_out = client_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap();
-    client_out.success().unwrap();
-    server_job.wait(rocev2_tests::rdma::TOOL_BUDGET).unwrap().success().unwrap();
-    let (_, iterations, mb_per_s) = perftest_result(&client_out.stdout);
-    assert!(iterations > 0, "{}", client_out.stdout);
+    let (_, result) = wait_perftest(&server_job, &client_job);
     let after = counters([client, server]);
     let acc = accounting(["r1h1", "r2h1"], &before, &after);
-    eprintln!("uplink s1p1 down for 1 s during ib_write_bw ({mb_per_s} MB/s): {acc:#?}");
+    eprintln!("uplink s1p1 down for 1 s during ib_write_bw ({}): {acc:#?}", describe(result));
     assert_eq!((acc.icrc_errors["r1h1"], acc.icrc_errors["r2h1"]), (0, 0), "{acc:#?}");
 
     let _ = upgraded.kill();
