@@ -29,5 +29,6 @@ mod rdma_guests;
 mod reliability;
 mod service;
 mod sys;
+mod takeover;
 mod transport_aware;
 mod tutorial;
