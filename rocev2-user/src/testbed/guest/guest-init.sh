@@ -67,7 +67,9 @@ say "ready at $(uptime_s) s: rxe0 on $dev $state"
 # in a session of its own, with output in job/ID.out and job/ID.err (line
 # buffered, so the host sees a server's "waiting" line as it is printed)
 # and the exit status in job/ID.rc at the end; sig/ID asks for a signal to
-# job ID's session.
+# job ID's session. A job started with & inherits SIGINT and SIGQUIT
+# ignored, which no shell can undo: perl (essential in Debian) restores
+# them before running the job, so Ctrl-C on `lab exec` reaches it.
 cd /mnt || fail "cannot enter /mnt"
 mkdir -p cmd job sig
 while :; do
@@ -77,7 +79,8 @@ while :; do
 		id=${id%.sh}
 		mv "$f" "job/$id.sh"
 		(
-			setsid stdbuf -oL -eL sh "job/$id.sh" >"job/$id.out" 2>"job/$id.err" </dev/null &
+			setsid stdbuf -oL -eL perl -e '$SIG{INT} = $SIG{QUIT} = "DEFAULT"; exec @ARGV or die "$!"' \
+				sh "job/$id.sh" >"job/$id.out" 2>"job/$id.err" </dev/null &
 			echo $! >"job/$id.pid"
 			wait $!
 			echo $? >"job/$id.rc.tmp"
