@@ -16,13 +16,32 @@ use rocev2_user::testbed::{
 
 use crate::{rocev2_bin, LabGuard};
 
-/// Where the tests keep the guests' Debian tree: the workspace's target/
-/// (a fresh clone builds it once, about a minute and a half).
+/// Where the tests find the guests' Debian tree: `ROCEV2_TREE_CACHE`, else
+/// the lab's own default (/var/cache/rocev2/trees), outside the clone, so
+/// every checkout and every fresh CI clone on a machine shares one tree.
+/// `cargo xtask setup` builds it there (minutes, from deb.debian.org).
 pub fn tree_cache() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+    std::env::var_os("ROCEV2_TREE_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("debian-trees")
+        .unwrap_or_else(|| PathBuf::from(rocev2_user::testbed::lab::rdma_hosts::DEFAULT_TREE_CACHE))
+}
+
+/// Under CI=true the tree must be there already: building it takes
+/// minutes of the suite's budget and a Debian mirror, which is
+/// `cargo xtask setup`'s job. Elsewhere the first test builds it.
+fn require_tree(cache: &Path) {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let recipe = &rocev2_user::testbed::debian_tree::RDMA_GUEST;
+    if ci && rocev2_user::testbed::debian_tree::built(recipe, cache).is_none() {
+        panic!(
+            "CI=true and the RDMA guests' Debian tree (recipe digest {}) is not in {}: \
+             `cargo xtask setup` builds it (or `rocev2 lab tree --tree-cache {}`); the tests do not \
+             build it under CI, it takes minutes and a Debian mirror",
+            recipe.digest(),
+            cache.display(),
+            cache.display()
+        );
+    }
 }
 
 /// One guest lab at a time in this process: two emulated CPUs are all the
@@ -46,6 +65,7 @@ impl RdmaLab {
     pub fn up(tag: char, extra: &[&str]) -> Self {
         let name = format!("v{tag}{:x}", std::process::id() % 0xFFFFF);
         let cache = tree_cache();
+        require_tree(&cache);
         #[rustfmt::skip]
         let out = Command::new(rocev2_bin())
             .args(["lab", "up", "--name", &name, "--racks", "2", "--hosts", "1", "--spines", "2",

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, lintian, debootstrap, qemu, cargo-deb, mdbook).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, lintian, debootstrap, qemu, cargo-deb, mdbook) and build the RDMA guests' Debian tree.
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -372,7 +372,28 @@ fn setup() -> Result<()> {
         eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
         run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
     }
-    Ok(())
+    rdma_guest_tree()
+}
+
+/// The real-RDMA tests' guests boot a Debian tree that debootstrap builds
+/// from deb.debian.org (minutes on 2 cores): setup builds it, once per
+/// recipe, in the lab's default cache outside the clone
+/// (/var/cache/rocev2/trees, or ROCEV2_TREE_CACHE), where the tests look
+/// for it; under CI=true
+/// they fail rather than build it in the suite's time.
+fn rdma_guest_tree() -> Result<()> {
+    if !is_root() {
+        eprintln!("xtask: not root: the RDMA guests' Debian tree is not built (`sudo cargo xtask setup` builds it)");
+        return Ok(());
+    }
+    build(false)?;
+    let mut tree = Command::new(workspace().join("target/debug/rocev2"));
+    tree.args(["lab", "tree"]);
+    // The tests' override of the cache, if set, is where they will look.
+    if let Some(cache) = std::env::var_os("ROCEV2_TREE_CACHE") {
+        tree.arg("--tree-cache").arg(cache);
+    }
+    stage("the RDMA guests' Debian tree (rocev2 lab tree)", || run(&mut tree))
 }
 
 /// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built

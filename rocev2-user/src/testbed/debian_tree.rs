@@ -128,6 +128,12 @@ impl Recipe {
     }
 }
 
+/// The tree of `recipe` in `cache` if it is built (never builds).
+pub fn built(recipe: &Recipe, cache: &Path) -> Option<PathBuf> {
+    let path = recipe.path_in(cache);
+    path.join(STAMP).exists().then_some(path)
+}
+
 /// A tree ready to use.
 #[derive(Clone, Debug)]
 pub struct Tree {
@@ -140,10 +146,10 @@ pub struct Tree {
 /// root: debootstrap and chroot need it). Progress goes to
 /// `CACHE/NAME-DIGEST.log`; a message on stderr says a build starts.
 pub fn ensure(recipe: &Recipe, cache: &Path) -> Result<Tree> {
-    let path = recipe.path_in(cache);
-    if path.join(STAMP).exists() {
+    if let Some(path) = built(recipe, cache) {
         return Ok(Tree { path, built_in: None });
     }
+    let path = recipe.path_in(cache);
     fs::create_dir_all(cache).with_context(|| format!("cannot create {}", cache.display()))?;
     let lock_path = cache.join(format!("{}.lock", recipe.name));
     let lock_file = fs::OpenOptions::new()

@@ -86,6 +86,9 @@ pub enum LabCommand {
     /// Run a command in a host of the lab: in its virtual machine
     /// (`--rdma-hosts`), else in its namespace. Exits with its status.
     Exec(rdma_hosts::LabExecArgs),
+    /// Build the RDMA hosts' Debian tree now (`--rdma-hosts` builds it on
+    /// first use) or, with `--check`, say whether it is built.
+    Tree(rdma_hosts::LabTreeArgs),
 }
 
 impl LabCommand {
@@ -102,6 +105,7 @@ impl LabCommand {
             Self::Link(_) => "lab link",
             Self::Stats(_) => "lab stats",
             Self::Exec(_) => "lab exec",
+            Self::Tree(_) => "lab tree",
         }
     }
 }
@@ -209,6 +213,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             }
             Ok(())
         }
+        LabCommand::Tree(args) => rdma_hosts::tree_command(args),
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),

@@ -114,6 +114,39 @@ pub fn guest_spec(netns: &str, dir: &std::path::Path, f: &Fabric, r: u32, i: u32
     }
 }
 
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabTreeArgs {
+    /// Where the guests' Debian tree is built and kept.
+    #[arg(long, default_value = DEFAULT_TREE_CACHE, value_name = "DIR")]
+    pub tree_cache: PathBuf,
+    /// Only say whether the tree of today's recipe is built: exit 1 if not.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// `lab tree`: builds the guests' tree if today's recipe has none in the
+/// cache (needs root and deb.debian.org) and prints where it is.
+pub fn tree_command(args: &LabTreeArgs) -> Result<()> {
+    let what = format!("the {:?} Debian tree (recipe digest {})", RDMA_GUEST.name, RDMA_GUEST.digest());
+    if args.check {
+        let Some(path) = debian_tree::built(&RDMA_GUEST, &args.tree_cache) else {
+            bail!(
+                "{what} is not built in {}: run `rocev2 lab tree --tree-cache {}` (or `cargo xtask setup`)",
+                args.tree_cache.display(),
+                args.tree_cache.display()
+            );
+        };
+        println!("{what} is built: {}", path.display());
+        return Ok(());
+    }
+    let tree = debian_tree::ensure(&RDMA_GUEST, &args.tree_cache)?;
+    match tree.built_in {
+        Some(took) => println!("{what} built in {:.0} s: {}", took.as_secs_f64(), tree.path.display()),
+        None => println!("{what} was already built: {}", tree.path.display()),
+    }
+    Ok(())
+}
+
 /// The guests' tree, built first if this recipe has none in the cache yet.
 pub fn tree(args: &RdmaHostArgs) -> Result<PathBuf> {
     Ok(debian_tree::ensure(&RDMA_GUEST, &args.tree_cache)?.path)
