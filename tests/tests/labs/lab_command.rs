@@ -45,6 +45,8 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         unnumbered: false,
         rdma: Default::default(),
         links: Default::default(),
+        host_bridge: false,
+        uplinks: 4,
     }
 }
 
