@@ -28,6 +28,7 @@ mod packaging;
 mod profile;
 mod qos;
 mod rc_telemetry;
+mod rdma_guests;
 mod reliability;
 mod service;
 mod sys;
