@@ -6,6 +6,12 @@ pub use crate::counters::{EgressCounters, PortCounters};
 /// Entries of the lab fault injector's drop table.
 pub const MAX_FAULTS: u32 = 1024;
 
+/// A fault table value: this bit set corrupts the packet (flips its last
+/// byte before the ICRC) instead of dropping it; the bits below count the
+/// times still to come.
+pub const FAULT_CORRUPT: u32 = 1 << 31;
+pub const FAULT_COUNT_MASK: u32 = FAULT_CORRUPT - 1;
+
 /// Key of the fault injector's drop table: DestQP and PSN.
 pub const fn fault_key(dest_qp: u32, psn: u32) -> u64 {
     ((dest_qp as u64) << 32) | psn as u64

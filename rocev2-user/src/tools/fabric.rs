@@ -360,6 +360,10 @@ impl Fabric {
     pub fn host_mac(r: u32, i: u32) -> [u8; 6] {
         [0x02, 0x52, 0x46, r as u8, ((r >> 8) << 1) as u8 | 0x01, i as u8]
     }
+    /// The NIC of host i's virtual machine (`lab up --rdma-hosts`).
+    pub fn guest_mac(r: u32, i: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x46, r as u8, 0x02, i as u8]
+    }
     pub fn leaf_uplink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
         [0x02, 0x52, 0x47, r as u8, j as u8, ((r >> 8) << 3) as u8 | k as u8]
     }

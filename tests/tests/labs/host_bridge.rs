@@ -79,6 +79,7 @@ impl Lab {
             aggs: None,
             unnumbered: false,
             links: Default::default(),
+            rdma: Default::default(),
             host_bridge: true,
             uplinks: UPLINKS as u32,
         };

@@ -44,6 +44,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         zones: 1,
         aggs: None,
         unnumbered: false,
+        rdma: Default::default(),
         links: Default::default(),
         host_bridge: false,
         uplinks: 4,

@@ -51,6 +51,7 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 mod bgp;
 pub mod fabric;
 pub mod hostbridge;
+pub mod rdma_hosts;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -81,8 +82,17 @@ pub enum LabCommand {
     Te(fabric::te::LabTeArgs),
     /// Fail a fabric link (both directions) or bring it back.
     Link(fabric::te::LabLinkArgs),
+    /// The collective scorecard: a ring AllReduce under every load-balancing
+    /// mode and an incast under every transport, one table (and an SVG chart).
+    Scorecard(fabric::scorecard::LabScorecardArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
+    /// Run a command in a host of the lab: in its virtual machine
+    /// (`--rdma-hosts`), else in its namespace. Exits with its status.
+    Exec(rdma_hosts::LabExecArgs),
+    /// Build the RDMA hosts' Debian tree now (`--rdma-hosts` builds it on
+    /// first use) or, with `--check`, say whether it is built.
+    Tree(rdma_hosts::LabTreeArgs),
 }
 
 impl LabCommand {
@@ -97,7 +107,10 @@ impl LabCommand {
             Self::Mode(_) => "lab mode",
             Self::Te(_) => "lab te",
             Self::Link(_) => "lab link",
+            Self::Scorecard(_) => "lab scorecard",
             Self::Stats(_) => "lab stats",
+            Self::Exec(_) => "lab exec",
+            Self::Tree(_) => "lab tree",
         }
     }
 }
@@ -156,6 +169,8 @@ pub struct LabUpArgs {
     /// (default 2 with `--zones` 2 or more).
     #[arg(long, requires = "zones")]
     pub aggs: Option<u32>,
+    #[command(flatten)]
+    pub rdma: rdma_hosts::RdmaHostArgs,
     /// Rated links: a rate and a buffer on every fabric link.
     #[command(flatten)]
     pub links: fabric::links::LinkArgs,
@@ -213,9 +228,18 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Some(_) => hostbridge::stats(args),
             None => fabric::stats(args),
         },
+        LabCommand::Exec(args) => {
+            let status = rdma_hosts::exec(args)?;
+            if status != 0 {
+                std::process::exit(status);
+            }
+            Ok(())
+        }
+        LabCommand::Tree(args) => rdma_hosts::tree_command(args),
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
+        LabCommand::Scorecard(args) => fabric::scorecard::scorecard(args).map(|_| ()),
     }
 }
 
@@ -240,6 +264,9 @@ pub struct LabRecord {
     /// A fabric's dataplanes, one per switch.
     #[serde(default)]
     pub switches: Vec<fabric::SwitchRecord>,
+    /// `--rdma-hosts`: the hosts' virtual machines.
+    #[serde(default)]
+    pub guests: Vec<crate::testbed::guest::Guest>,
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
@@ -707,6 +734,7 @@ fn start_bgp(plan: &LabPlan, args: &LabUpArgs, record: &mut LabRecord) -> Result
 fn remove(record: &LabRecord) -> Result<String> {
     let mut log = String::new();
     let mut errors = Vec::new();
+    rdma_hosts::remove_guests(record, &mut log, &mut errors);
     for ns in record.namespaces.iter().rev() {
         match remove_netns(ns, &mut log) {
             Ok(true) => {
@@ -781,7 +809,12 @@ pub fn status(name: &str) -> Result<String> {
     validate_name(name)?;
     let record = LabRecord::read(name)?;
     if let Some(f) = &record.fabric {
-        return fabric::status(&record, f);
+        let mut out = fabric::status(&record, f)?;
+        if !record.guests.is_empty() {
+            out.push_str("RDMA hosts:\n");
+            out.push_str(&rdma_hosts::guests_table(&record.guests));
+        }
+        return Ok(out);
     }
     let mut out = format!("Lab {name:?}");
     if let Some(c) = &record.config {
@@ -844,6 +877,7 @@ mod tests {
             zones: 1,
             aggs: None,
             unnumbered: false,
+            rdma: Default::default(),
             links: Default::default(),
             host_bridge: false,
             uplinks: 4,
