@@ -10,6 +10,7 @@
 //! `tests/src`.
 
 mod collective;
+mod collective_model;
 mod cpu_spread;
 mod demo;
 mod ecmp;

@@ -13,6 +13,7 @@
 //!    memory of the maps.
 
 mod bridge;
+mod collective_model;
 mod forwarding;
 mod jit_lines;
 mod kernel_routes;
@@ -896,12 +897,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
     let p5 = lab_build::part5(&rocev2, &mut notes)?;
+    let p6 = collective_model::part6(&mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
     rows.extend(p2.rows);
     rows.extend(bridged);
     rows.extend(p4);
     rows.extend(p5);
+    rows.extend(p6);
     rows.extend(control);
     let table = render_table(&rows);
     println!("Machine: {machine}\n\n{table}");
