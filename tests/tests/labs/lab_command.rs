@@ -36,6 +36,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         links_per_spine: links,
         family: LabFamily::Both,
         hash: rocev2_common::hash::HashMode::Qp,
+        hash_version: rocev2_common::hash::HashVersion::V1,
         config_out: None,
         routing: LabRouting::Static,
         racks: None,

@@ -28,7 +28,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use rocev2_common::hash::HashMode;
+use rocev2_common::hash::{HashMode, HashVersion};
 use serde::{Deserialize, Serialize};
 
 use crate::sys::netns::ip;
@@ -135,6 +135,10 @@ pub struct LabUpArgs {
     /// Hash mode written into the generated dataplane config.
     #[arg(long, value_enum, default_value_t = HashMode::Qp)]
     pub hash: HashMode,
+    /// `hash_version` written into every generated dataplane config (and
+    /// used by the lab's predictions): 1 or 2.
+    #[arg(long, default_value_t = HashVersion::V1)]
+    pub hash_version: HashVersion,
     /// Where to write the RTSW's dataplane config (default `/run/rocev2/lab-<name>/rtsw.toml`).
     #[arg(long, value_name = "FILE")]
     pub config_out: Option<PathBuf>,
@@ -550,9 +554,10 @@ impl LabPlan {
         let mut text = format!(
             "# Written by `rocev2 lab up --name {name}` for namespace {rtsw}.\n\
              # Run it with: rocev2 --netns {rtsw} run --config {cfg}\n\
-             [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
+             [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nhash_version = {version}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
             cfg = config_path.display(),
             hash = args.hash,
+            version = args.hash_version,
             pin = pin_dir.display(),
         );
         for p in &ports {
@@ -864,6 +869,7 @@ mod tests {
             links_per_spine: links,
             family,
             hash: HashMode::Qp,
+            hash_version: HashVersion::V1,
             config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
             routing: LabRouting::Static,
             racks: None,

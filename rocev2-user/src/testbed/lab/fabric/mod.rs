@@ -107,6 +107,7 @@ impl FabricPlan {
             v4: args.family.v4(),
             v6: args.family.v6(),
             hash,
+            hash_version: args.hash_version,
             seeds: args.seed,
             zones: args.zones,
             aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
@@ -336,11 +337,12 @@ pub fn switch_config(
     let mut t = format!(
         "# Written by `rocev2 lab up` for {s} (namespace {ns}); load balancing: {mode}.\n\
          # Its dataplane: rocev2 --netns {ns} run --config {cfg}\n\
-         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
+         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nhash_version = {version}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
         mode = balance.label(),
         cfg = path.display(),
         hash = balance.hash().name(),
         seed = f.seed_setting(),
+        version = f.hash_version,
         pin = pin_dir.display(),
         extra = balance.dataplane_lines(),
     );
