@@ -119,6 +119,11 @@ pub struct BenchArgs {
     /// XDP live frames, without the routed rows' goal).
     #[arg(long)]
     pub bridge_only: bool,
+    /// Instead of the report: print part 1 alone (per-packet cost by
+    /// BPF_PROG_TEST_RUN, rows interleaved in every round), for an A/B of
+    /// one change in a few minutes, e.g. the hash_version rows.
+    #[arg(long)]
+    pub per_packet_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -896,6 +901,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut rows = bridge::per_packet_rows(args)?;
         rows.extend(bridge::forwarding_rows(args, GenMode::LiveFrames, None)?);
         print!("{}", render_table(&rows));
+        return Ok(());
+    }
+    if args.per_packet_only {
+        let p1 = part1(args, &mut Vec::new(), &mut Vec::new())?;
+        print!("{}", render_table(&p1.rows));
         return Ok(());
     }
     if let Some(name) = &args.profile {
