@@ -960,6 +960,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "- Part 2: namespaces sender -> switch -> {UPLINKS} uplinks over veths, native XDP. The generator is `rocev2_user::tools::gen` (64 QPs, NIC-style source ports, 4-packet WRITE messages, 1024-byte payload, IPv4); receivers run `{XDP_DROP_PROGRAM}` and are counted from their rx counters (`ip -s link`). {} s per measurement, median of {} rounds, row order rotated each round. Kernel row: `ip route 10.1.0.0/16 nexthop via 10.0.1.2 nexthop via 10.0.2.2`, `fib_multipath_hash_policy=1`, static neighbours, nothing attached to the switch port.\n",
         args.seconds, args.fwd_rounds
     ));
+    md.push_str("- Every pipeline row hashes with `hash_version = 2`, what new configs write. The `hash_version = 1` row is the qp pipeline with version 1 (the placement of configs without the key), measured in the same rounds: its ratio is the median over rounds of its time over the qp row's time in that round, so the load that drifts between rounds mostly cancels out.\n");
     for n in &notes {
         md.push_str(&format!("- {n}\n"));
     }
