@@ -56,6 +56,8 @@ pub fn one_at_a_time() -> MutexGuard<'static, ()> {
 pub struct RdmaLab {
     pub name: String,
     pub record: LabRecord,
+    /// What `lab up` printed (stdout).
+    pub up_output: String,
     _guard: LabGuard,
 }
 
@@ -80,7 +82,8 @@ impl RdmaLab {
         eprintln!("{text}");
         let record = LabRecord::read(&name).unwrap();
         assert_eq!(record.guests.len(), 2, "{record:?}");
-        Self { name, record, _guard: guard }
+        let up_output = String::from_utf8_lossy(&out.stdout).into_owned();
+        Self { name, record, up_output, _guard: guard }
     }
 
     pub fn guest(&self, name: &str) -> &Guest {

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rocev2_tests::{
+    book,
     rdma::{
         accounting, counters, describe, one_at_a_time, perftest_qps, read_rxe_fixture, run_pair, run_perftest,
         wait_perftest, write_rxe_fixture, Capture, RdmaLab,
@@ -24,16 +25,27 @@ use rocev2_user::testbed::guest::GuestJob;
 /// lists the 8 QPs the guests really used (QPNs from perftest's output),
 /// each on the uplink `explain` computes for it, and more than one uplink
 /// carries them; rping (RDMA CM, SEND/READ/WRITE) works over IPv4 and IPv6.
+/// The run is the book's ("Real RDMA through rocev2"): its commands, and
+/// what it shows they print, numbers and names with digits masked.
 #[test]
 fn rdma_guests_write_bw_8_qps_between_racks() {
     require_root();
     let _one = one_at_a_time();
+    let book = BookRun::read();
     let lab = RdmaLab::up('w', &[]);
     let (client, server) = (lab.guest("r1h1"), lab.guest("r2h1"));
+    let ours = |text: &str| text.replace(&format!("\"{}\"", lab.name), "\"lab\"").replace(&lab.name, "lab");
+    book.shows("lab up", &ours(&lab.up_output));
+    let cache = rocev2_tests::rdma::tree_cache();
+    let tree = rocev2_tests::rdma::rocev2(&["lab", "tree", "--check", "--tree-cache", cache.to_str().unwrap()]);
+    book.shows("lab tree", &tree.replace(cache.to_str().unwrap(), "/var/cache/rocev2/trees"));
     let before = counters([client, server]);
 
     let (server_out, client_out, (bytes, iterations, mb_per_s)) =
-        run_perftest(server, "ib_write_bw -R -u 18 -q 8 -n 40", client, "ib_write_bw -R -u 18 -q 8 -n 40 10.2.1.1");
+        run_perftest(server, &book.server, client, &book.client);
+    book.shows("ib_write_bw", &client_out);
+    book.shows("top", &rocev2_tests::rdma::rocev2(&["top", "--once", "--config", lab.config("l1").to_str().unwrap()]));
+    book.shows("rdma statistic", &server.run(&book.counters, rocev2_tests::rdma::TOOL_BUDGET).unwrap());
     let after = counters([client, server]);
     eprintln!("ib_write_bw -q 8: {iterations} x {bytes} B at {mb_per_s} MB/s");
     assert_eq!((bytes, iterations), (65536, 8 * 40), "{client_out}");
@@ -331,6 +343,60 @@ fn rdma_guests_survive_rewrites_upgrade_and_a_member_failure() {
     let _ = upgraded.kill();
     let _ = upgraded.wait();
     let _ = std::fs::remove_file(&log);
+}
+
+/// The book's run: the guests' perftest pair and counters command, and the
+/// console steps with what the book shows under them.
+struct BookRun {
+    server: String,
+    client: String,
+    counters: String,
+    steps: Vec<book::Step>,
+}
+
+const CHAPTER: &str = "real-rdma.md";
+
+impl BookRun {
+    fn read() -> Self {
+        let steps = book::console_steps(CHAPTER);
+        let guest_command = |host: &str, tool: &str| -> String {
+            let prefix = format!("rocev2 lab exec {host} -- {tool}");
+            let step = steps
+                .iter()
+                .find(|s| s.command.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("{CHAPTER} has no `$ {prefix}`"));
+            let command = step.command.split_once(" -- ").unwrap().1;
+            // The server runs in the background, its output to a file.
+            command.split(" >").next().unwrap().trim().to_string()
+        };
+        let (server, client) = (guest_command("r2h1", "ib_write_bw"), guest_command("r1h1", "ib_write_bw"));
+        let counters = guest_command("r2h1", "rdma statistic");
+        assert_eq!(format!("{server} 10.2.1.1"), client, "the book's client connects to its server");
+        let known = ["rocev2 lab tree", "rocev2 lab up", "rocev2 lab exec", "rocev2 top", "rocev2 lab down"];
+        for step in &steps {
+            assert!(known.iter().any(|k| step.command.starts_with(k)), "{CHAPTER}: no replay of `{}`", step.command);
+        }
+        let up = steps.iter().find(|s| s.command.starts_with("rocev2 lab up")).unwrap();
+        assert_eq!(
+            up.command, "rocev2 lab up --racks 2 --hosts 1 --spines 2 --rdma-hosts",
+            "the book's lab is the tests' (RdmaLab::up)"
+        );
+        Self { server, client, counters, steps }
+    }
+
+    /// Fails unless what the step starting with `rocev2 {command}` (or a
+    /// guest's `command`) printed is what the book shows under it.
+    fn shows(&self, command: &str, printed: &str) {
+        let step = self
+            .steps
+            .iter()
+            .filter(|s| !s.expected.is_empty())
+            .find(|s| {
+                s.command.starts_with(&format!("rocev2 {command}")) || s.command.contains(&format!("-- {command}"))
+            })
+            .unwrap_or_else(|| panic!("{CHAPTER} shows no output of `{command}`"));
+        book::assert_shows(&format!("{CHAPTER}: `{}`", step.command), &step.expected, printed, book::mask_words);
+    }
 }
 
 /// Starts `cmd` as a perftest duration run (`-D`, far longer than needed:

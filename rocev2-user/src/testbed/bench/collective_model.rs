@@ -33,6 +33,7 @@ pub fn paper_scale(mode: Mode, qps: u32) -> Setup {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             seeds: SeedPlan::Auto,
         },
         link_bps: 200_000_000,

@@ -315,6 +315,7 @@ mod tests {
             v4: true,
             v6: true,
             hash: rocev2_common::hash::HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             seeds: crate::tools::fabric::SeedPlan::Auto,
         };
         let spec = guest_spec("lab-r2h1", std::path::Path::new("/run/rocev2/lab-lab"), &f, 2, 1, 256);
