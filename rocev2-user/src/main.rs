@@ -133,6 +133,21 @@ enum Command {
         #[arg(long, value_name = "UNIT")]
         unit: Option<String>,
     },
+    /// Remove what a `rocev2 run` that is gone left attached (after `kill
+    /// -9`, a crash, or a handover no new run took): detach its XDP
+    /// programs from the ports and remove its pinned maps and state, like
+    /// `xdp-loader unload`. Refuses while a live run manages the dataplane
+    /// (stop that one instead).
+    Detach {
+        /// Config of the instance (to find its pin_dir). Without --config or
+        /// --pin-dir: /etc/rocev2/rocev2.toml if it exists, else the
+        /// default pin directory /sys/fs/bpf/rocev2.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+    },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
     Lab {
         #[command(subcommand)]
@@ -216,6 +231,7 @@ const FILES_HELP: &str = "Files:
 
 Signals to `rocev2 run`: SIGINT/SIGTERM stop (detach, print the final counters); SIGHUP reloads the
 config (`rocev2 reload`); SIGUSR1 exits leaving the dataplane forwarding for the next run (`rocev2 upgrade`).
+What a run killed with SIGKILL left attached: `rocev2 detach` removes it (or a new `rocev2 run` takes it over).
 
 Each subcommand has its own help: `rocev2 help run`.";
 
@@ -352,6 +368,19 @@ fn real_main(cli: Cli) -> Result<()> {
             privileges::require("demo", Need::LoadXdp)?;
             rocev2_user::testbed::lab::demo(qps, packets_per_qp, uplinks)?;
         }
+        Command::Detach { config, pin_dir } => {
+            let pin_dir = running_pin_dir(config, pin_dir)?;
+            privileges::require("detach", Need::PinnedMaps(&pin_dir))?;
+            let detached = rocev2_user::control::detach::detach(&pin_dir)?;
+            if let Some(counters) = &detached.counters {
+                println!("rocev2: final counters:\n{}", counters.render());
+            }
+            let ports = match detached.ports.as_slice() {
+                [] => "no port had it attached".to_string(),
+                ports => format!("detached from {}", ports.join(", ")),
+            };
+            println!("rocev2: {ports}; removed {} and its state", pin_dir.display());
+        }
         Command::Reload { config, pin_dir } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("reload", Need::PinnedMaps(&pin_dir))?;
@@ -364,7 +393,11 @@ fn real_main(cli: Cli) -> Result<()> {
             rocev2_user::control::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
         }
         Command::Lab { command } => {
-            privileges::require(command.as_typed(), Need::Namespaces)?;
+            let need = match command {
+                LabCommand::Status(_) | LabCommand::Stats(_) => Need::InspectNamespaces,
+                _ => Need::Namespaces,
+            };
+            privileges::require(command.as_typed(), need)?;
             labcmd::run(&command)?
         }
         Command::Gen(args) => {

@@ -57,6 +57,18 @@ impl Table {
     }
 }
 
+/// The terminal's size (columns, rows) when standard output is one.
+pub fn terminal_size() -> Option<(usize, usize)> {
+    use std::io::IsTerminal as _;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // SAFETY: TIOCGWINSZ writes a winsize into `size`.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0).then_some((size.ws_col as usize, size.ws_row as usize))
+}
+
 /// Characters of a bar for a whole (100 %) share.
 pub const BAR_WIDTH: f64 = 30.0;
 

@@ -636,6 +636,7 @@ mod tests {
                 ..Default::default()
             }),
             telemetry_qps: Some(12),
+            unmanaged: None,
         }
     }
 

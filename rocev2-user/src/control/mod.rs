@@ -6,6 +6,7 @@ pub mod capacity;
 pub mod collisions;
 pub mod config;
 pub mod dataplane;
+pub mod detach;
 pub mod errors;
 pub mod health;
 pub mod members;

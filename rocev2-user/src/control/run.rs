@@ -106,13 +106,20 @@ struct Runner {
 pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Ending> {
     let pin_dir = config.dataplane.pin_dir.clone();
     // Say which capability is missing before anything else fails with EPERM.
-    crate::sys::privileges::check()?;
+    crate::sys::privileges::require("run", crate::sys::privileges::Need::LoadXdp)?;
     // Handlers first: a signal that arrives while starting up (or right
     // after `ready`) must still detach and unpin, not kill the process.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    if pin_dir.starts_with(crate::sys::paths::BPFFS) && crate::sys::bpffs::private_view() {
+        bail!(
+            "refusing to pin the dataplane into {}: {}; nothing else could see, reload, upgrade or detach what it pins there. Start it as `rocev2 --netns NAME run --config FILE`, which enters only the network namespace",
+            pin_dir.display(),
+            crate::sys::bpffs::PRIVATE_VIEW
+        );
+    }
     let _lock = RunLock::acquire(&pin_dir)?;
     let mut runner = Runner::start(config, &options, netns).await?;
 
@@ -150,6 +157,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = status_tick.tick() => {
                 crate::control::notify::status(&runner.status_line());
                 runner.check_fill();
+                RunState::touch(&pin_dir);
             }
             _ = link_tick.tick() => runner.refresh(false).await?,
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
@@ -166,6 +174,10 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     }
     let snapshot = Snapshot::collect(&runner.dataplane.maps, &runner.state)?;
     if handover {
+        runner.state.handed_over_at = Some(crate::control::state::now_epoch());
+        if let Err(e) = runner.state.write(&pin_dir) {
+            tracing::warn!("cannot record the handover in the state file: {e:#}");
+        }
         runner.dataplane.hand_over();
         drop(runner);
         Ok(Ending::HandedOver(snapshot))
@@ -223,6 +235,9 @@ impl Runner {
             pid: std::process::id(),
             config: config.path.clone(),
             netns: netns.clone(),
+            pin_dir: pin_dir.clone(),
+            started_at: crate::control::state::now_epoch(),
+            netns_inode: crate::sys::netns::current_inode(),
             ..Default::default()
         };
         let mut runner = Runner {
@@ -882,33 +897,71 @@ pub struct Links {
     pub egress: Vec<LinkInfo>,
 }
 
-/// Looks up every interface the config names; a missing one is an error
-/// at its place in the file, naming the namespace it looked in.
+/// Looks up every interface the config names. Every missing one is
+/// reported, one line each at its place in the file, with a close name
+/// ("did you mean"), the namespace it looked in and, when they all exist
+/// in one named namespace, the `--netns` to give.
 pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let hint = crate::sys::netns::interface_hint();
+    let mut errors: Vec<String> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut lookup =
+        async |name: &str, loc: &crate::control::config::Location, field: &str| match netlink.link(name).await {
+            Ok(link) => Some(link),
+            Err(e) => {
+                // Interface names are short: only a close name that starts
+                // alike is a likely typo (s1l9 for s1l1, not lo for h1).
+                let names = interface_names();
+                let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == name.chars().next());
+                let close = crate::sys::suggest::closest_match(name, alike)
+                    .map(|c| format!(" (did you mean {c}?)"))
+                    .unwrap_or_default();
+                errors.push(config.error_at(loc, field, format!("{e:#}{close}")).to_string());
+                missing.push(name.to_string());
+                None
+            }
+        };
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
-        let link =
-            netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}{hint}")))?;
-        links.ports.push(link);
+        links.ports.extend(lookup(&port.name, &port.loc, "name").await);
     }
     for group in &config.groups {
         let mut list = Vec::new();
         for member in &group.members {
-            let link = netlink
-                .link(&member.dev)
-                .await
-                .map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}{hint}")))?;
-            list.push(link);
+            list.extend(lookup(&member.dev, &member.loc, "dev").await);
         }
         links.members.push(list);
     }
     for e in &config.egress {
-        let link =
-            netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
-        links.egress.push(link);
+        links.egress.extend(lookup(&e.dev, &e.loc, "dev").await);
     }
-    Ok(links)
+    if errors.is_empty() {
+        return Ok(links);
+    }
+    let elsewhere = namespace_with(&missing)
+        .map(|ns| format!("; they exist in network namespace {ns:?}: give `rocev2 --netns {ns} ...`"))
+        .unwrap_or_default();
+    let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
+    bail!("{}{count}{}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
+}
+
+/// The interface names of this thread's network namespace.
+fn interface_names() -> Vec<String> {
+    nix::net::if_::if_nameindex()
+        .map(|list| list.iter().map(|i| i.name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// The named network namespace (`ip netns list`), other than this one, in
+/// which every one of `names` exists: where a config was meant to run.
+fn namespace_with(names: &[String]) -> Option<String> {
+    let here = crate::sys::netns::current_inode();
+    crate::sys::netns::names().into_iter().find(|ns| {
+        crate::sys::netns::in_netns_scoped(ns, || {
+            let found = interface_names();
+            Ok(crate::sys::netns::current_inode() != here && names.iter().all(|n| found.contains(n)))
+        })
+        .unwrap_or(false)
+    })
 }
 
 /// The dataplane's view of a configured group policy.
@@ -933,6 +986,9 @@ fn learned_policies(config: &Config) -> (&[crate::control::config::RoutePolicy],
 /// a failed reload is an error carrying the reason (the old config stays).
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
+    if let Some(warning) = before.manager().warning(pin_dir) {
+        bail!("nothing to reload: {warning}");
+    }
     if let Err(e) = crate::sys::signal_process(before.pid, nix::sys::signal::Signal::SIGHUP) {
         bail!("cannot signal rocev2 run (pid {}): {e}", before.pid);
     }

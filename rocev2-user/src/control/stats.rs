@@ -32,6 +32,10 @@ pub struct Snapshot {
     /// With `telemetry_qps`: QPs in the telemetry table now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry_qps: Option<u64>,
+    /// Set when no live `rocev2 run` manages the dataplane (it handed over
+    /// and none took over, or it died): what that means and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged: Option<String>,
 }
 
 /// An egress port's marking counters and virtual queue.
@@ -203,6 +207,7 @@ impl Snapshot {
             seed_auto: state.seed_auto,
             learned: state.learned.clone(),
             telemetry_qps: None,
+            unmanaged: state.manager().warning(&state.pin_dir),
         })
     }
 
@@ -217,7 +222,8 @@ impl Snapshot {
     /// each member's packets and share (the hash distribution at a glance),
     /// then egress queues, classes and the flowlet table.
     pub fn render(&self) -> String {
-        let mut out = self.render_ports_and_groups();
+        let mut out = self.unmanaged.as_ref().map(|w| format!("WARNING: {w}\n")).unwrap_or_default();
+        out.push_str(&self.render_ports_and_groups());
         if !self.egress.is_empty() {
             let mut table = Table::new(&[
                 ("EGRESS", Align::Left),

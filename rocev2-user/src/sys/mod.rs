@@ -9,6 +9,7 @@ pub mod privileges;
 pub mod rawsock;
 pub mod signals;
 pub mod suggest;
+pub mod verifier;
 
 /// Sends `signal` to process `pid` (kill(2)).
 pub fn signal_process(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result<()> {

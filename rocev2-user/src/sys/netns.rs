@@ -103,6 +103,13 @@ pub fn describe_current() -> String {
     "the network namespace rocev2 was started in".to_string()
 }
 
+/// The inode of this thread's network namespace: equal for two processes
+/// in the same namespace (0 when it cannot be read).
+pub fn current_inode() -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino())
+}
+
 /// Moves the calling thread into network namespace `name` for good; call it
 /// before any other thread starts (threads created later inherit it). The
 /// mount namespace is left alone, unlike `ip netns exec`, so /sys/fs/bpf
