@@ -101,6 +101,17 @@ struct Runner {
     classes: Option<Vec<rocev2_common::class::ClassEntry>>,
     mode: AyaXdpMode,
     state: RunState,
+    /// Map sizes fixed when the programs were loaded: a reload may use
+    /// less of them, not more.
+    loaded: LoadedSizes,
+}
+
+/// Sizes of the maps as loaded (see [`Runner::check_live_changeable`]).
+#[derive(Clone, Copy, Debug)]
+struct LoadedSizes {
+    flowlet_table_size: u32,
+    flowlet_slots: u32,
+    telemetry_qps: u32,
 }
 
 pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Ending> {
@@ -238,6 +249,7 @@ impl Runner {
             pin_dir: pin_dir.clone(),
             started_at: crate::control::state::now_epoch(),
             netns_inode: crate::sys::netns::current_inode(),
+            features: dataplane.features().0,
             ..Default::default()
         };
         let mut runner = Runner {
@@ -261,6 +273,11 @@ impl Runner {
             classes: None,
             mode,
             state,
+            loaded: LoadedSizes {
+                flowlet_table_size: config.flowlet_table_size(),
+                flowlet_slots: config.flowlet_slots(),
+                telemetry_qps: config.dataplane.telemetry_qps,
+            },
         };
         if let Some(table) = &config.routing.kernel_table {
             let id = match table {
@@ -290,13 +307,18 @@ impl Runner {
                 s.to_kernel.values().sum::<usize>()
             );
         }
+        let ports = runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+        let attach = match c.dataplane.attach {
+            Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
+            Attach::Tc => "tc ingress".to_string(),
+        };
         tracing::info!(
-            "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
-            runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-            match c.dataplane.attach {
-                Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
-                Attach::Tc => "tc ingress".to_string(),
-            },
+            ports = ports.as_str(),
+            attach = attach.as_str(),
+            groups = c.groups.len(),
+            routes = c.routes.len(),
+            pin_dir = %pin_dir.display(),
+            "forwarding on {ports} ({attach}), {} groups, {} routes, maps pinned in {}",
             c.groups.len(),
             c.routes.len(),
             pin_dir.display()
@@ -325,7 +347,7 @@ impl Runner {
             fills.push(Fill {
                 table: "flowlet table",
                 used: self.dataplane.maps.flowlet_entries() as u64,
-                capacity: self.config.flowlet_table_size().into(),
+                capacity: self.loaded.flowlet_table_size.into(),
                 hint: "the least recently used flows are evicted and may change path mid-flowlet; raise flowlet_table_size",
             });
         }
@@ -348,6 +370,7 @@ impl Runner {
             Ok(()) => {
                 self.state.last_reload = "ok".into();
                 tracing::info!(config = %path.display(), "reloaded {}", path.display());
+                self.report_unused_features();
             }
             Err(e) => {
                 self.state.last_reload = format!("{e:#}");
@@ -359,47 +382,84 @@ impl Runner {
         }
     }
 
-    /// Settings fixed when the programs were loaded and attached.
+    /// Settings fixed when the programs were loaded and attached. A
+    /// reload may turn a feature off or use less of a table (the loaded
+    /// programs and maps hold the smaller config), not turn one on or grow
+    /// a table; a refusal names what in the new file asks for it.
     fn check_live_changeable(&self, new: &Config) -> Result<()> {
         let (old, newd) = (&self.config.dataplane, &new.dataplane);
         let mut fixed = Vec::new();
         if old.pin_dir != newd.pin_dir {
-            fixed.push("dataplane.pin_dir");
+            fixed.push(format!("dataplane.pin_dir changed to {}", newd.pin_dir.display()));
         }
         if old.attach != newd.attach {
-            fixed.push("dataplane.attach");
+            fixed.push("dataplane.attach changed".to_string());
         }
         if old.xdp_mode != newd.xdp_mode {
-            fixed.push("dataplane.xdp_mode");
+            fixed.push("dataplane.xdp_mode changed".to_string());
         }
         if old.cpu_spread != newd.cpu_spread {
-            fixed.push("dataplane.cpu_spread");
+            fixed.push("dataplane.cpu_spread changed".to_string());
         }
         if self.config.routing != new.routing {
-            fixed.push("[routing]");
+            fixed.push("[routing] changed".to_string());
         }
-        if self.config.flowlet_table_size() != new.flowlet_table_size() {
-            fixed.push("flowlet_table_size (the flowlet table is sized at load time)");
+        let loaded = self.loaded;
+        if new.flowlet_table_size() > loaded.flowlet_table_size {
+            let groups = new.feature_sources(Features::FLOWLET_KEYED).join(", ");
+            fixed.push(format!(
+                "the keyed flowlet groups ({groups}) need a table of {} flows in all (their flowlet_table_size, 65536 each unless set), and the running one was sized for {} when `rocev2 run` loaded it",
+                new.flowlet_table_size(),
+                loaded.flowlet_table_size
+            ));
         }
-        if self.config.flowlet_slots() != new.flowlet_slots() {
-            fixed.push("the keyless flowlet slots (flowlet_table = \"keyless\" and its flowlet_table_size: the slot array is sized at load time)");
+        if new.flowlet_slots() > loaded.flowlet_slots {
+            fixed.push(format!(
+                "a keyless flowlet group needs {} slots (its flowlet_table_size), and the running slot array was sized for {} when `rocev2 run` loaded it",
+                new.flowlet_slots(),
+                loaded.flowlet_slots
+            ));
         }
-        if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
-            fixed.push("dataplane.telemetry_qps (the QP table is sized at load time)");
+        if newd.telemetry_qps > loaded.telemetry_qps && loaded.telemetry_qps != 0 {
+            fixed.push(format!(
+                "telemetry_qps = {} in [dataplane]: the QP table holds {} QPs, sized when `rocev2 run` loaded it",
+                newd.telemetry_qps, loaded.telemetry_qps
+            ));
         }
         // Features are load-time constants: code for a feature the loaded
         // programs were built without is not there to run.
         let missing = new.features().without(self.dataplane.features());
         if missing != Features::NONE {
+            let wanted: Vec<String> = Features::NAMED
+                .iter()
+                .filter(|(f, _)| missing.contains(*f))
+                .map(|(f, name)| format!("{name} ({})", new.feature_sources(*f).join(", ")))
+                .collect();
             bail!(
-                "the new config uses {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic",
-                missing.names().collect::<Vec<_>>().join(", ")
+                "the new config turns on {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic",
+                wanted.join("; ")
             );
         }
         if !fixed.is_empty() {
-            bail!("{} changed; that needs a restart of `rocev2 run`", fixed.join(", "));
+            bail!(
+                "{}; that needs a restart of `rocev2 run` (a new run takes over without dropping traffic)",
+                fixed.join("; ")
+            );
         }
         Ok(())
+    }
+
+    /// After a reload: features the loaded programs carry that the config
+    /// no longer uses (they cost a little per packet until a restart).
+    fn report_unused_features(&self) {
+        let unused = self.dataplane.features().without(self.config.features());
+        if unused != Features::NONE {
+            let names = unused.names().collect::<Vec<_>>().join(", ");
+            tracing::info!(
+                features = names.as_str(),
+                "the config no longer uses {names}; the running programs keep that code until `rocev2 run` restarts (a new run takes over without dropping traffic)"
+            );
+        }
     }
 
     /// Makes the dataplane match `config`. Order matters for packets in

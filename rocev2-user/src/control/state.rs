@@ -34,6 +34,11 @@ pub struct RunState {
     /// file: tells ports of the same ifindex in two namespaces apart.
     #[serde(default)]
     pub netns_inode: u64,
+    /// The features the running programs were loaded with (the bits of
+    /// rocev2_common::features::Features), so `check` can tell whether a
+    /// reload can apply a config.
+    #[serde(default)]
+    pub features: u32,
     pub ports: Vec<PortState>,
     pub groups: Vec<GroupState>,
     /// `[[egress]]` ports with a virtual queue, by counter slot.

@@ -329,7 +329,7 @@ impl Snapshot {
                 let mut columns = vec![
                     ("MEMBER", Align::Left),
                     ("PSN GAPS", Align::Right),
-                    ("RETRANSMITS", Align::Right),
+                    ("GO-BACKS", Align::Right),
                     ("SEQ NAKS", Align::Right),
                     ("OTHER NAKS", Align::Right),
                     ("CNPS", Align::Right),

@@ -682,7 +682,7 @@ pub fn sweep_svg(sc: &Scenario, rows: &[SweepRow]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn scenario(hosts: u32, qps: u32, sport: SportModel, uplinks: u32, hash: SimHash) -> Scenario {
@@ -845,7 +845,9 @@ mod tests {
 
     /// A small well-formedness check: every tag closes in order, attributes
     /// are quoted, and only the XML declaration precedes the root.
-    fn assert_well_formed(xml: &str) {
+    /// Fails unless `xml` is well-formed (balanced tags, quoted
+    /// attributes, escaped `&`): enough to trust a picture opens.
+    pub(crate) fn assert_well_formed(xml: &str) {
         for (i, _) in xml.match_indices('&') {
             let entity = ["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| xml[i..].starts_with(e));
             assert!(entity, "bare '&' at byte {i}");
