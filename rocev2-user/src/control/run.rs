@@ -155,6 +155,11 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
 
     let mut link_tick = tokio::time::interval(LINK_POLL);
     let mut neighbour_tick = tokio::time::interval(runner.config.dataplane.neighbour_refresh);
+    // Under `WatchdogSec=`: ping at half the period, but only while the
+    // link check (every LINK_POLL) keeps completing.
+    let watchdog = crate::control::notify::watchdog_period();
+    let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |p| p / 2));
+    let mut last_refresh = Instant::now();
     let handover = loop {
         tokio::select! {
             _ = sigint.recv() => break false,
@@ -170,7 +175,15 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 runner.check_fill();
                 RunState::touch(&pin_dir);
             }
-            _ = link_tick.tick() => runner.refresh(false).await?,
+            _ = link_tick.tick() => {
+                runner.refresh(false).await?;
+                last_refresh = Instant::now();
+            }
+            _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                if last_refresh.elapsed() < watchdog.unwrap_or_default() / 2 {
+                    crate::control::notify::watchdog();
+                }
+            }
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
                 runner.apply_kernel_changes(started?).await?;
             }
@@ -248,6 +261,7 @@ impl Runner {
             netns: netns.clone(),
             pin_dir: pin_dir.clone(),
             started_at: crate::control::state::now_epoch(),
+            config_loaded_at: crate::control::state::now_epoch(),
             netns_inode: crate::sys::netns::current_inode(),
             features: dataplane.features().0,
             ..Default::default()
@@ -369,11 +383,13 @@ impl Runner {
         match &result {
             Ok(()) => {
                 self.state.last_reload = "ok".into();
+                self.state.config_loaded_at = crate::control::state::now_epoch();
                 tracing::info!(config = %path.display(), "reloaded {}", path.display());
                 self.report_unused_features();
             }
             Err(e) => {
                 self.state.last_reload = format!("{e:#}");
+                self.state.reload_failures += 1;
                 tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {e:#}", path.display());
             }
         }
@@ -877,6 +893,14 @@ impl Runner {
                         next_hop: next_hop_text(&m.next_hop),
                         mac: m.dst_mac.map(|mac| crate::sys::format_mac(&mac)).unwrap_or_default(),
                         health: self.health.get(&group.name).and_then(|h| h.members.get(i).copied()),
+                    })
+                    .collect(),
+                configured: self.members[&group.name]
+                    .iter()
+                    .map(|m| crate::control::state::ConfiguredMember {
+                        dev: m.dev.clone(),
+                        next_hop: next_hop_text(&m.next_hop),
+                        up: m.usable().is_some(),
                     })
                     .collect(),
             })

@@ -53,6 +53,13 @@ pub struct RunState {
     pub reloads: u64,
     #[serde(default)]
     pub last_reload: String,
+    /// Reloads that failed (the running config stayed).
+    #[serde(default)]
+    pub reload_failures: u64,
+    /// When the running config was applied: the start or the last good
+    /// reload (seconds since the epoch).
+    #[serde(default)]
+    pub config_loaded_at: u64,
     /// The hash seed in use, and whether it was derived (`hash_seed = "auto"`).
     #[serde(default)]
     pub seed: u32,
@@ -94,6 +101,18 @@ pub struct GroupState {
     pub transport_aware: Option<TransportAwareKnobs>,
     /// Members in position order, as live in the dataplane.
     pub members: Vec<MemberState>,
+    /// Every configured member, usable or not, in config order (for
+    /// `rocev2_member_up`: which member left, not only how many are left).
+    #[serde(default)]
+    pub configured: Vec<ConfiguredMember>,
+}
+
+/// A member as configured, and whether it is in its group now.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfiguredMember {
+    pub dev: String,
+    pub next_hop: String,
+    pub up: bool,
 }
 
 /// The `flowlet_*` settings of a flowlet group, as in the config.

@@ -204,6 +204,41 @@ fn run_notifies_ready_reloading_and_stopping_in_order() {
     assert_eq!(notify.next_state(Duration::from_millis(300)), None, "nothing after STOPPING=1");
 }
 
+/// Under `WatchdogSec=` (WATCHDOG_USEC) `run` pings at half the period
+/// while its loop runs, and never after STOPPING=1.
+#[test]
+fn run_pings_the_watchdog_while_its_loop_runs() {
+    require_root();
+    let lab = EcmpLab::create(1).unwrap();
+    let config = lab.write_config("qp").unwrap();
+    let notify = NotifySocket::bind(&format!("{}w", lab.tag));
+    let args = ["--netns", lab.switch.name(), "run", "--config", config.to_str().unwrap()];
+    let mut daemon = Daemon::start_with(&args, Some(&notify), &[("WATCHDOG_USEC", "400000")]);
+    let (first, _) = notify.next_state(Duration::from_secs(30)).unwrap_or_else(|| panic!("{}", daemon.output()));
+    assert_eq!(first, "READY=1");
+    // 0.4 s period: a ping every 0.2 s; count those of 1.5 s.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let mut pings = 0;
+    while let Some(message) = notify.recv(deadline.saturating_duration_since(Instant::now())) {
+        pings += message.lines().filter(|l| *l == "WATCHDOG=1").count();
+    }
+    assert!(pings >= 4, "{pings} WATCHDOG=1 in 1.5 s with WATCHDOG_USEC=400000:\n{}", daemon.output());
+    daemon.signal(libc::SIGTERM);
+    let mut after_stopping = Vec::new();
+    let mut stopping = false;
+    // Until a quiet second after the exit.
+    while let Some(message) = notify.recv(Duration::from_secs(if stopping { 1 } else { 10 })) {
+        if stopping {
+            after_stopping.push(message);
+        } else {
+            stopping = message.lines().any(|l| l == "STOPPING=1");
+        }
+    }
+    assert!(stopping, "STOPPING=1 on SIGTERM:\n{}", daemon.output());
+    assert!(!after_stopping.iter().any(|m| m.contains("WATCHDOG=1")), "{after_stopping:?}");
+    assert!(daemon.wait(Duration::from_secs(10)).success(), "{}", daemon.output());
+}
+
 #[test]
 fn a_config_error_never_says_ready_and_exits_non_zero() {
     require_root();

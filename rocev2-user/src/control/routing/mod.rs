@@ -723,6 +723,9 @@ impl KernelRoutes {
                         health: self.health.get(&g.name).and_then(|health| health.members.get(i).copied()),
                     })
                     .collect(),
+                // A learned group is what the kernel's route says now: a
+                // next hop that left it is not configured anywhere.
+                configured: Vec::new(),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
