@@ -57,9 +57,9 @@ macro_rules! counters {
 counters! { PortCounter, PortCounters {
     RxPackets => "rx_packets", "frames seen by the XDP program";
     RxBytes => "rx_bytes", "bytes of frames seen by the XDP program";
-    Forwarded => "forwarded", "frames redirected to a group member";
-    ForwardedBytes => "forwarded_bytes", "bytes redirected to a group member";
-    ForwardedRoce => "forwarded_roce", "forwarded frames that were RoCEv2 (UDP 4791)";
+    Forwarded => "forwarded", "frames handed to a group member's egress device (redirected, less those it refused: drop_egress_refused)";
+    ForwardedBytes => "forwarded_bytes", "bytes redirected to a group member (those of refused frames included: the kernel does not say their size)";
+    ForwardedRoce => "forwarded_roce", "redirected frames that were RoCEv2 (UDP 4791)";
     RoceShortBth => "roce_short_bth", "RoCEv2 frames too short for a BTH: forwarded on the five-tuple";
     PassNotIp => "pass_not_ip", "not IPv4/IPv6 (ARP, LLDP, ...): to the kernel";
     PassL2Multicast => "pass_l2_multicast", "multicast or broadcast destination MAC: to the kernel";
@@ -77,6 +77,7 @@ counters! { PortCounter, PortCounters {
     DropBadIpHeader => "drop_bad_ip_header", "IP header truncated, bad version or length";
     DropBadIpv4Checksum => "drop_bad_ipv4_checksum", "IPv4 header checksum wrong on a packet to forward (the kernel drops these too)";
     DropRedirectFailed => "drop_redirect_failed", "egress device missing from the device map";
+    DropEgressRefused => "drop_egress_refused", "redirected, then refused by the egress device after the XDP program returned (its ring was full, it was down, or a veth whose peer has no XDP/NAPI): counted from the kernel's xdp tracepoints";
     DropNotEct => "drop_not_ect", "Not-ECT packet above kmax with a drop_not_ect profile";
     FlowletNew => "flowlet_new", "packets that started a new flowlet (first packet of a flow included)";
     FlowletMoved => "flowlet_moved", "new flowlets that moved their flow to another member";

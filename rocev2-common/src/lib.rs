@@ -12,6 +12,7 @@
 #[cfg(any(feature = "user", test))]
 extern crate std;
 
+pub mod arrival;
 pub mod bth;
 pub mod buckets;
 pub mod checksum;

@@ -38,6 +38,8 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    /// Frames an egress device refused after a redirect, by its ifindex.
+    pub const EGRESS_REFUSED: &str = "EGRESS_REFUSED";
     /// Not pinned: it holds program references and lives with the programs.
     pub const CPUS: &str = "CPUS";
     /// The tools object's maps (rocev2-tools; never pinned).
@@ -58,6 +60,7 @@ pub mod names {
         EGRESS_BY_SLOT,
         ROUTE_CACHE,
         BUCKETS,
+        EGRESS_REFUSED,
         ROUTES_V4,
         ROUTES_V6,
         GROUPS,

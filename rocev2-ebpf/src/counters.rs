@@ -12,7 +12,7 @@ use rocev2_common::{
 
 use crate::{
     features::enabled,
-    forward::Forward,
+    forwarded::Forward,
     maps::{CLASS_STATS, EGRESS_COUNTERS, MEMBER_STATS, PORT_COUNTERS},
     parse::{Outcome, Roce},
 };

@@ -28,25 +28,13 @@ use crate::{
     ctx::PacketBuf,
     ecn,
     features::enabled,
+    forwarded::Forward,
     maps::{EGRESS_DEVS, EGRESS_DEVS_DIRECT, FLOW_KEY, GROUPS, MEMBERS},
     parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
     redirect::redirect,
     rewrite, route, select, telemetry,
 };
-
-/// A packet ready to leave: where to, and what to count.
-#[derive(Clone, Copy)]
-pub struct Forward {
-    pub ifindex: u32,
-    pub group: u32,
-    pub position: u32,
-    pub roce: Roce,
-    /// skb priority for tc (0 = leave as is).
-    pub priority: u32,
-    /// The frame's length, as the IP parser measured it.
-    pub len: u32,
-}
 
 /// XDP entry point body: counts the frame and its outcome, returns the action.
 #[inline(always)]

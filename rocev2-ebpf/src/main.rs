@@ -21,11 +21,13 @@ mod ctx;
 mod ecn;
 mod features;
 mod forward;
+mod forwarded;
 mod maps;
 mod object;
 mod parse;
 mod pin;
 mod redirect;
+mod refused;
 mod rewrite;
 mod route;
 mod select;
@@ -35,8 +37,8 @@ mod telemetry;
 mod transport;
 
 use aya_ebpf::{
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{classifier, raw_tracepoint, xdp},
+    programs::{RawTracePointContext, TcContext, XdpContext},
 };
 
 /// XDP ingress on every configured port: route, pick a group member, rewrite
@@ -74,6 +76,22 @@ pub fn rocev2_tc_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn rocev2_tc_egress(ctx: TcContext) -> i32 {
     tc::tc_egress(&ctx)
+}
+
+/// Counts the frames an egress device refused after a redirect (its ring
+/// full, a veth peer without NAPI): see refused.rs.
+#[raw_tracepoint(tracepoint = "xdp_devmap_xmit")]
+pub fn rocev2_devmap_xmit(ctx: RawTracePointContext) -> i32 {
+    refused::devmap_xmit(&ctx);
+    0
+}
+
+/// Counts redirects that failed before the frame was queued (the egress
+/// device down, the frame too big for it): see refused.rs.
+#[raw_tracepoint(tracepoint = "xdp_redirect_err")]
+pub fn rocev2_redirect_err(ctx: RawTracePointContext) -> i32 {
+    refused::redirect_err(&ctx);
+    0
 }
 
 #[cfg(not(target_arch = "bpf"))]

@@ -15,7 +15,8 @@ use rocev2_common::{counters::PortCounter, features::Features};
 use crate::{
     class, counters, ecn,
     features::enabled,
-    forward::{forward, Forward},
+    forward::forward,
+    forwarded::Forward,
     parse::{self, drop, L3Kind, Outcome, Verdict, L4},
     rewrite,
 };

@@ -30,7 +30,7 @@ use rocev2_common::{
 use crate::{
     ctx::PacketBuf,
     features::enabled,
-    forward::Forward,
+    forwarded::Forward,
     maps::{FLOWLETS, FLOWLET_SLOTS, GROUPS},
     parse::IPPROTO_UDP,
     transport,

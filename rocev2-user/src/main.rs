@@ -14,7 +14,7 @@ use rocev2_user::{
     control::watch,
     sys::netns,
     sys::privileges::{self, Need},
-    testbed::labcmd::{self, LabCommand},
+    testbed::lab::{self, LabCommand},
     tools::entropy::{self, EntropyArgs},
     tools::explain::{self, ExplainArgs},
     tools::gen::{self, GenArgs},
@@ -170,7 +170,9 @@ enum Command {
         shell: clap_complete::Shell,
     },
     /// Print the man page (roff), generated from these same definitions;
-    /// with --out-dir, write rocev2.1 and one page per subcommand there.
+    /// with --out-dir, write rocev2.1 and one page per subcommand there,
+    /// and rocev2.toml.5, the config file's keys (from the reference the
+    /// book's page is generated from too).
     #[command(hide = true)]
     Man {
         #[arg(long, value_name = "DIR")]
@@ -265,7 +267,7 @@ const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
 const FILES_HELP: &str = "Files:
   /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload` and `stats` use without --config
                            (`stats` and `reload` fall back to the pin directory /sys/fs/bpf/rocev2
-                           when that file does not exist)
+                           when that file does not exist); every key it takes: `man rocev2.toml`
   /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
   /run/rocev2              state file and run lock of each running instance
 
@@ -401,6 +403,9 @@ fn real_main(cli: Cli) -> Result<()> {
             snapshot.add_transport(&pin_dir, &state)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
+                if let Some(warning) = snapshot.refusal_warning() {
+                    eprintln!("rocev2: {warning}");
+                }
             } else {
                 print!("{}", snapshot.render());
             }
@@ -418,7 +423,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Demo { qps, packets_per_qp, uplinks } => {
             privileges::require("demo", Need::Namespaces)?;
             privileges::require("demo", Need::LoadXdp)?;
-            rocev2_user::testbed::lab::demo(qps, packets_per_qp, uplinks)?;
+            rocev2_user::testbed::ecmp_lab::demo(qps, packets_per_qp, uplinks)?;
         }
         Command::Detach { config, pin_dir } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
@@ -450,7 +455,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 _ => Need::Namespaces,
             };
             privileges::require(command.as_typed(), need)?;
-            labcmd::run(&command)?
+            lab::run(&command)?
         }
         Command::Gen(args) => {
             privileges::require("gen", Need::RawSockets)?;
@@ -495,6 +500,10 @@ fn real_main(cli: Cli) -> Result<()> {
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
                 .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+            let page = dir.join("rocev2.toml.5");
+            let version = env!("CARGO_PKG_VERSION");
+            std::fs::write(&page, rocev2_user::control::config::reference::man_page(version))
+                .with_context(|| format!("cannot write {}", page.display()))?;
         }
     }
     Ok(())

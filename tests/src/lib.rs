@@ -4,8 +4,8 @@
 //! they need root. They never skip silently: without root they fail and
 //! say why.
 
+pub mod book;
 pub mod fixture;
-pub mod readme;
 
 use std::path::PathBuf;
 
@@ -78,10 +78,21 @@ pub struct LabGuard(pub String);
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        if rocev2_user::testbed::labcmd::record_path(&self.0).exists() {
-            if let Err(e) = rocev2_user::testbed::labcmd::down(&self.0) {
+        if rocev2_user::testbed::lab::record_path(&self.0).exists() {
+            if let Err(e) = rocev2_user::testbed::lab::down(&self.0) {
                 eprintln!("warning: lab down {}: {e:#}", self.0);
             }
         }
+    }
+}
+
+/// Fails if the switch lost a frame (sent, never arrived: counted by the
+/// arrival probes where the frames land); a capture that dropped frames
+/// is reported as the observer's loss, not failed. Prints a MEASURED line.
+pub fn assert_no_switch_loss(report: &rocev2_user::testbed::ecmp_lab::LabReport, what: &str) {
+    let loss = report.loss();
+    println!("MEASURED: {}: {}", what.lines().next().unwrap_or(what), loss.describe());
+    if let Err(why) = loss.check() {
+        panic!("{what}: {why}\n{}", report.render());
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - `setup`: installs what a fresh Debian machine lacks (idempotent, fast
 //!   when everything is present).
-//! - `lint`: formatting, clippy and the API docs, warnings denied; no root.
+//! - `lint`: formatting, clippy, the API docs and the book, warnings denied,
+//!   links checked; no root.
+//! - `docs`: builds the book (`docs/`, mdBook) into `target/book`.
 //! - `build`, `test`, `demo`: run `setup` first, then do their job (`test`
 //!   runs `lint` before any test).
 
@@ -14,6 +16,9 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod layers;
+mod links;
+
 #[derive(Parser)]
 #[command(about = "rocev2 developer tasks")]
 struct Cli {
@@ -23,15 +28,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb, mdbook).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
         #[arg(long)]
         release: bool,
     },
-    /// Check formatting (cargo fmt), lints (clippy -D warnings) and the API docs (cargo doc, warnings denied); needs no root.
+    /// Check formatting (cargo fmt), lints (clippy -D warnings), the API docs (cargo doc) and the book (mdbook), warnings denied, links checked; needs no root.
     Lint,
+    /// Build the book (docs/, mdBook) into target/book and check its links; needs no root.
+    Docs,
     /// Run every test: host unit tests, BPF_PROG_TEST_RUN fixtures and netns labs (needs root).
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
@@ -61,8 +68,14 @@ fn main() -> Result<()> {
             build(release)
         }
         Task::Lint => {
-            setup()?;
+            setup_for_lint()?;
             lint()
+        }
+        Task::Docs => {
+            setup_for_lint()?;
+            stage("the book (mdbook build, links checked)", docs)?;
+            println!("xtask: the book is in {}", workspace().join("target/book/index.html").display());
+            Ok(())
         }
         Task::Test { args } => {
             setup()?;
@@ -105,7 +118,7 @@ fn package(debug: bool, output: Option<PathBuf>) -> Result<()> {
     std::fs::create_dir_all(&completions)?;
     run(Command::new(&bin).arg("man").arg("--out-dir").arg(&man))?;
     // Debian wants man pages compressed, without a timestamp (reproducible).
-    run(Command::new("sh").arg("-c").arg("gzip -9n -- *.1").current_dir(&man))?;
+    run(Command::new("sh").arg("-c").arg("gzip -9n -- *.1 *.5").current_dir(&man))?;
     for (shell, file) in [("bash", "rocev2"), ("zsh", "_rocev2"), ("fish", "rocev2.fish")] {
         let out = Command::new(&bin).args(["completions", shell]).output()?;
         if !out.status.success() {
@@ -229,6 +242,7 @@ fn lint() -> Result<()> {
         run(cargo().args(["fmt", "--all", "--", "--check"]))
             .context("the tree is not formatted: run `cargo fmt --all` and commit the result")
     })?;
+    stage("layers (no import points up a layer, no import cycle)", || layers::lint(&workspace()))?;
     stage("lints (cargo clippy -D warnings)", || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found something: fix it (the messages are above)")
@@ -238,7 +252,37 @@ fn lint() -> Result<()> {
         // only (and its `rocev2` binary's docs would collide with the CLI's).
         run(cargo().args(["doc", "--no-deps", "--quiet"]).env("RUSTDOCFLAGS", "-D warnings"))
             .context("cargo doc found something: fix it (the messages are above)")
-    })
+    })?;
+    stage("the book (mdbook build, links checked)", docs)
+}
+
+/// Builds the book with mdbook, failing on any warning it prints, then
+/// checks every internal link of the result and of README.md, every
+/// include, and that SUMMARY.md lists every chapter.
+fn docs() -> Result<()> {
+    let out = Command::new("mdbook")
+        .arg("build")
+        .arg(workspace().join("docs"))
+        .output()
+        .context("cannot run mdbook (`cargo xtask setup` installs it)")?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    eprint!("{said}");
+    if !out.status.success() {
+        bail!("mdbook build failed with {}", out.status);
+    }
+    if said.lines().any(|l| l.contains("WARN") || l.contains("ERROR")) {
+        bail!("mdbook printed warnings (above): the book must build without any");
+    }
+    let broken = links::check_book(&workspace().join("target/book"))?
+        .into_iter()
+        .chain(links::check_markdown(&workspace(), Path::new("README.md"))?)
+        .chain(links::check_includes(&workspace().join("docs/src"))?)
+        .chain(links::check_summary(&workspace().join("docs/src"))?)
+        .collect::<Vec<_>>();
+    if !broken.is_empty() {
+        bail!("the book has {} broken link(s) or missing chapter(s):\n  {}", broken.len(), broken.join("\n  "));
+    }
+    Ok(())
 }
 
 /// Runs one step, then prints one line with its outcome and time.
@@ -305,10 +349,30 @@ const TOOL_PACKAGES: &[&str] =
     &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian", "linux-perf"];
 /// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
 const CARGO_DEB_VERSION: &str = "3.8";
+/// mdbook builds the book (`cargo xtask docs`); 0.5.4 needs rustc 1.88. Built
+/// without its `serve` and `watch` features (a web server and a file
+/// watcher nobody here needs), with `search` (the book's search box).
+const MDBOOK_VERSION: &str = "0.5.4";
 
 fn setup() -> Result<()> {
+    install_prerequisites(TOOL_PACKAGES)?;
+    if !cargo_deb_ok() {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
+        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    }
+    Ok(())
+}
+
+/// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built
+/// by rocev2-user's build script) and mdbook, none of the runtime tools;
+/// so on a machine that has the toolchain it needs no root.
+fn setup_for_lint() -> Result<()> {
+    install_prerequisites(&[])
+}
+
+fn install_prerequisites(tool_packages: &[&'static str]) -> Result<()> {
     let mut apt = Apt::default();
-    let mut missing_tools: Vec<&str> = TOOL_PACKAGES.iter().copied().filter(|p| !apt.installed(p)).collect();
+    let mut missing_tools: Vec<&str> = tool_packages.iter().copied().filter(|p| !apt.installed(p)).collect();
     let need_linker = !bpf_linker_ok();
     if need_linker {
         missing_tools.extend(LLVM_PACKAGES.iter().copied().filter(|p| !apt.installed(p)));
@@ -321,11 +385,24 @@ fn setup() -> Result<()> {
     if need_linker {
         install_bpf_linker()?;
     }
-    if !cargo_deb_ok() {
-        eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
-        run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
+    if !mdbook_ok() {
+        eprintln!("xtask: installing mdbook {MDBOOK_VERSION}");
+        run(cargo().args([
+            "install",
+            "mdbook",
+            "--locked",
+            "--version",
+            MDBOOK_VERSION,
+            "--no-default-features",
+            "--features",
+            "search",
+        ]))?;
     }
     Ok(())
+}
+
+fn mdbook_ok() -> bool {
+    output("mdbook", &["--version"]).is_some_and(|v| v.trim() == format!("mdbook v{MDBOOK_VERSION}"))
 }
 
 fn cargo_deb_ok() -> bool {

@@ -10,21 +10,22 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 // Shared with the forwarding programs; this object uses part of each.
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../ctx.rs"]
 mod ctx;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../parse.rs"]
 mod parse;
 #[path = "../redirect.rs"]
 mod redirect;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../rewrite.rs"]
 mod rewrite;
-#[allow(dead_code)]
+#[allow(dead_code, reason = "shared with the forwarding programs; this object uses part of it")]
 #[path = "../transport.rs"]
 mod transport;
 
+mod arrival;
 mod fault;
 mod generator;
 mod maps;
@@ -90,6 +91,14 @@ pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn rocev2_xdp_fib(ctx: XdpContext) -> u32 {
     peer::fib_forward(&ctx)
+}
+
+/// The lab's arrival probe: counts and sequence-checks the RoCEv2 frames
+/// that land on a device, then passes every frame on (arrival.rs).
+#[xdp(frags)]
+pub fn rocev2_xdp_arrival(ctx: XdpContext) -> u32 {
+    arrival::count(&ctx);
+    xdp_action::XDP_PASS
 }
 
 /// Benchmark receiver: drops every frame; the device's rx counters count

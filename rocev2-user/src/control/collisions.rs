@@ -22,8 +22,8 @@ use serde::Serialize;
 
 use crate::{
     control::config::{Config, HashSeed},
-    control::top::TopRow,
-    tools::explain::{explain, Live, PacketFields, Verdict},
+    control::decision::{explain, Live, PacketFields, Verdict},
+    control::qp_telemetry::TopRow,
 };
 
 /// A QP is heavy when it carries at least this share of its group's fair

@@ -10,7 +10,7 @@
 //! its place in the group (its position, counters, pins and the flowlets
 //! already on it), but gives its buckets to the other members, so new
 //! flowlets and new flows avoid it. Below `restore_below` it gets exactly
-//! those buckets back (crate::control::routing::groups::ResilientTable). The last
+//! those buckets back (crate::control::groups::resilient::ResilientTable). The last
 //! member in service is never demoted, and when the others go down the
 //! healthiest demoted member comes back.
 //!
@@ -27,7 +27,7 @@ use anyhow::Result;
 use rocev2_common::telemetry::MemberTransport;
 use serde::{Deserialize, Serialize};
 
-use crate::{control::config::TransportAware, control::dataplane::GroupPolicy, control::qp_telemetry};
+use crate::{control::config::TransportAware, control::qp_telemetry};
 
 /// One member's health, as `stats` and the metrics show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -266,15 +266,6 @@ pub fn step_group(
 /// A score for a log field: two decimals, as the message shows it.
 fn round2(score: f64) -> f64 {
     (score * 100.0).round() / 100.0
-}
-
-/// A group policy with what `transport_aware` adds in the dataplane (the
-/// ACK-ended flowlet flag), for config and learned groups alike.
-pub fn with_transport(mut policy: GroupPolicy, options: Option<&TransportAware>) -> GroupPolicy {
-    if options.is_some_and(|t| t.repick_when_acked) {
-        policy.flowlet_flags |= rocev2_common::maps::FLOWLET_REPICK_ACKED;
-    }
-    policy
 }
 
 /// The weighted trouble between two readings of one member's sums.

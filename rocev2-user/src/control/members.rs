@@ -74,16 +74,7 @@ fn next_hop_field(n: &NextHop) -> String {
 /// Each configured member's position among the usable ones (its place in
 /// the dataplane's member list and counters), `None` if not usable.
 pub(crate) fn live_positions(members: &[MemberLive]) -> Vec<Option<u32>> {
-    let mut next = 0u32;
-    members
-        .iter()
-        .map(|m| {
-            m.usable().map(|_| {
-                next += 1;
-                next - 1
-            })
-        })
-        .collect()
+    crate::control::groups::positions(members.iter().map(|m| m.usable().is_some()))
 }
 
 /// One line per change of a member's usability: a warning naming group,
@@ -117,12 +108,15 @@ pub(crate) fn log_member_change(group: &str, member: &MemberLive, was_usable: bo
     }
 }
 
-/// Resolves, concurrently, every `via` member without a MAC yet.
+/// Resolves, concurrently, every `via` member without a MAC yet whose
+/// link is up. One whose link is down could not answer: it is not usable
+/// anyway, and the link poll resolves it once its link comes back (without
+/// that, a reload while a link is down waited the whole timeout).
 pub(crate) async fn resolve_new_neighbours(netlink: &Netlink, members: &mut BTreeMap<String, Vec<MemberLive>>) {
     let todo: Vec<&mut MemberLive> = members
         .values_mut()
         .flatten()
-        .filter(|m| m.dst_mac.is_none() && matches!(m.next_hop, NextHop::Via(_)))
+        .filter(|m| m.dst_mac.is_none() && m.link_up && matches!(m.next_hop, NextHop::Via(_)))
         .collect();
     let started = Instant::now();
     let results = futures::future::join_all(todo.iter().map(|m| {

@@ -9,6 +9,8 @@
 //! - `rocev2_port_pass_total{port,reason}`: reason is the counter name without `pass_`
 //! - `rocev2_port_drop_total{port,reason}`: reason is the counter name without `drop_`
 //! - `rocev2_member_packets_total{group,member,next_hop}`, `rocev2_member_bytes_total{...}`
+//! - `rocev2_egress_refused_frames_total{egress}`: redirected frames the
+//!   egress device refused after the XDP program (lost; not forwarded)
 //! - with telemetry, the members' transport sums (`rocev2_member_naks_total`, ...);
 //!   in a `transport_aware` group also `rocev2_member_health_score` and
 //!   `rocev2_member_demoted` (gauges), `rocev2_member_demotions_total`,
@@ -296,6 +298,11 @@ pub fn render_prometheus_with(snapshot: &Snapshot, service: Option<&ServiceInfo>
         "rocev2_member_bytes_total",
         "Bytes forwarded to a group member.",
         members().map(|(g, m)| (member_labels(&g.name, m), m.bytes)),
+    );
+    out.counter(
+        "rocev2_egress_refused_frames_total",
+        "Redirected frames the egress device refused after the XDP program (ring full, device down, veth peer without NAPI): lost, not in forwarded.",
+        snapshot.egress_refused.iter().map(|r| (labels([("egress", &r.dev)]), r.frames)),
     );
     // Per member, never per QP: bounded label sets (QP detail is in `rocev2 top`).
     if let Some(qps) = snapshot.telemetry_qps {
@@ -754,13 +761,15 @@ mod tests {
             flowlet_entries: 4,
             seed: 0,
             seed_auto: false,
-            learned: Some(crate::control::routing::LearnedStats {
+            learned: Some(crate::control::state::LearnedStats {
                 table: 254,
                 routes: 7,
                 to_kernel: [("reject".to_string(), 2)].into_iter().collect(),
                 ..Default::default()
             }),
             telemetry_qps: Some(12),
+            egress_refused: vec![crate::control::stats::RefusedSnapshot { dev: "u1".into(), ifindex: 4, frames: 3 }],
+            egress_refused_uncounted: None,
             unmanaged: None,
         }
     }
@@ -879,6 +888,7 @@ mod tests {
         let u1 = "group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"";
         for line in [
             "rocev2_telemetry_qps 12".to_string(),
+            "rocev2_egress_refused_frames_total{egress=\"u1\"} 3".to_string(),
             format!("rocev2_member_psn_gaps_total{{{u1}}} 1"),
             format!("rocev2_member_retransmits_total{{{u1}}} 2"),
             format!("rocev2_member_naks_total{{{u1},syndrome=\"sequence_error\"}} 3"),
@@ -957,11 +967,12 @@ mod tests {
         // groups, one per kernel reason, messages, resyncs, two quantiles),
         // and telemetry: QPs tracked, six transport samples per member
         // (gaps, retransmits, two NAK syndromes, CNPs, CE, acked re-picks), and the health
-        // of the one member that has it (score, demoted, demotions, restores).
+        // of the one member that has it (score, demoted, demotions, restores);
+        // one egress device's refused frames.
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::control::routing::fib::KernelReason::ALL.len() + 2 + 2;
         let telemetry = 1 + 2 * 7 + 4;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry);
+        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry + 1);
     }
 
     #[test]

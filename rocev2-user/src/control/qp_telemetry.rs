@@ -148,3 +148,30 @@ impl MemberTransportReader {
         sums
     }
 }
+
+/// One QP as `top` shows it (and the collision detector reads it).
+#[derive(Clone, Debug, Serialize)]
+pub struct TopRow {
+    /// The data's source and UDP source port (None when not known).
+    pub src: Option<IpAddr>,
+    pub src_port: u16,
+    pub dst: IpAddr,
+    pub dest_qp: u32,
+    pub group: String,
+    /// The member (device) carrying the QP's data.
+    pub member: String,
+    /// Over the last refresh interval.
+    pub pps: f64,
+    pub bits_per_sec: f64,
+    /// The table's counters for the QP (packets, bytes, PSN jumps, NAKs...).
+    #[serde(flatten)]
+    pub stats: QpStats,
+    /// Seconds since its last data packet.
+    pub idle_secs: f64,
+}
+
+impl TopRow {
+    pub fn trouble(&self) -> u64 {
+        self.stats.trouble()
+    }
+}

@@ -18,21 +18,25 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
 use rocev2_common::{
-    buckets::{BucketTable, Rebalance},
+    buckets::Rebalance,
     features::Features,
-    maps::{PinEntry, MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN},
+    maps::{MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN},
 };
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     control::config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
-    control::dataplane::{local_routes, policy_of, Dataplane, GroupPolicy, MemberSpec},
-    control::health::{self, GroupHealth},
+    control::dataplane::{local_routes, Dataplane, GroupPolicy},
+    control::groups::{
+        self, resilient::ResilientTable, GroupPipeline, HealthView, MemberRecord, MemberView, PlannedGroup, RouteStep,
+        WantedPin,
+    },
+    control::health::GroupHealth,
     control::members::{
         live_positions, log_member_change, next_hop_text, resolve_new_neighbours, MemberLive, FIRST_RESOLVE_TIMEOUT,
     },
-    control::routing::{groups::ResilientTable, KernelRoutes, LearnedPolicy},
-    control::state::{EgressState, GroupState, MemberState, PortState, RunLock, RunState},
+    control::routing::{KernelRoutes, Learned, LearnedPolicy, Plan},
+    control::state::{EgressState, PortState, RunLock, RunState},
     control::stats::Snapshot,
     sys::netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
 };
@@ -76,13 +80,11 @@ struct Runner {
     members: BTreeMap<String, Vec<MemberLive>>,
     ports: Vec<PortState>,
     egress: Vec<(String, u32)>,
+    /// The `local` egress ports whose tc egress marking is attached.
+    local_egress: Vec<String>,
     local: Vec<IpAddr>,
-    pins: BTreeSet<(Prefix, u32)>,
-    /// What each group slot holds now (policy and usable members), so an
-    /// unchanged group is not published again: a publish switches banks
-    /// and bumps the generation, which makes every flowlet of the group
-    /// start over.
-    published: BTreeMap<u32, (GroupPolicy, Vec<MemberSpec>, BucketTable)>,
+    /// The one publish path of config and learned groups, routes and pins.
+    pipeline: GroupPipeline,
     /// Bucket tables of the config groups by member identity, so a member
     /// that fails moves only its own flows.
     tables: BTreeMap<String, ResilientTable<(String, NextHop)>>,
@@ -94,6 +96,10 @@ struct Runner {
     member_transport: crate::control::qp_telemetry::MemberTransportReader,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
+    /// Names of the devices redirects go to, by ifindex (for `stats`).
+    egress_names: BTreeMap<u32, String>,
+    /// Refused redirects per egress ifindex at the last status tick.
+    refused_seen: BTreeMap<u32, u64>,
     /// The hash seed in use (resolved from `hash_seed = "auto"`).
     seed: u32,
     /// The class list installed, so an unchanged one is not rewritten
@@ -173,6 +179,7 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             _ = status_tick.tick() => {
                 crate::control::notify::status(&runner.status_line());
                 runner.check_fill();
+                runner.check_refusals();
                 RunState::touch(&pin_dir);
             }
             _ = link_tick.tick() => {
@@ -247,6 +254,11 @@ impl Runner {
         let mut dataplane = dataplane;
         let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
         tracing::info!(features = features.as_str(), "programs loaded with features: {features}");
+        if let Err(why) = dataplane.refusal_counting() {
+            tracing::warn!(
+                "frames an egress device refuses after a redirect are not counted (they show as forwarded): {why}"
+            );
+        }
         if config.dataplane.cpu_spread == CpuSpread::Qp {
             if config.dataplane.attach == Attach::Tc {
                 bail!("dataplane.cpu_spread = \"qp\" needs attach = \"xdp\" (the CPU map is an XDP redirect); set one of them back");
@@ -262,7 +274,7 @@ impl Runner {
             pin_dir: pin_dir.clone(),
             started_at: crate::control::state::now_epoch(),
             config_loaded_at: crate::control::state::now_epoch(),
-            netns_inode: crate::sys::netns::current_inode(),
+            netns_cookie: crate::sys::netns::current_cookie().unwrap_or(0),
             features: dataplane.features().0,
             ..Default::default()
         };
@@ -275,14 +287,16 @@ impl Runner {
             members: BTreeMap::new(),
             ports: Vec::new(),
             egress: Vec::new(),
+            local_egress: Vec::new(),
             local: Vec::new(),
-            pins: BTreeSet::new(),
-            published: BTreeMap::new(),
+            pipeline: GroupPipeline::default(),
             tables: BTreeMap::new(),
             health: BTreeMap::new(),
             health_at: Instant::now(),
             member_transport: Default::default(),
             kernel: None,
+            egress_names: BTreeMap::new(),
+            refused_seen: BTreeMap::new(),
             seed: 0,
             classes: None,
             mode,
@@ -366,6 +380,29 @@ impl Runner {
             });
         }
         crate::control::capacity::check(&fills);
+    }
+
+    /// Warns (once per status interval) when egress devices refused
+    /// redirected frames since the last check: lost frames `forwarded`
+    /// does not count.
+    fn check_refusals(&mut self) {
+        let Ok(now) = self.dataplane.maps.egress_refused() else { return };
+        let grown: Vec<String> = now
+            .iter()
+            .filter_map(|(ifindex, n)| {
+                let new = n.saturating_sub(self.refused_seen.get(ifindex).copied().unwrap_or(0));
+                let name = self.egress_names.get(ifindex).cloned().unwrap_or_else(|| format!("ifindex {ifindex}"));
+                (new > 0).then(|| format!("{name} {new}"))
+            })
+            .collect();
+        if !grown.is_empty() {
+            tracing::warn!(
+                "egress devices refused redirected frames (lost, counted as drop_egress_refused) in the last {}s: {}; a full ring, a device down, or a veth peer without NAPI",
+                STATUS_INTERVAL.as_secs(),
+                grown.join(", ")
+            );
+        }
+        self.refused_seen = now;
     }
 
     /// SIGHUP: read the config file again and apply it. A bad file or a
@@ -531,7 +568,7 @@ impl Runner {
         }
         resolve_new_neighbours(&self.netlink, &mut members).await;
         for link in links.members.iter().flatten() {
-            prepare_egress(&mut self.dataplane, link)?;
+            prepare_egress(&mut self.dataplane, link, &mut self.egress_names)?;
         }
 
         // Group slots by name; new groups take free slots (not those of
@@ -552,19 +589,15 @@ impl Runner {
         self.config = config;
         self.slots = slots;
         self.members = members;
-        self.publish_groups()?;
         self.local = self.netlink.local_addresses().await.context("cannot list local addresses")?;
         if let Some(kernel) = &mut self.kernel {
             if policies_changed {
                 kernel.mark_all_dirty();
             }
         }
-        self.sync_kernel().await?;
-        self.dataplane.sync_routes(&self.wanted_routes())?;
-        if let Some(kernel) = &mut self.kernel {
-            kernel.release_unused();
-            kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
-        }
+        let plan = self.plan_kernel().await?;
+        let routes = RouteStep::Sync(self.wanted_routes());
+        self.publish(true, plan.as_ref().map_or(Learned::None, Learned::Planned), routes)?;
 
         // Ports: register new ones, then attach; detach removed ones.
         let new_ports: Vec<PortState> = self
@@ -598,85 +631,81 @@ impl Runner {
         }
         self.ports = new_ports;
 
-        // Local-traffic marking (tc egress).
+        // Local-traffic marking (tc egress): only on the `local` egress
+        // ports, and detaching it leaves a port's forwarding attached.
         let new_local: Vec<String> = self.config.egress.iter().filter(|e| e.local).map(|e| e.dev.clone()).collect();
-        for old in self.egress.iter().map(|(d, _)| d) {
-            let was_local = self.state.egress.iter().any(|e| &e.name == old);
-            if was_local && !new_local.contains(old) {
-                self.dataplane.detach(old);
-            }
+        for old in self.local_egress.iter().filter(|d| !new_local.contains(d)) {
+            self.dataplane.detach_tc_egress(old);
         }
-        for dev in &new_local {
-            if !self.egress.iter().any(|(d, _)| d == dev) || !self.state.egress.iter().any(|e| &e.name == dev) {
-                self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
-                tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
-            }
+        for dev in new_local.iter().filter(|d| !self.local_egress.contains(d)) {
+            self.dataplane.attach_tc(dev, TcAttachType::Egress)?;
+            tracing::info!("classes and ECN marking for traffic this box sends on {dev}");
         }
+        self.local_egress = new_local;
         self.egress = new_egress;
         self.write_state()
     }
 
-    /// Publishes every group's usable members at its slot, then rewrites
-    /// pins for the new positions (a pin to an unusable member falls back to
-    /// hashing) and removes pins the config no longer has.
-    fn publish_groups(&mut self) -> Result<()> {
-        let mut pins = BTreeSet::new();
+    /// The one publish (see crate::control::groups): the config groups when
+    /// `config_groups`, the learned groups `learned` names, then `routes`,
+    /// then every pin (config and learned) for the groups as published.
+    fn publish(&mut self, config_groups: bool, learned: Learned, routes: RouteStep) -> Result<()> {
+        let mut groups = if config_groups { self.config_groups() } else { Vec::new() };
+        let mut pins = self.config_pins();
+        let (policies, default) = learned_policies(&self.config);
+        if let Some(kernel) = &mut self.kernel {
+            groups.extend(kernel.planned_groups(policies, default, learned));
+            pins.extend(kernel.wanted_pins(&self.config.learned_pins));
+        }
+        let renewed = self.pipeline.publish(&mut self.dataplane, groups, routes, Some(pins))?;
+        if let Some(kernel) = &mut self.kernel {
+            // Learned groups no route points at any more are free.
+            for slot in kernel.release_unused() {
+                self.pipeline.forget(slot);
+            }
+            kernel.note_published(&renewed);
+        }
+        Ok(())
+    }
+
+    /// Every config group as it should be: its usable members at its slot,
+    /// and its bucket table by member identity (only a failed or demoted
+    /// member's buckets move, and a returning one's come back per
+    /// `rebalance`; a demoted member keeps its position).
+    fn config_groups(&mut self) -> Vec<PlannedGroup> {
+        let mut planned = Vec::new();
         for group in &self.config.groups {
-            let slot = self.slots[&group.name];
-            let members = &self.members[&group.name];
-            let usable: Vec<MemberSpec> = members.iter().filter_map(MemberLive::usable).collect();
-            let policy = group_policy(group);
-            // Bucket table by member identity: only a failed (or demoted)
-            // member's buckets move, and a returning one's come back per
-            // `rebalance`. A demoted member keeps its position.
-            let health = self.health.get(&group.name);
-            let wanted: Vec<((String, NextHop), u32)> = members
+            let members: Vec<MemberView<(String, NextHop)>> = self.members[&group.name]
                 .iter()
                 .zip(&group.members)
-                .enumerate()
-                .map(|(i, (m, c))| {
-                    let in_service = m.usable().is_some() && !health.is_some_and(|h| h.demoted(i));
-                    ((m.dev.clone(), m.next_hop), if in_service { c.weight } else { 0 })
-                })
+                .map(|(m, c)| MemberView { identity: (m.dev.clone(), m.next_hop), weight: c.weight, spec: m.usable() })
                 .collect();
             let table = self.tables.entry(group.name.clone()).or_default();
-            table.update(&wanted, group.rebalance);
-            let is_usable: Vec<bool> = members.iter().map(|m| m.usable().is_some()).collect();
-            let buckets = table.positions(&is_usable);
-            let state = (policy, usable, buckets);
-            let generation = match self.published.get(&slot) {
-                Some(old) if *old == state => self.dataplane.maps.group(slot)?.generation,
-                // Only bucket owners changed: in place, flowlets keep their member.
-                Some(old) if (&old.0, &old.1) == (&state.0, &state.1) => {
-                    let generation = self.dataplane.maps.set_live_buckets(slot, &state.2)?;
-                    self.published.insert(slot, state);
-                    generation
-                }
-                _ => {
-                    let generation = self
-                        .dataplane
-                        .maps
-                        .publish_group_buckets(slot, &state.0, &state.1, &state.2)
-                        .with_context(|| format!("cannot publish group {}", group.name))?;
-                    self.published.insert(slot, state);
-                    generation
-                }
-            };
-            let live_position = live_positions(members);
-            let index = self.config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
-            for pin in self.config.pins.iter().filter(|p| p.group_index == index) {
+            let buckets = groups::bucket_table(table, &members, self.health.get(&group.name), group.rebalance);
+            planned.push(PlannedGroup {
+                slot: self.slots[&group.name],
+                name: group.name.clone(),
+                policy: group_policy(group),
+                members: groups::usable_members(&members),
+                buckets,
+            });
+        }
+        self.tables.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name));
+        planned
+    }
+
+    /// The config's `[[pin]]`s at their members' positions now (a pin to
+    /// an unusable member falls back to hashing).
+    fn config_pins(&self) -> Vec<WantedPin> {
+        let mut pins = Vec::new();
+        for (index, group) in self.config.groups.iter().enumerate() {
+            let live_position = live_positions(&self.members[&group.name]);
+            for pin in self.config.pins.iter().filter(|p| p.group_index as usize == index) {
                 let position = live_position.get(pin.member_index).copied().flatten().unwrap_or(PIN_MEMBER_DOWN);
-                let entry = PinEntry { group: slot, position, generation, _reserved: 0 };
-                self.dataplane.maps.set_pin(&pin.prefix, pin.qp, entry)?;
-                pins.insert((pin.prefix, pin.qp));
+                pins.push(WantedPin { prefix: pin.prefix, qp: pin.qp, slot: self.slots[&group.name], position });
             }
         }
-        for (prefix, qp) in self.pins.difference(&pins) {
-            self.dataplane.maps.remove_pin(prefix, *qp)?;
-        }
-        self.pins = pins;
-        self.tables.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name));
-        Ok(())
+        pins
     }
 
     /// Updates the transport health of every `transport_aware` group's
@@ -684,25 +713,23 @@ impl Runner {
     fn update_health(&mut self) -> bool {
         let elapsed = self.health_at.elapsed();
         self.health_at = Instant::now();
-        self.health.retain(|name, _| self.config.groups.iter().any(|g| &g.name == name && g.transport_aware.is_some()));
-        let mut changed = false;
         let pin_dir = &self.config.dataplane.pin_dir;
-        for group in &self.config.groups {
-            let Some(options) = &group.transport_aware else { continue };
-            let members: Vec<String> = group.members.iter().map(|m| m.dev.clone()).collect();
-            let positions = live_positions(&self.members[&group.name]);
-            let scored = health::Scored {
-                name: &group.name,
-                slot: self.slots[&group.name],
-                options,
-                members: &members,
-                positions: &positions,
-            };
-            let health = self.health.entry(group.name.clone()).or_default();
-            // A failed read is logged once by step_group; the scores wait.
-            changed |=
-                health::step_group(health, &mut self.member_transport, pin_dir, &scored, elapsed).unwrap_or(false);
-        }
+        let views: Vec<HealthView> = self
+            .config
+            .groups
+            .iter()
+            .filter_map(|group| {
+                let options = group.transport_aware.as_ref()?;
+                Some(HealthView {
+                    name: &group.name,
+                    slot: self.slots[&group.name],
+                    options,
+                    members: group.members.iter().map(|m| m.dev.clone()).collect(),
+                    positions: live_positions(&self.members[&group.name]),
+                })
+            })
+            .collect();
+        let mut changed = groups::step_health(&mut self.health, &mut self.member_transport, pin_dir, &views, elapsed);
         if let Some(kernel) = &mut self.kernel {
             let (policies, default) = learned_policies(&self.config);
             changed |= kernel.step_health(&mut self.member_transport, pin_dir, policies, default, elapsed);
@@ -735,26 +762,25 @@ impl Runner {
         self.apply_kernel_changes(Instant::now()).await
     }
 
-    /// Plans the learned routes, prepares new egress links, publishes the
-    /// learned groups; returns the route changes to install.
-    async fn sync_kernel(&mut self) -> Result<Vec<(Prefix, Option<u32>)>> {
+    /// Plans the learned routes and prepares new egress links (publishing
+    /// is `publish`'s); `None` without `[routing] source = "kernel"`.
+    async fn plan_kernel(&mut self) -> Result<Option<Plan>> {
         let (v4, v6) = self.learned_route_capacity();
-        let Some(kernel) = &mut self.kernel else { return Ok(Vec::new()) };
+        let Some(kernel) = &mut self.kernel else { return Ok(None) };
         kernel.set_route_capacity(v4, v6);
         let reserved: BTreeSet<u32> = self.slots.values().copied().collect();
-        let (policies, default) = learned_policies(&self.config);
+        let (policies, _) = learned_policies(&self.config);
         let plan = kernel.plan(policies, &reserved);
         for (ifindex, name) in kernel.links_to_prepare() {
             match self.netlink.link(&name).await {
                 Ok(link) => {
-                    prepare_egress(&mut self.dataplane, &link)?;
+                    prepare_egress(&mut self.dataplane, &link, &mut self.egress_names)?;
                     kernel.mark_prepared(ifindex);
                 }
                 Err(e) => tracing::warn!(link = name.as_str(), "learned next hop on {name}: {e:#}"),
             }
         }
-        kernel.publish_plan(&mut self.dataplane.maps, policies, default, &plan)?;
-        Ok(plan.changes)
+        Ok(Some(plan))
     }
 
     /// Route table entries left for learned prefixes, per family: the
@@ -775,16 +801,15 @@ impl Runner {
     /// install the route changes. Config routes and the box's own addresses
     /// keep precedence over learned routes for the same prefix.
     async fn apply_kernel_changes(&mut self, started: Instant) -> Result<()> {
-        let changes = self.sync_kernel().await?;
-        let Some(kernel) = &mut self.kernel else { return Ok(()) };
+        let Some(plan) = self.plan_kernel().await? else { return Ok(()) };
         let local: BTreeSet<Prefix> = self.local.iter().map(|a| Prefix::host(*a)).collect();
         let configured: BTreeSet<Prefix> = self.config.routes.iter().map(|r| r.prefix).collect();
         let changes: Vec<(Prefix, Option<u32>)> =
-            changes.into_iter().filter(|(p, _)| !local.contains(p) && !configured.contains(p)).collect();
-        self.dataplane.update_routes(&changes)?;
-        kernel.release_unused();
-        kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
-        if !changes.is_empty() || kernel.published_any() {
+            plan.changes.iter().filter(|(p, _)| !local.contains(p) && !configured.contains(p)).copied().collect();
+        let routes_changed = !changes.is_empty();
+        self.publish(false, Learned::Planned(&plan), RouteStep::Update(changes))?;
+        let Some(kernel) = &mut self.kernel else { return Ok(()) };
+        if routes_changed || kernel.published_any() {
             kernel.finished_batch(started);
             self.write_state()?;
         }
@@ -827,8 +852,16 @@ impl Runner {
         changed |= self.update_health();
         // A gradual rebalance moves a few buckets per tick until done.
         let settling = self.tables.values().any(ResilientTable::settling);
-        if changed || settling {
-            self.publish_groups()?;
+        let learned =
+            if self.kernel.as_ref().is_some_and(KernelRoutes::settling) { Learned::All } else { Learned::None };
+        if neighbours {
+            if let Ok(local) = self.netlink.local_addresses().await {
+                self.local = local;
+            }
+        }
+        let routes = if neighbours { RouteStep::Sync(self.wanted_routes()) } else { RouteStep::Keep };
+        if changed || settling || !matches!(learned, Learned::None) || !matches!(routes, RouteStep::Keep) {
+            self.publish(changed || settling, learned, routes)?;
         }
         // The health scores move every step: `stats` reads them from the state.
         let scoring = !self.health.is_empty() || self.kernel.as_ref().is_some_and(|k| !k.health.is_empty());
@@ -836,11 +869,6 @@ impl Runner {
             self.write_state()?;
         }
         if let Some(kernel) = &mut self.kernel {
-            if kernel.settling() {
-                let (policies, default) = learned_policies(&self.config);
-                kernel.republish(&mut self.dataplane.maps, policies, default)?;
-                kernel.sync_pins(&mut self.dataplane.maps, &self.config.learned_pins)?;
-            }
             if neighbours {
                 // XDP-forwarded traffic bypasses the kernel's neighbour code:
                 // keep the learned next hops' entries fresh, and ask for the
@@ -849,12 +877,6 @@ impl Runner {
                     let _ = self.netlink.refresh_neighbour(ifindex, addr).await;
                 }
             }
-        }
-        if neighbours {
-            if let Ok(local) = self.netlink.local_addresses().await {
-                self.local = local;
-            }
-            self.dataplane.sync_routes(&self.wanted_routes())?;
         }
         Ok(())
     }
@@ -877,32 +899,32 @@ impl Runner {
         self.state.groups = c
             .groups
             .iter()
-            .map(|group| GroupState {
-                name: group.name.clone(),
-                index: self.slots[&group.name],
-                hash: group.hash.name().to_string(),
-                policy: GroupState::policy_name(&group.policy),
-                flowlet: GroupState::flowlet_knobs(&group.policy),
-                transport_aware: group.transport_aware.as_ref().map(crate::control::state::TransportAwareKnobs::of),
-                members: self.members[&group.name]
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| m.usable().is_some())
-                    .map(|(i, m)| MemberState {
+            .map(|group| {
+                let members = self.members[&group.name].iter().map(|m| {
+                    m.usable().map(|_| MemberRecord {
                         dev: m.dev.clone(),
                         next_hop: next_hop_text(&m.next_hop),
-                        mac: m.dst_mac.map(|mac| crate::sys::format_mac(&mac)).unwrap_or_default(),
-                        health: self.health.get(&group.name).and_then(|h| h.members.get(i).copied()),
+                        mac: m.dst_mac,
                     })
-                    .collect(),
-                configured: self.members[&group.name]
+                });
+                let mut state = groups::group_state(
+                    &group.name,
+                    self.slots[&group.name],
+                    group.hash,
+                    &group.policy,
+                    group.transport_aware.as_ref(),
+                    members,
+                    self.health.get(&group.name),
+                );
+                state.configured = self.members[&group.name]
                     .iter()
                     .map(|m| crate::control::state::ConfiguredMember {
                         dev: m.dev.clone(),
                         next_hop: next_hop_text(&m.next_hop),
                         up: m.usable().is_some(),
                     })
-                    .collect(),
+                    .collect();
+                state
             })
             .collect();
         if let Some(kernel) = &self.kernel {
@@ -912,6 +934,8 @@ impl Runner {
         }
         self.state.seed = self.seed;
         self.state.seed_auto = c.dataplane.hash_seed == HashSeed::Auto;
+        self.state.egress_devices = self.egress_names.clone();
+        self.state.refusals_uncounted = self.dataplane.refusal_counting().err().unwrap_or_default().to_string();
         self.state.egress = c
             .egress
             .iter()
@@ -928,9 +952,11 @@ impl Runner {
 }
 
 /// Makes `link` a redirect target: in the device map, and for a veth, NAPI
-/// on its peer (XDP redirects into a veth are dropped without it).
-fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo) -> Result<()> {
+/// on its peer (XDP redirects into a veth are dropped without it); notes
+/// its name in `names`.
+fn prepare_egress(dataplane: &mut Dataplane, link: &LinkInfo, names: &mut BTreeMap<u32, String>) -> Result<()> {
     dataplane.maps.add_egress_dev(link.ifindex)?;
+    names.insert(link.ifindex, link.name.clone());
     match ensure_veth_peer_napi(link) {
         Ok(PeerNapi::EnabledGro { peer_name, netns }) => tracing::info!(
             "enabled GRO on {peer_name} (netns {netns}), the veth peer of {}, so XDP redirects into {} are delivered",
@@ -1038,19 +1064,19 @@ fn interface_names() -> Vec<String> {
 /// The named network namespace (`ip netns list`), other than this one, in
 /// which every one of `names` exists: where a config was meant to run.
 fn namespace_with(names: &[String]) -> Option<String> {
-    let here = crate::sys::netns::current_inode();
+    let here = crate::sys::netns::current_cookie().unwrap_or(0);
     crate::sys::netns::names().into_iter().find(|ns| {
         crate::sys::netns::in_netns_scoped(ns, || {
             let found = interface_names();
-            Ok(crate::sys::netns::current_inode() != here && names.iter().all(|n| found.contains(n)))
+            Ok(crate::sys::netns::current_cookie().unwrap_or(0) != here && names.iter().all(|n| found.contains(n)))
         })
         .unwrap_or(false)
     })
 }
 
-/// The dataplane's view of a configured group policy.
+/// The dataplane's encoding of a configured group's policy.
 pub fn group_policy(group: &Group) -> GroupPolicy {
-    health::with_transport(policy_of(group.hash, &group.policy), group.transport_aware.as_ref())
+    GroupPolicy::new(group.hash, &group.policy, group.transport_aware.as_ref())
 }
 
 /// The `[[route_policy]]`s and the default for learned groups no policy

@@ -30,10 +30,10 @@ pub struct RunState {
     /// run, if it did (seconds since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handed_over_at: Option<u64>,
-    /// The network namespace it forwards in, as the inode of its nsfs
-    /// file: tells ports of the same ifindex in two namespaces apart.
+    /// The cookie of the network namespace it forwards in: tells ports
+    /// of the same ifindex in two namespaces apart.
     #[serde(default)]
-    pub netns_inode: u64,
+    pub netns_cookie: u64,
     /// The features the running programs were loaded with (the bits of
     /// rocev2_common::features::Features), so `check` can tell whether a
     /// reload can apply a config.
@@ -67,7 +67,44 @@ pub struct RunState {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: what was learned from the kernel.
     #[serde(default)]
-    pub learned: Option<crate::control::routing::LearnedStats>,
+    pub learned: Option<LearnedStats>,
+    /// Every device redirects go to (group members' links), by ifindex:
+    /// names for the refused-redirect counters.
+    #[serde(default)]
+    pub egress_devices: std::collections::BTreeMap<u32, String>,
+    /// Why frames an egress device refuses after a redirect are not
+    /// counted (no kernel BTF, a tracepoint that would not attach); empty
+    /// when they are.
+    #[serde(default)]
+    pub refusals_uncounted: String,
+}
+
+/// What a run learned from the kernel's routes: counts for `stats` and
+/// the metrics.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LearnedStats {
+    /// The kernel table followed.
+    pub table: u32,
+    /// Prefixes forwarded in XDP over learned groups (host entries included).
+    pub routes: usize,
+    /// Of those, host entries made from the neighbour table.
+    pub hosts: usize,
+    /// Prefixes left to the kernel, by reason.
+    pub to_kernel: std::collections::BTreeMap<String, usize>,
+    /// Learned groups.
+    pub groups: usize,
+    /// Netlink messages applied.
+    pub messages: u64,
+    /// Full re-reads of the kernel's tables (start, socket overflow).
+    pub resyncs: u64,
+    /// Time the last batch of changes took from its first message read to
+    /// the dataplane updated, in microseconds.
+    pub last_apply_us: u64,
+    /// Median and 99th percentile of that time over the last 1,000 batches
+    /// that changed a route or a group, and how many there were.
+    pub apply_us_p50: u64,
+    pub apply_us_p99: u64,
+    pub apply_samples: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

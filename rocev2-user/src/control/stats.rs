@@ -28,14 +28,31 @@ pub struct Snapshot {
     pub seed: u32,
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: learned routes and groups.
-    pub learned: Option<crate::control::routing::LearnedStats>,
+    pub learned: Option<crate::control::state::LearnedStats>,
     /// With `telemetry_qps`: QPs in the telemetry table now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry_qps: Option<u64>,
+    /// Per egress device, frames it refused after a redirect (its ring
+    /// full, down, a veth peer without NAPI): lost, and not in `forwarded`.
+    /// Every device redirects go to, and any other that refused frames.
+    pub egress_refused: Vec<RefusedSnapshot>,
+    /// Why refused redirects are not counted, if they are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_refused_uncounted: Option<String>,
     /// Set when no live `rocev2 run` manages the dataplane (it handed over
     /// and none took over, or it died): what that means and what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmanaged: Option<String>,
+}
+
+/// Frames one egress device refused after the XDP program redirected them.
+#[derive(Clone, Debug, Serialize)]
+pub struct RefusedSnapshot {
+    /// The device's name, `ifindex N` if `run` did not name it, or `CPU
+    /// map` for a `cpu_spread` hand-over.
+    pub dev: String,
+    pub ifindex: u32,
+    pub frames: u64,
 }
 
 /// An egress port's marking counters and virtual queue.
@@ -197,6 +214,23 @@ impl Snapshot {
             classes.push(ClassSnapshot { name: name.clone(), packets: s.packets, bytes: s.bytes });
         }
         let flowlet_entries = maps.flowlet_entries() as u64;
+        // Every device redirects go to (0 when it refused none), and any
+        // other that refused frames.
+        let mut refused = maps.egress_refused()?;
+        let mut egress_refused: Vec<RefusedSnapshot> = state
+            .egress_devices
+            .iter()
+            .map(|(ifindex, name)| RefusedSnapshot {
+                dev: name.clone(),
+                ifindex: *ifindex,
+                frames: refused.remove(ifindex).unwrap_or(0),
+            })
+            .collect();
+        egress_refused.extend(refused.into_iter().map(|(ifindex, frames)| RefusedSnapshot {
+            dev: if ifindex == 0 { "CPU map".to_string() } else { format!("ifindex {ifindex}") },
+            ifindex,
+            frames,
+        }));
         Ok(Self {
             ports,
             groups,
@@ -207,8 +241,35 @@ impl Snapshot {
             seed_auto: state.seed_auto,
             learned: state.learned.clone(),
             telemetry_qps: None,
+            egress_refused,
+            egress_refused_uncounted: (!state.refusals_uncounted.is_empty()).then(|| state.refusals_uncounted.clone()),
             unmanaged: state.manager().warning(&state.pin_dir),
         })
+    }
+
+    /// Frames the egress devices refused after a redirect, in total.
+    pub fn refused_total(&self) -> u64 {
+        self.egress_refused.iter().map(|r| r.frames).sum()
+    }
+
+    /// The warning `stats` prints when an egress device refused frames,
+    /// or when they cannot be counted.
+    pub fn refusal_warning(&self) -> Option<String> {
+        if let Some(why) = &self.egress_refused_uncounted {
+            return Some(format!(
+                "warning: frames an egress device refuses after a redirect are not counted here (they would show as forwarded): {why}"
+            ));
+        }
+        if self.refused_total() == 0 {
+            return None;
+        }
+        let per_dev: Vec<String> =
+            self.egress_refused.iter().filter(|r| r.frames > 0).map(|r| format!("{} {}", r.dev, r.frames)).collect();
+        Some(format!(
+            "warning: {} redirected frames were LOST: the egress device refused them after the XDP program ({}); its ring was full, it was down, or it is a veth whose peer has no XDP program or GRO (no NAPI). They are counted in drop_egress_refused, not in forwarded.",
+            self.refused_total(),
+            per_dev.join(", ")
+        ))
     }
 
     /// Flows that left the flowlet table to make room (LRU evictions): flows
@@ -254,6 +315,14 @@ impl Snapshot {
             out.push('\n');
             out.push_str(&table.render());
         }
+        if self.refused_total() > 0 {
+            let mut table = Table::new(&[("EGRESS DEVICE", Align::Left), ("REFUSED FRAMES", Align::Right)]);
+            for r in self.egress_refused.iter().filter(|r| r.frames > 0) {
+                table.row([r.dev.clone(), r.frames.to_string()]);
+            }
+            out.push('\n');
+            out.push_str(&table.render());
+        }
         let inserted: u64 = self.ports.iter().map(|p| p.counters.get("flowlet_inserted").copied().unwrap_or(0)).sum();
         if inserted > 0 || self.flowlet_entries > 0 {
             out.push_str(&format!(
@@ -281,6 +350,11 @@ impl Snapshot {
                 l.apply_us_p50,
                 l.apply_us_p99
             ));
+        }
+        if let Some(warning) = self.refusal_warning() {
+            out.push('\n');
+            out.push_str(&warning);
+            out.push('\n');
         }
         out
     }

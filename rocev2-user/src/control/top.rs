@@ -5,7 +5,6 @@
 //! marks, and QP collisions (see `collisions`).
 
 use std::{
-    net::IpAddr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -16,10 +15,10 @@ use serde::Serialize;
 use crate::{
     control::collisions::{self, Collision, GroupMembers},
     control::config::Config,
-    control::qp_telemetry::{self, QpEntry},
+    control::decision::read_live,
+    control::qp_telemetry::{self, QpEntry, TopRow},
     control::state::RunState,
     render::{Align, Table},
-    tools::explain::read_live,
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -43,33 +42,6 @@ pub struct TopArgs {
     /// QPs listed per section.
     #[arg(long, default_value_t = 15)]
     pub rows: usize,
-}
-
-/// One QP as `top` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct TopRow {
-    /// The data's source and UDP source port (None when not known).
-    pub src: Option<IpAddr>,
-    pub src_port: u16,
-    pub dst: IpAddr,
-    pub dest_qp: u32,
-    pub group: String,
-    /// The member (device) carrying the QP's data.
-    pub member: String,
-    /// Over the last refresh interval.
-    pub pps: f64,
-    pub bits_per_sec: f64,
-    /// The table's counters for the QP (packets, bytes, PSN jumps, NAKs...).
-    #[serde(flatten)]
-    pub stats: rocev2_common::telemetry::QpStats,
-    /// Seconds since its last data packet.
-    pub idle_secs: f64,
-}
-
-impl TopRow {
-    pub fn trouble(&self) -> u64 {
-        self.stats.trouble()
-    }
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -26,11 +26,11 @@ use serde::Serialize;
 
 use crate::{
     control::config::Config,
+    control::decision::{explain, parse_qp, read_live, PacketFields, Verdict},
     control::qp_telemetry::{self, words_addr},
     control::state::RunState,
     control::top::member_name,
     sys::signals::SigintGuard,
-    tools::explain::{explain, parse_qp, read_live, PacketFields, Verdict},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -234,7 +234,7 @@ fn describe(
     e: &TraceEvent,
     state: &RunState,
     config: Option<&Config>,
-    live: Option<&crate::tools::explain::Live>,
+    live: Option<&crate::control::decision::Live>,
 ) -> TraceLine {
     let (src, dst) = (words_addr(&e.src, e.family), words_addr(&e.dst, e.family));
     let (group, member) = member_name(state, e.group, e.position);

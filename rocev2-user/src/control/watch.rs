@@ -223,6 +223,8 @@ mod tests {
             seed_auto: false,
             learned: None,
             telemetry_qps: None,
+            egress_refused: Vec::new(),
+            egress_refused_uncounted: None,
             unmanaged: None,
         }
     }

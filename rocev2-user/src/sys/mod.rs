@@ -2,6 +2,7 @@
 //! namespaces, the BPF filesystem, privileges, raw packet sockets and signals.
 
 pub mod bpffs;
+pub mod btf;
 pub mod netlink;
 pub mod netns;
 pub mod paths;
@@ -26,6 +27,44 @@ pub fn ifindex(name: &str) -> std::io::Result<u32> {
             format!("interface {name:?}: {e} ({})", netns::describe_current()),
         )
     })
+}
+
+/// The MAC of interface `dev` in the calling thread's network namespace.
+///
+/// Asked with the SIOCGIFHWADDR ioctl rather than read from
+/// /sys/class/net: sysfs shows the namespace it was mounted in, which is
+/// not the thread's after a `setns` (how `--netns` and the tests work).
+pub fn device_mac(dev: &str) -> anyhow::Result<[u8; 6]> {
+    use anyhow::bail;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let name = dev.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+        bail!("{dev:?} is not a valid interface name");
+    }
+    // SAFETY: plain syscall; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        bail!("socket() for SIOCGIFHWADDR: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq with a NUL-terminated name.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("cannot read the MAC of {dev:?}: {e} (does the interface exist in this network namespace?)");
+    }
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    let mut mac = [0u8; 6];
+    for (m, d) in mac.iter_mut().zip(data) {
+        *m = d as u8;
+    }
+    Ok(mac)
 }
 
 /// A MAC address as `02:52:32:00:00:01`: the one formatter for configs,

@@ -29,6 +29,9 @@ use rtnetlink::packet_route::{
     AddressFamily, RouteNetlinkMessage,
 };
 
+/// The kernel's main routing table (RT_TABLE_MAIN), what `ip route` shows.
+pub const RT_TABLE_MAIN: u32 = 254;
+
 /// How often `resolve_neighbour` looks at the table while waiting.
 pub const NEIGHBOUR_POLL: Duration = Duration::from_millis(20);
 /// The discard port: a datagram there provokes resolution and nothing else.

@@ -103,11 +103,29 @@ pub fn describe_current() -> String {
     "the network namespace rocev2 was started in".to_string()
 }
 
-/// The inode of this thread's network namespace: equal for two processes
-/// in the same namespace (0 when it cannot be read).
-pub fn current_inode() -> u64 {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino())
+/// The kernel's cookie of the calling thread's network namespace
+/// (SO_NETNS_COOKIE, Linux 5.14+): what eBPF programs compare to tell
+/// namespaces apart, as ifindexes repeat across them.
+pub fn current_cookie() -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd as _;
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` outlive the call and describe the buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(e.kind(), format!("SO_NETNS_COOKIE: {e}")));
+    }
+    Ok(cookie)
 }
 
 /// Moves the calling thread into network namespace `name` for good; call it
@@ -302,7 +320,10 @@ impl VethPlan {
 
 /// Creates a veth pair `a_if` (in `a`) <-> `b_if` (in `b`) with the given
 /// MACs and CIDR addresses, and sets both ends up (see [`VethPlan`]).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "both ends' namespace, name, MAC and address, as `ip link add` takes them"
+)]
 pub fn veth_between(
     a: &Netns,
     a_if: &str,

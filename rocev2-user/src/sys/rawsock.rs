@@ -23,6 +23,9 @@ const VLAN_TAG_LEN: usize = 4;
 pub struct PacketSocket {
     fd: OwnedFd,
     ifindex: u32,
+    /// Frames the kernel dropped for want of room in this socket's
+    /// receive buffer, read so far (the kernel resets its count on read).
+    drops: std::sync::atomic::AtomicU64,
 }
 
 fn os_err(what: &str) -> io::Error {
@@ -94,7 +97,129 @@ impl PacketSocket {
         if rc != 0 {
             return Err(os_err(&format!("bind packet socket to {ifname}")));
         }
-        Ok(Self { fd, ifindex })
+        Ok(Self { fd, ifindex, drops: Default::default() })
+    }
+
+    /// Sets the receive buffer to `bytes` (the kernel doubles it and has a
+    /// floor): a small one makes a capture drop under load on purpose.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+            .or_else(|_| setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+            .map_err(|e| io::Error::new(e.kind(), format!("SO_RCVBUF: {e}")))
+    }
+
+    /// Frames that reached this socket but were dropped because its receive
+    /// buffer was full (the kernel's PACKET_STATISTICS, what tcpdump
+    /// reports as "dropped by kernel"), since it was opened.
+    pub fn drops(&self) -> io::Result<u64> {
+        use std::sync::atomic::Ordering;
+        // SAFETY: all-zero is a valid tpacket_stats.
+        let mut stats: libc::tpacket_stats = unsafe { zeroed() };
+        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `stats` and `len` outlive the call and describe the buffer.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut stats as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("PACKET_STATISTICS"));
+        }
+        Ok(self.drops.fetch_add(u64::from(stats.tp_drops), Ordering::Relaxed) + u64::from(stats.tp_drops))
+    }
+
+    /// A packet socket on `ifname` that only sends: it is bound to no
+    /// protocol, so the kernel never queues a received frame on it. A host
+    /// sends its control frames (ACK, CNP, CTS) on one of these, with a
+    /// socket buffer of its own, so they never wait behind data the data
+    /// socket's full buffer holds back.
+    pub fn open_sender(ifname: &str) -> io::Result<Self> {
+        let ifindex = super::ifindex(ifname)?;
+        // SAFETY: plain syscall; the result is checked before use.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(os_err("socket(AF_PACKET, SOCK_RAW)"));
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: all-zero is a valid sockaddr_ll.
+        let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = 0;
+        addr.sll_ifindex = ifindex as libc::c_int;
+        // SAFETY: `addr` is a valid sockaddr_ll and its size is passed.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err(&format!("bind packet socket to {ifname}")));
+        }
+        Ok(Self { fd, ifindex, drops: Default::default() })
+    }
+
+    /// Limits the bytes of this socket's frames the kernel holds (in the
+    /// device's qdisc, not yet sent): the depth of a NIC's send queue. A
+    /// [`PacketSocket::try_send`] beyond it says `WouldBlock`.
+    pub fn set_send_buffer(&self, bytes: usize) -> io::Result<()> {
+        let v = bytes.min(libc::c_int::MAX as usize) as libc::c_int;
+        if setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+            setsockopt_int(&self.fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v)
+                .map_err(|e| io::Error::new(e.kind(), format!("SO_SNDBUF: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Like [`PacketSocket::send`] without waiting: `WouldBlock` when the
+    /// socket's send buffer is full (the NIC's queue is; try again once
+    /// [`PacketSocket::wait`] says it can send).
+    pub fn try_send(&self, frame: &[u8]) -> io::Result<()> {
+        loop {
+            // SAFETY: `frame` is valid for reads of its length.
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                if n as usize != frame.len() {
+                    return Err(io::Error::other(format!("sent {n} of {} bytes", frame.len())));
+                }
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` (to the microsecond) until a frame can be
+    /// received or, with `writable`, until the socket can send again.
+    pub fn wait(&self, timeout: Duration, writable: bool) -> io::Result<()> {
+        let events = libc::POLLIN | if writable { libc::POLLOUT } else { 0 };
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events, revents: 0 };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and a valid timespec; no signal mask.
+        if unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) } < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io::Error::new(e.kind(), format!("ppoll: {e}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// One frame if one is queued now (see [`PacketSocket::recv`]).
+    pub fn recv_now(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        self.try_recv(buf)
     }
 
     /// The kernel index of the bound interface.

@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::{bail, Result};
 use rocev2_common::{
-    buckets::{even_table, member_for},
+    buckets::{even_table, member_for, BucketTable},
     flowlet::rehash_position,
     hash::{auto_seed, member_hash, HashMode},
 };
@@ -38,8 +38,8 @@ use serde::Serialize;
 pub mod picture;
 
 use crate::{
+    control::decision::PacketFields,
     render::{share_bar, Align, Table},
-    tools::explain::PacketFields,
     tools::gen::{build_frames, GenArgs, SportModel},
     tools::packet::parse_roce,
 };
@@ -300,8 +300,10 @@ impl Fabric {
         (z - 1) * self.zone_spines() + 1..=z * self.zone_spines()
     }
 
+    /// 10.r.i.1; racks past 255 (the simulator's paper-scale fabrics)
+    /// carry into the first octet: 11.0.i.1 is rack 256.
     pub fn host_v4(r: u32, i: u32) -> Ipv4Addr {
-        Ipv4Addr::new(10, r as u8, i as u8, 1)
+        Ipv4Addr::new(10 + (r >> 8) as u8, r as u8, i as u8, 1)
     }
     pub fn host_v6(r: u32, i: u32) -> Ipv6Addr {
         Ipv6Addr::new(0xfd00, r as u16, i as u16, 0, 0, 0, 0, 1)
@@ -358,17 +360,20 @@ impl Fabric {
     pub fn downlink_port(r: u32, k: u32) -> String {
         format!("l{r}p{k}")
     }
+    // Racks past 255 (only the simulator builds them) keep their MACs,
+    // and so every switch's `auto` seed, distinct: the rack's high bits go
+    // where a lab's MACs have zeros.
     pub fn leaf_host_mac(r: u32, i: u32) -> [u8; 6] {
-        [0x02, 0x52, 0x46, r as u8, 0x00, i as u8]
+        [0x02, 0x52, 0x46, r as u8, ((r >> 8) << 1) as u8, i as u8]
     }
     pub fn host_mac(r: u32, i: u32) -> [u8; 6] {
-        [0x02, 0x52, 0x46, r as u8, 0x01, i as u8]
+        [0x02, 0x52, 0x46, r as u8, ((r >> 8) << 1) as u8 | 0x01, i as u8]
     }
     pub fn leaf_uplink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
-        [0x02, 0x52, 0x47, r as u8, j as u8, k as u8]
+        [0x02, 0x52, 0x47, r as u8, j as u8, ((r >> 8) << 3) as u8 | k as u8]
     }
     pub fn spine_downlink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
-        [0x02, 0x52, 0x48, r as u8, j as u8, k as u8]
+        [0x02, 0x52, 0x48, r as u8, j as u8, ((r >> 8) << 3) as u8 | k as u8]
     }
 
     /// The leaf's uplinks as (spine, link) in group member order: link 1 of
@@ -489,10 +494,7 @@ impl Fabric {
     /// every message followed an idle gap.
     pub fn predict_policy(&self, spec: &TrafficSpec, flowlet: bool) -> Result<BTreeMap<LinkId, Load>> {
         let mut loads = BTreeMap::new();
-        let up_table = even_table(self.zone_spines() * self.links);
-        let down_table = even_table(self.links);
-        let agg_table = even_table(self.aggs.max(1));
-        let zone_table = even_table(self.zone_spines());
+        let router = Router::new(self);
         for c in self.connections(spec.pattern) {
             let args = self.gen_args(&c, spec);
             let frames = build_frames(&args, Self::host_mac(c.src.0, c.src.1), args.count.unwrap_or(0))?;
@@ -510,33 +512,16 @@ impl Fabric {
                     dest_qp: Some(p.bth.dest_qp),
                 };
                 let Some(key) = fields.flow_key() else { bail!("no flow key for {fields:?}") };
-                let mut add = |tier, switch, port: String| {
-                    let l: &mut Load = loads.entry(LinkId { tier, switch, port }).or_default();
+                let pick = |c: Choice| match flowlet {
+                    true => rehash_position(&key, c.seed, message, c.table),
+                    false => member_for(c.table, member_hash(&key, self.hash, c.seed)),
+                };
+                for hop in router.walk(c.src, c.dst, pick) {
+                    let Some(link) = hop.link_id() else { continue };
+                    let l: &mut Load = loads.entry(link).or_default();
                     l.packets += 1;
                     l.bytes += frame.len() as u64;
-                };
-                let (src_rack, (dst_rack, dst_host)) = (c.src.0, c.dst);
-                if src_rack != dst_rack {
-                    let pick = |table, switch| match flowlet {
-                        true => rehash_position(&key, self.seed(switch), message, table),
-                        false => member_for(table, member_hash(&key, self.hash, self.seed(switch))),
-                    };
-                    let leaf = Switch::Leaf(src_rack);
-                    let (mut j, k) = self.uplinks(src_rack)[pick(&up_table, leaf) as usize];
-                    add(Tier::LeafUp, leaf, Self::uplink_port(j, k));
-                    let dst_zone = self.zone_of_rack(dst_rack);
-                    if self.zone_of_spine(j) != dst_zone {
-                        // Up to an aggregation switch, down to one of the destination zone's spines.
-                        let a = pick(&agg_table, Switch::Spine(j)) + 1;
-                        add(Tier::SpineUp, Switch::Spine(j), Self::agg_port(a));
-                        j = *self.spines_of_zone(dst_zone).start() + pick(&zone_table, Switch::Agg(a));
-                        add(Tier::AggDown, Switch::Agg(a), Self::spine_port(j));
-                    }
-                    let spine = Switch::Spine(j);
-                    let k = pick(&down_table, spine) + 1;
-                    add(Tier::SpineDown, spine, Self::downlink_port(dst_rack, k));
                 }
-                add(Tier::LeafDown, Switch::Leaf(dst_rack), Self::host_port(dst_host));
             }
         }
         Ok(loads)
@@ -581,6 +566,154 @@ impl Fabric {
             Switch::Leaf(_) if port.starts_with('h') => Tier::LeafDown,
             Switch::Leaf(_) => Tier::LeafUp,
         }
+    }
+}
+
+/// One directed link a packet crosses, by the numbers that name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Hop {
+    /// Host `host` of rack `rack` to its leaf (the NIC's link, `r1h1/eth0`).
+    HostUp {
+        rack: u32,
+        host: u32,
+    },
+    /// Leaf `rack` to spine `spine` over parallel link `link`.
+    LeafUp {
+        rack: u32,
+        spine: u32,
+        link: u32,
+    },
+    SpineUp {
+        spine: u32,
+        agg: u32,
+    },
+    AggDown {
+        agg: u32,
+        spine: u32,
+    },
+    SpineDown {
+        spine: u32,
+        rack: u32,
+        link: u32,
+    },
+    LeafDown {
+        rack: u32,
+        host: u32,
+    },
+}
+
+impl Hop {
+    /// The switch link's name as the lab counts it (`None` for a host's uplink).
+    pub fn link_id(self) -> Option<LinkId> {
+        let id = |tier, switch, port| Some(LinkId { tier, switch, port });
+        match self {
+            Hop::HostUp { .. } => None,
+            Hop::LeafUp { rack, spine, link } => id(Tier::LeafUp, Switch::Leaf(rack), Fabric::uplink_port(spine, link)),
+            Hop::SpineUp { spine, agg } => id(Tier::SpineUp, Switch::Spine(spine), Fabric::agg_port(agg)),
+            Hop::AggDown { agg, spine } => id(Tier::AggDown, Switch::Agg(agg), Fabric::spine_port(spine)),
+            Hop::SpineDown { spine, rack, link } => {
+                id(Tier::SpineDown, Switch::Spine(spine), Fabric::downlink_port(rack, link))
+            }
+            Hop::LeafDown { rack, host } => id(Tier::LeafDown, Switch::Leaf(rack), Fabric::host_port(host)),
+        }
+    }
+}
+
+impl fmt::Display for Hop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self, self.link_id()) {
+            (Hop::HostUp { rack, host }, _) => write!(f, "r{rack}h{host}/eth0"),
+            (_, Some(l)) => l.fmt(f),
+            (_, None) => unreachable!("only a host's uplink has no switch link"),
+        }
+    }
+}
+
+/// What a switch chooses among: the group a packet's next hop comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct Choice<'a> {
+    pub switch: Switch,
+    /// The switch's hash seed (`rocev2 run`'s, see [`Fabric::seed`]).
+    pub seed: u32,
+    /// The group's bucket table (every member up: [`even_table`]).
+    pub table: &'a BucketTable,
+    pub members: u32,
+    /// The group: a leaf's spines, a spine's aggregation switches, an
+    /// aggregation switch's spines of the destination zone, or a spine's
+    /// parallel links to the destination leaf.
+    pub tier: Tier,
+}
+
+/// The fabric's switches ready to route: every switch's seed and group,
+/// computed once. [`Router::walk`] is the one place a packet's path through
+/// the fabric is decided, for the predicted loads of `lab traffic` and for
+/// the collective model; the member choice itself is the caller's (the
+/// dataplane's hash, a flowlet's re-hash, a pin).
+pub struct Router<'f> {
+    pub fabric: &'f Fabric,
+    leaf_seeds: Vec<u32>,
+    spine_seeds: Vec<u32>,
+    agg_seeds: Vec<u32>,
+    /// Per zone, the leaf uplinks in member order ([`Fabric::uplinks`]).
+    zone_uplinks: Vec<Vec<(u32, u32)>>,
+    up_table: BucketTable,
+    down_table: BucketTable,
+    agg_table: BucketTable,
+    zone_table: BucketTable,
+}
+
+impl<'f> Router<'f> {
+    pub fn new(f: &'f Fabric) -> Self {
+        let seeds = |switches: Vec<Switch>| switches.into_iter().map(|s| f.seed(s)).collect();
+        Router {
+            fabric: f,
+            leaf_seeds: seeds((1..=f.racks).map(Switch::Leaf).collect()),
+            spine_seeds: seeds((1..=f.spines).map(Switch::Spine).collect()),
+            agg_seeds: seeds((1..=f.aggs).map(Switch::Agg).collect()),
+            zone_uplinks: (1..=f.zones).map(|z| f.uplinks(*f.racks_of_zone(z).start())).collect(),
+            up_table: even_table(f.zone_spines() * f.links),
+            down_table: even_table(f.links),
+            agg_table: even_table(f.aggs.max(1)),
+            zone_table: even_table(f.zone_spines()),
+        }
+    }
+
+    pub fn seed(&self, s: Switch) -> u32 {
+        match s {
+            Switch::Leaf(r) => self.leaf_seeds[r as usize - 1],
+            Switch::Spine(j) => self.spine_seeds[j as usize - 1],
+            Switch::Agg(a) => self.agg_seeds[a as usize - 1],
+        }
+    }
+
+    /// The links from host `src` to host `dst`, each switch's member chosen
+    /// by `choose` (a position below [`Choice::members`]).
+    pub fn walk(&self, src: (u32, u32), dst: (u32, u32), mut choose: impl FnMut(Choice) -> u32) -> Vec<Hop> {
+        let f = self.fabric;
+        let ((src_rack, src_host), (dst_rack, dst_host)) = (src, dst);
+        let mut hops = vec![Hop::HostUp { rack: src_rack, host: src_host }];
+        let mut pick = |switch: Switch, tier: Tier, table: &BucketTable, members: u32| {
+            choose(Choice { switch, seed: self.seed(switch), table, members, tier })
+        };
+        if src_rack != dst_rack {
+            let uplinks = &self.zone_uplinks[f.zone_of_rack(src_rack) as usize - 1];
+            let leaf = Switch::Leaf(src_rack);
+            let (mut spine, link) = uplinks[pick(leaf, Tier::LeafUp, &self.up_table, uplinks.len() as u32) as usize];
+            hops.push(Hop::LeafUp { rack: src_rack, spine, link });
+            let dst_zone = f.zone_of_rack(dst_rack);
+            if f.zone_of_spine(spine) != dst_zone {
+                // Up to an aggregation switch, down to one of the destination zone's spines.
+                let agg = pick(Switch::Spine(spine), Tier::SpineUp, &self.agg_table, f.aggs) + 1;
+                hops.push(Hop::SpineUp { spine, agg });
+                spine = *f.spines_of_zone(dst_zone).start()
+                    + pick(Switch::Agg(agg), Tier::AggDown, &self.zone_table, f.zone_spines());
+                hops.push(Hop::AggDown { agg, spine });
+            }
+            let link = pick(Switch::Spine(spine), Tier::SpineDown, &self.down_table, f.links) + 1;
+            hops.push(Hop::SpineDown { spine, rack: dst_rack, link });
+        }
+        hops.push(Hop::LeafDown { rack: dst_rack, host: dst_host });
+        hops
     }
 }
 

@@ -26,6 +26,9 @@ pub const XDP_REDIRECT_PROGRAM: &str = "rocev2_xdp_redirect";
 pub const XDP_FIB_PROGRAM: &str = "rocev2_xdp_fib";
 /// Drops every frame: the benchmark's receivers (counted from rx counters).
 pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
+/// Counts and sequence-checks the RoCEv2 frames landing on a device, then
+/// passes them on: the lab's arrival probe (testbed::arrival).
+pub const XDP_ARRIVAL_PROGRAM: &str = "rocev2_xdp_arrival";
 
 /// One loaded instance of the tools object. Programs are verified on first
 /// use, so an instance costs only what it runs.
@@ -104,6 +107,16 @@ impl ToolPrograms {
     pub fn fault_drops(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
         let map = self.ebpf.map_mut(names::FAULT_DROPS).context("the tools' object has no map FAULT_DROPS")?;
         Ok(HashMap::try_from(map)?)
+    }
+
+    /// A map of this instance by name (the arrival probe's maps).
+    pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
+        self.ebpf.map(name).with_context(|| format!("the tools' object has no map {name}"))
+    }
+
+    /// The same, writable.
+    pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
+        self.ebpf.map_mut(name).with_context(|| format!("the tools' object has no map {name}"))
     }
 
     /// Read-only view of the fault injector's table.

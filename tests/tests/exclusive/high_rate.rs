@@ -42,7 +42,7 @@ use rocev2_user::{
     control::state::RunState,
     sys::format_mac,
     sys::netns::{in_netns, in_netns_scoped, Netns},
-    testbed::lab::{uplink_mac, EcmpLab, DEST_V4},
+    testbed::ecmp_lab::{uplink_mac, EcmpLab, DEST_V4},
     tools::gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
     tools::programs::{ToolPrograms, XDP_DROP_PROGRAM},
 };
@@ -193,7 +193,7 @@ fn hitless_at_a_high_packet_rate() {
         let stream = thread::spawn(move || -> anyhow::Result<GenReport> {
             let mut args = GenArgs::new(
                 "snd0",
-                &format_mac(&rocev2_user::testbed::lab::SWITCH_PORT_MAC),
+                &format_mac(&rocev2_user::testbed::ecmp_lab::SWITCH_PORT_MAC),
                 "10.0.0.1".parse().unwrap(),
                 DEST_V4.parse().unwrap(),
             );
@@ -346,7 +346,7 @@ fn hitless_at_a_high_packet_rate() {
     windows.push(window("rocev2 upgrade", &mut || {
         let mut cmd = std::process::Command::new(rocev2_bin());
         cmd.args(["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
-        let upgraded = rocev2_user::testbed::lab::DataplaneProcess::spawn(cmd).unwrap();
+        let upgraded = rocev2_user::testbed::ecmp_lab::DataplaneProcess::spawn(cmd).unwrap();
         let out = first.take().unwrap().stop_after_exit(Duration::from_secs(10)).unwrap();
         assert!(out.contains("handed over"), "{out}");
         assert!(upgraded.output().contains("took over p0"), "{}", upgraded.output());

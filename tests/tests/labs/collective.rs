@@ -7,7 +7,7 @@ use std::process::Command;
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
-    testbed::labcmd::{
+    testbed::lab::{
         self,
         fabric::{links, LabTrafficArgs},
         LabRecord,
@@ -67,10 +67,14 @@ fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
         rate: 20_000,
         json: false,
     };
-    let o = labcmd::fabric::traffic(&args).unwrap();
+    let o = lab::fabric::traffic(&args).unwrap();
     let (drops, marks) = queue_totals(&LabRecord::read(&name).unwrap());
-    eprintln!("sent {}, received {}, dropped {drops}, marked {marks}", o.sent, o.received);
-    assert_eq!(o.sent, o.received + drops, "every packet sent arrived or was dropped by a queue");
+    eprintln!("sent {}, arrived {}, captured {}, dropped {drops}, marked {marks}", o.sent, o.arrived, o.received);
+    assert_eq!(
+        o.sent,
+        o.arrived + drops,
+        "every packet sent arrived (counted where it landed) or was dropped by a queue"
+    );
     assert!(drops > 0, "two hosts at the link rate into one uplink overflow a 16k buffer");
     assert!(marks > 0, "the virtual queues marked ECN before the buffers overflowed");
     assert_eq!((o.bad_icrc, o.duplicates, o.reordered), (0, 0, 0), "{o:#?}");

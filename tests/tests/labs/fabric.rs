@@ -9,7 +9,7 @@ use std::{path::Path, process::Command};
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 use rocev2_user::{
-    testbed::labcmd::{
+    testbed::lab::{
         self,
         fabric::{LabTrafficArgs, TrafficOutcome},
         record_path, LabRecord,
@@ -48,7 +48,7 @@ fn ring(name: &str) -> TrafficOutcome {
         rate: 20_000,
         json: false,
     };
-    let o = labcmd::fabric::traffic(&args).unwrap();
+    let o = lab::fabric::traffic(&args).unwrap();
     assert!(o.sent > 0 && o.clean(), "{o:#?}");
     assert!(o.prediction_mismatches.is_empty(), "simulator != counters: {:#?}", o.prediction_mismatches);
     o
@@ -65,7 +65,7 @@ fn assert_gone(name: &str, record: &LabRecord) {
     for s in &record.switches {
         assert!(!s.pin_dir.exists(), "{} left pinned", s.pin_dir.display());
         let pid = s.pid.expect("a recorded pid");
-        assert!(!labcmd::fabric::alive(pid), "rocev2 run {pid} of {} still runs", s.switch);
+        assert!(!lab::fabric::alive(pid), "rocev2 run {pid} of {} still runs", s.switch);
     }
     for d in &record.frr_dirs {
         assert!(!d.exists(), "{} left", d.display());
@@ -80,7 +80,7 @@ fn fabric_with_bgp_carries_ring_traffic_through_every_tier_and_comes_down_clean(
     let name = lab_name('b');
     let guard = up(&name, "bgp", "five-tuple", SeedPlan::Same);
     let record = LabRecord::read(&name).unwrap();
-    let status = labcmd::status(&name).unwrap();
+    let status = lab::status(&name).unwrap();
     assert_eq!(status.matches("running (pid").count(), 4, "{status}");
 
     let o = ring(&name);

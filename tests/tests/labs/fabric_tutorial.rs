@@ -1,4 +1,4 @@
-//! The README's fabric tutorial, run as written: every `$ ` command of its
+//! The book's fabric tutorial, run as written: every `$ ` command of its
 //! `console` blocks, in order, in a lab of this test's own name, and what
 //! each prints compared with the lines under it. The per-link tables and
 //! the simulator's numbers are compared as printed (only timings masked):
@@ -10,18 +10,18 @@
 use std::process::Command;
 
 use rocev2_tests::{
-    readme::{self, assert_shows, mask, squeeze},
+    book::{self, assert_shows, mask, squeeze},
     require_root, rocev2_bin, LabGuard,
 };
 
-/// One `$ command` and the lines the README shows under it.
+/// One `$ command` and the lines the book shows under it.
 struct Step {
     command: String,
     expected: Vec<String>,
 }
 
 fn steps() -> Vec<Step> {
-    let text = readme::section("## Tutorial: a RoCE fabric in one box", "\n## ");
+    let text = book::chapter("tutorial-fabric.md");
     let mut steps: Vec<Step> = Vec::new();
     let mut lines = text.lines();
     while let Some(line) = lines.next() {
@@ -42,7 +42,7 @@ fn steps() -> Vec<Step> {
     steps
 }
 
-/// The README's lab "lab" renamed to ours.
+/// The book's lab "lab" renamed to ours.
 fn ours(text: &str, name: &str) -> String {
     text.replace("/run/rocev2/lab-lab/", &format!("/run/rocev2/lab-{name}/"))
         .replace("frr-lab-", &format!("frr-{name}-"))
@@ -64,7 +64,7 @@ fn timings_masked(line: &str) -> String {
 }
 
 #[test]
-fn the_readme_fabric_tutorial_prints_what_the_readme_shows() {
+fn the_book_fabric_tutorial_prints_what_the_book_shows() {
     require_root();
     let name = format!("ft{}", std::process::id() % 100_000);
     let _guard = LabGuard(name.clone());

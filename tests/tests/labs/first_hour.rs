@@ -9,7 +9,7 @@ use std::{
 };
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
-use rocev2_user::testbed::lab::EcmpLab;
+use rocev2_user::testbed::ecmp_lab::EcmpLab;
 
 fn rocev2(args: &[&str]) -> Output {
     Command::new(rocev2_bin()).args(args).output().expect("run rocev2")

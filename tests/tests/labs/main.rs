@@ -11,13 +11,15 @@
 
 mod collective;
 mod cpu_spread;
+mod demo;
 mod ecmp;
 mod fabric;
 mod fabric_tutorial;
 mod first_hour;
 mod gen_sink;
 mod kernel_routes;
-mod labcmd;
+mod lab_command;
+mod loss_accounting;
 mod metrics;
 mod packaging;
 mod profile;

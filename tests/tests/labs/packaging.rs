@@ -126,6 +126,7 @@ fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
         "./usr/lib/systemd/system/rocev2.service",
         "./usr/share/man/man1/rocev2.1.gz",
         "./usr/share/man/man1/rocev2-run.1.gz",
+        "./usr/share/man/man5/rocev2.toml.5.gz",
         "./usr/share/bash-completion/completions/rocev2",
         "./usr/share/zsh/vendor-completions/_rocev2",
         "./usr/share/fish/vendor_completions.d/rocev2.fish",

@@ -13,8 +13,8 @@ use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::qp_telemetry,
     sys::netns::{in_netns, spawn_in_netns},
+    testbed::ecmp_lab::{EcmpLab, DEST_V4},
     testbed::fault::PsnDropper,
-    testbed::lab::{EcmpLab, DEST_V4},
     tools::rc::{self, ResponderQpReport},
     tools::sink::{Sink, SinkArgs},
 };
@@ -227,7 +227,7 @@ fn rc_resends_exactly_the_naked_ranges_and_telemetry_sees_them() {
 /// --once --json` (the collision detector's verdict included).
 fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value {
     use rocev2_common::bth::{opcode, Bth};
-    use rocev2_user::testbed::lab::{lab_frame_from_port, Family};
+    use rocev2_user::testbed::ecmp_lab::{lab_frame_from_port, Family};
     let text = lab.rc_config(hash);
     let config = lab.write_config_text(hash, &text).unwrap();
     let dataplane = lab.start_dataplane(&rocev2_bin(), &config).expect("start rocev2 run");

@@ -18,17 +18,18 @@ use std::{
 
 use rocev2_common::{bth::opcode, buckets::BucketTable, flowlet::FlowletChoice, hash::HashMode};
 use rocev2_tests::{
+    book,
     fixture::{bth, group_members, loopback_dataplane, roce_spec},
-    readme, require_root, rocev2_bin, test_run, XDP_REDIRECT,
+    require_root, rocev2_bin, test_run, XDP_REDIRECT,
 };
 use rocev2_user::{
     control::config::{FlowletConfig, Policy, Prefix},
-    control::dataplane::policy_of,
+    control::dataplane::GroupPolicy,
     control::qp_telemetry,
     sys::netns::in_netns,
     sys::rawsock::PacketSocket,
+    testbed::ecmp_lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
     testbed::fault::PsnDropper,
-    testbed::lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
     tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     tools::rc::{self, RequesterReport, Responder, ResponderQpReport},
 };
@@ -168,10 +169,10 @@ fn packets(stats: &serde_json::Value, group: &str, dev: &str) -> u64 {
     member(stats, group, dev)["packets"].as_u64().unwrap()
 }
 
-/// The README's `rocev2 stats` outputs in "Transport-aware member choice",
+/// The book's `rocev2 stats` outputs in "Transport-aware member choice",
 /// one per `$ rocev2 stats` line of its first text block.
-fn readme_stats() -> Vec<Vec<String>> {
-    let section = readme::section("### Transport-aware member choice", "\n## ");
+fn book_stats() -> Vec<Vec<String>> {
+    let section = book::section("telemetry.md", "## Transport-aware member choice", "\n## ");
     let block = section.split("```text\n").nth(1).expect("a text block").split("```").next().unwrap();
     let mut outputs: Vec<Vec<String>> = Vec::new();
     for line in block.lines() {
@@ -185,13 +186,13 @@ fn readme_stats() -> Vec<Vec<String>> {
 }
 
 /// `rocev2 stats` printed, and compared (numbers masked) with the
-/// README's output `shown`.
+/// book's output `shown`.
 fn check_stats_text(lab: &EcmpLab, when: &str, shown: &[String]) {
     let out =
         std::process::Command::new(rocev2_bin()).args(["stats", "--pin-dir"]).arg(lab.pin_dir()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("$ rocev2 stats   # {when}\n{text}");
-    readme::assert_shows(when, shown, &text, readme::mask);
+    book::assert_shows(when, shown, &text, book::mask);
 }
 
 #[test]
@@ -218,7 +219,7 @@ fn a_learned_group_under_a_transport_aware_route_policy_does_the_same() {
 /// Three rounds of new QPs: with PSNs dropped on u2's far end (u2 is
 /// demoted), with the fault still there (u2 avoided), after the fault is
 /// gone (u2 restored and used). `configured`: `group` is a config group,
-/// and the README's output and `explain` are checked too.
+/// and the book's output and `explain` are checked too.
 fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, configured: bool) {
     let dataplane = lab.start_dataplane(&rocev2_bin(), config).expect("start rocev2 run");
     let responder = DualHomedResponder::start(lab);
@@ -249,7 +250,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     assert!(first.sequence_naks > 0, "the fault caused no NAK:\n{}", first.render());
     thread::sleep(Duration::from_millis(300)); // a control-loop step or two
     let demoted = stats(lab);
-    let shown = readme_stats();
+    let shown = book_stats();
     assert_eq!(shown.len(), 2, "{shown:?}");
     if configured {
         check_stats_text(lab, "u2 demoted", &shown[0]);
@@ -381,7 +382,7 @@ fn a_bucket_only_change_keeps_running_flowlets_on_their_member() {
     };
     let generation = dp
         .maps
-        .publish_group_with(0, &policy_of(HashMode::Qp, &Policy::Flowlet(flowlet)), &group_members(0, 2))
+        .publish_group_with(0, &GroupPolicy::new(HashMode::Qp, &Policy::Flowlet(flowlet), None), &group_members(0, 2))
         .unwrap();
     let prefix = Prefix::V4 { addr: "10.1.0.0".parse().unwrap(), len: 16 };
     dp.sync_routes(&[(prefix, 0)].into()).unwrap();

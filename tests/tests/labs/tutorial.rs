@@ -1,7 +1,7 @@
-//! The README's tutorial, run as written: its commands, taken from the
-//! README's `sh` blocks, run in a lab of this test's own (its name
+//! The book's tutorial, run as written: its commands, taken from the
+//! book's `sh` blocks, run in a lab of this test's own (its name
 //! substituted for "lab"), and what they print is compared with the
-//! README's `text` blocks, numbers masked and `…` lines standing for any
+//! book's `text` blocks, numbers masked and `…` lines standing for any
 //! lines. A change that makes the tutorial stale fails here.
 
 use std::{
@@ -14,13 +14,13 @@ use std::{
 };
 
 use rocev2_tests::{
-    readme::{self, assert_shows, mask},
+    book::{self, assert_shows, mask},
     require_root, rocev2_bin, LabGuard,
 };
 
-/// The tutorials: from the first one's heading to the next section.
+/// The book's first tutorial, whole.
 fn tutorial() -> String {
-    readme::section("## Tutorial", "\n## Tools")
+    book::chapter("tutorial-entropy.md")
 }
 
 #[derive(Debug)]
@@ -62,15 +62,15 @@ fn blocks(text: &str) -> Vec<Block> {
 }
 
 /// Walks the tutorial's blocks in order, so each command and each expected
-/// output is the next one the README has.
-struct Readme {
+/// output is the next one the book has.
+struct Chapter {
     blocks: Vec<Block>,
     cursor: usize,
     name: String,
 }
 
-impl Readme {
-    /// Replaces the README's lab name with ours.
+impl Chapter {
+    /// Replaces the book's lab name with ours.
     fn ours(&self, text: &str) -> String {
         let n = &self.name;
         let mut text = text
@@ -100,7 +100,7 @@ impl Readme {
                 }
             }
         }
-        panic!("no command with {needle:?} in the README's tutorial after block {}", self.cursor);
+        panic!("no command with {needle:?} in the book's tutorial after block {}", self.cursor);
     }
 
     /// The next output block that contains `needle`.
@@ -113,7 +113,7 @@ impl Readme {
                 }
             }
         }
-        panic!("no output block with {needle:?} in the README's tutorial after block {}", self.cursor);
+        panic!("no output block with {needle:?} in the book's tutorial after block {}", self.cursor);
     }
 }
 
@@ -255,7 +255,7 @@ fn gen_and_watch(gen: &str, watch: &str) -> (String, String) {
     (traffic.wait(), frame)
 }
 
-/// The equivalent of the README's `curl -s 127.0.0.1:9464/metrics`, so the
+/// The equivalent of the book's `curl -s 127.0.0.1:9464/metrics`, so the
 /// test needs no curl: one HTTP GET inside namespace `netns`.
 fn scrape(netns: &str) -> String {
     rocev2_user::sys::netns::in_netns(netns, || {
@@ -269,95 +269,95 @@ fn scrape(netns: &str) -> String {
 }
 
 #[test]
-fn the_readme_tutorial_prints_what_the_readme_shows() {
+fn the_book_tutorial_prints_what_the_book_shows() {
     require_root();
     let name = format!("t{}", std::process::id() % 10_000_000);
     let _lab = LabGuard(name.clone());
-    let mut readme = Readme { blocks: blocks(&tutorial()), cursor: 0, name: name.clone() };
+    let mut chapter = Chapter { blocks: blocks(&tutorial()), cursor: 0, name: name.clone() };
 
     // 1. The lab.
-    let up = run(&readme.command("rocev2 lab up"));
-    assert_shows("lab up", &readme.output("is up"), &up, mask);
+    let up = run(&chapter.command("rocev2 lab up"));
+    assert_shows("lab up", &chapter.output("is up"), &up, mask);
 
     // 2. The dataplane (terminal 1).
-    let mut dataplane = Background::start(&readme.command(" run --config"));
+    let mut dataplane = Background::start(&chapter.command(" run --config"));
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
-    assert_shows("run", &readme.output("rocev2: ready"), &dataplane.output(), mask);
+    assert_shows("run", &chapter.output("rocev2: ready"), &dataplane.output(), mask);
 
     // 3./4. Watch while `gen` sends: one uplink carries everything.
-    let watch = readme.command("stats --watch");
-    let gen = readme.command(" gen ");
+    let watch = chapter.command("stats --watch");
+    let gen = chapter.command(" gen ");
     let (sent, frame) = gen_and_watch(&gen, &watch);
-    assert_shows("gen", &readme.output("rocev2 gen:"), &sent, mask);
-    assert_shows("stats --watch, five-tuple", &readme.output("GROUP spines"), &frame, mask);
+    assert_shows("gen", &chapter.output("rocev2 gen:"), &sent, mask);
+    assert_shows("stats --watch, five-tuple", &chapter.output("GROUP spines"), &frame, mask);
     let rates = spines_rates(&frame);
     assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 1, "five-tuple: one uplink carries everything: {rates:?}");
 
     // 5. qp hashing, live.
-    run(&readme.command("sed -i"));
-    let check = readme.command(" check ");
-    let reload = readme.command("rocev2 reload");
+    run(&chapter.command("sed -i"));
+    let check = chapter.command(" check ");
+    let reload = chapter.command("rocev2 reload");
     let said = run(&check) + &run(&reload);
-    assert_shows("check and reload", &readme.output(": OK ("), &said, mask);
+    assert_shows("check and reload", &chapter.output(": OK ("), &said, mask);
     let (_, frame) = gen_and_watch(&gen, &watch);
-    assert_shows("stats --watch, qp", &readme.output("GROUP spines"), &frame, mask);
+    assert_shows("stats --watch, qp", &chapter.output("GROUP spines"), &frame, mask);
     let rates = spines_rates(&frame);
     assert_eq!(rates.iter().filter(|&&r| r > 0).count(), 4, "qp: all four uplinks: {rates:?}");
 
-    let curl = readme.command("curl");
-    let filter = curl.split("grep ").nth(1).expect("the README greps the metrics").trim_matches('\'');
+    let curl = chapter.command("curl");
+    let filter = curl.split("grep ").nth(1).expect("the book greps the metrics").trim_matches('\'');
     let netns = format!("{name}-rtsw");
     let metrics: String = scrape(&netns).lines().filter(|l| l.contains(filter)).map(|l| format!("{l}\n")).collect();
-    assert_shows("metrics", &readme.output("rocev2_member_packets_total"), &metrics, mask);
+    assert_shows("metrics", &chapter.output("rocev2_member_packets_total"), &metrics, mask);
 
-    let explain = run(&readme.command("rocev2 explain"));
-    assert_shows("explain", &readme.output("packet: udp"), &explain, mask);
+    let explain = run(&chapter.command("rocev2 explain"));
+    assert_shows("explain", &chapter.output("packet: udp"), &explain, mask);
 
     // 5b. Flowlets: stop `run`, edit, start it again, one QP.
     dataplane.stop(libc::SIGINT);
-    run(&readme.command("flowlet_gap_us = 500"));
-    let mut dataplane = Background::start(&readme.command(" run --config"));
+    run(&chapter.command("flowlet_gap_us = 500"));
+    let mut dataplane = Background::start(&chapter.command(" run --config"));
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
-    run(&readme.command("--qps 1"));
-    let stats = run(&readme.command("rocev2 stats --config"));
-    assert_shows("stats after flowlets", &readme.output("flowlet gap"), &stats, mask);
+    run(&chapter.command("--qps 1"));
+    let stats = run(&chapter.command("rocev2 stats --config"));
+    assert_shows("stats after flowlets", &chapter.output("flowlet gap"), &stats, mask);
     dataplane.stop(libc::SIGINT);
 
     // 6. Offline.
     // The simulation is deterministic: its numbers must match too.
-    let entropy = run(&readme.command("rocev2 entropy"));
-    let expected = readme.output("16 hosts");
-    assert_eq!(entropy.trim_end().lines().collect::<Vec<_>>(), expected, "entropy: the README shows other numbers");
+    let entropy = run(&chapter.command("rocev2 entropy"));
+    let expected = chapter.output("16 hosts");
+    assert_eq!(entropy.trim_end().lines().collect::<Vec<_>>(), expected, "entropy: the book shows other numbers");
 
     // 7. Clean up.
-    let down = run(&readme.command("rocev2 lab down"));
-    assert_shows("lab down", &readme.output("is down"), &down, mask);
+    let down = run(&chapter.command("rocev2 lab down"));
+    assert_shows("lab down", &chapter.output("is down"), &down, mask);
     let left = run("ip netns list");
     assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
 
     // 8. Routes from BGP: FRR on every switch, rocev2 follows the kernel.
-    let up = run(&readme.command("--routing bgp"));
-    assert_shows("lab up --routing bgp", &readme.output("BGP converged"), &up, mask);
-    let route = run(&readme.command("route show 10.1.0.0/16"));
-    assert_shows("ip route", &readme.output("nhid"), &route, mask);
+    let up = run(&chapter.command("--routing bgp"));
+    assert_shows("lab up --routing bgp", &chapter.output("BGP converged"), &up, mask);
+    let route = run(&chapter.command("route show 10.1.0.0/16"));
+    assert_shows("ip route", &chapter.output("nhid"), &route, mask);
     let (run_cmd, gen, stats_cmd) =
-        (readme.command(" run --config"), readme.command(" gen "), readme.command("rocev2 stats --config"));
+        (chapter.command(" run --config"), chapter.command(" gen "), chapter.command("rocev2 stats --config"));
     let mut dataplane = Background::start(&run_cmd);
     dataplane.wait_for("rocev2: ready", Duration::from_secs(60));
-    assert_shows("run with kernel routes", &readme.output("following kernel table"), &dataplane.output(), mask);
+    assert_shows("run with kernel routes", &chapter.output("following kernel table"), &dataplane.output(), mask);
     run(&gen);
-    assert_shows("stats, BGP", &readme.output("GROUP nh:s1l1+s1l2+s2l1+s2l2"), &run(&stats_cmd), mask);
-    run(&readme.command("no network 10.1.0.0/16"));
+    assert_shows("stats, BGP", &chapter.output("GROUP nh:s1l1+s1l2+s2l1+s2l2"), &run(&stats_cmd), mask);
+    run(&chapter.command("no network 10.1.0.0/16"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while run(&format!("ip -n {name}-rtsw route show 10.1.0.0/16")).matches(" via ").count() != 2 {
         assert!(Instant::now() < deadline, "spine 1's withdrawal did not reach the RTSW");
         thread::sleep(Duration::from_millis(100));
     }
     run(&gen);
-    assert_shows("stats after the withdrawal", &readme.output("GROUP nh:s2l1+s2l2"), &run(&stats_cmd), mask);
+    assert_shows("stats after the withdrawal", &chapter.output("GROUP nh:s2l1+s2l2"), &run(&stats_cmd), mask);
     dataplane.stop(libc::SIGINT);
-    let down = run(&readme.command("rocev2 lab down"));
-    assert_shows("lab down, BGP", &readme.output("(FRR state)"), &down, mask);
+    let down = run(&chapter.command("rocev2 lab down"));
+    assert_shows("lab down, BGP", &chapter.output("(FRR state)"), &down, mask);
     let left = run("ip netns list");
     assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
 }

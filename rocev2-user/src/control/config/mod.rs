@@ -700,6 +700,7 @@ impl EcnProfileConfig {
 
 mod diagnostics;
 mod raw;
+pub mod reference;
 mod transport_aware;
 mod validate;
 mod values;
@@ -708,7 +709,7 @@ pub use transport_aware::TransportAware;
 pub use values::{parse_rate_arg, parse_size_arg};
 
 // The submodules' items, for each other and for the tests (`use super::*`).
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the tests use what the submodules do not")]
 use {diagnostics::*, raw::*, validate::*, values::*};
 
 #[cfg(test)]

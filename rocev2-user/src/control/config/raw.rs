@@ -54,7 +54,7 @@ pub(super) struct RawRoutePolicy {
     pub(super) flowlet_table_size: Option<Spanned<i64>>,
     pub(super) flowlet_table: Option<Spanned<String>>,
     pub(super) rebalance: Option<Spanned<String>>,
-    pub(super) transport_aware: Option<Spanned<super::transport_aware::RawTransportAware>>,
+    pub(super) transport_aware: Option<Spanned<RawTransportAware>>,
 }
 
 #[derive(Deserialize)]
@@ -131,7 +131,7 @@ pub(super) struct RawGroup {
     pub(super) flowlet_table_size: Option<Spanned<i64>>,
     pub(super) flowlet_table: Option<Spanned<String>>,
     pub(super) rebalance: Option<Spanned<String>>,
-    pub(super) transport_aware: Option<Spanned<super::transport_aware::RawTransportAware>>,
+    pub(super) transport_aware: Option<Spanned<RawTransportAware>>,
     pub(super) members: Spanned<Vec<Spanned<RawMember>>>,
 }
 
@@ -149,4 +149,17 @@ pub(super) struct RawMember {
 pub(super) struct RawRoute {
     pub(super) prefix: Spanned<String>,
     pub(super) group: Spanned<String>,
+}
+
+/// The file's `transport_aware = { ... }` as serde reads it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTransportAware {
+    pub(super) demote_above: Option<Spanned<f64>>,
+    pub(super) restore_below: Option<Spanned<f64>>,
+    pub(super) half_life_ms: Option<Spanned<i64>>,
+    pub(super) nak_weight: Option<Spanned<f64>>,
+    pub(super) retransmit_weight: Option<Spanned<f64>>,
+    pub(super) cnp_weight: Option<Spanned<f64>>,
+    pub(super) repick: Option<Spanned<String>>,
 }

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
 use toml::Spanned;
 
+use super::raw::RawTransportAware;
 use super::validate::Source;
 use super::{ConfigError, Policy};
 
@@ -27,19 +27,6 @@ const DEFAULT_HALF_LIFE_MS: i64 = 2000;
 const HALF_LIFE_MS: std::ops::RangeInclusive<i64> = 100..=3_600_000;
 const SCORE_MAX: f64 = 1e9;
 const WEIGHT_MAX: f64 = 1000.0;
-
-/// The file's `transport_aware = { ... }` as serde reads it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawTransportAware {
-    demote_above: Option<Spanned<f64>>,
-    restore_below: Option<Spanned<f64>>,
-    half_life_ms: Option<Spanned<i64>>,
-    nak_weight: Option<Spanned<f64>>,
-    retransmit_weight: Option<Spanned<f64>>,
-    cnp_weight: Option<Spanned<f64>>,
-    repick: Option<Spanned<String>>,
-}
 
 /// A group's validated `transport_aware` option.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -94,9 +94,9 @@ impl Source<'_> {
             None => false,
         };
         let table = match &r.table {
-            None => KernelTable::Id(crate::control::routing::fib::RT_TABLE_MAIN),
+            None => KernelTable::Id(crate::sys::netlink::RT_TABLE_MAIN),
             Some(v) => self.check("routing.table", v, |t| match t {
-                toml::Value::String(s) if s == "main" => Ok(KernelTable::Id(crate::control::routing::fib::RT_TABLE_MAIN)),
+                toml::Value::String(s) if s == "main" => Ok(KernelTable::Id(crate::sys::netlink::RT_TABLE_MAIN)),
                 toml::Value::String(s) if !s.is_empty() => {
                     check_ifname(s)?;
                     Ok(KernelTable::Vrf(s.clone()))

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray,
+        Array, DevMap, DevMapHash, HashMap, MapData, PerCpuArray, PerCpuHashMap,
     },
     Ebpf,
 };
@@ -55,6 +55,9 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
+    /// Frames each egress device refused after a redirect; `None` when
+    /// reading the pins of a `rocev2 run` from before the counter existed.
+    egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
 }
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
@@ -84,54 +87,70 @@ pub fn add_redirect_target<T: BorrowMut<MapData>>(
     hashed.insert(ifindex, ifindex, None, 0).with_context(context)
 }
 
-/// How a group chooses members (everything in GroupEntry but the members).
+/// How a group chooses members: its GROUPS entry with the fields a
+/// publish sets (member count, bank, generation) left 0. The entry is the
+/// one definition of what a policy holds; [`GroupPolicy::new`] is the one
+/// encoding of a configured policy, for config and learned groups alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupPolicy {
-    pub hash: HashMode,
-    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
-    pub policy: u32,
-    pub flowlet_gap_ns: u64,
-    /// A FlowletChoice as u32.
-    pub flowlet_choice: u32,
-    pub flowlet_flags: u32,
-    /// Keyless flowlet groups: slot count - 1.
-    pub flowlet_slot_mask: u32,
-}
+pub struct GroupPolicy(GroupEntry);
 
 impl GroupPolicy {
     /// Plain hashing in `mode`.
     pub fn hash(mode: HashMode) -> Self {
-        Self {
-            hash: mode,
-            policy: POLICY_HASH,
-            flowlet_gap_ns: 0,
-            flowlet_choice: 0,
-            flowlet_flags: 0,
-            flowlet_slot_mask: 0,
-        }
+        Self(GroupEntry { hash_mode: mode as u32, policy: POLICY_HASH, ..GroupEntry::default() })
     }
-}
 
-/// The dataplane's encoding of a group policy (config groups and learned
-/// groups alike).
-pub fn policy_of(hash: HashMode, policy: &crate::control::config::Policy) -> GroupPolicy {
-    use crate::control::config::Policy;
-    use rocev2_common::{
-        flowlet::FlowletTable,
-        maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
-    };
-    match policy {
-        Policy::Hash => GroupPolicy::hash(hash),
-        Policy::Pinned => GroupPolicy { policy: POLICY_PINNED, ..GroupPolicy::hash(hash) },
-        Policy::Flowlet(f) => GroupPolicy {
-            policy: POLICY_FLOWLET,
-            flowlet_gap_ns: f.gap.as_nanos() as u64,
-            flowlet_choice: f.choice as u32,
-            flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
-                | if f.table == FlowletTable::Keyless { FLOWLET_KEYLESS } else { 0 },
-            flowlet_slot_mask: if f.table == FlowletTable::Keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
-            ..GroupPolicy::hash(hash)
-        },
+    /// The dataplane's encoding of a policy: the hash mode, the policy and
+    /// its flowlet settings, and what `transport_aware` adds (a flowlet
+    /// may end at an ACK).
+    pub fn new(
+        hash: HashMode,
+        policy: &crate::control::config::Policy,
+        transport_aware: Option<&crate::control::config::TransportAware>,
+    ) -> Self {
+        use crate::control::config::Policy;
+        use rocev2_common::{
+            flowlet::FlowletTable,
+            maps::{FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, POLICY_FLOWLET, POLICY_PINNED},
+        };
+        let plain = Self::hash(hash).0;
+        let repick_acked = if transport_aware.is_some_and(|t| t.repick_when_acked) { FLOWLET_REPICK_ACKED } else { 0 };
+        Self(match policy {
+            Policy::Hash => GroupEntry { flowlet_flags: repick_acked, ..plain },
+            Policy::Pinned => GroupEntry { policy: POLICY_PINNED, flowlet_flags: repick_acked, ..plain },
+            Policy::Flowlet(f) => {
+                let keyless = f.table == FlowletTable::Keyless;
+                GroupEntry {
+                    policy: POLICY_FLOWLET,
+                    flowlet_gap_ns: f.gap.as_nanos() as u64,
+                    flowlet_choice: f.choice as u32,
+                    flowlet_flags: if f.at_message_boundary { FLOWLET_AT_BOUNDARY } else { 0 }
+                        | if keyless { FLOWLET_KEYLESS } else { 0 }
+                        | repick_acked,
+                    flowlet_slot_mask: if keyless { f.table_size.next_power_of_two() - 1 } else { 0 },
+                    ..plain
+                }
+            }
+        })
+    }
+
+    /// The group's entry as a publish writes it.
+    fn entry(&self, member_count: u32, bank: u32, generation: u32) -> GroupEntry {
+        GroupEntry { member_count, bank, generation, ..self.0 }
+    }
+
+    pub fn hash_mode(&self) -> HashMode {
+        HashMode::from_u32(self.0.hash_mode).unwrap_or(HashMode::FiveTuple)
+    }
+
+    /// POLICY_HASH, POLICY_FLOWLET or POLICY_PINNED.
+    pub fn policy(&self) -> u32 {
+        self.0.policy
+    }
+
+    /// FLOWLET_* flags.
+    pub fn flowlet_flags(&self) -> u32 {
+        self.0.flowlet_flags
     }
 }
 
@@ -185,6 +204,7 @@ impl Maps {
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
+            egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
         })
     }
 
@@ -235,6 +255,11 @@ impl Maps {
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
             buckets: open(dir, names::BUCKETS)?,
+            egress_refused: if dir.join(names::EGRESS_REFUSED).exists() {
+                Some(open(dir, names::EGRESS_REFUSED)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -362,7 +387,15 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.insert(&key, entry, 0),
             PinKey::V6(key) => self.pins_v6.insert(&key, entry, 0),
         }
-        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot install pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(
+            target: "rocev2::maps",
+            "pin {prefix} qp {dest_qp:#x} -> group {} position {} generation {}",
+            entry.group,
+            entry.position,
+            entry.generation
+        );
+        Ok(())
     }
 
     pub fn remove_pin(&mut self, prefix: &Prefix, dest_qp: u32) -> Result<()> {
@@ -370,7 +403,9 @@ impl Maps {
             PinKey::V4(key) => self.pins_v4.remove(&key),
             PinKey::V6(key) => self.pins_v6.remove(&key),
         }
-        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))
+        .with_context(|| format!("cannot remove pin {prefix} qp {dest_qp:#x}"))?;
+        tracing::debug!(target: "rocev2::maps", "pin {prefix} qp {dest_qp:#x} removed");
+        Ok(())
     }
 
     /// Unregisters an ingress port (a reload removed it).
@@ -417,7 +452,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.insert(&Key::new(len.into(), addr.octets()), value, 0),
             Prefix::V6 { addr, len } => self.routes_v6.insert(&Key::new(len.into(), addr.octets()), value, 0),
         }
-        .with_context(|| format!("cannot install route {prefix} (route table full?)"))
+        .with_context(|| format!("cannot install route {prefix} (route table full?)"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} -> {target}");
+        Ok(())
     }
 
     pub(super) fn remove_route(&mut self, prefix: &Prefix) -> Result<()> {
@@ -425,7 +462,9 @@ impl Maps {
             Prefix::V4 { addr, len } => self.routes_v4.remove(&Key::new(len.into(), addr.octets())),
             Prefix::V6 { addr, len } => self.routes_v6.remove(&Key::new(len.into(), addr.octets())),
         }
-        .with_context(|| format!("cannot remove route {prefix}"))
+        .with_context(|| format!("cannot remove route {prefix}"))?;
+        tracing::debug!(target: "rocev2::maps", "route {prefix} removed");
+        Ok(())
     }
 
     /// Publishes a hash group whose members share its buckets evenly (see
@@ -506,18 +545,9 @@ impl Maps {
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
         let generation = current.generation.wrapping_add(1).max(1);
-        let entry = GroupEntry {
-            member_count: new_count,
-            bank,
-            hash_mode: policy.hash as u32,
-            policy: policy.policy,
-            generation,
-            flowlet_choice: policy.flowlet_choice,
-            flowlet_flags: policy.flowlet_flags,
-            flowlet_slot_mask: policy.flowlet_slot_mask,
-            flowlet_gap_ns: policy.flowlet_gap_ns,
-        };
+        let entry = policy.entry(new_count, bank, generation);
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: {new_count} members, bank {bank}, generation {generation}");
         Ok(generation)
     }
 
@@ -534,6 +564,7 @@ impl Maps {
             bail!("bucket table names member {bad} of a group of {}", current.member_count);
         }
         self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
+        tracing::debug!(target: "rocev2::maps", "group {group}: buckets moved in place, generation {}", current.generation);
         Ok(current.generation)
     }
 
@@ -599,14 +630,34 @@ impl Maps {
     }
 
     /// A port slot's counter block, summed over CPUs (one map read).
+    /// `forwarded` is what the egress devices took: the program counts what
+    /// it redirected, the tracepoint programs what a device then refused.
     fn port_counter_sums(&self, slot: u32) -> Result<PortCounters> {
         let values = self.port_counters.get(&slot, 0).context("cannot read PORT_COUNTERS")?;
-        Ok(values.iter().fold(PortCounters::default(), |mut acc, cpu| {
+        let mut sums = values.iter().fold(PortCounters::default(), |mut acc, cpu| {
             for (sum, v) in acc.counts.iter_mut().zip(cpu.counts) {
                 *sum += v;
             }
             acc
-        }))
+        });
+        let refused = sums.get(PortCounter::DropEgressRefused);
+        sums.counts[PortCounter::Forwarded as usize] = sums.get(PortCounter::Forwarded).saturating_sub(refused);
+        Ok(sums)
+    }
+
+    /// Frames each egress device (by ifindex; 0 for a CPU map entry)
+    /// refused after a redirect, summed over CPUs; only devices that did.
+    pub fn egress_refused(&self) -> Result<BTreeMap<u32, u64>> {
+        let Some(map) = &self.egress_refused else { return Ok(BTreeMap::new()) };
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (ifindex, per_cpu) = entry.context("cannot read EGRESS_REFUSED")?;
+            let frames: u64 = per_cpu.iter().sum();
+            if frames > 0 {
+                out.insert(ifindex, frames);
+            }
+        }
+        Ok(out)
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.

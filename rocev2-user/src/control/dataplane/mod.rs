@@ -22,7 +22,7 @@ use aya::{
         tc,
         tc::SchedClassifierLinkId,
         xdp::XdpLink,
-        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        RawTracePoint, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     Ebpf, EbpfLoader,
 };
@@ -48,6 +48,9 @@ const CPU_QUEUE_FRAMES: u32 = 2048;
 pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
 /// tc egress classes + ECN for locally originated traffic.
 pub const TC_EGRESS_PROGRAM: &str = "rocev2_tc_egress";
+/// The refused-redirect counters (refused.rs): program and tracepoint.
+const REFUSAL_PROGRAMS: [(&str, &str); 2] =
+    [("rocev2_devmap_xmit", "xdp_devmap_xmit"), ("rocev2_redirect_err", "xdp_redirect_err")];
 
 /// An XDP attachment held as a bpf link pinned in the pin directory, so
 /// it outlives this process on a handover and the next `rocev2 run` can
@@ -74,6 +77,9 @@ pub struct Dataplane {
     features: Features,
     /// What `attach` puts on a port: the pipeline, or the spreading stage.
     ingress_program: &'static str,
+    /// Whether frames an egress device refuses after a redirect are
+    /// counted (`Err`: why not).
+    refusals: Result<(), String>,
 }
 
 /// Whether `pin_dir` holds XDP link pins: a previous `rocev2 run` handed
@@ -138,7 +144,13 @@ impl Dataplane {
         crate::sys::privileges::check()?;
         let telemetry_on = features.contains(Features::TELEMETRY);
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
+        let kernel_layout = RefusalLayout::find();
+        let layout = kernel_layout.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
+            .override_global("NETDEV_IFINDEX_OFFSET", &layout.ifindex, true)
+            .override_global("NETDEV_NET_OFFSET", &layout.net, true)
+            .override_global("NET_COOKIE_OFFSET", &layout.cookie, true)
+            .override_global("NETNS_COOKIE", &layout.netns_cookie, true)
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
             .map_max_entries(names::FLOWLET_SLOTS, flowlet_slots.max(1))
             .map_max_entries(telemetry::names::QP_TELEMETRY, qp_table)
@@ -162,6 +174,10 @@ impl Dataplane {
         if let (Some(dir), true) = (pin_dir, telemetry_on) {
             crate::control::qp_telemetry::pin_maps(&mut ebpf, dir)?;
         }
+        let refusals = match kernel_layout {
+            Ok(_) => attach_refusal_counters(&mut ebpf),
+            Err(e) => Err(format!("{e:#}")),
+        };
         Ok(Self {
             ebpf,
             maps,
@@ -172,7 +188,13 @@ impl Dataplane {
             handed_over: false,
             features,
             ingress_program: XDP_PROGRAM,
+            refusals,
         })
+    }
+
+    /// Whether refused redirects are counted; the reason when not.
+    pub fn refusal_counting(&self) -> Result<(), &str> {
+        self.refusals.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     /// The features the loaded programs carry.
@@ -261,6 +283,16 @@ impl Dataplane {
                 if let Ok(program) = self.tc_program(name) {
                     let _ = program.detach(id);
                 }
+            }
+        }
+    }
+
+    /// Detaches only the tc egress program of `ifname` (its local-traffic
+    /// marking), leaving its XDP or tc ingress forwarding attached.
+    pub fn detach_tc_egress(&mut self, ifname: &str) {
+        if let Some(id) = self.tc_links.remove(&(ifname.to_string(), false)) {
+            if let Ok(program) = self.tc_program(TC_EGRESS_PROGRAM) {
+                let _ = program.detach(id);
             }
         }
     }
@@ -464,12 +496,57 @@ fn attach_error(ifname: &str, ifindex: u32, mode: XdpMode, error: aya::programs:
 /// The `rocev2 run` (live or not) whose state lists port `ifindex` in
 /// this network namespace.
 fn port_owner(ifname: &str, ifindex: u32) -> Option<crate::control::state::RunState> {
-    let here = crate::sys::netns::current_inode();
+    let here = crate::sys::netns::current_cookie().unwrap_or(0);
     crate::control::state::instances().into_iter().find(|s| {
         s.pid != std::process::id()
-            && s.netns_inode == here
+            && s.netns_cookie == here
             && s.ports.iter().any(|p| p.ifindex == ifindex && p.name == ifname)
     })
+}
+
+/// Where the refused-redirect counters find a net_device's ifindex and
+/// namespace cookie in this kernel, and our namespace's cookie.
+#[derive(Clone, Copy, Debug, Default)]
+struct RefusalLayout {
+    ifindex: u32,
+    /// Of `nd_net.net`, the pointer to the device's namespace.
+    net: u32,
+    /// Of `net_cookie` in struct net.
+    cookie: u32,
+    netns_cookie: u64,
+}
+
+impl RefusalLayout {
+    fn find() -> Result<Self> {
+        let btf = crate::sys::btf::Btf::kernel()?;
+        if !btf.field_is_pointer("net_device", "nd_net.net") {
+            bail!("net_device.nd_net.net is not a pointer in this kernel's BTF");
+        }
+        Ok(Self {
+            ifindex: btf.offset_of("net_device", "ifindex")?,
+            net: btf.offset_of("net_device", "nd_net.net")?,
+            cookie: btf.offset_of("net", "net_cookie")?,
+            netns_cookie: crate::sys::netns::current_cookie().context("cannot read this namespace's cookie")?,
+        })
+    }
+}
+
+/// Loads and attaches the tracepoint programs that count refused redirects.
+fn attach_refusal_counters(ebpf: &mut Ebpf) -> Result<(), String> {
+    let mut attach = |name: &str, tracepoint: &str| -> Result<()> {
+        let program: &mut RawTracePoint = ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a raw tracepoint program"))?;
+        program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        program.attach(tracepoint).with_context(|| format!("cannot attach {name} to tracepoint xdp:{tracepoint}"))?;
+        Ok(())
+    };
+    for (name, tracepoint) in REFUSAL_PROGRAMS {
+        attach(name, tracepoint).map_err(|e| format!("{e:#}"))?;
+    }
+    Ok(())
 }
 
 pub fn mode_name(mode: XdpMode) -> &'static str {

@@ -13,9 +13,6 @@ use std::{
 
 use crate::control::config::Prefix;
 
-/// The kernel's main table.
-pub const RT_TABLE_MAIN: u32 = 254;
-
 /// An interface as far as forwarding cares.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Link {

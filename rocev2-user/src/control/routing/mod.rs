@@ -22,8 +22,8 @@
 //! the box's own addresses win over both.
 
 pub mod fib;
-pub mod groups;
 pub mod kernel;
+pub mod learned;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -32,19 +32,21 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use rocev2_common::{
-    buckets::{BucketTable, Rebalance},
+    buckets::Rebalance,
     hash::HashMode,
-    maps::{PinEntry, MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN, ROUTE_KERNEL},
+    maps::{MAX_GROUPS, MAX_ROUTES_V4, MAX_ROUTES_V6, PIN_MEMBER_DOWN, ROUTE_KERNEL},
 };
 
 use self::{
     fib::{Fib, Hop, KernelReason, Target},
-    groups::{HopId, LearnedGroups},
     kernel::{Change, EventSocket},
+    learned::{HopId, LearnedGroup, LearnedGroups},
 };
 use crate::{
     control::config::{LearnedPin, PinMember, Policy, Prefix, RoutePolicy},
-    control::dataplane::{policy_of, GroupPolicy, Maps, MemberSpec},
+    control::dataplane::{GroupPolicy, MemberSpec},
+    control::groups::{self, HealthView, MemberRecord, MemberView, PlannedGroup, WantedPin},
+    control::state::{GroupState, LearnedStats},
 };
 
 /// What [`KernelRoutes::plan`] worked out.
@@ -79,33 +81,6 @@ enum Installed {
     Unfit,
 }
 
-/// Counts for `stats` and the metrics.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct LearnedStats {
-    /// The kernel table followed.
-    pub table: u32,
-    /// Prefixes forwarded in XDP over learned groups (host entries included).
-    pub routes: usize,
-    /// Of those, host entries made from the neighbour table.
-    pub hosts: usize,
-    /// Prefixes left to the kernel, by reason.
-    pub to_kernel: BTreeMap<String, usize>,
-    /// Learned groups.
-    pub groups: usize,
-    /// Netlink messages applied.
-    pub messages: u64,
-    /// Full re-reads of the kernel's tables (start, socket overflow).
-    pub resyncs: u64,
-    /// Time the last batch of changes took from its first message read to
-    /// the dataplane updated, in microseconds.
-    pub last_apply_us: u64,
-    /// Median and 99th percentile of that time over the last 1,000 batches
-    /// that changed a route or a group, and how many there were.
-    pub apply_us_p50: u64,
-    pub apply_us_p99: u64,
-    pub apply_samples: u64,
-}
-
 /// The kernel route mirror of a running `rocev2 run`.
 pub struct KernelRoutes {
     table: u32,
@@ -117,11 +92,8 @@ pub struct KernelRoutes {
     hosts: BTreeMap<Prefix, Hop>,
     /// Prefix -> route target (group slot or ROUTE_KERNEL).
     pub routes: BTreeMap<Prefix, u32>,
-    /// What each learned group slot holds, to publish only real changes.
-    published: HashMap<u32, (GroupPolicy, Vec<MemberSpec>, BucketTable)>,
+    /// Whether the last publish wrote a learned group's member list anew.
     published_in_sync: bool,
-    /// Pins of learned routes as written to the dataplane.
-    pins_written: HashMap<(Prefix, u32), PinEntry>,
     /// Links prepared for redirects (in the device map, veth peer NAPI on).
     prepared: std::collections::HashSet<u32>,
     dirty: BTreeSet<Prefix>,
@@ -153,6 +125,17 @@ pub struct LearnedPolicy {
     pub transport_aware: Option<crate::control::config::TransportAware>,
 }
 
+/// Which learned groups a publish considers.
+#[derive(Clone, Copy)]
+pub enum Learned<'a> {
+    None,
+    /// The groups a plan made and, when neighbours or links changed, every
+    /// group (those whose members did not change are not written).
+    Planned(&'a Plan),
+    /// Every group (a gradual rebalance step, a demotion or restore).
+    All,
+}
+
 impl KernelRoutes {
     /// Subscribes to changes, then reads the whole table (subscribing
     /// first, so nothing that happens during the dump is missed).
@@ -166,10 +149,8 @@ impl KernelRoutes {
             installed: HashMap::new(),
             hosts: BTreeMap::new(),
             routes: BTreeMap::new(),
-            published: HashMap::new(),
             published_in_sync: false,
             prepared: Default::default(),
-            pins_written: HashMap::new(),
             dirty: BTreeSet::new(),
             apply_times: std::collections::VecDeque::new(),
             measuring: false,
@@ -253,7 +234,7 @@ impl KernelRoutes {
         }
     }
 
-    /// Whether the last publish ([`KernelRoutes::publish_plan`]) wrote a group.
+    /// Whether the last publish wrote a learned group's member list anew.
     pub fn published_any(&self) -> bool {
         self.published_in_sync
     }
@@ -475,90 +456,65 @@ impl KernelRoutes {
         self.prepared.insert(ifindex);
     }
 
-    /// Publishes the groups the plan made and, when neighbours or links
-    /// changed, every group whose members changed, before any route
-    /// points at them.
-    pub fn publish_plan(
+    /// The learned groups to publish (see crate::control::groups): those
+    /// `which` names, each with its policy, usable members and bucket table.
+    pub fn planned_groups(
         &mut self,
-        maps: &mut Maps,
         policies: &[RoutePolicy],
         default: LearnedPolicy,
-        plan: &Plan,
-    ) -> Result<()> {
-        self.published_in_sync = false;
-        self.publish(maps, policies, default, |slot| plan.neighbours || plan.fresh_groups.contains(&slot))?;
-        self.count();
-        Ok(())
-    }
-
-    /// Republishes every learned group (a gradual rebalance step, a link
-    /// that changed state).
-    pub fn republish(&mut self, maps: &mut Maps, policies: &[RoutePolicy], default: LearnedPolicy) -> Result<()> {
-        self.health_changed = false;
-        self.publish(maps, policies, default, |_| true)
-    }
-
-    fn publish(
-        &mut self,
-        maps: &mut Maps,
-        policies: &[RoutePolicy],
-        default: LearnedPolicy,
-        consider: impl Fn(u32) -> bool,
-    ) -> Result<()> {
+        which: Learned,
+    ) -> Vec<PlannedGroup> {
+        let consider = |slot: u32| match which {
+            Learned::None => false,
+            Learned::Planned(plan) => plan.neighbours || plan.fresh_groups.contains(&slot),
+            Learned::All => true,
+        };
+        if matches!(which, Learned::All) {
+            self.health_changed = false;
+        }
+        let mut out = Vec::new();
         for group in self.groups.by_key.values_mut().filter(|g| g.prefixes > 0 && consider(g.slot)) {
             let settings = settings_of(group.policy, policies, default);
-            let specs: Vec<Option<MemberSpec>> =
-                group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h)).collect();
-            // A member demoted for its transport health keeps its place but
-            // no buckets (crate::control::health).
-            let health = self.health.get(&group.name);
-            let wanted: Vec<(HopId, u32)> = group
+            let members: Vec<MemberView<HopId>> = group
                 .hops
                 .iter()
-                .zip(&specs)
-                .enumerate()
-                .map(|(i, (h, s))| {
-                    let in_service = s.is_some() && !health.is_some_and(|g| g.demoted(i));
-                    ((h.oif, h.neighbour), if in_service { h.weight } else { 0 })
+                .map(|h| MemberView {
+                    identity: (h.oif, h.neighbour),
+                    weight: h.weight,
+                    spec: member_spec(&self.fib, &self.prepared, h),
                 })
                 .collect();
-            group.table.update(&wanted, settings.rebalance);
-            let usable: Vec<bool> = specs.iter().map(Option::is_some).collect();
-            let members: Vec<MemberSpec> = specs.into_iter().flatten().collect();
-            let buckets = group.table.positions(&usable);
-            let policy = crate::control::health::with_transport(
-                policy_of(settings.hash, &settings.policy),
-                settings.transport_aware.as_ref(),
-            );
-            let state = (policy, members, buckets);
-            match self.published.get(&group.slot) {
-                Some(old) if *old == state => {}
-                // Only bucket owners changed: in place, flowlets keep their member.
-                Some(old) if (&old.0, &old.1) == (&state.0, &state.1) => {
-                    maps.set_live_buckets(group.slot, &state.2)?;
-                    self.published.insert(group.slot, state);
-                }
-                _ => {
-                    maps.publish_group_buckets(group.slot, &state.0, &state.1, &state.2)
-                        .with_context(|| format!("cannot publish learned group {}", group.name))?;
-                    self.published.insert(group.slot, state);
-                    self.published_in_sync = true;
-                }
-            }
+            let buckets =
+                groups::bucket_table(&mut group.table, &members, self.health.get(&group.name), settings.rebalance);
+            out.push(PlannedGroup {
+                slot: group.slot,
+                name: group.name.clone(),
+                policy: GroupPolicy::new(settings.hash, &settings.policy, settings.transport_aware.as_ref()),
+                members: groups::usable_members(&members),
+                buckets,
+            });
         }
-        Ok(())
+        out
+    }
+
+    /// After a publish: which slots got a new member list (`published_any`),
+    /// and the counts for `stats`.
+    pub fn note_published(&mut self, renewed: &BTreeSet<u32>) {
+        self.published_in_sync = self.groups.by_key.values().any(|g| renewed.contains(&g.slot));
+        self.count();
     }
 
     /// Frees learned groups no prefix uses any more (after the routes that
-    /// pointed at them were changed).
-    pub fn release_unused(&mut self) {
-        let published = &mut self.published;
+    /// pointed at them were changed); returns their slots.
+    pub fn release_unused(&mut self) -> Vec<u32> {
+        let mut freed = Vec::new();
         self.groups.by_key.retain(|_, g| {
             if g.prefixes == 0 {
-                published.remove(&g.slot);
+                freed.push(g.slot);
             }
             g.prefixes > 0
         });
+        freed
     }
 
     /// Whether a gradual rebalance is still moving buckets, or a
@@ -578,42 +534,28 @@ impl KernelRoutes {
         default: LearnedPolicy,
         elapsed: Duration,
     ) -> bool {
-        let mut changed = false;
-        let mut aware = BTreeSet::new();
-        for group in self.groups.by_key.values().filter(|g| g.prefixes > 0) {
-            let settings = settings_of(group.policy, policies, default);
-            let Some(options) = &settings.transport_aware else { continue };
-            aware.insert(group.name.clone());
-            let mut next = 0u32;
-            let positions: Vec<Option<u32>> = group
-                .hops
-                .iter()
-                .map(|h| {
-                    member_spec(&self.fib, &self.prepared, h).map(|_| {
-                        next += 1;
-                        next - 1
-                    })
-                })
-                .collect();
-            let members: Vec<String> = group.hops.iter().map(|h| self.link_name(h.oif)).collect();
-            let scored = crate::control::health::Scored {
-                name: &group.name,
-                slot: group.slot,
+        let aware: Vec<(&LearnedGroup, crate::control::config::TransportAware)> = self
+            .groups
+            .by_key
+            .values()
+            .filter(|g| g.prefixes > 0)
+            .filter_map(|g| settings_of(g.policy, policies, default).transport_aware.map(|t| (g, t)))
+            .collect();
+        let views: Vec<HealthView> = aware
+            .iter()
+            .map(|(g, options)| HealthView {
+                name: &g.name,
+                slot: g.slot,
                 options,
-                members: &members,
-                positions: &positions,
-            };
-            let health = self.health.entry(group.name.clone()).or_default();
-            // A failed read is logged once by step_group; the scores wait.
-            changed |= crate::control::health::step_group(health, reader, pin_dir, &scored, elapsed).unwrap_or(false);
-        }
-        self.health.retain(|name, _| aware.contains(name));
+                members: g.hops.iter().map(|h| link_name(&self.fib, h.oif)).collect(),
+                positions: groups::positions(
+                    g.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h).is_some()),
+                ),
+            })
+            .collect();
+        let changed = groups::step_health(&mut self.health, reader, pin_dir, &views, elapsed);
         self.health_changed |= changed;
         changed
-    }
-
-    fn link_name(&self, oif: u32) -> String {
-        self.fib.links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone())
     }
 
     /// Next hops whose neighbour is not resolved (for the caller to ask
@@ -693,52 +635,42 @@ impl KernelRoutes {
 
     /// The learned groups as `rocev2 stats` lists them, live members in
     /// position order.
-    pub fn group_states(
-        &self,
-        policies: &[RoutePolicy],
-        default: LearnedPolicy,
-    ) -> Vec<crate::control::state::GroupState> {
-        let mut out: Vec<crate::control::state::GroupState> = self
+    pub fn group_states(&self, policies: &[RoutePolicy], default: LearnedPolicy) -> Vec<GroupState> {
+        let mut out: Vec<GroupState> = self
             .groups
             .by_key
             .values()
             .filter(|g| g.prefixes > 0)
-            .map(|g| (g, settings_of(g.policy, policies, default)))
-            .map(|(g, settings)| crate::control::state::GroupState {
-                name: g.name.clone(),
-                index: g.slot,
-                hash: settings.hash.name().to_string(),
-                policy: crate::control::state::GroupState::policy_name(&settings.policy),
-                flowlet: crate::control::state::GroupState::flowlet_knobs(&settings.policy),
-                transport_aware: settings.transport_aware.as_ref().map(crate::control::state::TransportAwareKnobs::of),
-                members: g
-                    .hops
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, h)| member_spec(&self.fib, &self.prepared, h).map(|m| (i, h, m)))
-                    .map(|(i, h, m)| crate::control::state::MemberState {
-                        dev: self.link_name(h.oif),
+            .map(|g| {
+                let settings = settings_of(g.policy, policies, default);
+                let members = g.hops.iter().map(|h| {
+                    member_spec(&self.fib, &self.prepared, h).map(|m| MemberRecord {
+                        dev: link_name(&self.fib, h.oif),
                         next_hop: format!("via {}", h.neighbour),
-                        mac: crate::sys::format_mac(&m.dst_mac),
-                        health: self.health.get(&g.name).and_then(|health| health.members.get(i).copied()),
+                        mac: Some(m.dst_mac),
                     })
-                    .collect(),
-                // A learned group is what the kernel's route says now: a
-                // next hop that left it is not configured anywhere.
-                configured: Vec::new(),
+                });
+                groups::group_state(
+                    &g.name,
+                    g.slot,
+                    settings.hash,
+                    &settings.policy,
+                    settings.transport_aware.as_ref(),
+                    members,
+                    self.health.get(&g.name),
+                )
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 
-    /// Writes the pins of learned routes (`[[pin]]` without a group) for
-    /// the groups as published now: a pin names a position, which changes
-    /// with membership, and a generation, which changes with every publish.
-    /// Pins no longer wanted are removed. A pin whose route is not learned
-    /// (yet) or whose member is down falls back to hashing.
-    pub fn sync_pins(&mut self, maps: &mut Maps, pins: &[LearnedPin]) -> Result<()> {
-        let mut wanted: HashMap<(Prefix, u32), PinEntry> = HashMap::new();
+    /// The pins of learned routes (`[[pin]]` without a group) for the
+    /// groups as they are now: a pin names a position, which changes with
+    /// membership. A pin whose route is not learned (yet) is not written;
+    /// one whose member is down takes PIN_MEMBER_DOWN (hashing).
+    pub fn wanted_pins(&self, pins: &[LearnedPin]) -> Vec<WantedPin> {
+        let mut wanted = Vec::new();
         for pin in pins {
             // The most specific learned route covering the pin's prefix.
             let max = if pin.prefix.addr().is_ipv4() { 32 } else { 128 };
@@ -750,41 +682,28 @@ impl KernelRoutes {
                 }
             });
             let Some(group) = key.and_then(|k| self.groups.by_key.get(k)) else { continue };
-            let mut position = PIN_MEMBER_DOWN;
-            let mut next = 0;
-            for h in &group.hops {
-                if member_spec(&self.fib, &self.prepared, h).is_none() {
-                    continue;
-                }
-                let named = match &pin.member {
-                    PinMember::Via(ip) => h.neighbour == *ip,
-                    PinMember::Dev(name) => self.fib.links.get(&h.oif).is_some_and(|l| &l.name == name),
-                };
-                if named {
-                    position = next;
-                    break;
-                }
-                next += 1;
-            }
-            let generation = maps.group(group.slot)?.generation;
-            wanted.insert((pin.prefix, pin.qp), PinEntry { group: group.slot, position, generation, _reserved: 0 });
+            let named = |h: &Hop| match &pin.member {
+                PinMember::Via(ip) => h.neighbour == *ip,
+                PinMember::Dev(name) => self.fib.links.get(&h.oif).is_some_and(|l| &l.name == name),
+            };
+            let positions =
+                groups::positions(group.hops.iter().map(|h| member_spec(&self.fib, &self.prepared, h).is_some()));
+            let position =
+                group.hops.iter().zip(&positions).find_map(|(h, p)| p.filter(|_| named(h))).unwrap_or(PIN_MEMBER_DOWN);
+            wanted.push(WantedPin { prefix: pin.prefix, qp: pin.qp, slot: group.slot, position });
         }
-        for (key, entry) in &wanted {
-            if self.pins_written.get(key) != Some(entry) {
-                maps.set_pin(&key.0, key.1, *entry)?;
-            }
-        }
-        for key in self.pins_written.keys().filter(|k| !wanted.contains_key(k)) {
-            maps.remove_pin(&key.0, key.1)?;
-        }
-        self.pins_written = wanted;
-        Ok(())
+        wanted
     }
 
     /// Slots in use by learned groups.
     pub fn slots(&self) -> BTreeSet<u32> {
         self.groups.by_key.values().map(|g| g.slot).collect()
     }
+}
+
+/// A link's name, or `if<index>` for one the mirror does not know.
+fn link_name(fib: &Fib, oif: u32) -> String {
+    fib.links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone())
 }
 
 /// The dataplane member for a learned next hop, if it is usable now: its

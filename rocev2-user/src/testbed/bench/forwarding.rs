@@ -2,7 +2,7 @@
 //! two uplinks in namespaces) for each pipeline, the kernel and the
 //! trivial redirect, fed by XDP live frames.
 
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the parent's items and imports, of which this part uses some")]
 use super::*;
 use crate::{
     control::dataplane::XDP_SPREAD_PROGRAM,

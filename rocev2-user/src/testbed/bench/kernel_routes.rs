@@ -28,7 +28,7 @@ use super::{row, Row};
 use crate::{
     control::state::RunState,
     sys::netns::{ip, unique_name, Netns},
-    testbed::lab::DataplaneProcess,
+    testbed::ecmp_lab::DataplaneProcess,
 };
 
 const ROUTES: u32 = 100_000;
@@ -157,7 +157,7 @@ impl RouteLab {
         Ok(start.elapsed())
     }
 
-    fn learned(&self) -> Result<crate::control::routing::LearnedStats> {
+    fn learned(&self) -> Result<crate::control::state::LearnedStats> {
         RunState::read(&self.pin_dir)?.learned.context("the state file has no learned routes")
     }
 
@@ -165,7 +165,7 @@ impl RouteLab {
         &self,
         what: &str,
         timeout: Duration,
-        done: impl Fn(&crate::control::routing::LearnedStats) -> bool,
+        done: impl Fn(&crate::control::state::LearnedStats) -> bool,
     ) -> Result<()> {
         let start = Instant::now();
         loop {

@@ -1,7 +1,7 @@
 //! Part 1 addition: what per-QP telemetry (`telemetry_qps`) costs per
 //! packet, measured against the same pipeline with telemetry off.
 
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the parent's items and imports, of which this part uses some")]
 use super::*;
 use rocev2_common::telemetry::DEFAULT_QP_TABLE_SIZE;
 

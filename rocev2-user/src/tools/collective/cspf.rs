@@ -4,19 +4,24 @@
 //!
 //! Flows are placed one at a time, the largest first (ties in the order
 //! given). A flow takes one of the shortest (fewest-hop) paths between its
-//! hosts: among those whose every link still has the capacity it needs,
-//! the least loaded one (the lowest busiest-link utilization after adding
-//! it, then the lowest total); when none has room, the least loaded of all,
-//! and the flow is reported as not fitting. This is what a controller like
-//! Meta's for its smaller clusters computes; the lab installs the result as
-//! `[[pin]]`s (`rocev2 lab te`), and recomputes on the graph without a
-//! failed link.
+//! hosts: the least loaded one, i.e. the lowest busiest-link utilization
+//! after adding it, then the lowest total utilization, then the first in
+//! edge order. When even that path lacks the capacity the flow needs, the
+//! flow still takes it and is reported as not fitting. This is what a
+//! controller like Meta's for its smaller clusters computes; the lab
+//! installs the result as `[[pin]]`s (`rocev2 lab te`), and recomputes on
+//! the graph without a failed link.
+//!
+//! The search is a dynamic program over the shortest-path DAG (the
+//! busiest link first, then the sum among the paths that achieve it), so
+//! a flow costs the DAG's edges, not the number of its paths: a 3-tier
+//! Clos of 32,768 hosts has thousands of paths between two zones.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::tools::fabric::{Fabric, LinkId, Switch, Tier};
+use crate::tools::fabric::{Fabric, Hop, LinkId, Switch};
 
 /// A vertex: a host NIC or a switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -32,6 +37,8 @@ pub struct Edge {
     pub to: Node,
     /// The switch link (its sender and port); `None` for a host's uplink.
     pub link: Option<LinkId>,
+    /// The link by its numbers (the simulator's key for it).
+    pub hop: Hop,
     /// Bytes (or any unit the demands use) per second.
     pub capacity: f64,
 }
@@ -39,11 +46,7 @@ pub struct Edge {
 impl Edge {
     /// `l1/s1p1`, or `r1h1/eth0` for a host's uplink.
     pub fn name(&self) -> String {
-        match (&self.link, self.from) {
-            (Some(l), _) => l.to_string(),
-            (None, Node::Host(r, i)) => format!("r{r}h{i}/eth0"),
-            (None, n) => format!("{n:?}"),
-        }
+        self.hop.to_string()
     }
 }
 
@@ -58,34 +61,36 @@ impl Graph {
     /// spine-aggregation) in both directions, each of `capacity`.
     pub fn fabric(f: &Fabric, capacity: f64) -> Self {
         let mut edges = Vec::new();
-        let mut both = |a: Node, b: Node, ab: Option<LinkId>, ba: Option<LinkId>| {
-            edges.push(Edge { from: a, to: b, link: ab, capacity });
-            edges.push(Edge { from: b, to: a, link: ba, capacity });
+        let mut both = |a: Node, b: Node, ab: Hop, ba: Hop| {
+            edges.push(Edge { from: a, to: b, link: ab.link_id(), hop: ab, capacity });
+            edges.push(Edge { from: b, to: a, link: ba.link_id(), hop: ba, capacity });
         };
-        let link = |tier, switch, port: String| Some(LinkId { tier, switch, port });
         for r in 1..=f.racks {
             let leaf = Switch::Leaf(r);
             for i in 1..=f.hosts {
-                both(Node::Host(r, i), Node::Switch(leaf), None, link(Tier::LeafDown, leaf, Fabric::host_port(i)));
+                both(
+                    Node::Host(r, i),
+                    Node::Switch(leaf),
+                    Hop::HostUp { rack: r, host: i },
+                    Hop::LeafDown { rack: r, host: i },
+                );
             }
             for (j, k) in f.uplinks(r) {
-                let spine = Switch::Spine(j);
                 both(
                     Node::Switch(leaf),
-                    Node::Switch(spine),
-                    link(Tier::LeafUp, leaf, Fabric::uplink_port(j, k)),
-                    link(Tier::SpineDown, spine, Fabric::downlink_port(r, k)),
+                    Node::Switch(Switch::Spine(j)),
+                    Hop::LeafUp { rack: r, spine: j, link: k },
+                    Hop::SpineDown { spine: j, rack: r, link: k },
                 );
             }
         }
         for j in 1..=f.spines {
             for a in 1..=f.aggs {
-                let (spine, agg) = (Switch::Spine(j), Switch::Agg(a));
                 both(
-                    Node::Switch(spine),
-                    Node::Switch(agg),
-                    link(Tier::SpineUp, spine, Fabric::agg_port(a)),
-                    link(Tier::AggDown, agg, Fabric::spine_port(j)),
+                    Node::Switch(Switch::Spine(j)),
+                    Node::Switch(Switch::Agg(a)),
+                    Hop::SpineUp { spine: j, agg: a },
+                    Hop::AggDown { agg: a, spine: j },
                 );
             }
         }
@@ -97,50 +102,104 @@ impl Graph {
         self.edges.iter().position(|e| e.link.as_ref().is_some_and(|l| l.switch == switch && l.port == port))
     }
 
+    /// Every edge's index by its [`Hop`].
+    pub fn hop_index(&self) -> HashMap<Hop, usize> {
+        self.edges.iter().enumerate().map(|(i, e)| (e.hop, i)).collect()
+    }
+
     /// Every fewest-hop path from `src` to `dst` over the edges not in
-    /// `down`, as edge indexes, in a stable order.
+    /// `down`, as edge indexes, in edge order (small fabrics: their number
+    /// grows with every tier's width).
     pub fn shortest_paths(&self, src: Node, dst: Node, down: &[usize]) -> Vec<Vec<usize>> {
-        let usable = |e: usize| !down.contains(&e);
-        // Hop distance of every node to dst (edges walked backwards).
-        let mut dist: BTreeMap<Node, usize> = BTreeMap::from([(dst, 0)]);
-        let mut queue = VecDeque::from([dst]);
-        while let Some(n) = queue.pop_front() {
-            let d = dist[&n];
-            for (i, e) in self.edges.iter().enumerate() {
-                if e.to == n && usable(i) && !dist.contains_key(&e.from) {
-                    dist.insert(e.from, d + 1);
-                    queue.push_back(e.from);
-                }
-            }
-        }
+        let a = Adjacency::new(self, down);
+        let (Some(&s), Some(&d)) = (a.index.get(&src), a.index.get(&dst)) else { return Vec::new() };
+        let dist = a.distances_to(d);
         let mut out = Vec::new();
-        let mut stack: Vec<(Node, Vec<usize>)> = vec![(src, Vec::new())];
-        if !dist.contains_key(&src) {
-            return out;
-        }
+        let mut stack: Vec<(usize, Vec<usize>)> = vec![(s, Vec::new())];
         while let Some((n, path)) = stack.pop() {
-            if n == dst {
+            if n == d {
                 out.push(path);
                 continue;
             }
-            let d = dist[&n];
-            // Hosts only send and receive: a path never passes through one.
-            let next: Vec<usize> = (0..self.edges.len())
-                .filter(|&i| {
-                    let e = &self.edges[i];
-                    e.from == n
-                        && usable(i)
-                        && dist.get(&e.to) == Some(&(d - 1))
-                        && (e.to == dst || matches!(e.to, Node::Switch(_)))
-                })
-                .collect();
-            for &i in next.iter().rev() {
+            let next: Vec<usize> = a.dag_out(n, d, &dist).collect();
+            for &e in next.iter().rev() {
                 let mut p = path.clone();
-                p.push(i);
-                stack.push((self.edges[i].to, p));
+                p.push(e);
+                stack.push((a.to[e], p));
             }
         }
         out
+    }
+}
+
+/// The usable edges of a graph as adjacency lists over numbered nodes.
+struct Adjacency {
+    index: HashMap<Node, usize>,
+    is_host: Vec<bool>,
+    /// Per node, its usable out-edges in edge order.
+    out: Vec<Vec<usize>>,
+    /// Per node, the nodes with a usable edge into it.
+    preds: Vec<Vec<usize>>,
+    to: Vec<usize>,
+}
+
+const UNREACHED: u32 = u32::MAX;
+
+impl Adjacency {
+    fn new(g: &Graph, down: &[usize]) -> Self {
+        let mut index = HashMap::new();
+        let mut is_host = Vec::new();
+        let mut id = |n: Node| {
+            *index.entry(n).or_insert_with(|| {
+                is_host.push(matches!(n, Node::Host(..)));
+                is_host.len() - 1
+            })
+        };
+        let ends: Vec<(usize, usize)> = g.edges.iter().map(|e| (id(e.from), id(e.to))).collect();
+        let mut out = vec![Vec::new(); is_host.len()];
+        let mut preds = vec![Vec::new(); is_host.len()];
+        let mut down_set = vec![false; ends.len()];
+        for &e in down {
+            if let Some(d) = down_set.get_mut(e) {
+                *d = true;
+            }
+        }
+        for (e, &(from, to)) in ends.iter().enumerate() {
+            if !down_set[e] {
+                out[from].push(e);
+                preds[to].push(from);
+            }
+        }
+        Self { index, is_host, out, preds, to: ends.iter().map(|&(_, t)| t).collect() }
+    }
+
+    /// Hops from every node to `target`, walking edges backwards; a host
+    /// is an end, never a node a path passes through.
+    fn distances_to(&self, target: usize) -> Vec<u32> {
+        let mut dist = vec![UNREACHED; self.out.len()];
+        dist[target] = 0;
+        let mut queue = VecDeque::from([target]);
+        while let Some(n) = queue.pop_front() {
+            if n != target && self.is_host[n] {
+                continue;
+            }
+            for &p in &self.preds[n] {
+                if dist[p] == UNREACHED {
+                    dist[p] = dist[n] + 1;
+                    queue.push_back(p);
+                }
+            }
+        }
+        dist
+    }
+
+    /// The out-edges of `n` on a fewest-hop path to `dst` (`dist` is
+    /// [`Adjacency::distances_to`] of `dst`).
+    fn dag_out<'a>(&'a self, n: usize, dst: usize, dist: &'a [u32]) -> impl Iterator<Item = usize> + 'a {
+        self.out[n].iter().copied().filter(move |&e| {
+            let t = self.to[e];
+            dist[n] != UNREACHED && dist[t] != UNREACHED && dist[t] + 1 == dist[n] && (t == dst || !self.is_host[t])
+        })
     }
 }
 
@@ -171,37 +230,137 @@ impl Routing {
     }
 }
 
+/// Utilizations within this (relative) count as equal.
+const EPS: f64 = 1e-9;
+
 /// Places every demand on `g` without the edges in `down` (see the module).
 pub fn cspf(g: &Graph, demands: &[Demand], down: &[usize]) -> Routing {
+    let a = Adjacency::new(g, down);
     let mut load = vec![0.0; g.edges.len()];
     let mut paths = vec![None; demands.len()];
     let mut fits = vec![false; demands.len()];
     let mut order: Vec<usize> = (0..demands.len()).collect();
-    order.sort_by(|&a, &b| demands[b].load.total_cmp(&demands[a].load).then(a.cmp(&b)));
-    let mut candidates: BTreeMap<(Node, Node), Vec<Vec<usize>>> = BTreeMap::new();
+    order.sort_by(|&x, &y| demands[y].load.total_cmp(&demands[x].load).then(x.cmp(&y)));
+    // Distances to a destination, by destination (a ring has one per host).
+    let mut distances: HashMap<usize, Vec<u32>> = HashMap::new();
+    let mut search = Search::new(a.out.len());
     for i in order {
         let d = demands[i];
-        let options = candidates.entry((d.src, d.dst)).or_insert_with(|| g.shortest_paths(d.src, d.dst, down));
-        // (room for it, busiest utilization after, total utilization after, index)
-        let score = |p: &Vec<usize>| {
-            let room = p.iter().all(|&e| load[e] + d.load <= g.edges[e].capacity * (1.0 + 1e-9));
-            let after: Vec<f64> = p.iter().map(|&e| (load[e] + d.load) / g.edges[e].capacity).collect();
-            (room, after.iter().copied().fold(0.0, f64::max), after.iter().sum::<f64>())
-        };
-        let best = options.iter().enumerate().min_by(|(ia, a), (ib, b)| {
-            let (ra, ma, sa) = score(a);
-            let (rb, mb, sb) = score(b);
-            rb.cmp(&ra).then(ma.total_cmp(&mb)).then(sa.total_cmp(&sb)).then(ia.cmp(ib))
-        });
-        if let Some((_, p)) = best {
-            fits[i] = score(p).0;
-            for &e in p {
-                load[e] += d.load;
-            }
-            paths[i] = Some(p.clone());
+        let (Some(&src), Some(&dst)) = (a.index.get(&d.src), a.index.get(&d.dst)) else { continue };
+        let dist = distances.entry(dst).or_insert_with(|| a.distances_to(dst));
+        if dist[src] == UNREACHED || src == dst {
+            continue;
         }
+        let after = |e: usize| (load[e] + d.load) / g.edges[e].capacity;
+        let p = search.least_loaded(&a, src, dst, dist, after);
+        fits[i] = p.iter().all(|&e| load[e] + d.load <= g.edges[e].capacity * (1.0 + EPS));
+        for &e in &p {
+            load[e] += d.load;
+        }
+        paths[i] = Some(p);
     }
     Routing { paths, fits, load }
+}
+
+/// The memo of one flow's dynamic program, reused from flow to flow.
+struct Search {
+    /// Per node: the stamp of the flow that computed `worst` and `total`.
+    stamp: Vec<u32>,
+    /// Lowest busiest-link utilization from the node to the destination.
+    worst: Vec<f64>,
+    /// Lowest sum of utilizations among the paths that achieve the flow's `worst`.
+    total: Vec<f64>,
+    total_stamp: Vec<u32>,
+    now: u32,
+}
+
+impl Search {
+    fn new(nodes: usize) -> Self {
+        Self {
+            stamp: vec![0; nodes],
+            worst: vec![0.0; nodes],
+            total: vec![0.0; nodes],
+            total_stamp: vec![0; nodes],
+            now: 0,
+        }
+    }
+
+    /// The fewest-hop path of least (busiest, total) utilization after
+    /// adding the flow, the first in edge order among equals.
+    fn least_loaded(
+        &mut self,
+        a: &Adjacency,
+        src: usize,
+        dst: usize,
+        dist: &[u32],
+        after: impl Fn(usize) -> f64 + Copy,
+    ) -> Vec<usize> {
+        self.now += 1;
+        (self.worst[dst], self.total[dst]) = (0.0, 0.0);
+        let best = self.worst(a, src, dst, dist, after);
+        let limit = best + EPS * best.max(1.0);
+        self.total(a, src, dst, dist, after, limit);
+        let mut path = Vec::new();
+        let mut n = src;
+        while n != dst {
+            let e = a
+                .dag_out(n, dst, dist)
+                .find(|&e| {
+                    let t = a.to[e];
+                    let u = after(e);
+                    u <= limit
+                        && self.worst[t] <= limit
+                        && (u + self.total[t] - self.total[n]).abs() <= EPS * self.total[n].max(1.0)
+                })
+                .expect("the search found a path through this node");
+            path.push(e);
+            n = a.to[e];
+        }
+        path
+    }
+
+    fn worst(&mut self, a: &Adjacency, n: usize, dst: usize, dist: &[u32], after: impl Fn(usize) -> f64 + Copy) -> f64 {
+        if n == dst {
+            return 0.0;
+        }
+        if self.stamp[n] == self.now {
+            return self.worst[n];
+        }
+        let mut best = f64::INFINITY;
+        for e in a.dag_out(n, dst, dist) {
+            best = best.min(after(e).max(self.worst(a, a.to[e], dst, dist, after)));
+        }
+        self.stamp[n] = self.now;
+        self.worst[n] = best;
+        best
+    }
+
+    fn total(
+        &mut self,
+        a: &Adjacency,
+        n: usize,
+        dst: usize,
+        dist: &[u32],
+        after: impl Fn(usize) -> f64 + Copy,
+        limit: f64,
+    ) -> f64 {
+        if n == dst {
+            return 0.0;
+        }
+        if self.total_stamp[n] == self.now {
+            return self.total[n];
+        }
+        let mut best = f64::INFINITY;
+        for e in a.dag_out(n, dst, dist) {
+            let t = a.to[e];
+            if after(e) <= limit && self.worst[t] <= limit {
+                best = best.min(after(e) + self.total(a, t, dst, dist, after, limit));
+            }
+        }
+        self.total_stamp[n] = self.now;
+        self.total[n] = best;
+        best
+    }
 }
 
 #[cfg(test)]
@@ -266,5 +425,47 @@ mod tests {
         let first_hop = |i: usize| r.paths[i].as_ref().unwrap()[1];
         assert_ne!(first_hop(1), first_hop(2));
         assert!(r.fits.iter().all(|f| *f));
+    }
+
+    #[test]
+    fn cspf_search_equals_trying_every_path() {
+        // Uneven loads on a two-zone fabric: the dynamic program picks what
+        // scoring every fewest-hop path would (busiest, then total, then order).
+        let f = Fabric { racks: 4, hosts: 2, spines: 4, zones: 2, aggs: 2, links: 2, ..fabric(4, 2, 4) };
+        let mut g = Graph::fabric(&f, 10.0);
+        for (i, e) in g.edges.iter_mut().enumerate() {
+            e.capacity = 5.0 + (i * 7 % 11) as f64;
+        }
+        let hosts: Vec<Node> = (1..=4).flat_map(|r| (1..=2).map(move |i| Node::Host(r, i))).collect();
+        let demands: Vec<Demand> = (0..40)
+            .map(|k| Demand { src: hosts[k % 8], dst: hosts[(k * 3 + 1) % 8], load: 1.0 + (k % 5) as f64 })
+            .filter(|d| d.src != d.dst)
+            .collect();
+        let r = cspf(&g, &demands, &[]);
+        // Replay the placement, scoring every path at each flow's turn.
+        let mut load = vec![0.0; g.edges.len()];
+        let mut order: Vec<usize> = (0..demands.len()).collect();
+        order.sort_by(|&x, &y| demands[y].load.total_cmp(&demands[x].load).then(x.cmp(&y)));
+        for i in order {
+            let d = demands[i];
+            let score = |p: &Vec<usize>| {
+                let u: Vec<f64> = p.iter().map(|&e| (load[e] + d.load) / g.edges[e].capacity).collect();
+                (u.iter().copied().fold(0.0, f64::max), u.iter().sum::<f64>())
+            };
+            let paths = g.shortest_paths(d.src, d.dst, &[]);
+            let best = paths
+                .iter()
+                .min_by(|a, b| {
+                    let ((ma, sa), (mb, sb)) = (score(a), score(b));
+                    ma.total_cmp(&mb).then(sa.total_cmp(&sb))
+                })
+                .unwrap();
+            let got = r.paths[i].as_ref().unwrap();
+            assert_eq!(score(got), score(best), "demand {i}");
+            for &e in got {
+                load[e] += d.load;
+            }
+        }
+        assert_eq!(load, r.load);
     }
 }

@@ -22,7 +22,10 @@
 //! over its `qps` QPs; each message is one RDMA WRITE of
 //! [`packets_of`] packets.
 
+use rocev2_common::{bth::ROCEV2_UDP_PORT, hash::FlowKey};
 use serde::{Deserialize, Serialize};
+
+use crate::{control::decision::PacketFields, tools::fabric::Fabric};
 
 pub mod cspf;
 
@@ -66,6 +69,29 @@ impl Op {
             Op::Allreduce => 2.0 * (n - 1.0) / n,
             Op::Alltoall => (n - 1.0) / n,
             Op::Incast => 1.0,
+        }
+    }
+
+    /// Steps of the collective over `n` ranks: 2(n-1) for the ring, 1 otherwise.
+    pub fn steps(self, n: usize) -> usize {
+        match self {
+            Op::Allreduce => 2 * (n - 1),
+            Op::Alltoall | Op::Incast => 1,
+        }
+    }
+
+    /// The transfers of every step (the ring's steps are all alike) over
+    /// `n` ranks, for `size` bytes per rank.
+    pub fn step_transfers(self, n: usize, size: u64) -> Vec<Transfer> {
+        let share = |parts: usize| size.div_ceil(parts as u64);
+        match self {
+            Op::Allreduce => (0..n).map(|k| Transfer { src: k, dst: (k + 1) % n, bytes: share(n) }).collect(),
+            Op::Alltoall => (0..n)
+                .flat_map(|s| {
+                    (0..n).filter(move |&d| d != s).map(move |d| Transfer { src: s, dst: d, bytes: share(n) })
+                })
+                .collect(),
+            Op::Incast => (1..n).map(|s| Transfer { src: s, dst: 0, bytes: share(n - 1) }).collect(),
         }
     }
 
@@ -161,24 +187,7 @@ impl Plan {
         if chunk < MTU_PAYLOAD {
             return Err(format!("--chunk {chunk} is smaller than one packet's {MTU_PAYLOAD} bytes"));
         }
-        let share = |parts: usize| size.div_ceil(parts as u64);
-        let steps = match op {
-            Op::Allreduce => {
-                let ring: Vec<Transfer> =
-                    (0..n).map(|k| Transfer { src: k, dst: (k + 1) % n, bytes: share(n) }).collect();
-                vec![Step { transfers: ring }; 2 * (n - 1)]
-            }
-            Op::Alltoall => vec![Step {
-                transfers: (0..n)
-                    .flat_map(|s| {
-                        (0..n).filter(move |&d| d != s).map(move |d| Transfer { src: s, dst: d, bytes: share(n) })
-                    })
-                    .collect(),
-            }],
-            Op::Incast => {
-                vec![Step { transfers: (1..n).map(|s| Transfer { src: s, dst: 0, bytes: share(n - 1) }).collect() }]
-            }
-        };
+        let steps = vec![Step { transfers: op.step_transfers(n, size) }; op.steps(n)];
         Ok(Self { op, size, ranks, qps, chunk, steps })
     }
 
@@ -197,6 +206,20 @@ impl Plan {
                 qp: (index % self.qps as usize) as u32,
             })
             .collect()
+    }
+
+    /// The bytes each (source rank, destination rank, QP) carries over the
+    /// whole collective: `lab te`'s traffic matrix.
+    pub fn traffic_matrix(&self) -> std::collections::BTreeMap<(usize, usize, u32), u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for (s, step) in self.steps.iter().enumerate() {
+            for t in &step.transfers {
+                for msg in self.messages(s, t) {
+                    *m.entry((t.src, t.dst, msg.qp)).or_default() += msg.bytes;
+                }
+            }
+        }
+        m
     }
 
     /// Every message the connection `src -> dst` carries on its QP `qp`,
@@ -259,13 +282,9 @@ impl Plan {
     /// rate (its rate less the frame overhead of [`packets_of`]).
     pub fn ideal_busbw(&self, link_bps: u64, v6: bool) -> f64 {
         let (mut payload, mut wire) = (0u64, 0u64);
-        for (s, step) in self.steps.iter().enumerate() {
-            for t in &step.transfers {
-                for m in self.messages(s, t) {
-                    payload += m.bytes;
-                    wire += wire_bytes(m.bytes, v6);
-                }
-            }
+        for t in self.steps.iter().flat_map(|s| &s.transfers) {
+            payload += t.bytes;
+            wire += transfer_wire_bytes(t.bytes, self.chunk, v6);
         }
         link_bps as f64 / 8.0 * payload as f64 / wire.max(1) as f64
     }
@@ -296,6 +315,36 @@ pub fn packets_of(bytes: u64) -> u64 {
 pub fn wire_bytes(bytes: u64, v6: bool) -> u64 {
     let overhead = if v6 { FRAME_OVERHEAD_V6 } else { FRAME_OVERHEAD_V4 };
     bytes + packets_of(bytes) * overhead + RETH_BYTES
+}
+
+/// Frame bytes a transfer of `bytes` puts on a link, in messages of at
+/// most `chunk` bytes.
+pub fn transfer_wire_bytes(bytes: u64, chunk: u64, v6: bool) -> u64 {
+    let (full, last) = (bytes / chunk, bytes % chunk);
+    full * wire_bytes(chunk, v6) + if last > 0 { wire_bytes(last, v6) } else { 0 }
+}
+
+/// The UDP source port the lab's RC endpoints give QP number `qpn`: the
+/// Linux/NIC derivation from both QP numbers, which are equal because both
+/// ends number a QP alike ([`qp_number`]).
+pub fn qp_source_port(qpn: u32) -> u16 {
+    crate::tools::gen::nic_sport(qpn, qpn)
+}
+
+/// The flow key every switch hashes for the data packets of QP number
+/// `qpn` from host `src` to host `dst` (the fabric's addresses, the
+/// RoCEv2 port, the QP's source port and DestQP): what the simulator
+/// places and what the lab's endpoints send.
+pub fn qp_flow_key(src: Host, dst: Host, qpn: u32, v6: bool) -> FlowKey {
+    let fields = PacketFields {
+        src: Fabric::host_addr(src.0, src.1, v6),
+        dst: Fabric::host_addr(dst.0, dst.1, v6),
+        protocol: 17,
+        src_port: qp_source_port(qpn),
+        dst_port: ROCEV2_UDP_PORT,
+        dest_qp: Some(qpn),
+    };
+    fields.flow_key().expect("both addresses are of one family")
 }
 
 /// The 24-bit QP number of QP `q` of the connection `src -> dst` (ranks):
@@ -382,5 +431,18 @@ mod tests {
             assert!(qp_number(s, d, q) <= 0xFF_FFFF);
         }
         assert_ne!(control_qp_number(1, 2), qp_number(1, 2, 0));
+    }
+
+    #[test]
+    fn collective_qp_flow_key_is_what_the_endpoints_send() {
+        let qpn = qp_number(3, 4, 2);
+        let key = qp_flow_key((1, 2), (2, 2), qpn, false);
+        let expect = FlowKey::v4([10, 1, 2, 1], [10, 2, 2, 1], 17, crate::tools::gen::nic_sport(qpn, qpn), 4791)
+            .with_dest_qp(qpn);
+        assert_eq!(key, expect);
+        assert!(qp_source_port(qpn) >= 0xC000);
+        // A transfer's frames: 2 full chunks and a 1-byte tail.
+        let t = transfer_wire_bytes(2 * DEFAULT_CHUNK + 1, DEFAULT_CHUNK, false);
+        assert_eq!(t, 2 * (DEFAULT_CHUNK + 128 * 58 + 16) + (1 + 58 + 16));
     }
 }

@@ -1,7 +1,7 @@
 //! XDP live frames (BPF_PROG_RUN): the fast sender, and the dispatcher
 //! hold that keeps each call cheap.
 
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the parent's items and imports, of which this part uses some")]
 use super::*;
 
 /// Keeps an XDP program registered in the kernel's XDP dispatcher while it

@@ -1,6 +1,6 @@
 //! Pacing the sender to a rate, and pinning it to a CPU.
 
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "the parent's items and imports, of which this part uses some")]
 use super::*;
 
 /// A token bucket on the monotonic clock: `rate` tokens per second, at most

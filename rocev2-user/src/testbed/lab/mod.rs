@@ -1,0 +1,876 @@
+//! `rocev2 lab up|down|status`: a persistent leaf-spine lab in network
+//! namespaces for trying the dataplane by hand (a class, a demo).
+//!
+//! ```text
+//!  [<name>-h1] eth0 --- h1 [<name>-rtsw] s1l1 --- r1 [<name>-s1] dst --- s1 [<name>-dst]
+//!  [<name>-h2] eth0 --- h2  (rocev2 XDP) s1l2 --- r2                         lo: 10.1.0.1
+//!                                       s2l1 --- r1 [<name>-s2] dst --- s2      fd01::1
+//!                                        ...
+//! ```
+//! Host i has 10.0.i.1/24 and fd00:i::1/64; the RTSW has .254 / ::fe on that
+//! link. Uplink k to spine j uses 10.100.(16j+k).0/24 and fd64:j:k::/64 (RTSW
+//! .1/::1, spine .2/::2). Spine j reaches the destination rack over
+//! 10.200.j.0/24 and fdc8:j::/64 (spine .1, dst .2). Spines forward in the
+//! kernel; the RTSW does not: with `rocev2 run` on it, every RTSW link is a
+//! `[[port]]`, uplinks form group "spines" (routes 10.1.0.0/16, fd01::/64)
+//! and each host link is group `host<i>` (routes 10.0.i.0/24, fd00:i::/64),
+//! so both directions go through XDP.
+//!
+//! Unlike [`crate::sys::netns::Netns`], these namespaces outlive the command:
+//! everything made is recorded in `/run/rocev2/lab-<name>.json` and `lab down`
+//! removes exactly that.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::ErrorKind,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+use rocev2_common::hash::HashMode;
+use serde::{Deserialize, Serialize};
+
+use crate::sys::netns::ip;
+
+pub(crate) use crate::sys::paths::RUN_DIR;
+const MAX_NAME: usize = 8;
+const MAX_HOSTS: u32 = 250;
+const MAX_SPINES: u32 = 15;
+const MAX_LINKS_PER_SPINE: u32 = 15;
+/// Port slots the dataplane has (1..64).
+const MAX_PORTS: u32 = 63;
+const MAX_MEMBERS: u32 = 128;
+
+pub const DEST_V4: &str = "10.1.0.1";
+pub const DEST_V6: &str = "fd01::1";
+/// The destination rack's prefixes (routed by the RTSW to the spines).
+pub const DEST_PREFIX_V4: &str = "10.1.0.0/16";
+pub const DEST_PREFIX_V6: &str = "fd01::/64";
+
+mod bgp;
+pub mod fabric;
+
+use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
+pub use super::topology::{NsPlan, VethPlan};
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum LabCommand {
+    /// Build the lab's namespaces and links and write the RTSW's dataplane config.
+    Up(LabUpArgs),
+    /// Remove every namespace and file `lab up` made.
+    Down(LabNameArgs),
+    /// Show the lab's namespaces, links, addresses and whether a dataplane is attached
+    /// (a fabric: every switch's dataplane and counters).
+    Status(LabNameArgs),
+    /// Run a collective's traffic over a fabric (`lab up --racks`): a generator on
+    /// every host, a sink checking every packet, per-link loads by tier.
+    Traffic(fabric::LabTrafficArgs),
+    /// Run a collective (ring AllReduce, all-to-all, incast) over a fabric
+    /// with rated links: an RC endpoint on every host, every packet checked;
+    /// completion time, algorithm and bus bandwidth, per-step times, the
+    /// busiest link, ECN marks, drops and retransmissions.
+    Collective(fabric::LabCollectiveArgs),
+    /// Set how a fabric's switches spread traffic (five-tuple, qp, slice,
+    /// flowlet, transport-aware): rewrites every switch's config and
+    /// restarts its dataplane.
+    Mode(fabric::balance::LabModeArgs),
+    /// Centralized TE: per-QP paths for a collective's traffic matrix from
+    /// CSPF, pinned on every switch; recomputed when a link fails (--fail).
+    Te(fabric::te::LabTeArgs),
+    /// Fail a fabric link (both directions) or bring it back.
+    Link(fabric::te::LabLinkArgs),
+    /// A fabric's per-link loads by tier from every switch's member counters.
+    Stats(fabric::LabStatsArgs),
+}
+
+impl LabCommand {
+    /// The subcommand as typed, for messages: `lab up`, `lab down`, `lab status`.
+    pub fn as_typed(&self) -> &'static str {
+        match self {
+            Self::Up(_) => "lab up",
+            Self::Down(_) => "lab down",
+            Self::Status(_) => "lab status",
+            Self::Traffic(_) => "lab traffic",
+            Self::Collective(_) => "lab collective",
+            Self::Mode(_) => "lab mode",
+            Self::Te(_) => "lab te",
+            Self::Link(_) => "lab link",
+            Self::Stats(_) => "lab stats",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabUpArgs {
+    /// Prefix of every namespace and file the lab makes: 1-8 of [a-z0-9].
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// Hosts behind the source rack switch (RTSW).
+    #[arg(long, default_value_t = 2)]
+    pub hosts: u32,
+    /// Spine namespaces.
+    #[arg(long, default_value_t = 2)]
+    pub spines: u32,
+    /// Parallel links between the RTSW and each spine (each one an ECMP member).
+    #[arg(long, default_value_t = 1)]
+    pub links_per_spine: u32,
+    /// Address families to configure.
+    #[arg(long, value_enum, default_value = "both")]
+    pub family: LabFamily,
+    /// Hash mode written into the generated dataplane config.
+    #[arg(long, value_enum, default_value_t = HashMode::Qp)]
+    pub hash: HashMode,
+    /// Where to write the RTSW's dataplane config (default `/run/rocev2/lab-<name>/rtsw.toml`).
+    #[arg(long, value_name = "FILE")]
+    pub config_out: Option<PathBuf>,
+    /// How the RTSW learns the route to the destination: `static` (a
+    /// `[[route]]` in its config) or `bgp` (FRR on the RTSW and every
+    /// spine, eBGP per link; rocev2 follows the kernel routes zebra installs).
+    #[arg(long, value_enum, default_value = "static")]
+    pub routing: LabRouting,
+    /// Build a fabric of this many racks (each `--hosts` hosts behind a leaf,
+    /// `--spines` spines, `--links-per-spine` links per leaf-spine pair) with
+    /// rocev2 running on every switch. Without it: the single-rack lab.
+    #[arg(long)]
+    pub racks: Option<u32>,
+    /// Fabric hash seeds: `same` on every switch (shows polarization) or
+    /// `auto` (each switch's own, from its port MACs).
+    #[arg(long, value_enum, default_value = "auto", requires = "racks")]
+    pub seed: crate::tools::fabric::SeedPlan,
+    /// With `--routing bgp` in a fabric: BGP unnumbered, one session per
+    /// link over IPv6 link-local addresses carrying both families (IPv4
+    /// routes get IPv6 next hops, RFC 5549).
+    #[arg(long, requires = "racks")]
+    pub unnumbered: bool,
+    /// Split the fabric's racks and spines into this many zones, joined by
+    /// `--aggs` aggregation switches (a third tier).
+    #[arg(long, default_value_t = 1, requires = "racks")]
+    pub zones: u32,
+    /// Aggregation switches joining the zones, each linked to every spine
+    /// (default 2 with `--zones` 2 or more).
+    #[arg(long, requires = "zones")]
+    pub aggs: Option<u32>,
+    /// Rated links: a rate and a buffer on every fabric link.
+    #[command(flatten)]
+    pub links: fabric::links::LinkArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabRouting {
+    Static,
+    Bgp,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabNameArgs {
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+}
+
+/// The address families of a lab (one type with the fabric simulator's).
+pub use crate::tools::fabric::Family as LabFamily;
+
+pub fn run(cmd: &LabCommand) -> Result<()> {
+    match cmd {
+        LabCommand::Up(args) => {
+            let built = up(args)?;
+            print!("{built}");
+            Ok(())
+        }
+        LabCommand::Down(args) => {
+            print!("{}", down(&args.name)?);
+            Ok(())
+        }
+        LabCommand::Status(args) => {
+            print!("{}", status(&args.name)?);
+            Ok(())
+        }
+        LabCommand::Traffic(args) => fabric::traffic(args).map(|_| ()),
+        LabCommand::Collective(args) => {
+            let report = fabric::collective(args)?;
+            if !report.complete {
+                anyhow::bail!("the collective did not complete");
+            }
+            Ok(())
+        }
+        LabCommand::Stats(args) => fabric::stats(args),
+        LabCommand::Mode(args) => fabric::balance::mode(args),
+        LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
+        LabCommand::Link(args) => fabric::te::link(args),
+    }
+}
+
+/// What `lab up` made; also what `lab down` removes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LabRecord {
+    pub name: String,
+    /// In creation order.
+    pub namespaces: Vec<String>,
+    pub files: Vec<PathBuf>,
+    /// Directories made for the files; removed when empty.
+    pub dirs: Vec<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub pin_dir: PathBuf,
+    /// FRR state directories (`--routing bgp`), removed with their contents
+    /// once the namespaces (and so the daemons) are gone.
+    #[serde(default)]
+    pub frr_dirs: Vec<PathBuf>,
+    /// A fabric lab (`lab up --racks`): its shape, for `lab traffic` and `lab stats`.
+    #[serde(default)]
+    pub fabric: Option<crate::tools::fabric::Fabric>,
+    /// A fabric's dataplanes, one per switch.
+    #[serde(default)]
+    pub switches: Vec<fabric::SwitchRecord>,
+    /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
+    #[serde(default)]
+    pub rated: Option<fabric::links::RatedLinks>,
+    /// A fabric's load-balancing mode when `lab mode` or `lab te` set one.
+    #[serde(default)]
+    pub balance: Option<fabric::balance::Balance>,
+}
+
+pub fn record_path(name: &str) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("lab-{name}.json"))
+}
+
+impl LabRecord {
+    pub fn read(name: &str) -> Result<Self> {
+        let path = record_path(name);
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                bail!(
+                    "no lab named {name:?} ({} does not exist); start one with `rocev2 lab up --name {name}`",
+                    path.display()
+                )
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        serde_json::from_slice(&text).with_context(|| format!("{} is not a rocev2 lab record", path.display()))
+    }
+
+    pub(crate) fn write(&self) -> Result<()> {
+        fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
+        let path = record_path(&self.name);
+        let tmp = path.with_extension("json.tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+        fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+impl NamespaceOwner for LabRecord {
+    fn made(&mut self, name: &str) -> Result<()> {
+        self.namespaces.push(name.to_owned());
+        self.write()
+    }
+}
+
+/// Makes `dir` (and records it for `lab down`) unless it exists.
+pub(super) fn make_dir(dir: &Path, record: &mut LabRecord) -> Result<()> {
+    if !dir.as_os_str().is_empty() && !dir.exists() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        record.dirs.push(dir.to_path_buf());
+        record.write()?;
+    }
+    Ok(())
+}
+
+/// Writes a file `lab down` removes (recorded before it exists).
+pub(super) fn write_file(path: &Path, text: &str, record: &mut LabRecord) -> Result<()> {
+    record.files.push(path.to_path_buf());
+    record.write()?;
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+// ---------------------------------------------------------------------------
+// The plan: everything `up` will make, computed without touching the system.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct LabPlan {
+    pub name: String,
+    pub family: LabFamily,
+    pub namespaces: Vec<NsPlan>,
+    pub links: Vec<VethPlan>,
+    pub config_path: PathBuf,
+    pub config_text: String,
+    pub pin_dir: PathBuf,
+    /// With `--routing bgp`: every switch's FRR config, the RTSW first.
+    pub bgp: Vec<bgp::BgpSpeaker>,
+}
+
+pub fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+        bail!("lab name {name:?} must be 1-{MAX_NAME} characters of a-z and 0-9");
+    }
+    Ok(())
+}
+
+pub fn rtsw_host_mac(i: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x10, 0x00, i as u8]
+}
+fn host_mac(i: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x20, 0x00, i as u8]
+}
+fn rtsw_uplink_mac(j: u32, k: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x11, j as u8, k as u8]
+}
+fn spine_uplink_mac(j: u32, k: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x12, j as u8, k as u8]
+}
+fn spine_dst_mac(j: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x13, 0x00, j as u8]
+}
+fn dst_spine_mac(j: u32) -> [u8; 6] {
+    [0x02, 0x52, 0x32, 0x14, 0x00, j as u8]
+}
+
+impl LabPlan {
+    pub fn new(args: &LabUpArgs) -> Result<Self> {
+        let name = args.name.as_str();
+        validate_name(name)?;
+        let (hosts, spines, links) = (args.hosts, args.spines, args.links_per_spine);
+        if !(1..=MAX_HOSTS).contains(&hosts) {
+            bail!("--hosts must be 1..={MAX_HOSTS}, not {hosts}");
+        }
+        if !(1..=MAX_SPINES).contains(&spines) {
+            bail!("--spines must be 1..={MAX_SPINES}, not {spines}");
+        }
+        if !(1..=MAX_LINKS_PER_SPINE).contains(&links) {
+            bail!("--links-per-spine must be 1..={MAX_LINKS_PER_SPINE}, not {links}");
+        }
+        if spines * links > MAX_MEMBERS {
+            bail!(
+                "{spines} spines x {links} links = {} uplinks, more than a group's {MAX_MEMBERS} members",
+                spines * links
+            );
+        }
+        if hosts + spines * links > MAX_PORTS {
+            bail!(
+                "{hosts} hosts + {} uplinks = {} RTSW ports, more than the dataplane's {MAX_PORTS}",
+                spines * links,
+                hosts + spines * links
+            );
+        }
+        let fam = args.family;
+        let ns = |suffix: &str| format!("{name}-{suffix}");
+        let pick = |v4: Vec<String>, v6: Vec<String>| -> Vec<String> {
+            let mut out = Vec::new();
+            if fam.v4() {
+                out.extend(v4);
+            }
+            if fam.v6() {
+                out.extend(v6);
+            }
+            out
+        };
+
+        let rtsw = ns("rtsw");
+        let dst = ns("dst");
+        let mut namespaces = Vec::new();
+        let mut veths = Vec::new();
+        let mut ports = Vec::new();
+        let mut groups = String::new();
+        let mut routes = String::new();
+
+        // Hosts.
+        for i in 1..=hosts {
+            let h = ns(&format!("h{i}"));
+            let mut r = Vec::new();
+            if fam.v4() {
+                r.push(strs(&["route", "add", "default", "via", &format!("10.0.{i}.254"), "dev", "eth0"]));
+            }
+            if fam.v6() {
+                r.push(strs(&["-6", "route", "add", "default", "via", &format!("fd00:{i}::fe"), "dev", "eth0"]));
+            }
+            namespaces.push(NsPlan { name: h.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: r });
+            veths.push(VethPlan {
+                a_ns: rtsw.clone(),
+                a_if: format!("h{i}"),
+                a_mac: rtsw_host_mac(i),
+                a_addrs: pick(vec![format!("10.0.{i}.254/24")], vec![format!("fd00:{i}::fe/64")]),
+                b_ns: h,
+                b_if: "eth0".into(),
+                b_mac: host_mac(i),
+                b_addrs: pick(vec![format!("10.0.{i}.1/24")], vec![format!("fd00:{i}::1/64")]),
+                gro_b: true,
+            });
+            ports.push(format!("h{i}"));
+            let via = if fam.v4() { format!("10.0.{i}.1") } else { format!("fd00:{i}::1") };
+            let _ =
+                write!(groups, "\n[[group]]\nname = \"host{i}\"\nmembers = [{{ dev = \"h{i}\", via = \"{via}\" }}]\n");
+            if fam.v4() {
+                let _ = write!(routes, "\n[[route]]\nprefix = \"10.0.{i}.0/24\"\ngroup = \"host{i}\"\n");
+            }
+            if fam.v6() {
+                let _ = write!(routes, "\n[[route]]\nprefix = \"fd00:{i}::/64\"\ngroup = \"host{i}\"\n");
+            }
+        }
+
+        // The RTSW: no kernel forwarding, connected routes only.
+        namespaces
+            .insert(0, NsPlan { name: rtsw.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: vec![] });
+
+        // Spines and their links.
+        let mut spine_members = String::new();
+        let mut bgp_links = Vec::new();
+        let mut dst_hops_v4 = Vec::new();
+        let mut dst_hops_v6 = Vec::new();
+        for j in 1..=spines {
+            let s = ns(&format!("s{j}"));
+            let mut back_v4 = Vec::new();
+            let mut back_v6 = Vec::new();
+            for k in 1..=links {
+                let n = j * 16 + k;
+                let (rif, sif) = (format!("s{j}l{k}"), format!("r{k}"));
+                veths.push(VethPlan {
+                    a_ns: rtsw.clone(),
+                    a_if: rif.clone(),
+                    a_mac: rtsw_uplink_mac(j, k),
+                    a_addrs: pick(vec![format!("10.100.{n}.1/24")], vec![format!("fd64:{j}:{k}::1/64")]),
+                    b_ns: s.clone(),
+                    b_if: sif.clone(),
+                    b_mac: spine_uplink_mac(j, k),
+                    b_addrs: pick(vec![format!("10.100.{n}.2/24")], vec![format!("fd64:{j}:{k}::2/64")]),
+                    gro_b: true,
+                });
+                ports.push(rif.clone());
+                let via = if fam.v4() { format!("10.100.{n}.2") } else { format!("fd64:{j}:{k}::2") };
+                let _ = writeln!(spine_members, "  {{ dev = \"{rif}\", via = \"{via}\" }},");
+                bgp_links.push(bgp::LinkAddrs {
+                    spine: j,
+                    rtsw: pick(vec![format!("10.100.{n}.1")], vec![format!("fd64:{j}:{k}::1")]),
+                    far: pick(vec![format!("10.100.{n}.2")], vec![format!("fd64:{j}:{k}::2")]),
+                });
+                back_v4.push((format!("10.100.{n}.1"), sif.clone()));
+                back_v6.push((format!("fd64:{j}:{k}::1"), sif));
+            }
+            veths.push(VethPlan {
+                a_ns: s.clone(),
+                a_if: "dst".into(),
+                a_mac: spine_dst_mac(j),
+                a_addrs: pick(vec![format!("10.200.{j}.1/24")], vec![format!("fdc8:{j}::1/64")]),
+                b_ns: dst.clone(),
+                b_if: format!("s{j}"),
+                b_mac: dst_spine_mac(j),
+                b_addrs: pick(vec![format!("10.200.{j}.2/24")], vec![format!("fdc8:{j}::2/64")]),
+                gro_b: false,
+            });
+            dst_hops_v4.push((format!("10.200.{j}.1"), format!("s{j}")));
+            dst_hops_v6.push((format!("fdc8:{j}::1"), format!("s{j}")));
+            let mut r = Vec::new();
+            if fam.v4() {
+                r.push(route_args(false, "10.1.0.0/16", &[(format!("10.200.{j}.2"), "dst".into())]));
+                r.push(route_args(false, "10.0.0.0/8", &back_v4));
+            }
+            if fam.v6() {
+                r.push(route_args(true, "fd01::/64", &[(format!("fdc8:{j}::2"), "dst".into())]));
+                r.push(route_args(true, "fd00::/8", &back_v6));
+            }
+            namespaces.push(NsPlan { name: s, sysctls: base_sysctls(true), lo_addrs: vec![], routes: r });
+        }
+
+        // The destination rack: addresses on lo, routes back over every spine.
+        let mut r = Vec::new();
+        if fam.v4() {
+            r.push(route_args(false, "10.0.0.0/8", &dst_hops_v4));
+        }
+        if fam.v6() {
+            r.push(route_args(true, "fd00::/8", &dst_hops_v6));
+        }
+        namespaces.push(NsPlan {
+            name: dst,
+            sysctls: base_sysctls(false),
+            lo_addrs: pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
+            routes: r,
+        });
+
+        let pin_dir = crate::sys::paths::pin_dir_named(name);
+        let config_path =
+            args.config_out.clone().unwrap_or_else(|| Path::new(RUN_DIR).join(format!("lab-{name}")).join("rtsw.toml"));
+        let mut text = format!(
+            "# Written by `rocev2 lab up --name {name}` for namespace {rtsw}.\n\
+             # Run it with: rocev2 --netns {rtsw} run --config {cfg}\n\
+             [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
+            cfg = config_path.display(),
+            hash = args.hash,
+            pin = pin_dir.display(),
+        );
+        for p in &ports {
+            let _ = write!(text, "\n[[port]]\nname = \"{p}\"\n");
+        }
+        let bgp = args.routing == LabRouting::Bgp;
+        if bgp {
+            // The spines' paths come from BGP; the hosts keep their config
+            // routes (config routes and learned routes combine).
+            text.push_str("\n# Routes to the destination come from BGP (FRR) through the kernel table.\n[routing]\nsource = \"kernel\"\n");
+        } else {
+            let _ = write!(text, "\n[[group]]\nname = \"spines\"\nmembers = [\n{spine_members}]\n");
+        }
+        text.push_str(&groups);
+        if !bgp && fam.v4() {
+            let _ = write!(text, "\n[[route]]\nprefix = \"{DEST_PREFIX_V4}\"\ngroup = \"spines\"\n");
+        }
+        if !bgp && fam.v6() {
+            let _ = write!(text, "\n[[route]]\nprefix = \"{DEST_PREFIX_V6}\"\ngroup = \"spines\"\n");
+        }
+        text.push_str(&routes);
+        let speakers = if bgp {
+            bgp::speakers(&rtsw, |j| ns(&format!("s{j}")), &bgp_links, fam.v4(), fam.v6())
+        } else {
+            Vec::new()
+        };
+
+        Ok(Self {
+            name: name.to_owned(),
+            family: fam,
+            namespaces,
+            links: veths,
+            config_path,
+            config_text: text,
+            pin_dir,
+            bgp: speakers,
+        })
+    }
+
+    /// The commands to try the lab, one per line.
+    pub fn next_commands(&self) -> String {
+        let name = &self.name;
+        let (src, dst) = if self.family.v4() { ("10.0.1.1", DEST_V4) } else { ("fd00:1::1", DEST_V6) };
+        let cfg = self.config_path.display();
+        format!(
+            "  rocev2 --netns {name}-rtsw run --config {cfg}\n\
+             \x20 rocev2 --netns {name}-h1 gen --dev eth0 --dst-mac {mac} --src {src} --dst {dst} --qps 64\n\
+             \x20 rocev2 stats --config {cfg}\n\
+             \x20 rocev2 lab status --name {name}\n\
+             \x20 rocev2 lab down --name {name}\n",
+            mac = crate::sys::format_mac(&rtsw_host_mac(1)),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// up / down / status
+// ---------------------------------------------------------------------------
+
+/// Builds the lab described by `args`; returns the text to print. On
+/// failure everything made so far is removed again.
+pub fn up(args: &LabUpArgs) -> Result<String> {
+    if let Some(racks) = args.racks {
+        return fabric::up(args, racks);
+    }
+    let plan = LabPlan::new(args)?;
+    let name = &plan.name;
+    if record_path(name).exists() {
+        bail!(
+            "a lab named {name:?} already exists ({}); remove it first with `rocev2 lab down --name {name}`",
+            record_path(name).display()
+        );
+    }
+    if let Some(ns) = plan.namespaces.iter().find(|n| netns_exists(&n.name)) {
+        bail!(
+            "network namespace {:?} already exists but belongs to no lab record; pick another --name or remove it (`ip netns del {}`)",
+            ns.name,
+            ns.name
+        );
+    }
+    if plan.config_path.exists() {
+        bail!("{} already exists; remove it or choose another --config-out", plan.config_path.display());
+    }
+    let mut record = LabRecord { name: name.clone(), pin_dir: plan.pin_dir.clone(), ..Default::default() };
+    record.write()?;
+    let built = build(&plan, &mut record).and_then(|()| start_bgp(&plan, args, &mut record));
+    let bgp_line = match built {
+        Ok(line) => line,
+        Err(e) => {
+            if let Err(cleanup) = remove(&record) {
+                eprintln!("rocev2: warning: cleaning up the half-built lab: {cleanup:#}");
+            }
+            return Err(e.context(format!("building lab {name:?} failed; removed what was made")));
+        }
+    };
+
+    let mut out = format!("Lab {name:?} is up ({} namespaces):\n", plan.namespaces.len());
+    for ns in &plan.namespaces {
+        let mut ifaces = Vec::new();
+        for l in &plan.links {
+            if l.a_ns == ns.name {
+                ifaces.push(format!(
+                    "{} {} {} <-> {}/{}",
+                    l.a_if,
+                    crate::sys::format_mac(&l.a_mac),
+                    l.a_addrs.join(" "),
+                    l.b_ns,
+                    l.b_if
+                ));
+            }
+            if l.b_ns == ns.name {
+                ifaces.push(format!(
+                    "{} {} {} <-> {}/{}",
+                    l.b_if,
+                    crate::sys::format_mac(&l.b_mac),
+                    l.b_addrs.join(" "),
+                    l.a_ns,
+                    l.a_if
+                ));
+            }
+        }
+        if !ns.lo_addrs.is_empty() {
+            ifaces.push(format!("lo {}", ns.lo_addrs.join(" ")));
+        }
+        let _ = writeln!(out, "  {}", ns.name);
+        for i in ifaces {
+            let _ = writeln!(out, "      {i}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
+    );
+    if let Some(line) = bgp_line {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = writeln!(out, "Dataplane config: {}", plan.config_path.display());
+    let _ = writeln!(out, "Next:");
+    out.push_str(&plan.next_commands());
+    Ok(out)
+}
+
+fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
+    build_topology(&plan.namespaces, &plan.links, record)?;
+    if let Some(dir) = plan.config_path.parent() {
+        make_dir(dir, record)?;
+    }
+    write_file(&plan.config_path, &plan.config_text, record)?;
+    record.config = Some(plan.config_path.clone());
+    record.write()
+}
+
+/// `--routing bgp`: starts FRR on every switch and waits for the RTSW's
+/// routes. The state directories go in the record first, so `lab down`
+/// (or the cleanup of a failed `up`) removes them.
+fn start_bgp(plan: &LabPlan, args: &LabUpArgs, record: &mut LabRecord) -> Result<Option<String>> {
+    if plan.bgp.is_empty() {
+        return Ok(None);
+    }
+    let run_dir = plan.config_path.parent().unwrap_or(Path::new(RUN_DIR)).to_path_buf();
+    for s in &plan.bgp {
+        record.frr_dirs.push(bgp::state_dir(&run_dir, &s.netns));
+    }
+    record.write()?;
+    let paths = (args.spines * args.links_per_spine) as usize;
+    bgp::start(&plan.bgp, &run_dir, paths, plan.family.v4(), plan.family.v6()).map(Some)
+}
+
+fn remove(record: &LabRecord) -> Result<String> {
+    let mut log = String::new();
+    let mut errors = Vec::new();
+    for ns in record.namespaces.iter().rev() {
+        match remove_netns(ns, &mut log) {
+            Ok(true) => {
+                let _ = writeln!(log, "  removed namespace {ns}");
+            }
+            Ok(false) => {
+                let _ = writeln!(log, "  namespace {ns} was already gone");
+            }
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    // A dataplane stopped by SIGTERM unpins its maps; one that was killed leaves them.
+    for s in &record.switches {
+        match fs::remove_dir_all(&s.pin_dir) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}/ (left pinned)", s.pin_dir.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", s.pin_dir.display())),
+        }
+    }
+    for d in &record.frr_dirs {
+        match fs::remove_dir_all(d) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}/ (FRR state)", d.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", d.display())),
+        }
+    }
+    for f in &record.files {
+        match fs::remove_file(f) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}", f.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", f.display())),
+        }
+    }
+    for d in record.dirs.iter().rev() {
+        match fs::remove_dir(d) {
+            Ok(()) => {
+                let _ = writeln!(log, "  removed {}/", d.display());
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => {
+                let _ = writeln!(log, "  left {} in place: {e}", d.display());
+            }
+        }
+    }
+    if !errors.is_empty() {
+        bail!("{}", errors.join("; "));
+    }
+    match fs::remove_file(record_path(&record.name)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => bail!("cannot remove {}: {e}", record_path(&record.name).display()),
+    }
+    Ok(log)
+}
+
+/// Removes what `lab up --name NAME` made; returns the text to print.
+pub fn down(name: &str) -> Result<String> {
+    validate_name(name)?;
+    let record = LabRecord::read(name)?;
+    let log = remove(&record)?;
+    Ok(format!("Lab {name:?} is down:\n{log}"))
+}
+
+/// The lab's namespaces, links and addresses, and where a dataplane is attached.
+pub fn status(name: &str) -> Result<String> {
+    validate_name(name)?;
+    let record = LabRecord::read(name)?;
+    if let Some(f) = &record.fabric {
+        return fabric::status(&record, f);
+    }
+    let mut out = format!("Lab {name:?}");
+    if let Some(c) = &record.config {
+        let _ = write!(out, " (config {}, pin_dir {})", c.display(), record.pin_dir.display());
+    }
+    out.push('\n');
+    for ns in &record.namespaces {
+        if !netns_exists(ns) {
+            let _ = writeln!(out, "{ns}: missing");
+            continue;
+        }
+        let links = ip(&["-n", ns, "-o", "link", "show"]).unwrap_or_default();
+        let xdp: Vec<String> = links
+            .lines()
+            .filter(|l| l.contains("xdp"))
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|n| n.trim().split('@').next().unwrap_or("").to_owned())
+            .collect();
+        let attached = if xdp.is_empty() {
+            "no dataplane".to_owned()
+        } else {
+            // Attached is not the same as managed: say who keeps it in step.
+            let manager = match crate::control::state::RunState::read(&record.pin_dir).map(|s| s.manager()) {
+                Ok(crate::control::state::Manager::Running(pid)) => format!(", managed by `rocev2 run` pid {pid}"),
+                Ok(nobody) => format!("; WARNING: {}", nobody.warning(&record.pin_dir).unwrap_or_default()),
+                Err(_) => String::new(),
+            };
+            format!("dataplane attached (XDP on {}){manager}", xdp.join(", "))
+        };
+        let _ = writeln!(out, "{ns}: {attached}");
+        let addrs = ip(&["-n", ns, "-br", "addr", "show"]).unwrap_or_default();
+        for line in addrs.lines().filter(|l| !l.trim().is_empty()) {
+            let mut fields = line.split_whitespace();
+            let (Some(ifname), Some(state)) = (fields.next(), fields.next()) else { continue };
+            let addrs: Vec<&str> = fields.filter(|a| !a.starts_with("fe80:")).collect();
+            let _ = writeln!(out, "    {ifname:<12} {state:<8} {}", addrs.join(" "));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::config::{Config, NextHop};
+
+    fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
+        LabUpArgs {
+            name: name.into(),
+            hosts,
+            spines,
+            links_per_spine: links,
+            family,
+            hash: HashMode::Qp,
+            config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
+            routing: LabRouting::Static,
+            racks: None,
+            seed: crate::tools::fabric::SeedPlan::Auto,
+            zones: 1,
+            aggs: None,
+            unnumbered: false,
+            links: Default::default(),
+        }
+    }
+
+    #[test]
+    fn lab_names_are_checked() {
+        for good in ["lab", "a1", "abcdefgh"] {
+            validate_name(good).unwrap();
+        }
+        for bad in ["", "abcdefghi", "Lab", "a-b", "a b", "ä"] {
+            let e = validate_name(bad).unwrap_err().to_string();
+            assert!(e.contains("a-z and 0-9"), "{e}");
+        }
+        let e = LabPlan::new(&args("lab", 0, 2, 1, LabFamily::Both)).unwrap_err().to_string();
+        assert!(e.contains("--hosts"), "{e}");
+        let e = LabPlan::new(&args("lab", 40, 5, 5, LabFamily::Both)).unwrap_err().to_string();
+        assert!(e.contains("ports"), "{e}");
+    }
+
+    #[test]
+    fn lab_plan_config_parses_with_every_uplink_in_spines() {
+        let plan = LabPlan::new(&args("lab", 2, 2, 2, LabFamily::Both)).unwrap();
+        let names: Vec<&str> = plan.namespaces.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["lab-rtsw", "lab-h1", "lab-h2", "lab-s1", "lab-s2", "lab-dst"]);
+        let config =
+            Config::parse(&plan.config_text, &plan.config_path).unwrap_or_else(|e| panic!("{e}\n{}", plan.config_text));
+        let ports: Vec<&str> = config.ports.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(ports, ["h1", "h2", "s1l1", "s1l2", "s2l1", "s2l2"]);
+        let spines = &config.groups[0];
+        assert_eq!(spines.name, "spines");
+        assert_eq!(spines.members.len(), 4);
+        assert_eq!(spines.members[1].dev, "s1l2");
+        assert_eq!(spines.members[1].next_hop, NextHop::Via("10.100.18.2".parse().unwrap()));
+        assert_eq!(config.groups[1].name, "host1");
+        assert_eq!(config.groups[2].members[0].next_hop, NextHop::Via("10.0.2.1".parse().unwrap()));
+        // 2 spine routes + 2 per host.
+        assert_eq!(config.routes.len(), 6);
+        assert_eq!(config.dataplane.pin_dir, PathBuf::from("/sys/fs/bpf/rocev2-lab"));
+        assert_eq!(plan.links.len(), 2 + 4 + 2);
+        let next = plan.next_commands();
+        assert!(next.contains("rocev2 --netns lab-rtsw run --config /tmp/x/rtsw.toml"), "{next}");
+        assert!(next.contains("--dst-mac 02:52:32:10:00:01 --src 10.0.1.1 --dst 10.1.0.1"), "{next}");
+        assert!(next.contains("rocev2 lab down --name lab"), "{next}");
+    }
+
+    #[test]
+    fn lab_single_family_plans_use_only_that_family() {
+        let plan = LabPlan::new(&args("v6", 1, 1, 3, LabFamily::V6)).unwrap();
+        assert!(!plan.config_text.contains("10."), "{}", plan.config_text);
+        let config = Config::parse(&plan.config_text, &plan.config_path).unwrap();
+        assert_eq!(config.groups[0].members[2].next_hop, NextHop::Via("fd64:1:3::2".parse().unwrap()));
+        for l in &plan.links {
+            assert!(l.a_addrs.iter().chain(&l.b_addrs).all(|a| a.contains(':')), "{l:?}");
+        }
+        let plan = LabPlan::new(&args("v4", 1, 1, 1, LabFamily::V4)).unwrap();
+        assert!(!plan.config_text.contains("fd0"), "{}", plan.config_text);
+        Config::parse(&plan.config_text, &plan.config_path).unwrap();
+        assert!(plan.next_commands().contains("--dst 10.1.0.1"));
+    }
+
+    #[test]
+    fn lab_multipath_routes() {
+        let r = route_args(
+            false,
+            "10.0.0.0/8",
+            &[("10.100.17.1".into(), "r1".into()), ("10.100.18.1".into(), "r2".into())],
+        );
+        assert_eq!(r.join(" "), "route add 10.0.0.0/8 nexthop via 10.100.17.1 dev r1 nexthop via 10.100.18.1 dev r2");
+        let r = route_args(true, "fd01::/64", &[("fdc8:1::2".into(), "dst".into())]);
+        assert_eq!(r.join(" "), "-6 route add fd01::/64 via fdc8:1::2 dev dst");
+    }
+}
