@@ -855,7 +855,7 @@ mod tests {
         let f = fabric(SeedPlan::Same);
         let loads = f.predict(&spec()).unwrap();
         let svg = picture::svg(&f, &loads, "lab \"x\" & <y>");
-        crate::tools::entropy::tests::assert_well_formed(&svg);
+        crate::render::assert_well_formed(&svg);
         let lines = svg.matches("<line ").count() - 3; // the legend's three
         assert_eq!(lines, f.all_links().len(), "one line per directed link");
         let idle: usize = summarize(&f.all_links(), &loads).iter().map(|t| t.idle).sum();
