@@ -231,7 +231,7 @@ impl ServiceInfo {
             started_at: state.started_at,
             reloads: state.reloads,
             reload_failures: state.reload_failures,
-            last_reload_ok: state.reloads == 0 || state.last_reload == "ok",
+            last_reload_ok: !matches!(state.last_reload, crate::control::state::ReloadOutcome::Refused { .. }),
             config_loaded_at: state.config_loaded_at,
             members: state
                 .groups

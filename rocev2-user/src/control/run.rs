@@ -27,6 +27,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     control::config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     control::dataplane::{local_routes, Dataplane, GroupPolicy},
+    control::errors::{ReloadError, ReloadRefused},
     control::groups::{
         self, resilient::ResilientTable, GroupPipeline, HealthView, MemberRecord, MemberView, PlannedGroup, RouteStep,
         WantedPin,
@@ -36,7 +37,7 @@ use crate::{
         live_positions, log_member_change, next_hop_text, resolve_new_neighbours, MemberLive, FIRST_RESOLVE_TIMEOUT,
     },
     control::routing::{KernelRoutes, Learned, LearnedPolicy, Plan},
-    control::state::{EgressState, PortState, RunLock, RunState},
+    control::state::{EgressState, PortState, ReloadOutcome, RunLock, RunState},
     control::stats::Snapshot,
     sys::netlink::{ensure_veth_peer_napi, LinkInfo, Netlink, PeerNapi},
 };
@@ -229,7 +230,11 @@ impl Runner {
         };
         // Everything the config names must exist before anything loads.
         let links = resolve_links(&netlink, &config).await?;
-        let dataplane = if crate::control::dataplane::has_pinned_links(&pin_dir) {
+        let takeover = crate::control::dataplane::has_pinned_links(&pin_dir);
+        // What the previous run published about itself: the members'
+        // transport health goes on (a demoted member stays demoted).
+        let previous = takeover.then(|| RunState::read(&pin_dir).ok()).flatten();
+        let dataplane = if takeover {
             // A previous run's programs are attached and forwarding: this is
             // a takeover, and nothing waits for the new programs. Loading
             // them (the verifier: a few hundred ms of CPU, far more on a
@@ -314,6 +319,9 @@ impl Runner {
             };
             runner.kernel = Some(KernelRoutes::start(id)?);
         }
+        if let Some(previous) = &previous {
+            runner.inherit_health(previous);
+        }
         runner.apply(config, links).await?;
         runner.resolve_learned_next_hops().await?;
         if let Some(kernel) = &mut runner.kernel {
@@ -382,6 +390,22 @@ impl Runner {
         crate::control::capacity::check(&fills);
     }
 
+    /// A takeover: the members' transport health as the previous run left
+    /// it, before anything is published, so no demoted member gets its
+    /// buckets back for a moment.
+    fn inherit_health(&mut self, previous: &RunState) {
+        for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
+            let Some(old) = previous.groups.iter().find(|g| g.name == group.name) else { continue };
+            let members = group.members.iter().map(|m| (m.dev.clone(), next_hop_text(&m.next_hop)));
+            let health = GroupHealth::from_previous(old, members);
+            crate::control::routing::log_inherited_health(&group.name, &health);
+            self.health.insert(group.name.clone(), health);
+        }
+        if let Some(kernel) = &mut self.kernel {
+            kernel.inherit_health(&previous.groups);
+        }
+    }
+
     /// Warns (once per status interval) when egress devices refused
     /// redirected frames since the last check: lost frames `forwarded`
     /// does not count.
@@ -409,25 +433,26 @@ impl Runner {
     /// change that needs a restart is reported and the running config stays.
     async fn reload_from_file(&mut self) {
         let path = self.config.path.clone();
-        let result = async {
+        let result: Result<(), ReloadError> = async {
             let new = Config::load(&path)?;
             self.check_live_changeable(&new)?;
-            let links = resolve_links(&self.netlink, &new).await?;
-            self.apply(new, links).await
+            let links = resolve_links(&self.netlink, &new).await.map_err(ReloadError::from_apply)?;
+            self.apply(new, links).await.map_err(ReloadError::from_apply)
         }
         .await;
         self.state.reloads += 1;
         match &result {
             Ok(()) => {
-                self.state.last_reload = "ok".into();
+                self.state.last_reload = ReloadOutcome::Applied;
                 self.state.config_loaded_at = crate::control::state::now_epoch();
                 tracing::info!(config = %path.display(), "reloaded {}", path.display());
                 self.report_unused_features();
             }
             Err(e) => {
-                self.state.last_reload = format!("{e:#}");
+                let message = e.to_string();
+                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {message}", path.display());
+                self.state.last_reload = ReloadOutcome::Refused { reason: e.reason(), message };
                 self.state.reload_failures += 1;
-                tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {e:#}", path.display());
             }
         }
         if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
@@ -439,7 +464,7 @@ impl Runner {
     /// reload may turn a feature off or use less of a table (the loaded
     /// programs and maps hold the smaller config), not turn one on or grow
     /// a table; a refusal names what in the new file asks for it.
-    fn check_live_changeable(&self, new: &Config) -> Result<()> {
+    fn check_live_changeable(&self, new: &Config) -> Result<(), ReloadError> {
         let (old, newd) = (&self.config.dataplane, &new.dataplane);
         let mut fixed = Vec::new();
         if old.pin_dir != newd.pin_dir {
@@ -483,21 +508,15 @@ impl Runner {
         // programs were built without is not there to run.
         let missing = new.features().without(self.dataplane.features());
         if missing != Features::NONE {
-            let wanted: Vec<String> = Features::NAMED
+            let features: Vec<String> = Features::NAMED
                 .iter()
                 .filter(|(f, _)| missing.contains(*f))
                 .map(|(f, name)| format!("{name} ({})", new.feature_sources(*f).join(", ")))
                 .collect();
-            bail!(
-                "the new config turns on {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic",
-                wanted.join("; ")
-            );
+            return Err(ReloadError::FeaturesNotLoaded { features });
         }
         if !fixed.is_empty() {
-            bail!(
-                "{}; that needs a restart of `rocev2 run` (a new run takes over without dropping traffic)",
-                fixed.join("; ")
-            );
+            return Err(ReloadError::NeedsRestart { settings: fixed });
         }
         Ok(())
     }
@@ -596,7 +615,8 @@ impl Runner {
             }
         }
         let plan = self.plan_kernel().await?;
-        let routes = RouteStep::Sync(self.wanted_routes());
+        let statics = self.static_routes();
+        let routes = RouteStep::Sync { all: self.wanted_routes(&statics), statics };
         self.publish(true, plan.as_ref().map_or(Learned::None, Learned::Planned), routes)?;
 
         // Ports: register new ones, then attach; detach removed ones.
@@ -859,7 +879,10 @@ impl Runner {
                 self.local = local;
             }
         }
-        let routes = if neighbours { RouteStep::Sync(self.wanted_routes()) } else { RouteStep::Keep };
+        // Only the statics: learned routes are installed as they change
+        // (apply_kernel_changes); a walk over a full table every second
+        // cost far more than the statics ever do.
+        let routes = if neighbours { self.static_route_step() } else { RouteStep::Keep };
         if changed || settling || !matches!(learned, Learned::None) || !matches!(routes, RouteStep::Keep) {
             self.publish(changed || settling, learned, routes)?;
         }
@@ -882,14 +905,38 @@ impl Runner {
     }
 
     /// Configured routes plus host routes for every local address (which
-    /// win: traffic for the box itself is never forwarded).
-    fn wanted_routes(&self) -> BTreeMap<Prefix, u32> {
-        let mut routes: BTreeMap<Prefix, u32> = self.kernel.as_ref().map(|k| k.routes.clone()).unwrap_or_default();
-        routes.extend(
-            self.config.routes.iter().map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name])),
-        );
+    /// win: traffic for the box itself is never forwarded): the routes
+    /// that are not learned.
+    fn static_routes(&self) -> BTreeMap<Prefix, u32> {
+        let mut routes: BTreeMap<Prefix, u32> = self
+            .config
+            .routes
+            .iter()
+            .map(|r| (r.prefix, self.slots[&self.config.groups[r.group_index as usize].name]))
+            .collect();
         routes.extend(local_routes(&self.local));
         routes
+    }
+
+    /// Every route: the learned ones, with `statics` over them.
+    fn wanted_routes(&self, statics: &BTreeMap<Prefix, u32>) -> BTreeMap<Prefix, u32> {
+        let mut routes: BTreeMap<Prefix, u32> = self.kernel.as_ref().map(|k| k.routes.clone()).unwrap_or_default();
+        routes.extend(statics.iter().map(|(p, t)| (*p, *t)));
+        routes
+    }
+
+    /// The periodic refresh's route step: the statics against the last
+    /// ones synced, with the learned route of each prefix that leaves them.
+    fn static_route_step(&self) -> RouteStep {
+        let statics = self.static_routes();
+        let learned = self
+            .dataplane
+            .static_routes()
+            .keys()
+            .filter(|p| !statics.contains_key(p))
+            .filter_map(|p| Some((*p, *self.kernel.as_ref()?.routes.get(p)?)))
+            .collect();
+        RouteStep::Statics { statics, learned }
     }
 
     fn write_state(&mut self) -> Result<()> {
@@ -1093,7 +1140,8 @@ fn learned_policies(config: &Config) -> (&[crate::control::config::RoutePolicy],
 
 /// `rocev2 reload`: sends SIGHUP to the `rocev2 run` using `pin_dir` and
 /// waits until it reports the result. Returns the config file it reloaded;
-/// a failed reload is an error carrying the reason (the old config stays).
+/// a refused reload is a [`ReloadRefused`] (downcast it to match on its
+/// reason): the old config stays.
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
     if let Some(warning) = before.manager().warning(pin_dir) {
@@ -1107,10 +1155,11 @@ pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<Pa
         std::thread::sleep(Duration::from_millis(50));
         let now = RunState::read(pin_dir)?;
         if now.reloads > before.reloads {
-            return if now.last_reload == "ok" {
-                Ok(now.config)
-            } else {
-                Err(anyhow::anyhow!("the reload failed and the running config stays: {}", now.last_reload))
+            return match now.last_reload {
+                ReloadOutcome::Applied => Ok(now.config),
+                ReloadOutcome::Refused { reason, message } => Err(ReloadRefused { reason, message }.into()),
+                // A count that grew with no outcome: a run that records none.
+                ReloadOutcome::None => bail!("rocev2 run (pid {}) counted a reload but recorded no outcome", now.pid),
             };
         }
         if Instant::now() > deadline {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::flowlet::FlowletChoice;
 use serde::{Deserialize, Serialize};
 
-use crate::sys::paths::RUN_DIR;
+use crate::{control::errors::RefusalReason, sys::paths::RUN_DIR};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunState {
@@ -47,12 +47,12 @@ pub struct RunState {
     /// Class names in CLASSES order.
     #[serde(default)]
     pub classes: Vec<String>,
-    /// Reloads (SIGHUP) handled so far, and how the last one went ("ok" or
-    /// the error), for `rocev2 reload` to report.
+    /// Reloads (SIGHUP) handled so far, and how the last one went, for
+    /// `rocev2 reload` to report.
     #[serde(default)]
     pub reloads: u64,
     #[serde(default)]
-    pub last_reload: String,
+    pub last_reload: ReloadOutcome,
     /// Reloads that failed (the running config stayed).
     #[serde(default)]
     pub reload_failures: u64,
@@ -105,6 +105,51 @@ pub struct LearnedStats {
     pub apply_us_p50: u64,
     pub apply_us_p99: u64,
     pub apply_samples: u64,
+}
+
+/// How the last reload went. Written as `{"outcome": "applied"}` or
+/// `{"outcome": "refused", "reason": "config", "message": "..."}`; a state
+/// file a `rocev2 run` from before wrote (a string: `"ok"` or the message)
+/// reads as `Applied`, or `Refused` for an `Unknown` reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum ReloadOutcome {
+    /// No reload yet.
+    #[default]
+    None,
+    Applied,
+    /// Refused: the running config stays.
+    Refused {
+        reason: RefusalReason,
+        message: String,
+    },
+}
+
+impl<'de> Deserialize<'de> for ReloadOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(tag = "outcome", rename_all = "kebab-case")]
+        enum Tagged {
+            None,
+            Applied,
+            Refused { reason: RefusalReason, message: String },
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Tagged(Tagged),
+            /// Before reasons were recorded.
+            Text(String),
+        }
+        Ok(match Written::deserialize(d)? {
+            Written::Tagged(Tagged::None) => ReloadOutcome::None,
+            Written::Tagged(Tagged::Applied) => ReloadOutcome::Applied,
+            Written::Tagged(Tagged::Refused { reason, message }) => ReloadOutcome::Refused { reason, message },
+            Written::Text(text) if text.is_empty() => ReloadOutcome::None,
+            Written::Text(text) if text == "ok" => ReloadOutcome::Applied,
+            Written::Text(message) => ReloadOutcome::Refused { reason: RefusalReason::Unknown, message },
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -480,6 +525,29 @@ impl Drop for RunLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reload_outcomes_read_both_forms() {
+        let read = |json: &str| serde_json::from_str::<ReloadOutcome>(json).unwrap();
+        let refused = ReloadOutcome::Refused { reason: RefusalReason::NeedsRestart, message: "x changed".into() };
+        for outcome in [ReloadOutcome::None, ReloadOutcome::Applied, refused.clone()] {
+            assert_eq!(read(&serde_json::to_string(&outcome).unwrap()), outcome);
+        }
+        assert_eq!(
+            serde_json::to_string(&refused).unwrap(),
+            r#"{"outcome":"refused","reason":"needs-restart","message":"x changed"}"#
+        );
+        // What a run from before wrote.
+        assert_eq!(read(r#""ok""#), ReloadOutcome::Applied);
+        assert_eq!(read(r#""""#), ReloadOutcome::None);
+        assert_eq!(
+            read(r#""lab.toml:3:1: group[0].name: ...""#),
+            ReloadOutcome::Refused {
+                reason: RefusalReason::Unknown,
+                message: "lab.toml:3:1: group[0].name: ...".into()
+            }
+        );
+    }
 
     #[test]
     fn a_state_file_from_before_the_policy_was_recorded_still_reads() {

@@ -18,8 +18,9 @@ fn is_bpffs(path: &Path) -> bool {
 /// Makes sure `dir` can hold pins: mounts bpffs on /sys/fs/bpf when the
 /// pin directory lives there and nothing is mounted (many minimal systems
 /// and every `ip netns exec` shell lack it), then creates `dir` (mode 0700:
-/// the maps steer traffic, only root may touch them).
-pub fn prepare_pin_dir(dir: &Path) -> Result<()> {
+/// the maps steer traffic, only root may touch them). Pins in it from an
+/// earlier run are removed, but for XDP links and those named in `keep`.
+pub fn prepare_pin_dir(dir: &Path, keep: &[&str]) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("/"));
     if !is_bpffs(parent) {
         if parent == Path::new(DEFAULT_BPFFS) {
@@ -41,7 +42,8 @@ pub fn prepare_pin_dir(dir: &Path) -> Result<()> {
         // pins stay: the new run swaps its program into them.
         for entry in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let path = entry?.path();
-            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(crate::sys::paths::LINK_PIN_PREFIX)) {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.starts_with(crate::sys::paths::LINK_PIN_PREFIX) || keep.contains(&name.as_str()) {
                 continue;
             }
             fs::remove_file(&path).with_context(|| format!("cannot remove stale pin {}", path.display()))?;

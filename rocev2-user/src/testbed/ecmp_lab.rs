@@ -151,6 +151,33 @@ impl EcmpLab {
         PathBuf::from(format!("/tmp/rocev2-lab-{}", self.tag))
     }
 
+    /// Every veth's drop counters on the way, where frames can be lost
+    /// before or after the switch's XDP program: the sender's snd0 (tx:
+    /// the switch's ingress ring was full), the switch's ports and the
+    /// uplinks' up0. For a failure message; zeros are left out.
+    pub fn link_drops(&self) -> String {
+        let mut places = vec![(&self.sender, "snd0".to_string()), (&self.switch, "p0".to_string())];
+        places.extend((1..=self.uplinks.len()).map(|i| (&self.switch, format!("u{i}"))));
+        places.extend(self.uplinks.iter().map(|u| (u, "up0".to_string())));
+        let mut out = Vec::new();
+        for (ns, dev) in places {
+            let Ok(json) = ns.exec(&["ip", "-s", "-j", "link", "show", "dev", &dev]) else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { continue };
+            let stats = &v[0]["stats64"];
+            for (dir, key) in [("rx", "rx"), ("tx", "tx")] {
+                let dropped = stats[key]["dropped"].as_u64().unwrap_or(0);
+                if dropped > 0 {
+                    out.push(format!("{}/{dev} {dir} dropped {dropped}", ns.name()));
+                }
+            }
+        }
+        if out.is_empty() {
+            "no veth counted a drop".to_string()
+        } else {
+            format!("veth drops: {}", out.join(", "))
+        }
+    }
+
     /// Runs `ip` (or any command) inside the switch namespace.
     pub fn in_switch(&self, args: &[&str]) -> Result<String> {
         self.switch.exec(args)

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
 use rocev2_common::buckets::BUCKETS_PER_GROUP;
-use rocev2_common::hash::HashMode;
+use rocev2_common::{flowlet::FlowletTable, hash::HashMode};
 
 use crate::{
-    control::config::Config,
+    control::config::{Config, Policy},
     control::dataplane::Maps,
     control::decision::{explain, parse_qp, read_live, Explanation, PacketFields, Verdict, IPPROTO_TCP, IPPROTO_UDP},
 };
@@ -161,6 +161,14 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
                 let maps = Maps::open_pinned(&config.dataplane.pin_dir)?;
                 for g in &mut l.groups {
                     g.flowlet = maps.flowlet_entry(&rocev2_common::maps::FlowletKey::new(&key, g.index));
+                    let keyless = config.groups.iter().find(|c| c.name == g.name).and_then(|c| match c.policy {
+                        Policy::Flowlet(f) if f.table == FlowletTable::Keyless => Some(f.table_size),
+                        _ => None,
+                    });
+                    if let Some(size) = keyless {
+                        let slot = rocev2_common::flowlet::slot_of(&key, g.index, size.next_power_of_two() - 1);
+                        g.keyless_slot = maps.flowlet_slot(slot.index);
+                    }
                 }
             }
             if config.routing.kernel_table.is_some() {

@@ -94,7 +94,7 @@ impl ToolPrograms {
     /// pipeline would use for it). Device-map entries resolve ifindexes in
     /// the caller's network namespace.
     pub fn add_egress_dev(&mut self, ifindex: u32) -> Result<()> {
-        add_redirect_target(&mut self.egress_devs_direct, &mut self.egress_devs, ifindex)
+        Ok(add_redirect_target(&mut self.egress_devs_direct, &mut self.egress_devs, ifindex)?)
     }
 
     /// Points the floor (EGRESS_DEVS_DIRECT index 0; no real ifindex is 0)

@@ -28,5 +28,6 @@ mod rc_telemetry;
 mod reliability;
 mod service;
 mod sys;
+mod takeover;
 mod transport_aware;
 mod tutorial;

@@ -11,7 +11,9 @@ use rocev2_common::bth::{opcode, Bth};
 use rocev2_tests::{require_root, rocev2_bin};
 use rocev2_user::{
     control::dataplane::{Dataplane, Maps},
-    control::state::RunState,
+    control::errors::{RefusalReason, ReloadRefused},
+    control::run::request_reload,
+    control::state::{state_path, ReloadOutcome, RunState},
     testbed::ecmp_lab::{lab_frame, DataplaneProcess, EcmpLab, Family, LabReport},
 };
 
@@ -31,8 +33,8 @@ fn stream_frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn assert_no_loss(report: &LabReport, what: &str) {
-    rocev2_tests::assert_no_switch_loss(report, what);
+fn assert_no_loss(lab: &EcmpLab, report: &LabReport, what: &str) {
+    rocev2_tests::assert_no_switch_loss(report, &format!("{what}\n{}", lab.link_drops()));
 }
 
 fn rocev2(args: &[&str]) -> std::process::Output {
@@ -87,7 +89,7 @@ fn reload_changes_members_and_routes_without_loss() {
     let report = capture.finish(sent).unwrap();
     // Its final counters say where a lost packet went (pass_*, drop_*).
     let output = dataplane.stop().unwrap();
-    assert_no_loss(&report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("reloads under traffic (rocev2 run said:\n{output}\n)"));
     assert!(report.uplinks[3].packets > 0, "u4 carried traffic before and after");
 }
 
@@ -183,6 +185,28 @@ fn reload_refuses_a_flowlet_table_kind_the_programs_were_loaded_without() {
     assert!(!out.status.success(), "the keyless table was not loaded: the reload must be refused");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("flowlet-keyless") && err.contains("running config stays"), "{err}");
+    // The state file says why, and `request_reload` returns it typed: a
+    // restart would apply this file.
+    let state = RunState::read(&lab.pin_dir()).unwrap();
+    assert!(
+        matches!(&state.last_reload, ReloadOutcome::Refused { reason: RefusalReason::FeaturesNotLoaded, .. }),
+        "{:?}",
+        state.last_reload
+    );
+    let err = request_reload(&lab.pin_dir(), Duration::from_secs(20)).unwrap_err();
+    let refused = err.downcast_ref::<ReloadRefused>().expect("a typed refusal");
+    assert!(refused.reason.restart_applies(), "{refused:?}");
+    // A setting fixed at load time: refused as needing a restart, recorded
+    // in the state file as the book shows it.
+    std::fs::write(&config, keyed.replace("xdp_mode = \"native\"", "xdp_mode = \"skb\"")).unwrap();
+    let err = request_reload(&lab.pin_dir(), Duration::from_secs(20)).unwrap_err();
+    let refused = err.downcast_ref::<ReloadRefused>().expect("a typed refusal");
+    assert_eq!(refused.reason, RefusalReason::NeedsRestart, "{refused:?}");
+    let written = std::fs::read_to_string(state_path(&lab.pin_dir())).unwrap();
+    let shown = "  \"last_reload\": {\n    \"outcome\": \"refused\",\n    \"reason\": \"needs-restart\",\n    \"message\": \"dataplane.xdp_mode changed; that needs a restart of `rocev2 run`\"\n  },";
+    assert!(written.contains(shown), "{written}");
+    let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/running.md")).unwrap();
+    assert!(book.contains(shown), "the book shows what the state file holds:\n{shown}");
     let output = dataplane.stop().unwrap();
     // Only the keyed table's code was loaded.
     assert!(output.contains("programs loaded with features: flowlet-keyed, classes, counters"), "{output}");
@@ -211,7 +235,7 @@ fn restart_with_handover_loses_nothing() {
     let sent = stream.stop().unwrap();
     let report = capture.finish(sent).unwrap();
     let output = second.stop().unwrap();
-    assert_no_loss(&report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
+    assert_no_loss(&lab, &report, &format!("handover restart (rocev2 run said:\n{output}\n)"));
 
     // A normal stop detaches: no XDP program left on the port, no pins.
     let link = lab.in_switch(&["ip", "-d", "link", "show", "p0"]).unwrap();
@@ -244,7 +268,7 @@ fn a_failed_uplink_leaves_its_group_and_comes_back() {
     std::thread::sleep(Duration::from_millis(500));
     let sent = counted.stop().unwrap();
     let report = capture.finish(sent).unwrap();
-    assert_no_loss(&report, "traffic after the failure");
+    assert_no_loss(&lab, &report, "traffic after the failure");
     assert_eq!(report.uplinks[1].packets, 0, "nothing goes to the failed uplink");
 
     let up_at = Instant::now();
@@ -281,10 +305,10 @@ fn a_full_route_table_is_a_clear_error() {
     let err = dp.sync_routes(&wanted).expect_err("one route more than the table holds");
     let msg = format!("{err:#}");
     assert!(msg.contains("route table full: 131072 of 131072 IPv4 routes installed"), "{msg}");
-    let typed = err.downcast_ref::<rocev2_user::control::errors::DataplaneError>();
+    // A typed error a caller matches on, no downcast needed.
     assert!(
-        matches!(typed, Some(rocev2_user::control::errors::DataplaneError::RouteTableFull { installed: 131_072, .. })),
-        "a typed error callers can act on: {typed:?}"
+        matches!(err, rocev2_user::control::errors::DataplaneError::RouteTableFull { installed: 131_072, .. }),
+        "a typed error callers can act on: {err:?}"
     );
 }
 
@@ -346,7 +370,7 @@ fn jumbo_frames_are_forwarded_intact() {
         .collect();
     let report = lab.send_bursts_and_capture(vec![frames], Duration::ZERO).unwrap();
     dataplane.stop().unwrap();
-    assert_no_loss(&report, "jumbo frames");
+    assert_no_loss(&lab, &report, "jumbo frames");
     for u in &report.uplinks {
         assert_eq!((u.bad_icrc, u.bad_ipv4_checksum, u.bad_ttl), (0, 0, 0), "up{} intact", u.uplink);
     }

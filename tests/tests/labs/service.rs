@@ -315,7 +315,7 @@ fn upgrade_hands_over_to_the_new_binary_without_losing_a_packet() {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        panic!("the upgrade: {why}\n{}\n{stats}", report.render());
+        panic!("the upgrade: {why}\n{}\n{}\n{stats}", report.render(), lab.link_drops());
     }
     let mut upgrade = upgrade;
     upgrade.signal(libc::SIGTERM);

@@ -28,7 +28,7 @@ use rocev2_user::{
     control::qp_telemetry,
     sys::netns::in_netns,
     sys::rawsock::PacketSocket,
-    testbed::ecmp_lab::{uplink_mac, EcmpLab, DEST_V4, RC_HOSTS},
+    testbed::ecmp_lab::{uplink_mac, DataplaneProcess, EcmpLab, DEST_V4, RC_HOSTS},
     testbed::fault::PsnDropper,
     tools::packet::{build_roce_frame, parse_roce, RoceFrameSpec},
     tools::rc::{self, RequesterReport, Responder, ResponderQpReport},
@@ -217,11 +217,11 @@ fn a_learned_group_under_a_transport_aware_route_policy_does_the_same() {
 }
 
 /// Three rounds of new QPs: with PSNs dropped on u2's far end (u2 is
-/// demoted), with the fault still there (u2 avoided), after the fault is
-/// gone (u2 restored and used). `configured`: `group` is a config group,
+/// demoted; `rocev2 upgrade` then keeps it demoted), with the fault still
+/// there (u2 avoided), after the fault is gone (u2 restored and used). `configured`: `group` is a config group,
 /// and the book's output and `explain` are checked too.
 fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, configured: bool) {
-    let dataplane = lab.start_dataplane(&rocev2_bin(), config).expect("start rocev2 run");
+    let mut dataplane = lab.start_dataplane(&rocev2_bin(), config).expect("start rocev2 run");
     let responder = DualHomedResponder::start(lab);
 
     // Uplink 2's far end drops chosen PSNs of the first two rounds' QPs.
@@ -276,6 +276,27 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
         assert!(member.contains("dev u1 "), "QP {qp:#x} while u2 is demoted:\n{text}");
         assert!(text.contains("u2 (score ") && text.contains("is demoted for its transport health"), "{text}");
     }
+
+    // `rocev2 upgrade` while u2 is demoted: the new run takes the
+    // previous one's health over, so u2 stays demoted (no moment with its
+    // buckets back) and the score decays on from where it was.
+    let pid = || rocev2_user::control::state::RunState::read(&lab.pin_dir()).expect("the run's state").pid;
+    let old_pid = pid();
+    let mut upgrade = std::process::Command::new(rocev2_bin());
+    upgrade.args(["upgrade", "--pin-dir", lab.pin_dir().to_str().unwrap()]);
+    let old = std::mem::replace(&mut dataplane, DataplaneProcess::spawn(upgrade).expect("rocev2 upgrade"));
+    let old_log = old.stop_after_exit(Duration::from_secs(10)).expect("the old run hands over");
+    let upgraded = stats(lab);
+    let u2 = &member(&upgraded, group, "u2")["health"];
+    assert_eq!(u2["demoted"], true, "a demoted member stays demoted across an upgrade: {upgraded:#}");
+    assert!(u2["score"].as_f64().unwrap() > RESTORE_BELOW && u2["demotions"].as_u64() >= Some(1), "{upgraded:#}");
+    assert_eq!(member(&upgraded, group, "u1")["health"]["demoted"], false, "{upgraded:#}");
+    let kept = format!("kept the transport health of group {group} from the previous run: 1 member(s) demoted");
+    assert!(dataplane.output().contains(&kept), "{}", dataplane.output());
+    println!("MEASURED: after the upgrade u2 is still demoted, score {}", u2["score"]);
+    // The new run's counters start at zero: compare round 2 with them.
+    let demoted = upgraded;
+    assert_ne!(pid(), old_pid, "a new process runs the dataplane");
 
     // Round 2, the fault still there: every new flowlet avoids u2.
     let second = round(lab, ROUND_QPS[1]);
@@ -351,7 +372,7 @@ fn demote_avoid_restore(lab: &EcmpLab, config: &std::path::Path, group: &str, co
     );
 
     let responded = responder.finish();
-    let log = dataplane.stop().expect("rocev2 run stops cleanly");
+    let log = old_log + &dataplane.stop().expect("rocev2 run stops cleanly");
     // Every QP of every round delivered whole, in order, by the one responder.
     assert_eq!(responded.len(), 3 * QPS as usize, "{responded:?}");
     for r in &responded {

@@ -4,7 +4,6 @@
 
 use std::{borrow::BorrowMut, collections::BTreeMap, net::IpAddr, path::Path};
 
-use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
@@ -27,7 +26,13 @@ use rocev2_common::{
     },
 };
 
-use crate::{control::config::Prefix, control::errors::DataplaneError};
+use crate::{
+    control::config::Prefix,
+    control::errors::{DataplaneError, MapResult as _},
+};
+
+/// Every map operation's result: what went wrong is a [`DataplaneError`].
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Typed handles on every map, owned (taken out of the `Ebpf` or opened
 /// from their pins).
@@ -58,7 +63,17 @@ pub struct Maps {
     /// Frames each egress device refused after a redirect; `None` when
     /// reading the pins of a `rocev2 run` from before the counter existed.
     egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
+    /// The keyless flowlet slots, when pinned (explain reads them).
+    flowlet_slots: Option<Array<MapData, rocev2_common::flowlet::FlowletSlot>>,
+    /// A takeover's groups of the previous run, by slot, until each is
+    /// first published (see [`InheritedGroups`]).
+    inherited: InheritedGroups,
 }
+
+/// Per group slot, the generation and live members (position order) a
+/// previous run left: a takeover that publishes the slot with the same
+/// members keeps that generation, so flowlet state stays valid.
+pub type InheritedGroups = BTreeMap<u32, (u32, Vec<MemberEntry>)>;
 
 /// Makes `ifindex` a redirect target in a pair of device maps, where the
 /// programs look it up (rocev2-ebpf/src/redirect.rs): below
@@ -164,11 +179,15 @@ pub struct MemberSpec {
 
 impl Maps {
     /// Takes the maps out of a loaded object, pinning each under `pin_dir`
-    /// first when given.
-    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self> {
-        let mut take = |name: &str| -> Result<aya::maps::Map> {
-            let map = ebpf.take_map(name).with_context(|| format!("eBPF object has no map {name}"))?;
-            if let Some(dir) = pin_dir {
+    /// first when given (but those in `pinned_by_loader`, already there).
+    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>, pinned_by_loader: &[&str]) -> anyhow::Result<Self> {
+        let flowlet_slots = match (pin_dir, ebpf.map(names::FLOWLET_SLOTS)) {
+            (Some(dir), Some(_)) => Some(Self::open_slots(dir)?),
+            _ => None,
+        };
+        let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
+            let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
+            if let Some(dir) = pin_dir.filter(|_| !pinned_by_loader.contains(&name)) {
                 let path = dir.join(name);
                 map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
             }
@@ -205,12 +224,56 @@ impl Maps {
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
             egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
+            flowlet_slots,
+            inherited: InheritedGroups::new(),
         })
     }
 
+    /// The pinned keyless flowlet slots under `dir`.
+    fn open_slots(dir: &Path) -> Result<Array<MapData, rocev2_common::flowlet::FlowletSlot>> {
+        let path = dir.join(names::FLOWLET_SLOTS);
+        let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
+        Array::try_from(aya::maps::Map::Array(data)).context("FLOWLET_SLOTS is not an array")
+    }
+
+    /// Each group slot's generation and live members in a previous run's
+    /// pins under `dir` (see [`InheritedGroups`]).
+    pub fn read_groups(dir: &Path) -> Result<InheritedGroups> {
+        let open = |name: &str| -> Result<MapData> {
+            let path = dir.join(name);
+            MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))
+        };
+        let groups: Array<MapData, GroupEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::GROUPS)?)).context("GROUPS is not an array")?;
+        let members: Array<MapData, MemberEntry> =
+            Array::try_from(aya::maps::Map::Array(open(names::MEMBERS)?)).context("MEMBERS is not an array")?;
+        let mut out = InheritedGroups::new();
+        for slot in 0..MAX_GROUPS {
+            let g = groups.get(&slot, 0).context("cannot read GROUPS")?;
+            if g.generation == 0 {
+                continue;
+            }
+            let live: Result<Vec<MemberEntry>> = (0..g.member_count.min(MAX_MEMBERS_PER_GROUP))
+                .map(|p| members.get(&member_index(slot, g.bank & 1, p), 0).context("cannot read MEMBERS"))
+                .collect();
+            out.insert(slot, (g.generation, live?));
+        }
+        Ok(out)
+    }
+
+    /// Remembers a previous run's groups for their first publish.
+    pub(super) fn inherit_groups(&mut self, groups: InheritedGroups) {
+        self.inherited = groups;
+    }
+
+    /// The keyless flowlet slot at `index`, if the slots are pinned.
+    pub fn flowlet_slot(&self, index: u32) -> Option<rocev2_common::flowlet::FlowletSlot> {
+        self.flowlet_slots.as_ref()?.get(&index, 0).ok()
+    }
+
     /// Opens the maps a running `rocev2 run` pinned under `dir`.
-    pub fn open_pinned(dir: &Path) -> Result<Self> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
+    pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
+        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path).map_err(|e| {
                 let e = anyhow::Error::new(e);
@@ -229,7 +292,7 @@ impl Maps {
             })?;
             let map = aya::maps::Map::from_map_data(data)
                 .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
-            T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
+            Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
         }
         Ok(Self {
             routes_v4: open(dir, names::ROUTES_V4)?,
@@ -260,6 +323,8 @@ impl Maps {
             } else {
                 None
             },
+            flowlet_slots: if dir.join(names::FLOWLET_SLOTS).exists() { Some(Self::open_slots(dir)?) } else { None },
+            inherited: InheritedGroups::new(),
         })
     }
 
@@ -289,7 +354,7 @@ impl Maps {
     /// Installs the priority classes, in match order.
     pub fn set_classes(&mut self, classes: &[ClassEntry]) -> Result<()> {
         if classes.len() > MAX_CLASSES as usize {
-            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES }.into());
+            return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES });
         }
         // Shrink the live count first so no packet sees a half-written list.
         let config = self.dataplane_config()?;
@@ -303,9 +368,7 @@ impl Maps {
 
     pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {
         if id >= MAX_ECN_PROFILES {
-            return Err(
-                DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES }.into()
-            );
+            return Err(DataplaneError::SlotOutOfRange { what: "ECN profile", slot: id, capacity: MAX_ECN_PROFILES });
         }
         self.ecn_profiles.set(id, profile, 0).context("cannot write ECN_PROFILES")
     }
@@ -314,7 +377,7 @@ impl Maps {
     /// a default ECN profile (NO_PROFILE for none) and counters.
     pub fn set_egress(&mut self, ifindex: u32, slot: u32, rate_bytes_per_sec: u64, profile: u32) -> Result<()> {
         if slot >= MAX_EGRESS_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "egress port", slot, capacity: MAX_EGRESS_PORTS });
         }
         let entry = EgressEntry::new(slot, profile, rate_bytes_per_sec);
         let context = || format!("cannot configure egress ifindex {ifindex}");
@@ -429,7 +492,7 @@ impl Maps {
     /// Registers an ingress port and gives it a counter slot.
     pub fn set_port(&mut self, ifindex: u32, slot: u32) -> Result<()> {
         if slot == 0 || slot >= MAX_PORTS {
-            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS }.into());
+            return Err(DataplaneError::SlotOutOfRange { what: "port", slot, capacity: MAX_PORTS });
         }
         let context = || format!("cannot register port ifindex {ifindex}");
         if ifindex < MAX_DIRECT_IFINDEX {
@@ -506,12 +569,10 @@ impl Maps {
         buckets: &BucketTable,
     ) -> Result<u32> {
         if group >= MAX_GROUPS {
-            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS }.into());
+            return Err(DataplaneError::GroupSlotOutOfRange { group, capacity: MAX_GROUPS });
         }
         if members.len() > MAX_MEMBERS_PER_GROUP as usize {
-            return Err(
-                DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP }.into()
-            );
+            return Err(DataplaneError::TooManyMembers { members: members.len(), capacity: MAX_MEMBERS_PER_GROUP });
         }
         let current = self.groups.get(&group, 0).context("cannot read GROUPS")?;
         // A never-written group has member_count 0 and takes bank 0.
@@ -541,10 +602,17 @@ impl Maps {
             }
         }
         if let Some(bad) = buckets.iter().find(|m| usize::from(**m) >= members.len() && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", members.len());
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: members.len() });
         }
         self.buckets.set(bucket_table_index(group, bank), buckets, 0).context("cannot write BUCKETS")?;
-        let generation = current.generation.wrapping_add(1).max(1);
+        // A takeover's first publish of a group the previous run left with
+        // exactly these members keeps its generation: flowlet state of
+        // that run stays valid. Other members: past that generation.
+        let generation = match self.inherited.remove(&group).filter(|_| fresh) {
+            Some((old, live)) if live == (0..new_count).map(entry_at).collect::<Vec<_>>() => old,
+            Some((old, _)) => old.wrapping_add(1).max(1),
+            None => current.generation.wrapping_add(1).max(1),
+        };
         let entry = policy.entry(new_count, bank, generation);
         self.groups.set(group, entry, 0).context("cannot write GROUPS")?;
         tracing::debug!(target: "rocev2::maps", "group {group}: {new_count} members, bank {bank}, generation {generation}");
@@ -561,7 +629,7 @@ impl Maps {
     pub fn set_live_buckets(&mut self, group: u32, buckets: &BucketTable) -> Result<u32> {
         let current = self.group(group)?;
         if let Some(bad) = buckets.iter().find(|m| u32::from(**m) >= current.member_count && **m != NO_MEMBER) {
-            bail!("bucket table names member {bad} of a group of {}", current.member_count);
+            return Err(DataplaneError::InvalidBuckets { member: *bad, members: current.member_count as usize });
         }
         self.buckets.set(bucket_table_index(group, current.bank & 1), buckets, 0).context("cannot write BUCKETS")?;
         tracing::debug!(target: "rocev2::maps", "group {group}: buckets moved in place, generation {}", current.generation);

@@ -10,6 +10,7 @@ mod kernel_maps;
 
 use std::{
     collections::BTreeMap,
+    mem::size_of,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -66,6 +67,10 @@ pub struct Dataplane {
     pub maps: Maps,
     /// What ROUTES_V4/V6 hold now, so a sync writes only the differences.
     installed_routes: BTreeMap<Prefix, u32>,
+    /// The routes of the last sync that are not learned (config routes and
+    /// the box's own addresses): what [`Dataplane::sync_static_routes`]
+    /// diffs against, without walking the learned ones.
+    static_routes: BTreeMap<Prefix, u32>,
     pin_dir: Option<PathBuf>,
     /// XDP attachments by interface name.
     xdp_links: BTreeMap<String, PinnedXdp>,
@@ -146,7 +151,23 @@ impl Dataplane {
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
         let kernel_layout = RefusalLayout::find();
         let layout = kernel_layout.as_ref().copied().unwrap_or_default();
-        let mut ebpf = EbpfLoader::new()
+        // A takeover keeps the previous run's flowlet state (see Inherited);
+        // everything else in the pin directory is the old run's and goes.
+        let inherited = match pin_dir {
+            Some(dir) if has_pinned_links(dir) => Inherited::read(dir, flowlet_table_size, flowlet_slots),
+            _ => Inherited::default(),
+        };
+        if let Some(dir) = pin_dir {
+            crate::sys::bpffs::prepare_pin_dir(dir, &inherited.reused)?;
+        }
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = pin_dir {
+            // Pinned as they are created (or reused): the next takeover keeps them.
+            for name in FLOWLET_STATE {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader
             .override_global("NETDEV_IFINDEX_OFFSET", &layout.ifindex, true)
             .override_global("NETDEV_NET_OFFSET", &layout.net, true)
             .override_global("NET_COOKIE_OFFSET", &layout.cookie, true)
@@ -167,10 +188,11 @@ impl Dataplane {
             .try_into()
             .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
         crate::sys::verifier::load(XDP_PROGRAM, || program.load())?;
-        if let Some(dir) = pin_dir {
-            crate::sys::bpffs::prepare_pin_dir(dir)?;
+        let mut maps = Maps::take(&mut ebpf, pin_dir, &FLOWLET_STATE)?;
+        maps.inherit_groups(inherited.groups);
+        for line in &inherited.notes {
+            tracing::info!("{line}");
         }
-        let maps = Maps::take(&mut ebpf, pin_dir)?;
         if let (Some(dir), true) = (pin_dir, telemetry_on) {
             crate::control::qp_telemetry::pin_maps(&mut ebpf, dir)?;
         }
@@ -182,6 +204,7 @@ impl Dataplane {
             ebpf,
             maps,
             installed_routes: BTreeMap::new(),
+            static_routes: BTreeMap::new(),
             pin_dir: pin_dir.map(Path::to_path_buf),
             xdp_links: BTreeMap::new(),
             tc_links: BTreeMap::new(),
@@ -337,7 +360,7 @@ impl Dataplane {
     /// Installs the route set `wanted` (prefix -> group index or ROUTE_LOCAL),
     /// then removes routes that are no longer wanted: adding first means a
     /// prefix that moves to another group is never briefly unrouted.
-    pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<()> {
+    pub fn sync_routes(&mut self, wanted: &BTreeMap<Prefix, u32>) -> Result<(), DataplaneError> {
         // Only new or retargeted routes are written: `run` syncs on every
         // refresh tick, and rewriting 100,000 unchanged routes each time
         // would cost a fifth of a second of CPU per tick.
@@ -346,13 +369,14 @@ impl Dataplane {
         // caches never serve a result the tables no longer give.
         let additions: Vec<(Prefix, u32)> =
             wanted.iter().filter(|(p, t)| self.installed_routes.get(p) != Some(t)).map(|(p, t)| (*p, *t)).collect();
-        let added: Result<()> = additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
+        let added: Result<(), DataplaneError> =
+            additions.iter().try_for_each(|(prefix, target)| self.install_route(prefix, *target));
         if !additions.is_empty() {
             self.maps.bump_route_generation()?;
         }
         added?;
         let stale: Vec<Prefix> = self.installed_routes.keys().filter(|p| !wanted.contains_key(p)).copied().collect();
-        let removed: Result<()> = stale.iter().try_for_each(|prefix| {
+        let removed: Result<(), DataplaneError> = stale.iter().try_for_each(|prefix| {
             self.maps.remove_route(prefix)?;
             self.installed_routes.remove(prefix);
             Ok(())
@@ -366,12 +390,9 @@ impl Dataplane {
     /// Writes one route. A full table is reported as
     /// [`DataplaneError::RouteTableFull`], with the numbers (the kernel
     /// says only "no space").
-    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<()> {
+    fn install_route(&mut self, prefix: &Prefix, target: u32) -> Result<(), DataplaneError> {
         if let Err(e) = self.maps.set_route(prefix, target) {
-            let no_space = e
-                .chain()
-                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOSPC)));
-            if !no_space {
+            if !e.is_no_space() {
                 return Err(e);
             }
             let (v4, v6) = self.route_counts();
@@ -380,10 +401,48 @@ impl Dataplane {
                 Prefix::V6 { .. } => ("IPv6", v6, rocev2_common::maps::MAX_ROUTES_V6),
             };
             let prefix = prefix.to_string();
-            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix }.into());
+            return Err(DataplaneError::RouteTableFull { family, installed, capacity, prefix });
         }
         self.installed_routes.insert(*prefix, target);
         Ok(())
+    }
+
+    /// [`Dataplane::sync_routes`] of every route, `statics` among them
+    /// (remembered for [`Dataplane::sync_static_routes`]).
+    pub fn sync_all_routes(
+        &mut self,
+        wanted: &BTreeMap<Prefix, u32>,
+        statics: &BTreeMap<Prefix, u32>,
+    ) -> Result<(), DataplaneError> {
+        self.static_routes = statics.clone();
+        self.sync_routes(wanted)
+    }
+
+    /// Installs `statics` (config routes and the box's own addresses,
+    /// which win over learned routes for the same prefix) against the last
+    /// ones synced: new or retargeted ones are written; a prefix no longer
+    /// among them goes back to its learned route (`learned`) or is
+    /// removed. Learned routes are left as the incremental updates wrote
+    /// them, so a periodic sync costs the statics only, not a walk over
+    /// 100,000 learned prefixes.
+    pub fn sync_static_routes(
+        &mut self,
+        statics: &BTreeMap<Prefix, u32>,
+        learned: impl Fn(&Prefix) -> Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let mut changes: Vec<(Prefix, Option<u32>)> = statics
+            .iter()
+            .filter(|(p, t)| self.installed_routes.get(p) != Some(t))
+            .map(|(p, t)| (*p, Some(*t)))
+            .collect();
+        changes.extend(self.static_routes.keys().filter(|p| !statics.contains_key(p)).map(|p| (*p, learned(p))));
+        self.static_routes = statics.clone();
+        self.update_routes(&changes)
+    }
+
+    /// The routes of the last sync that are not learned.
+    pub fn static_routes(&self) -> &BTreeMap<Prefix, u32> {
+        &self.static_routes
     }
 
     /// Routes installed now: (IPv4, IPv6).
@@ -396,11 +455,11 @@ impl Dataplane {
     /// generation once: the incremental path for learned routes, where a
     /// full [`Dataplane::sync_routes`] over 100,000 prefixes per change
     /// would cost milliseconds.
-    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<()> {
+    pub fn update_routes(&mut self, changes: &[(Prefix, Option<u32>)]) -> Result<(), DataplaneError> {
         if changes.is_empty() {
             return Ok(());
         }
-        let applied: Result<()> = changes.iter().try_for_each(|(prefix, target)| {
+        let applied: Result<(), DataplaneError> = changes.iter().try_for_each(|(prefix, target)| {
             match target {
                 Some(t) if self.installed_routes.get(prefix) != Some(t) => self.install_route(prefix, *t)?,
                 Some(_) => {}
@@ -440,7 +499,9 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in maps::names::ALL.iter().chain(crate::control::qp_telemetry::PINNED) {
+            for name in
+                maps::names::ALL.iter().chain(&[names::FLOWLET_SLOTS]).chain(crate::control::qp_telemetry::PINNED)
+            {
                 let _ = std::fs::remove_file(dir.join(name));
             }
             let _ = std::fs::remove_dir(&dir);
@@ -502,6 +563,73 @@ fn port_owner(ifname: &str, ifindex: u32) -> Option<crate::control::state::RunSt
             && s.netns_cookie == here
             && s.ports.iter().any(|p| p.ifindex == ifindex && p.name == ifname)
     })
+}
+
+/// The flowlet tables: pinned by the loader itself (map_pin_path) so that a
+/// takeover's programs can use the very maps the previous run's use.
+const FLOWLET_STATE: [&str; 2] = [names::FLOWLETS, names::FLOWLET_SLOTS];
+
+/// What a takeover keeps of the previous run: its flowlet tables (the
+/// maps themselves, when the new config sizes them the same) and each
+/// group's generation and live members, so a group published again with
+/// the same members keeps its generation and every running flowlet keeps
+/// its member. Without them every flowlet would start over at once, and
+/// with `rehash` most would move.
+#[derive(Default)]
+struct Inherited {
+    /// Pins in the directory to reuse (not removed).
+    reused: Vec<&'static str>,
+    groups: InheritedGroups,
+    /// What was kept or not, for the log.
+    notes: Vec<String>,
+}
+
+impl Inherited {
+    fn read(dir: &Path, flowlet_table_size: u32, flowlet_slots: u32) -> Self {
+        let mut out = Self::default();
+        let expected = [
+            (
+                names::FLOWLETS,
+                "flowlet table",
+                size_of::<rocev2_common::maps::FlowletKey>(),
+                size_of::<rocev2_common::flowlet::FlowletEntry>(),
+                flowlet_table_size.max(1),
+            ),
+            (
+                names::FLOWLET_SLOTS,
+                "keyless flowlet slots",
+                size_of::<u32>(),
+                size_of::<rocev2_common::flowlet::FlowletSlot>(),
+                flowlet_slots.max(1),
+            ),
+        ];
+        for (name, what, key_size, value_size, entries) in expected {
+            let path = dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let info = MapData::from_pin(&path).map_err(anyhow::Error::from).and_then(|m| Ok(m.info()?));
+            match info {
+                Ok(i) if (i.key_size(), i.value_size(), i.max_entries()) == (key_size as u32, value_size as u32, entries) => {
+                    out.reused.push(name);
+                    out.notes.push(format!("took over the previous run's {what} ({entries} entries): running flowlets keep their members"));
+                }
+                Ok(i) => out.notes.push(format!(
+                    "the previous run's {what} held {} entries of {} bytes, this config wants {entries} of {value_size}: it starts empty and running flowlets start over",
+                    i.max_entries(),
+                    i.value_size()
+                )),
+                Err(e) => out.notes.push(format!("cannot open the previous run's {what}: {e:#}; it starts empty")),
+            }
+        }
+        match Maps::read_groups(dir) {
+            Ok(groups) => out.groups = groups,
+            Err(e) => out.notes.push(format!(
+                "cannot read the previous run's groups ({e:#}): every group starts a new generation, and running flowlets start over"
+            )),
+        }
+        out
+    }
 }
 
 /// Where the refused-redirect counters find a net_device's ifindex and

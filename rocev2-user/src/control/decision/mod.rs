@@ -85,6 +85,9 @@ pub struct LiveGroup {
     pub generation: u32,
     /// The flowlet table's entry for the explained packet's flow, if any.
     pub flowlet: Option<rocev2_common::flowlet::FlowletEntry>,
+    /// A keyless group: the slot the explained packet's flow hashes to,
+    /// as the dataplane has it now.
+    pub keyless_slot: Option<rocev2_common::flowlet::FlowletSlot>,
     /// Members demoted for their transport health (`transport_aware`),
     /// as `dev (score N)`: they hold no buckets.
     pub demoted: Vec<String>,
@@ -321,43 +324,39 @@ fn policy_position(
     match group.policy {
         crate::control::config::Policy::Hash => (member_for(buckets, hash), None),
         crate::control::config::Policy::Flowlet(f) if f.table == rocev2_common::flowlet::FlowletTable::Keyless => {
-            // The slot is the dataplane's own (one home: flowlet::slot_of);
-            // its state is shared by every flow hashing there and not read here.
+            // The slot is the dataplane's own (one home: flowlet::slot_of),
+            // shared by every flow that hashes there.
             let index = live_group.map_or_else(
                 || config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32,
                 |g| g.index,
             );
-            let slot = rocev2_common::flowlet::slot_of(key, index, f.table_size.next_power_of_two() - 1).index;
-            let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
-            (p, Some(format!("keyless flowlet table: this flow uses slot {slot} of {}, shared with any flow that hashes there (explain does not read slot state); an empty slot starts flowlet 0, {how}", f.table_size)))
+            let slot_of = rocev2_common::flowlet::slot_of(key, index, f.table_size.next_power_of_two() - 1);
+            let at = format!("keyless flowlet table: this flow uses slot {} of {}", slot_of.index, f.table_size);
+            let live_slot = live_group.and_then(|g| g.keyless_slot.map(|s| (s, g)));
+            match live_slot {
+                Some((slot, g)) if slot.used != 0 => {
+                    let owner = if slot.tag == slot_of.tag {
+                        "last used by this flow"
+                    } else {
+                        "last used by another flow that hashes there (this flow follows or ends its flowlet)"
+                    };
+                    let (p, how) = flowlet_state(&f, members.len() as u32, &slot.entry, g, buckets, key, seed);
+                    (p, Some(format!("{at}, {owner}: {how}")))
+                }
+                Some(_) => {
+                    let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
+                    (p, Some(format!("{at}, empty: the next packet starts flowlet 0, {how}")))
+                }
+                None => {
+                    let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
+                    (p, Some(format!("{at} (its state not read: no running dataplane's slots); an empty slot starts flowlet 0, {how}")))
+                }
+            }
         }
         crate::control::config::Policy::Flowlet(f) => {
-            let count = members.len() as u32;
             if let Some((e, g)) = live_group.and_then(|g| g.flowlet.map(|e| (e, g))) {
-                if e.generation != g.generation || e.position >= count {
-                    let next = e.flowlet_id.wrapping_add(1);
-                    let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
-                    return (p, Some(format!("flowlet {} of this flow is from before the group last changed: the next packet starts flowlet {next}, {how}", e.flowlet_id)));
-                }
-                let idle_ns = monotonic_ns().saturating_sub(e.last_seen_ns);
-                let gap_ns = f.gap.as_nanos() as u64;
-                let kept = format!(
-                    "flowlet {} of this flow (live state), last packet {:.1} ms ago",
-                    e.flowlet_id,
-                    idle_ns as f64 / 1e6
-                );
-                if idle_ns <= gap_ns || (f.at_message_boundary && e.at_boundary == 0) {
-                    return (e.position, Some(format!("{kept}: it stays on position {}", e.position)));
-                }
-                let next = e.flowlet_id.wrapping_add(1);
-                let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
-                return (
-                    p,
-                    Some(format!(
-                        "{kept}, idle past the {} us gap: the next packet starts flowlet {next}, {how}",
-                        f.gap.as_micros()
-                    )),
-                );
+                let (p, how) = flowlet_state(&f, members.len() as u32, &e, g, buckets, key, seed);
+                return (p, Some(how));
             }
             let (p, how) = new_flowlet(f.choice, buckets, key, seed, 0);
             (p, Some(format!("no flowlet state for this flow: its next packet starts flowlet 0, {how}")))
@@ -397,6 +396,40 @@ fn policy_position(
             }
         }
     }
+}
+
+/// What live flowlet state `e` (a keyed entry or a keyless slot's) means
+/// for the next packet: it stays on its member within the gap (and, with
+/// `flowlet_boundary`, inside a message), else a new flowlet starts; state
+/// from an older group generation is stale. As the dataplane decides it
+/// (rocev2_common::flowlet::decide).
+fn flowlet_state(
+    f: &crate::control::config::FlowletConfig,
+    count: u32,
+    e: &rocev2_common::flowlet::FlowletEntry,
+    g: &LiveGroup,
+    buckets: &BucketTable,
+    key: &FlowKey,
+    seed: u32,
+) -> (u32, String) {
+    let next = e.flowlet_id.wrapping_add(1);
+    if e.generation != g.generation || e.position >= count {
+        let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
+        return (
+            p,
+            format!(
+                "flowlet {} is from before the group last changed: the next packet starts flowlet {next}, {how}",
+                e.flowlet_id
+            ),
+        );
+    }
+    let idle_ns = monotonic_ns().saturating_sub(e.last_seen_ns);
+    let kept = format!("flowlet {} (live state), last packet {:.1} ms ago", e.flowlet_id, idle_ns as f64 / 1e6);
+    if idle_ns <= f.gap.as_nanos() as u64 || (f.at_message_boundary && e.at_boundary == 0) {
+        return (e.position, format!("{kept}: it stays on position {}", e.position));
+    }
+    let (p, how) = new_flowlet(f.choice, buckets, key, seed, next);
+    (p, format!("{kept}, idle past the {} us gap: the next packet starts flowlet {next}, {how}", f.gap.as_micros()))
 }
 
 /// A new flowlet's position and how it was chosen.
@@ -547,6 +580,7 @@ pub fn read_live(config: &Config) -> Result<Live> {
                 buckets: maps.bucket_table(g.index)?,
                 generation: entry.generation,
                 flowlet: None,
+                keyless_slot: None,
                 members: g
                     .members
                     .iter()

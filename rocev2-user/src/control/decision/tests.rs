@@ -205,6 +205,7 @@ fn live_members_replace_the_configured_ones() {
             buckets: rocev2_common::buckets::even_table(3),
             generation: 1,
             flowlet: None,
+            keyless_slot: None,
             demoted: vec!["u3 (score 12.5)".into()],
         }],
         learned_target: None,

@@ -69,9 +69,13 @@ pub struct WantedPin {
 pub enum RouteStep {
     /// The routes stay as they are.
     Keep,
-    /// The route tables become exactly this (new routes are added before
-    /// stale ones go).
-    Sync(BTreeMap<Prefix, u32>),
+    /// The route tables become exactly `all` (new routes are added before
+    /// stale ones go); `statics` are those of them that are not learned.
+    Sync { all: BTreeMap<Prefix, u32>, statics: BTreeMap<Prefix, u32> },
+    /// Only the routes that are not learned (config routes, the box's
+    /// addresses) against those of the last sync; a prefix that leaves
+    /// them goes back to its entry in `learned`, or is removed.
+    Statics { statics: BTreeMap<Prefix, u32>, learned: BTreeMap<Prefix, u32> },
     /// These changes: a target, or `None` to remove the prefix.
     Update(Vec<(Prefix, Option<u32>)>),
 }
@@ -107,7 +111,10 @@ impl GroupPipeline {
         }
         match routes {
             RouteStep::Keep => {}
-            RouteStep::Sync(routes) => dataplane.sync_routes(&routes)?,
+            RouteStep::Sync { all, statics } => dataplane.sync_all_routes(&all, &statics)?,
+            RouteStep::Statics { statics, learned } => {
+                dataplane.sync_static_routes(&statics, |p| learned.get(p).copied())?
+            }
             RouteStep::Update(changes) => dataplane.update_routes(&changes)?,
         }
         if let Some(pins) = pins {

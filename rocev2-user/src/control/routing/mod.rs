@@ -112,6 +112,9 @@ pub struct KernelRoutes {
     /// Transport health of the members of learned groups under a
     /// `[[route_policy]]` with `transport_aware`, by group name.
     pub health: BTreeMap<String, crate::control::health::GroupHealth>,
+    /// A takeover's learned groups as the previous run left them, for
+    /// their members' health until each group is first published.
+    previous_health: BTreeMap<String, crate::control::state::GroupState>,
     /// A demotion or restore waits to be published.
     health_changed: bool,
 }
@@ -161,6 +164,7 @@ impl KernelRoutes {
             unfit: BTreeSet::new(),
             stats: LearnedStats { table, ..Default::default() },
             health: BTreeMap::new(),
+            previous_health: BTreeMap::new(),
             health_changed: false,
         };
         me.resync()?;
@@ -456,6 +460,13 @@ impl KernelRoutes {
         self.prepared.insert(ifindex);
     }
 
+    /// A takeover: the previous run's learned groups (its state file), whose
+    /// members' transport health goes on when each group is first planned.
+    pub fn inherit_health(&mut self, groups: &[crate::control::state::GroupState]) {
+        self.previous_health =
+            groups.iter().filter(|g| g.transport_aware.is_some()).map(|g| (g.name.clone(), g.clone())).collect();
+    }
+
     /// The learned groups to publish (see crate::control::groups): those
     /// `which` names, each with its policy, usable members and bucket table.
     pub fn planned_groups(
@@ -475,6 +486,18 @@ impl KernelRoutes {
         let mut out = Vec::new();
         for group in self.groups.by_key.values_mut().filter(|g| g.prefixes > 0 && consider(g.slot)) {
             let settings = settings_of(group.policy, policies, default);
+            // A takeover: the members' health as the previous run left it,
+            // before the first bucket table (a demoted member stays out).
+            if let Some(previous) = self.previous_health.remove(&group.name) {
+                if settings.transport_aware.is_some() && !self.health.contains_key(&group.name) {
+                    let links = &self.fib.links;
+                    let name = |oif: u32| links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone());
+                    let members = group.hops.iter().map(|h| (name(h.oif), format!("via {}", h.neighbour)));
+                    let health = crate::control::health::GroupHealth::from_previous(&previous, members);
+                    log_inherited_health(&group.name, &health);
+                    self.health.insert(group.name.clone(), health);
+                }
+            }
             let members: Vec<MemberView<HopId>> = group
                 .hops
                 .iter()
@@ -759,3 +782,12 @@ fn policy_index(policies: &[RoutePolicy], prefix: &Prefix) -> Option<usize> {
 
 /// How long to wait between gradual rebalance steps.
 pub const REBALANCE_STEP: Duration = Duration::from_millis(100);
+
+/// One log line for a group whose transport health a takeover kept.
+pub(crate) fn log_inherited_health(group: &str, health: &crate::control::health::GroupHealth) {
+    let (demoted, scored) = health.summary();
+    tracing::info!(
+        group,
+        "kept the transport health of group {group} from the previous run: {demoted} member(s) demoted, {scored} with a score"
+    );
+}

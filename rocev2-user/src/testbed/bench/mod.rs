@@ -228,7 +228,7 @@ fn add_classes(dp: &mut Dataplane) -> Result<()> {
         ..Default::default()
     };
     add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
-    dp.maps.set_classes(&[control, cts])
+    Ok(dp.maps.set_classes(&[control, cts])?)
 }
 
 /// A part-1 row measured on its own dataplane instance: the pipelines with
@@ -292,7 +292,8 @@ impl Variant {
             Variant::FlowletKeyless => {
                 // The flowlet pipeline's group again, its state in the keyless slots.
                 let policy = flowlet_policy(FlowletTable::Keyless);
-                dp.maps.publish_group_with(GROUP, &policy, &lo_members(0xBB)).map(|_| ())
+                dp.maps.publish_group_with(GROUP, &policy, &lo_members(0xBB))?;
+                Ok(())
             }
             Variant::QpClasses => add_classes(dp),
             Variant::QpEcn => add_ecn_queue(dp, &[LOOPBACK]),
