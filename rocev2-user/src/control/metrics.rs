@@ -223,10 +223,10 @@ pub struct ServiceInfo {
 }
 
 impl ServiceInfo {
-    /// From the state file of the instance whose process serves the
-    /// metrics (so /proc/self is `rocev2 run`).
+    /// From the state file of a running instance; the process metrics are
+    /// those of its `rocev2 run` (its pid), whoever serves them.
     pub fn of(state: &RunState) -> Self {
-        let (cpu_seconds, resident_bytes) = own_usage();
+        let (cpu_seconds, resident_bytes) = usage(state.pid);
         Self {
             started_at: state.started_at,
             reloads: state.reloads,
@@ -240,15 +240,15 @@ impl ServiceInfo {
                 .collect(),
             cpu_seconds,
             resident_bytes,
-            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+            open_fds: std::fs::read_dir(format!("/proc/{}/fd", state.pid)).map_or(0, |d| d.count() as u64),
         }
     }
 }
 
-/// This process's CPU time (user + system, seconds) and resident memory
-/// (bytes), from /proc/self/stat.
-fn own_usage() -> (f64, u64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return (0.0, 0) };
+/// Process `pid`'s CPU time (user + system, seconds) and resident memory
+/// (bytes), from /proc/PID/stat.
+fn usage(pid: u32) -> (f64, u64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0.0, 0) };
     // Fields after the command name, which is in parentheses.
     let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
     let number = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
@@ -821,7 +821,7 @@ mod tests {
         }
         assert_eq!(text.matches("# EOF").count(), 1, "one exposition: {text}");
         // This process's own usage reads as something.
-        let (cpu, rss) = own_usage();
+        let (cpu, rss) = usage(std::process::id());
         assert!(cpu >= 0.0 && rss > 0, "{cpu} {rss}");
     }
 

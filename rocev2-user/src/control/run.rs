@@ -1094,9 +1094,16 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     if errors.is_empty() {
         return Ok(links);
     }
-    let elsewhere = namespace_with(&missing)
-        .map(|ns| format!("; they exist in network namespace {ns:?}: give `rocev2 --netns {ns} ...`"))
-        .unwrap_or_default();
+    let found = namespaces_with(&missing);
+    let elsewhere = match found.as_slice() {
+        [] => String::new(),
+        [ns] => format!("; they exist in network namespace {ns:?}: give `rocev2 --netns {ns} ...`"),
+        several => {
+            let listed: Vec<String> = several.iter().take(4).map(|n| format!("{n:?}")).collect();
+            let more = if several.len() > 4 { format!(" and {} more", several.len() - 4) } else { String::new() };
+            format!("; they exist in network namespaces {}{more}: give `rocev2 --netns NAME ...`", listed.join(", "))
+        }
+    };
     let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
     bail!("{}{count}{}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
 }
@@ -1108,17 +1115,20 @@ fn interface_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The named network namespace (`ip netns list`), other than this one, in
+/// The named network namespaces (`ip netns list`), other than this one, in
 /// which every one of `names` exists: where a config was meant to run.
-fn namespace_with(names: &[String]) -> Option<String> {
+fn namespaces_with(names: &[String]) -> Vec<String> {
     let here = crate::sys::netns::current_cookie().unwrap_or(0);
-    crate::sys::netns::names().into_iter().find(|ns| {
-        crate::sys::netns::in_netns_scoped(ns, || {
-            let found = interface_names();
-            Ok(crate::sys::netns::current_cookie().unwrap_or(0) != here && names.iter().all(|n| found.contains(n)))
+    crate::sys::netns::names()
+        .into_iter()
+        .filter(|ns| {
+            crate::sys::netns::in_netns_scoped(ns, || {
+                let found = interface_names();
+                Ok(crate::sys::netns::current_cookie().unwrap_or(0) != here && names.iter().all(|n| found.contains(n)))
+            })
+            .unwrap_or(false)
         })
-        .unwrap_or(false)
-    })
+        .collect()
 }
 
 /// The dataplane's encoding of a configured group's policy.
