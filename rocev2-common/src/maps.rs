@@ -38,6 +38,9 @@ pub mod names {
     pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
     pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
     pub const BUCKETS: &str = "BUCKETS";
+    /// Host bridge mode: the mirrored forwarding database and the bridge's ports.
+    pub const FDB: &str = "FDB";
+    pub const BRIDGE_PORTS: &str = "BRIDGE_PORTS";
     /// Frames an egress device refused after a redirect, by its ifindex.
     pub const EGRESS_REFUSED: &str = "EGRESS_REFUSED";
     /// Not pinned: it holds program references and lives with the programs.
@@ -60,6 +63,8 @@ pub mod names {
         EGRESS_BY_SLOT,
         ROUTE_CACHE,
         BUCKETS,
+        FDB,
+        BRIDGE_PORTS,
         EGRESS_REFUSED,
         ROUTES_V4,
         ROUTES_V6,
@@ -317,6 +322,68 @@ pub struct DataplaneConfig {
     pub spread_cpus: u32,
 }
 
+/// Entries FDB holds at most (allocated as they are added).
+pub const MAX_FDB_ENTRIES: u32 = 65_536;
+
+/// FDB entry kinds: where a frame to this MAC goes.
+/// To the one bridge port the kernel's FDB names (`target` = its ifindex).
+pub const FDB_PORT: u32 = 1;
+/// To a member of an uplink group (`target` = the group's slot): a MAC
+/// reachable through every port of the group.
+pub const FDB_UPLINK: u32 = 2;
+/// One of the bridge's own MACs (or a port's): the frame is for this box.
+pub const FDB_LOCAL: u32 = 3;
+/// A MAC the kernel bridge knows on a port rocev2 does not send to (not in
+/// STP forwarding state, down, isolated or locked): the kernel decides.
+pub const FDB_KERNEL: u32 = 4;
+
+/// Key of FDB: a MAC address and its VLAN. Without VLAN filtering (all
+/// this kernel's bridge offers) every entry and every lookup uses VLAN 0;
+/// a VLAN-aware bridge would key by the frame's VID (or the port's PVID).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FdbKey {
+    pub mac: [u8; 6],
+    pub vlan: u16,
+}
+
+/// Value of FDB.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdbEntry {
+    /// FDB_PORT, FDB_UPLINK, FDB_LOCAL or FDB_KERNEL.
+    pub kind: u32,
+    /// FDB_PORT: the port's ifindex; FDB_UPLINK: the uplink group's slot.
+    pub target: u32,
+    /// FDB_PORT: the port's counter slot. A frame *from* this MAC must
+    /// arrive on that slot (else the kernel sees it and learns the move).
+    pub port_slot: u32,
+    /// Set by the XDP program when a frame from this MAC arrives on its
+    /// port; the control program refreshes the kernel's ageing of such
+    /// entries (frames forwarded in XDP never reach the kernel bridge) and
+    /// clears it. A hit bit, as switch ASICs keep for their FDBs.
+    pub active: u32,
+}
+
+/// BRIDGE_PORTS flag: the port is in STP forwarding state, up, and
+/// served by rocev2.
+pub const BRIDGE_PORT_FORWARDING: u32 = 1;
+
+/// Value of BRIDGE_PORTS, indexed by port counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BridgePort {
+    pub flags: u32,
+    /// The slot + 1 of the uplink group this port belongs to (0: none). A
+    /// frame from one of that group's MACs may arrive on any of its ports.
+    pub uplink: u32,
+}
+
+/// The `group` of a frame bridged to the one port its FDB entry names:
+/// past every group slot, so per-member counters and telemetry sums (whose
+/// maps are indexed by group) leave it out.
+pub const BRIDGE_PORT_GROUP: u32 = MAX_GROUPS;
+
 /// Value of `GEN_REWRITE[0]`: what the traffic generator's XDP_TX program
 /// restores in every frame before sending it. Live frames come from a page
 /// pool that the kernel recycles as is, so without this a frame's second
@@ -354,6 +421,10 @@ const _: () = {
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
+    assert!(core::mem::size_of::<FdbKey>() == 8);
+    assert!(core::mem::size_of::<FdbEntry>() == 16);
+    assert!(core::mem::size_of::<BridgePort>() == 8);
+    assert!(member_stat_index(BRIDGE_PORT_GROUP, 0) >= MEMBER_STAT_ENTRIES);
     assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
     assert!(core::mem::size_of::<EgressCounters>() == 8 * crate::counters::EgressCounter::COUNT as usize);
 };
@@ -374,4 +445,7 @@ mod pod {
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
     unsafe impl aya::Pod for GenRewrite {}
+    unsafe impl aya::Pod for FdbKey {}
+    unsafe impl aya::Pod for FdbEntry {}
+    unsafe impl aya::Pod for BridgePort {}
 }

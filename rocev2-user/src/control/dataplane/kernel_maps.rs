@@ -19,10 +19,10 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
-        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
+        FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6,
+        PortCounters, PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX,
+        MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -60,6 +60,10 @@ pub struct Maps {
     egress_by_slot: Array<MapData, EgressEntry>,
     route_cache: PerCpuArray<MapData, RouteCacheEntry>,
     buckets: Array<MapData, BucketTable>,
+    /// Host bridge mode's maps; `None` when reading the pins of a `rocev2
+    /// run` from before host bridge mode.
+    fdb: Option<HashMap<MapData, FdbKey, FdbEntry>>,
+    bridge_ports: Option<Array<MapData, BridgePort>>,
     /// Frames each egress device refused after a redirect; `None` when
     /// reading the pins of a `rocev2 run` from before the counter existed.
     egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
@@ -223,6 +227,8 @@ impl Maps {
             egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
             route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
             buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
+            fdb: Some(typed(take(names::FDB)?, names::FDB)?),
+            bridge_ports: Some(typed(take(names::BRIDGE_PORTS)?, names::BRIDGE_PORTS)?),
             egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
             flowlet_slots,
             inherited: InheritedGroups::new(),
@@ -318,6 +324,12 @@ impl Maps {
             egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
             route_cache: open(dir, names::ROUTE_CACHE)?,
             buckets: open(dir, names::BUCKETS)?,
+            fdb: if dir.join(names::FDB).exists() { Some(open(dir, names::FDB)?) } else { None },
+            bridge_ports: if dir.join(names::BRIDGE_PORTS).exists() {
+                Some(open(dir, names::BRIDGE_PORTS)?)
+            } else {
+                None
+            },
             egress_refused: if dir.join(names::EGRESS_REFUSED).exists() {
                 Some(open(dir, names::EGRESS_REFUSED)?)
             } else {
@@ -726,6 +738,62 @@ impl Maps {
             }
         }
         Ok(out)
+    }
+
+    /// The FDB map, or why there is none.
+    fn fdb(&self) -> Result<&HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_ref().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    fn fdb_mut(&mut self) -> Result<&mut HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_mut().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    /// Host bridge mode: writes one FDB entry (a new MAC, or one that moved).
+    pub fn set_fdb(&mut self, key: FdbKey, entry: FdbEntry) -> Result<()> {
+        self.fdb_mut()?.insert(key, entry, 0).with_context(|| {
+            format!(
+                "cannot write the FDB entry of {} (FDB full at {} entries?)",
+                crate::sys::format_mac(&key.mac),
+                rocev2_common::maps::MAX_FDB_ENTRIES
+            )
+        })
+    }
+
+    /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
+    pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
+        match self.fdb_mut()?.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
+            }
+        }
+    }
+
+    /// One FDB entry as the dataplane has it (with its activity bit).
+    pub fn fdb_entry(&self, key: &FdbKey) -> Option<FdbEntry> {
+        self.fdb().ok()?.get(key, 0).ok()
+    }
+
+    /// Every FDB entry, for `explain` and the tests.
+    pub fn fdb_entries(&self) -> Vec<(FdbKey, FdbEntry)> {
+        self.fdb().map(|fdb| fdb.iter().filter_map(Result::ok).collect()).unwrap_or_default()
+    }
+
+    /// Host bridge mode: a bridge port's state, at its port counter slot.
+    pub fn set_bridge_port(&mut self, slot: u32, port: BridgePort) -> Result<()> {
+        if slot == 0 || slot >= MAX_PORTS {
+            return Err(DataplaneError::SlotOutOfRange { what: "bridge port", slot, capacity: MAX_PORTS });
+        }
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_mut().ok_or(missing)?;
+        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+    }
+
+    pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_ref().ok_or(missing)?;
+        ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
     }
 
     /// Packets and bytes sent through one group member, summed over CPUs.
