@@ -387,7 +387,8 @@ impl Runner {
                 s.ageing_s
             );
         }
-        let ports = runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+        let ports =
+            runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
         let attach = match c.dataplane.attach {
             Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
             Attach::Tc => "tc ingress".to_string(),
