@@ -297,21 +297,6 @@ impl TransportAwareKnobs {
 }
 
 impl GroupState {
-    /// The transport health this (previous run's) group had for each of
-    /// `members`, found by device and next hop (default when not): a
-    /// demoted member stays demoted across a takeover.
-    pub fn inherited_health(
-        &self,
-        members: impl IntoIterator<Item = (String, String)>,
-    ) -> crate::control::health::GroupHealth {
-        let found = |dev: &str, next_hop: &str| {
-            self.members.iter().find(|m| m.dev == dev && m.next_hop == next_hop).and_then(|m| m.health)
-        };
-        crate::control::health::GroupHealth::restored(
-            members.into_iter().map(|(dev, hop)| found(&dev, &hop).unwrap_or_default()).collect(),
-        )
-    }
-
     /// "hash", "flowlet" or "pinned": a config group's policy.
     pub fn policy_name(policy: &crate::control::config::Policy) -> String {
         use crate::control::config::Policy;

@@ -193,7 +193,8 @@ impl KernelRoutes {
 
     /// Waits for the next batch of netlink messages and applies them to
     /// the mirror. Returns when the caller should plan and publish
-    /// ([`KernelRoutes::plan`], [`GroupPipeline::publish`](crate::control::groups::GroupPipeline::publish)).
+    /// ([`KernelRoutes::plan`], then the group pipeline's
+    /// [`GroupPipeline::publish`](crate::control::groups::GroupPipeline::publish)).
     pub async fn next_batch(&mut self) -> Result<Instant> {
         let batch = self.socket.receive().await;
         let started = Instant::now();
@@ -493,7 +494,7 @@ impl KernelRoutes {
                     let links = &self.fib.links;
                     let name = |oif: u32| links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone());
                     let members = group.hops.iter().map(|h| (name(h.oif), format!("via {}", h.neighbour)));
-                    let health = previous.inherited_health(members);
+                    let health = groups::health_from_previous(&previous, members);
                     log_inherited_health(&group.name, &health);
                     self.health.insert(group.name.clone(), health);
                 }
