@@ -390,7 +390,7 @@ impl Runner {
         for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
             let Some(old) = previous.groups.iter().find(|g| g.name == group.name) else { continue };
             let members = group.members.iter().map(|m| (m.dev.clone(), next_hop_text(&m.next_hop)));
-            let health = GroupHealth::from_previous(old, members);
+            let health = groups::health_from_previous(old, members);
             crate::control::routing::log_inherited_health(&group.name, &health);
             self.health.insert(group.name.clone(), health);
         }

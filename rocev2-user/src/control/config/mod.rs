@@ -708,7 +708,7 @@ mod validate;
 mod values;
 
 pub use transport_aware::TransportAware;
-pub use values::{parse_rate_arg, parse_size_arg};
+pub use values::{parse_gap, parse_rate_arg, parse_size_arg};
 
 // The submodules' items, for each other and for the tests (`use super::*`).
 #[allow(unused_imports, reason = "the tests use what the submodules do not")]

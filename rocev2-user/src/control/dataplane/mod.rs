@@ -163,8 +163,8 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         if let Some(dir) = pin_dir {
             // Pinned as they are created (or reused): the next takeover keeps them.
-            for name in FLOWLET_STATE {
-                loader.map_pin_path(name, dir.join(name));
+            for map in kept_by_takeover() {
+                loader.map_pin_path(map.name, dir.join(map.name));
             }
         }
         let mut ebpf = loader
@@ -182,7 +182,7 @@ impl Dataplane {
         // No program is verified yet (verifying costs CPU): each is loaded
         // into the kernel when first needed (`xdp_program`, `tc_program`),
         // or ahead of time with `preload`.
-        let mut maps = Maps::take(&mut ebpf, pin_dir, &FLOWLET_STATE)?;
+        let mut maps = Maps::take(&mut ebpf, pin_dir)?;
         maps.inherit_groups(inherited.groups);
         for line in &inherited.notes {
             tracing::info!("{line}");
@@ -529,10 +529,8 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in
-                maps::names::ALL.iter().chain(&[names::FLOWLET_SLOTS]).chain(crate::control::qp_telemetry::PINNED)
-            {
-                let _ = std::fs::remove_file(dir.join(name));
+            for map in maps::MAPS.iter().filter(|m| m.pin != maps::Pin::Never) {
+                let _ = std::fs::remove_file(dir.join(map.name));
             }
             let _ = std::fs::remove_dir(&dir);
         }
@@ -549,9 +547,13 @@ impl Drop for Dataplane {
     }
 }
 
-/// The flowlet tables: pinned by the loader itself (map_pin_path) so that a
-/// takeover's programs can use the very maps the previous run's use.
-const FLOWLET_STATE: [&str; 2] = [names::FLOWLETS, names::FLOWLET_SLOTS];
+/// The maps a takeover keeps (the table's `Takeover::Kept`: the flowlet
+/// tables), pinned by the loader itself (map_pin_path) so that a
+/// takeover's programs can use the very maps the previous run's use;
+/// [`Inherited::read`] checks each one's size.
+fn kept_by_takeover() -> impl Iterator<Item = &'static maps::MapSpec> {
+    maps::MAPS.iter().filter(|m| m.takeover == maps::Takeover::Kept)
+}
 
 /// What a takeover keeps of the previous run: its flowlet tables (the
 /// maps themselves, when the new config sizes them the same) and each
@@ -587,6 +589,10 @@ impl Inherited {
                 flowlet_slots.max(1),
             ),
         ];
+        debug_assert!(
+            kept_by_takeover().all(|m| expected.iter().any(|e| e.0 == m.name)),
+            "a kept map whose size is not checked"
+        );
         for (name, what, key_size, value_size, entries) in expected {
             let path = dir.join(name);
             if !path.exists() {

@@ -588,9 +588,10 @@ fn maps_memlock(ids: &BTreeSet<u32>) -> Result<(u64, Vec<(String, u64)>)> {
     }
     let mut per_map = Vec::new();
     for (id, memlock) in &seen {
+        // The table's name: the kernel keeps only 15 characters.
         let name = aya::maps::MapInfo::from_id(*id)
             .ok()
-            .and_then(|i| i.name_as_str().map(str::to_owned))
+            .and_then(|i| i.name_as_str().map(|n| rocev2_common::maps::spec_of(n).map_or(n, |m| m.name).to_owned()))
             .unwrap_or_else(|| format!("map {id}"));
         per_map.push((name, *memlock));
     }

@@ -81,6 +81,9 @@ pub enum LabCommand {
     Te(fabric::te::LabTeArgs),
     /// Fail a fabric link (both directions) or bring it back.
     Link(fabric::te::LabLinkArgs),
+    /// The collective scorecard: a ring AllReduce under every load-balancing
+    /// mode and an incast under every transport, one table (and an SVG chart).
+    Scorecard(fabric::scorecard::LabScorecardArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
 }
@@ -97,6 +100,7 @@ impl LabCommand {
             Self::Mode(_) => "lab mode",
             Self::Te(_) => "lab te",
             Self::Link(_) => "lab link",
+            Self::Scorecard(_) => "lab scorecard",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -212,6 +216,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
+        LabCommand::Scorecard(args) => fabric::scorecard::scorecard(args).map(|_| ()),
     }
 }
 
