@@ -186,9 +186,16 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     if fam.v6() {
         r.push(strs(&["-6", "route", "add", "fd00:1::/64", "via", "fdc8:1::1", "dev", "r1"]));
     }
+    // The destination answers each burst of RoCE frames with a port
+    // unreachable (no RDMA stack listens), back through rack switch 1:
+    // what teaches the bridge the gateway there, and traffic back to the
+    // host. Without the per-peer limit (one a second), every burst gets
+    // its answer, however soon it follows the last.
+    let mut dst_sysctls = base_sysctls(false);
+    dst_sysctls.extend(["net.ipv4.icmp_ratelimit=0".to_string(), "net.ipv6.icmp.ratelimit=0".to_string()]);
     namespaces.push(NsPlan {
         name: dst,
-        sysctls: base_sysctls(false),
+        sysctls: dst_sysctls,
         lo_addrs: pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
         routes: r,
     });
