@@ -503,7 +503,7 @@ impl Runner {
             HashSeed::Auto => rocev2_common::hash::auto_seed(links.ports.iter().map(|l| l.mac)),
         };
         let maps = &mut self.dataplane.maps;
-        maps.set_hash_seed(self.seed)?;
+        maps.set_hash(self.seed, config.dataplane.hash_version)?;
         for (i, profile) in config.ecn_profiles.iter().enumerate() {
             maps.set_ecn_profile(i as u32, profile.to_map_entry())?;
         }

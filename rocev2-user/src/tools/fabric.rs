@@ -31,7 +31,7 @@ use anyhow::{bail, Result};
 use rocev2_common::{
     buckets::{even_table, member_for, BucketTable},
     flowlet::rehash_position,
-    hash::{auto_seed, member_hash, HashMode},
+    hash::{auto_seed, member_hash, HashMode, HashVersion},
 };
 use serde::Serialize;
 
@@ -189,6 +189,10 @@ pub struct Fabric {
     pub v4: bool,
     pub v6: bool,
     pub hash: HashMode,
+    /// `hash_version` of every switch's config (a record written before
+    /// the field existed: version 1, what its configs ran).
+    #[serde(default)]
+    pub hash_version: HashVersion,
     pub seeds: SeedPlan,
 }
 
@@ -356,6 +360,10 @@ impl Fabric {
     pub fn host_mac(r: u32, i: u32) -> [u8; 6] {
         [0x02, 0x52, 0x46, r as u8, ((r >> 8) << 1) as u8 | 0x01, i as u8]
     }
+    /// The NIC of host i's virtual machine (`lab up --rdma-hosts`).
+    pub fn guest_mac(r: u32, i: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x46, r as u8, 0x02, i as u8]
+    }
     pub fn leaf_uplink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
         [0x02, 0x52, 0x47, r as u8, j as u8, ((r >> 8) << 3) as u8 | k as u8]
     }
@@ -501,7 +509,7 @@ impl Fabric {
                 let Some(key) = fields.flow_key() else { bail!("no flow key for {fields:?}") };
                 let pick = |c: Choice| match flowlet {
                     true => rehash_position(&key, c.seed, message, c.table),
-                    false => member_for(c.table, member_hash(&key, self.hash, c.seed)),
+                    false => member_for(c.table, member_hash(&key, self.hash, c.seed, self.hash_version)),
                 };
                 for hop in router.walk(c.src, c.dst, pick) {
                     let Some(link) = hop.link_id() else { continue };
@@ -792,6 +800,7 @@ mod tests {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: HashVersion::V1,
             seeds,
         }
     }

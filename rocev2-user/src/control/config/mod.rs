@@ -5,6 +5,7 @@
 //! [dataplane]
 //! hash = "qp"                      # or "five-tuple"; default "qp"
 //! hash_seed = 1234                 # u32, default 0
+//! hash_version = 2                 # 1 or 2; default 1 (a config without it keeps its placement)
 //! xdp_mode = "native"              # or "skb"; default "native"
 //! pin_dir = "/sys/fs/bpf/rocev2"   # default rocev2_common::maps::PIN_DIR
 //! neighbour_refresh_ms = 1000      # default 1000, 100..=60000
@@ -46,7 +47,7 @@ use std::time::Duration;
 
 use rocev2_common::buckets::Rebalance;
 use rocev2_common::features::Features;
-use rocev2_common::hash::HashMode;
+use rocev2_common::hash::{HashMode, HashVersion};
 use rocev2_common::maps::PIN_DIR;
 
 /// Default and allowed range of `dataplane.neighbour_refresh_ms`.
@@ -263,6 +264,10 @@ pub struct Class {
 pub struct Dataplane {
     pub hash: HashMode,
     pub hash_seed: HashSeed,
+    /// `hash_version`: which flow hash every group and the spreading stage
+    /// use. 1 when the key is absent, so a fabric configured before the
+    /// key existed keeps its placement; new configs write 2.
+    pub hash_version: HashVersion,
     pub xdp_mode: XdpMode,
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
@@ -291,6 +296,7 @@ impl Default for Dataplane {
         Self {
             hash: HashMode::Qp,
             hash_seed: HashSeed::Fixed(0),
+            hash_version: HashVersion::V1,
             xdp_mode: XdpMode::Native,
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),

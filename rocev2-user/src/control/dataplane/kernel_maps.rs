@@ -17,7 +17,7 @@ use rocev2_common::{
     counters::{EgressCounter, PortCounter},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
     flowlet::FlowletEntry,
-    hash::HashMode,
+    hash::{HashMode, HashVersion},
     maps::{
         bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
         FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4,
@@ -320,8 +320,10 @@ impl Maps {
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
-    pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
-        let config = DataplaneConfig { hash_seed: seed, ..self.dataplane_config()? };
+    /// The seed and version of the flow hash, in one CONFIG write: a
+    /// packet never hashes with a new seed under the old version.
+    pub fn set_hash(&mut self, seed: u32, version: HashVersion) -> Result<()> {
+        let config = DataplaneConfig { hash_seed: seed, hash_version: version.number(), ..self.dataplane_config()? };
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 

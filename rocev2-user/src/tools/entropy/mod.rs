@@ -21,7 +21,7 @@ use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
     buckets::{even_table, member_for},
     flowlet::rehash_position,
-    hash::{member_hash, FlowKey, HashMode},
+    hash::{member_hash, FlowKey, HashMode, HashVersion},
 };
 use serde::Serialize;
 
@@ -104,6 +104,9 @@ pub struct EntropyArgs {
     /// Hash seed (also seeds `--sport random`).
     #[arg(long, default_value_t = 0)]
     pub seed: u32,
+    /// The switches' `hash_version`: 1 (a config without the key) or 2.
+    #[arg(long, default_value_t = HashVersion::V1)]
+    pub hash_version: HashVersion,
     /// Messages per QP; in flowlet mode each one is a new flowlet.
     #[arg(long, default_value_t = 16)]
     pub messages: u32,
@@ -189,6 +192,7 @@ pub struct Scenario {
     pub uplinks: u32,
     pub hash: SimHash,
     pub seed: u32,
+    pub hash_version: HashVersion,
     pub messages: u32,
     /// Flowlet mode: a keyless table of this many slots instead of a keyed one.
     pub flowlet_slots: Option<u32>,
@@ -203,6 +207,7 @@ impl Scenario {
             uplinks: args.uplinks,
             hash: args.hash,
             seed: args.seed,
+            hash_version: args.hash_version,
             messages: args.messages,
             flowlet_slots: args.flowlet_slots,
         }
@@ -318,7 +323,7 @@ pub fn simulate(s: &Scenario) -> SimResult {
                     SimHash::FiveTuple | SimHash::Qp => {
                         let mode = if s.hash == SimHash::Qp { HashMode::Qp } else { HashMode::FiveTuple };
                         // A QP is one flow for its whole life: all its bytes share a path.
-                        let m = member_for(&table, member_hash(&key, mode, s.seed)) as usize;
+                        let m = member_for(&table, member_hash(&key, mode, s.seed, s.hash_version)) as usize;
                         bytes[m] += per_qp;
                         flows[m] += 1;
                     }
@@ -716,7 +721,17 @@ mod tests {
     use super::*;
 
     fn scenario(hosts: u32, qps: u32, sport: SportModel, uplinks: u32, hash: SimHash) -> Scenario {
-        Scenario { hosts, qps, sport, uplinks, hash, seed: 0, messages: 16, flowlet_slots: None }
+        Scenario {
+            hosts,
+            qps,
+            sport,
+            uplinks,
+            hash,
+            seed: 0,
+            hash_version: HashVersion::V1,
+            messages: 16,
+            flowlet_slots: None,
+        }
     }
 
     #[test]
@@ -747,7 +762,10 @@ mod tests {
             for host in 0..s.hosts {
                 let uplinks: std::collections::BTreeSet<u32> = (0..qps)
                     .map(|q| {
-                        member_for(&even_table(8), member_hash(&qp_flow_key(&s, host, q), HashMode::FiveTuple, s.seed))
+                        member_for(
+                            &even_table(8),
+                            member_hash(&qp_flow_key(&s, host, q), HashMode::FiveTuple, s.seed, s.hash_version),
+                        )
                     })
                     .collect();
                 assert_eq!(uplinks.len(), 1, "host {host} with {qps} QPs");

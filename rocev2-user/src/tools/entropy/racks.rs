@@ -33,6 +33,7 @@ fn fabric(args: &EntropyArgs, racks: u32, hash: SimHash, seeds: SeedPlan) -> Res
         v4: args.family.v4(),
         v6: args.family.v6(),
         hash: if hash == SimHash::FiveTuple { HashMode::FiveTuple } else { HashMode::Qp },
+        hash_version: args.hash_version,
         seeds,
         zones: args.zones,
         aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
