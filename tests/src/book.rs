@@ -11,37 +11,6 @@ pub fn chapter(file: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-/// One `$ command` of a chapter's console block and the lines the book
-/// shows under it.
-pub struct Step {
-    pub command: String,
-    pub expected: Vec<String>,
-}
-
-/// The `$ command`s of chapter `file`'s console blocks, in order, each
-/// with what the book shows it print.
-pub fn console_steps(file: &str) -> Vec<Step> {
-    let text = chapter(file);
-    let mut steps: Vec<Step> = Vec::new();
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() != "```console" {
-            continue;
-        }
-        for l in lines.by_ref().take_while(|l| l.trim() != "```") {
-            match l.strip_prefix("$ ") {
-                Some(command) => steps.push(Step { command: command.to_string(), expected: Vec::new() }),
-                None => steps
-                    .last_mut()
-                    .unwrap_or_else(|| panic!("a console block of {file} starts with a command"))
-                    .expected
-                    .push(l.to_string()),
-            }
-        }
-    }
-    steps
-}
-
 /// The front page, README.md (the book includes its intro, quick start
 /// and minimal config).
 pub fn front_page() -> String {
