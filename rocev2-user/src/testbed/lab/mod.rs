@@ -836,7 +836,13 @@ pub fn status(name: &str) -> Result<String> {
         let attached = if xdp.is_empty() {
             "no dataplane".to_owned()
         } else {
-            format!("dataplane attached (XDP on {})", xdp.join(", "))
+            // Attached is not the same as managed: say who keeps it in step.
+            let manager = match crate::control::state::RunState::read(&record.pin_dir).map(|s| s.manager()) {
+                Ok(crate::control::state::Manager::Running(pid)) => format!(", managed by `rocev2 run` pid {pid}"),
+                Ok(nobody) => format!("; WARNING: {}", nobody.warning(&record.pin_dir).unwrap_or_default()),
+                Err(_) => String::new(),
+            };
+            format!("dataplane attached (XDP on {}){manager}", xdp.join(", "))
         };
         let _ = writeln!(out, "{ns}: {attached}");
         let addrs = ip(&["-n", ns, "-br", "addr", "show"]).unwrap_or_default();
