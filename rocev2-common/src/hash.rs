@@ -249,18 +249,24 @@ const KEY_BYTES: u32 = 44;
 /// before the finalization. The one place the key is mixed.
 #[inline(always)]
 fn mix_key(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
-    let mut h = seed;
-    h = mix(h, key.src[0]);
+    let mut h = mix_addresses(seed, key);
+    h = mix(h, ports_word(key));
+    h = mix(h, u32::from(key.protocol));
+    mix(h, dest_qp)
+}
+
+/// MurmurHash3's steps over all eight address words, source first: the
+/// start of version 1 for every key and of version 2 for IPv6.
+#[inline(always)]
+fn mix_addresses(seed: u32, key: &FlowKey) -> u32 {
+    let mut h = mix(seed, key.src[0]);
     h = mix(h, key.src[1]);
     h = mix(h, key.src[2]);
     h = mix(h, key.src[3]);
     h = mix(h, key.dst[0]);
     h = mix(h, key.dst[1]);
     h = mix(h, key.dst[2]);
-    h = mix(h, key.dst[3]);
-    h = mix(h, ports_word(key));
-    h = mix(h, u32::from(key.protocol));
-    mix(h, dest_qp)
+    mix(h, key.dst[3])
 }
 
 /// The two ports as one word, source port high (both hash versions and
@@ -386,14 +392,7 @@ fn v2_ipv4(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
 /// ports, protocol and DestQP).
 #[inline(always)]
 fn v2_ipv6(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
-    let mut h = mix(seed, key.src[0]);
-    h = mix(h, key.src[1]);
-    h = mix(h, key.src[2]);
-    h = mix(h, key.src[3]);
-    h = mix(h, key.dst[0]);
-    h = mix(h, key.dst[1]);
-    h = mix(h, key.dst[2]);
-    h = mix(h, key.dst[3]);
+    let mut h = mix_addresses(seed, key);
     h = mix(h, ports_word(key));
     h = mix(h, protocol_qp_word(key.protocol, dest_qp));
     finalize(h, 40)
