@@ -101,6 +101,14 @@ pub fn rocev2_xdp_arrival(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// The arrival probe of a receiver nothing else listens on (the churn
+/// soak's hosts): counts like `rocev2_xdp_arrival`, then drops the frame.
+#[xdp(frags)]
+pub fn rocev2_xdp_arrival_drop(ctx: XdpContext) -> u32 {
+    arrival::count(&ctx);
+    xdp_action::XDP_DROP
+}
+
 /// Benchmark receiver: drops every frame; the device's rx counters count
 /// what arrived. Also gives a veth peer the NAPI that XDP-redirected
 /// frames need to be delivered.

@@ -8,4 +8,5 @@ pub mod ecmp_lab;
 pub mod fault;
 pub mod frr;
 pub mod lab;
+pub mod soak;
 pub mod topology;

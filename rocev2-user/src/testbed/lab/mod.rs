@@ -82,6 +82,11 @@ pub enum LabCommand {
     Link(fabric::te::LabLinkArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
+    /// Minutes of churn on a fabric of its own under load (withdrawals, link
+    /// cuts, FRR and `rocev2 run` restarts, reloads, upgrades, a busy CPU)
+    /// with a sequence-checked stream between every pair of racks; prints
+    /// the loss, reordering and convergence of every event.
+    Soak(crate::testbed::soak::SoakArgs),
 }
 
 impl LabCommand {
@@ -96,6 +101,7 @@ impl LabCommand {
             Self::Mode(_) => "lab mode",
             Self::Te(_) => "lab te",
             Self::Link(_) => "lab link",
+            Self::Soak(_) => "lab soak",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -198,6 +204,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
+        LabCommand::Soak(args) => crate::testbed::soak::soak(args).map(|_| ()),
     }
 }
 
