@@ -102,18 +102,14 @@ impl Graph {
         self.edges.iter().position(|e| e.link.as_ref().is_some_and(|l| l.switch == switch && l.port == port))
     }
 
-    /// Every edge's index by its [`Hop`].
-    pub fn hop_index(&self) -> HashMap<Hop, usize> {
-        self.edges.iter().enumerate().map(|(i, e)| (e.hop, i)).collect()
-    }
-
     /// Every fewest-hop path from `src` to `dst` over the edges not in
     /// `down`, as edge indexes, in edge order (small fabrics: their number
     /// grows with every tier's width).
     pub fn shortest_paths(&self, src: Node, dst: Node, down: &[usize]) -> Vec<Vec<usize>> {
         let a = Adjacency::new(self, down);
         let (Some(&s), Some(&d)) = (a.index.get(&src), a.index.get(&dst)) else { return Vec::new() };
-        let dist = a.distances_to(d);
+        let full = a.distances_to(d);
+        let dist = Distances { dst: d, kind: Kind::Full(&full) };
         let mut out = Vec::new();
         let mut stack: Vec<(usize, Vec<usize>)> = vec![(s, Vec::new())];
         while let Some((n, path)) = stack.pop() {
@@ -121,7 +117,7 @@ impl Graph {
                 out.push(path);
                 continue;
             }
-            let next: Vec<usize> = a.dag_out(n, d, &dist).collect();
+            let next: Vec<usize> = a.dag_out(n, &dist).collect();
             for &e in next.iter().rev() {
                 let mut p = path.clone();
                 p.push(e);
@@ -132,18 +128,112 @@ impl Graph {
     }
 }
 
+/// Where [`Graph::fabric`] puts each link: a [`Hop`]'s edge index by
+/// arithmetic on the fabric's shape (the simulator looks up millions).
+#[derive(Clone, Debug)]
+pub struct HopIndex {
+    hosts: u32,
+    racks: u32,
+    zone_spines: u32,
+    zone_racks: u32,
+    aggs: u32,
+    links: u32,
+}
+
+impl HopIndex {
+    pub fn new(f: &Fabric) -> Self {
+        Self {
+            hosts: f.hosts,
+            racks: f.racks,
+            zone_spines: f.zone_spines(),
+            zone_racks: f.zone_racks(),
+            aggs: f.aggs,
+            links: f.links,
+        }
+    }
+
+    /// The edge index of `hop` in `Graph::fabric(f, ..)` for the `f` this was made from.
+    pub fn of(&self, hop: Hop) -> usize {
+        // Edges of one rack: its hosts' two directions, then its uplinks'.
+        let block = 2 * self.hosts + 2 * self.zone_spines * self.links;
+        let uplink = |rack: u32, spine: u32, link: u32| {
+            // Fabric::uplinks: link 1 of every spine of the zone, then link 2, ...
+            let first = (rack - 1) / self.zone_racks * self.zone_spines + 1;
+            (rack - 1) * block + 2 * self.hosts + 2 * ((link - 1) * self.zone_spines + spine - first)
+        };
+        let i = match hop {
+            Hop::HostUp { rack, host } => (rack - 1) * block + 2 * (host - 1),
+            Hop::LeafDown { rack, host } => (rack - 1) * block + 2 * (host - 1) + 1,
+            Hop::LeafUp { rack, spine, link } => uplink(rack, spine, link),
+            Hop::SpineDown { spine, rack, link } => uplink(rack, spine, link) + 1,
+            Hop::SpineUp { spine, agg } => self.racks * block + 2 * ((spine - 1) * self.aggs + agg - 1),
+            Hop::AggDown { agg, spine } => self.racks * block + 2 * ((spine - 1) * self.aggs + agg - 1) + 1,
+        };
+        i as usize
+    }
+}
+
 /// The usable edges of a graph as adjacency lists over numbered nodes.
 struct Adjacency {
     index: HashMap<Node, usize>,
     is_host: Vec<bool>,
+    /// Per node, its number among the switches (`NOT_A_SWITCH` for a host).
+    slot: Vec<u32>,
+    switches: usize,
     /// Per node, its usable out-edges in edge order.
     out: Vec<Vec<usize>>,
     /// Per node, the nodes with a usable edge into it.
     preds: Vec<Vec<usize>>,
+    /// Per node, its usable out-edges as (target, edge), sorted: the edges
+    /// to one node are found by binary search.
+    out_by_target: Vec<Vec<(usize, usize)>>,
+    /// Per switch (by number), the switches with a usable edge into it.
+    switch_preds: Vec<Vec<u32>>,
     to: Vec<usize>,
 }
 
 const UNREACHED: u32 = u32::MAX;
+const NOT_A_SWITCH: u32 = u32::MAX;
+
+/// Hops from every node to one destination.
+struct Distances<'a> {
+    dst: usize,
+    kind: Kind<'a>,
+}
+
+enum Kind<'a> {
+    /// Per node ([`Adjacency::distances_to`]).
+    Full(&'a [u32]),
+    /// Through the destination's one switch (the first): per switch, hops
+    /// to it ([`Adjacency::switch_distances_to`]).
+    Attached(usize, &'a [u8]),
+}
+
+impl Distances<'_> {
+    fn get(&self, a: &Adjacency, n: usize) -> u32 {
+        if n == self.dst {
+            return 0;
+        }
+        match self.kind {
+            Kind::Full(d) => d[n],
+            Kind::Attached(_, d) => match a.slot[n] {
+                // A host (a source): one hop more than its best switch.
+                NOT_A_SWITCH => a.out[n]
+                    .iter()
+                    .map(|&e| a.to[e])
+                    .filter(|&t| a.slot[t] != NOT_A_SWITCH)
+                    .map(|t| self.get(a, t))
+                    .min()
+                    .filter(|&d| d != UNREACHED)
+                    .map_or(UNREACHED, |d| d + 1),
+                s => match d[s as usize] {
+                    u8::MAX => UNREACHED,
+                    h => u32::from(h) + 1,
+                },
+            },
+        }
+    }
+}
 
 impl Adjacency {
     fn new(g: &Graph, down: &[usize]) -> Self {
@@ -170,7 +260,65 @@ impl Adjacency {
                 preds[to].push(from);
             }
         }
-        Self { index, is_host, out, preds, to: ends.iter().map(|&(_, t)| t).collect() }
+        let out_by_target = out
+            .iter()
+            .map(|edges| {
+                let mut v: Vec<(usize, usize)> = edges.iter().map(|&e| (ends[e].1, e)).collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
+        let mut switches = 0;
+        let slot = is_host
+            .iter()
+            .map(|&h| {
+                if h {
+                    NOT_A_SWITCH
+                } else {
+                    switches += 1;
+                    switches as u32 - 1
+                }
+            })
+            .collect();
+        let slot: Vec<u32> = slot;
+        let mut switch_preds = vec![Vec::new(); switches];
+        for (n, p) in preds.iter().enumerate() {
+            if slot[n] != NOT_A_SWITCH {
+                switch_preds[slot[n] as usize] = p.iter().map(|&q| slot[q]).filter(|&q| q != NOT_A_SWITCH).collect();
+            }
+        }
+        let to = ends.iter().map(|&(_, t)| t).collect();
+        Self { index, is_host, slot, switches, out, preds, out_by_target, switch_preds, to }
+    }
+
+    /// Hops from every switch to the switch `x`, by switch number; a
+    /// fabric's hosts hang off one switch each, so this serves every host
+    /// behind `x` (a ring has a destination per host, a fabric a few
+    /// hosts per switch).
+    fn switch_distances_to(&self, x: usize) -> Vec<u8> {
+        let mut dist = vec![u8::MAX; self.switches];
+        let start = self.slot[x];
+        dist[start as usize] = 0;
+        let mut queue = VecDeque::from([start]);
+        while let Some(n) = queue.pop_front() {
+            let d = dist[n as usize];
+            for &p in &self.switch_preds[n as usize] {
+                if dist[p as usize] == u8::MAX {
+                    dist[p as usize] = d + 1;
+                    queue.push_back(p);
+                }
+            }
+        }
+        dist
+    }
+
+    /// The switch a host hangs off, when it has exactly one usable link in.
+    fn attachment(&self, host: usize) -> Option<usize> {
+        // preds holds one entry per usable edge in.
+        match self.preds[host].as_slice() {
+            [only] if self.slot[*only] != NOT_A_SWITCH => Some(*only),
+            _ => None,
+        }
     }
 
     /// Hops from every node to `target`, walking edges backwards; a host
@@ -193,12 +341,50 @@ impl Adjacency {
         dist
     }
 
-    /// The out-edges of `n` on a fewest-hop path to `dst` (`dist` is
-    /// [`Adjacency::distances_to`] of `dst`).
-    fn dag_out<'a>(&'a self, n: usize, dst: usize, dist: &'a [u32]) -> impl Iterator<Item = usize> + 'a {
-        self.out[n].iter().copied().filter(move |&e| {
-            let t = self.to[e];
-            dist[n] != UNREACHED && dist[t] != UNREACHED && dist[t] + 1 == dist[n] && (t == dst || !self.is_host[t])
+    /// The out-edges of `n` on a fewest-hop path to `dist`'s destination.
+    fn dag_out<'a>(&'a self, n: usize, dist: &'a Distances<'a>) -> DagOut<'a> {
+        let here = dist.get(self, n);
+        // Two hops from a host behind switch x: the edges to x, looked up
+        // rather than found among a spine's hundreds of others.
+        if let (2, Kind::Attached(x, _)) = (here, &dist.kind) {
+            let all = &self.out_by_target[n];
+            let first = all.partition_point(|&(t, _)| t < *x);
+            let count = all[first..].iter().take_while(|&&(t, _)| t == *x).count();
+            return DagOut { a: self, dist, here, edges: Edges::Direct(all[first..first + count].iter()) };
+        }
+        DagOut { a: self, dist, here, edges: Edges::Scan(self.out[n].iter()) }
+    }
+}
+
+/// The out-edges of a node on a fewest-hop path ([`Adjacency::dag_out`]).
+struct DagOut<'a> {
+    a: &'a Adjacency,
+    dist: &'a Distances<'a>,
+    here: u32,
+    edges: Edges<'a>,
+}
+
+enum Edges<'a> {
+    /// The answer already, as (target, edge).
+    Direct(std::slice::Iter<'a, (usize, usize)>),
+    /// Every out-edge, to filter.
+    Scan(std::slice::Iter<'a, usize>),
+}
+
+impl Iterator for DagOut<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.here == UNREACHED {
+            return None;
+        }
+        let edges = match &mut self.edges {
+            Edges::Direct(edges) => return edges.next().map(|&(_, e)| e),
+            Edges::Scan(edges) => edges,
+        };
+        edges.by_ref().copied().find(|&e| {
+            let t = self.a.to[e];
+            (t == self.dist.dst || !self.a.is_host[t]) && self.dist.get(self.a, t).checked_add(1) == Some(self.here)
         })
     }
 }
@@ -241,18 +427,25 @@ pub fn cspf(g: &Graph, demands: &[Demand], down: &[usize]) -> Routing {
     let mut fits = vec![false; demands.len()];
     let mut order: Vec<usize> = (0..demands.len()).collect();
     order.sort_by(|&x, &y| demands[y].load.total_cmp(&demands[x].load).then(x.cmp(&y)));
-    // Distances to a destination, by destination (a ring has one per host).
-    let mut distances: HashMap<usize, Vec<u32>> = HashMap::new();
+    // Distances to a destination's switch, by switch; to other destinations, by destination.
+    let mut by_switch: HashMap<usize, Vec<u8>> = HashMap::new();
+    let mut by_node: HashMap<usize, Vec<u32>> = HashMap::new();
     let mut search = Search::new(a.out.len());
     for i in order {
         let d = demands[i];
         let (Some(&src), Some(&dst)) = (a.index.get(&d.src), a.index.get(&d.dst)) else { continue };
-        let dist = distances.entry(dst).or_insert_with(|| a.distances_to(dst));
-        if dist[src] == UNREACHED || src == dst {
+        let dist = match a.attachment(dst) {
+            Some(x) => Distances {
+                dst,
+                kind: Kind::Attached(x, by_switch.entry(x).or_insert_with(|| a.switch_distances_to(x))),
+            },
+            None => Distances { dst, kind: Kind::Full(by_node.entry(dst).or_insert_with(|| a.distances_to(dst))) },
+        };
+        if dist.get(&a, src) == UNREACHED || src == dst {
             continue;
         }
         let after = |e: usize| (load[e] + d.load) / g.edges[e].capacity;
-        let p = search.least_loaded(&a, src, dst, dist, after);
+        let p = search.least_loaded(&a, src, &dist, after);
         fits[i] = p.iter().all(|&e| load[e] + d.load <= g.edges[e].capacity * (1.0 + EPS));
         for &e in &p {
             load[e] += d.load;
@@ -291,20 +484,20 @@ impl Search {
         &mut self,
         a: &Adjacency,
         src: usize,
-        dst: usize,
-        dist: &[u32],
+        dist: &Distances,
         after: impl Fn(usize) -> f64 + Copy,
     ) -> Vec<usize> {
+        let dst = dist.dst;
         self.now += 1;
         (self.worst[dst], self.total[dst]) = (0.0, 0.0);
-        let best = self.worst(a, src, dst, dist, after);
+        let best = self.worst(a, src, dist, after);
         let limit = best + EPS * best.max(1.0);
-        self.total(a, src, dst, dist, after, limit);
+        self.total(a, src, dist, after, limit);
         let mut path = Vec::new();
         let mut n = src;
         while n != dst {
             let e = a
-                .dag_out(n, dst, dist)
+                .dag_out(n, dist)
                 .find(|&e| {
                     let t = a.to[e];
                     let u = after(e);
@@ -319,16 +512,16 @@ impl Search {
         path
     }
 
-    fn worst(&mut self, a: &Adjacency, n: usize, dst: usize, dist: &[u32], after: impl Fn(usize) -> f64 + Copy) -> f64 {
-        if n == dst {
+    fn worst(&mut self, a: &Adjacency, n: usize, dist: &Distances, after: impl Fn(usize) -> f64 + Copy) -> f64 {
+        if n == dist.dst {
             return 0.0;
         }
         if self.stamp[n] == self.now {
             return self.worst[n];
         }
         let mut best = f64::INFINITY;
-        for e in a.dag_out(n, dst, dist) {
-            best = best.min(after(e).max(self.worst(a, a.to[e], dst, dist, after)));
+        for e in a.dag_out(n, dist) {
+            best = best.min(after(e).max(self.worst(a, a.to[e], dist, after)));
         }
         self.stamp[n] = self.now;
         self.worst[n] = best;
@@ -339,22 +532,21 @@ impl Search {
         &mut self,
         a: &Adjacency,
         n: usize,
-        dst: usize,
-        dist: &[u32],
+        dist: &Distances,
         after: impl Fn(usize) -> f64 + Copy,
         limit: f64,
     ) -> f64 {
-        if n == dst {
+        if n == dist.dst {
             return 0.0;
         }
         if self.total_stamp[n] == self.now {
             return self.total[n];
         }
         let mut best = f64::INFINITY;
-        for e in a.dag_out(n, dst, dist) {
+        for e in a.dag_out(n, dist) {
             let t = a.to[e];
             if after(e) <= limit && self.worst[t] <= limit {
-                best = best.min(after(e) + self.total(a, t, dst, dist, after, limit));
+                best = best.min(after(e) + self.total(a, t, dist, after, limit));
             }
         }
         self.total_stamp[n] = self.now;
@@ -425,6 +617,19 @@ mod tests {
         let first_hop = |i: usize| r.paths[i].as_ref().unwrap()[1];
         assert_ne!(first_hop(1), first_hop(2));
         assert!(r.fits.iter().all(|f| *f));
+    }
+
+    #[test]
+    fn cspf_hop_index_is_the_graphs_edge_order() {
+        for f in
+            [fabric(2, 3, 2), Fabric { racks: 4, hosts: 2, spines: 4, zones: 2, aggs: 3, links: 2, ..fabric(4, 2, 4) }]
+        {
+            let g = Graph::fabric(&f, 1.0);
+            let index = HopIndex::new(&f);
+            for (i, e) in g.edges.iter().enumerate() {
+                assert_eq!(index.of(e.hop), i, "{}", e.name());
+            }
+        }
     }
 
     #[test]

@@ -28,6 +28,8 @@ use serde::{Deserialize, Serialize};
 use crate::{control::decision::PacketFields, tools::fabric::Fabric};
 
 pub mod cspf;
+pub mod maxmin;
+pub mod model;
 
 /// Default message (chunk) size.
 pub const DEFAULT_CHUNK: u64 = 128 << 10;
@@ -83,15 +85,22 @@ impl Op {
     /// The transfers of every step (the ring's steps are all alike) over
     /// `n` ranks, for `size` bytes per rank.
     pub fn step_transfers(self, n: usize, size: u64) -> Vec<Transfer> {
-        let share = |parts: usize| size.div_ceil(parts as u64);
+        let bytes = self.transfer_bytes(n, size);
         match self {
-            Op::Allreduce => (0..n).map(|k| Transfer { src: k, dst: (k + 1) % n, bytes: share(n) }).collect(),
+            Op::Allreduce => (0..n).map(|k| Transfer { src: k, dst: (k + 1) % n, bytes }).collect(),
             Op::Alltoall => (0..n)
-                .flat_map(|s| {
-                    (0..n).filter(move |&d| d != s).map(move |d| Transfer { src: s, dst: d, bytes: share(n) })
-                })
+                .flat_map(|s| (0..n).filter(move |&d| d != s).map(move |d| Transfer { src: s, dst: d, bytes }))
                 .collect(),
-            Op::Incast => (1..n).map(|s| Transfer { src: s, dst: 0, bytes: share(n - 1) }).collect(),
+            Op::Incast => (1..n).map(|s| Transfer { src: s, dst: 0, bytes }).collect(),
+        }
+    }
+
+    /// The bytes of each transfer (all of a collective's are alike): one
+    /// n-th of `size`, or for an incast one (n-1)-th.
+    pub fn transfer_bytes(self, n: usize, size: u64) -> u64 {
+        match self {
+            Op::Allreduce | Op::Alltoall => size.div_ceil(n as u64),
+            Op::Incast => size.div_ceil(n.saturating_sub(1).max(1) as u64),
         }
     }
 
@@ -281,12 +290,7 @@ impl Plan {
     /// links: every host link busy the whole time, so the link's payload
     /// rate (its rate less the frame overhead of [`packets_of`]).
     pub fn ideal_busbw(&self, link_bps: u64, v6: bool) -> f64 {
-        let (mut payload, mut wire) = (0u64, 0u64);
-        for t in self.steps.iter().flat_map(|s| &s.transfers) {
-            payload += t.bytes;
-            wire += transfer_wire_bytes(t.bytes, self.chunk, v6);
-        }
-        link_bps as f64 / 8.0 * payload as f64 / wire.max(1) as f64
+        ideal_busbw(self.op, self.n(), self.size, self.chunk, link_bps, v6)
     }
 
     /// Completion time on the ideal fabric of [`Plan::ideal_busbw`].
@@ -315,6 +319,16 @@ pub fn packets_of(bytes: u64) -> u64 {
 pub fn wire_bytes(bytes: u64, v6: bool) -> u64 {
     let overhead = if v6 { FRAME_OVERHEAD_V6 } else { FRAME_OVERHEAD_V4 };
     bytes + packets_of(bytes) * overhead + RETH_BYTES
+}
+
+/// Bus bandwidth (bytes/s) on an ideal non-blocking fabric whose host
+/// links run at `link_bps` (frame bits per second): every host link busy
+/// the whole time, so its payload rate. A collective's transfers all have
+/// one size, so this is the link's byte rate times one transfer's payload
+/// over its frame bytes.
+pub fn ideal_busbw(op: Op, n: usize, size: u64, chunk: u64, link_bps: u64, v6: bool) -> f64 {
+    let bytes = op.transfer_bytes(n, size);
+    link_bps as f64 / 8.0 * bytes as f64 / transfer_wire_bytes(bytes, chunk, v6).max(1) as f64
 }
 
 /// Frame bytes a transfer of `bytes` puts on a link, in messages of at

@@ -148,8 +148,35 @@ pub struct EntropyArgs {
     /// Fabric mode: the collective's traffic pattern.
     #[arg(long, value_enum, default_value = "ring", requires = "racks")]
     pub pattern: crate::tools::fabric::Pattern,
+    /// Fabric mode: predict this collective's completion time and bus
+    /// bandwidth (the flow-level model: max-min fair shares of link rates).
+    #[arg(long, value_enum, requires = "racks")]
+    pub collective: Option<crate::tools::collective::Op>,
+    /// --collective: bytes per rank (nccl-tests' size): 64m, 1g.
+    #[arg(long, default_value = "64m", value_parser = crate::control::config::parse_size_arg, requires = "collective")]
+    pub size: u64,
+    /// --collective: message (chunk) size, NCCL-like.
+    #[arg(long, default_value = "128k", value_parser = crate::control::config::parse_size_arg, requires = "collective")]
+    pub chunk: u64,
+    /// --collective: every link's rate (frame bits per second, as `lab up --link-rate`).
+    #[arg(long, default_value = "200mbit", value_parser = crate::control::config::parse_rate_arg, requires = "collective")]
+    pub link_rate: u64,
+    /// --collective: one load-balancing mode; without it, the scorecard's rows.
+    #[arg(long, value_enum, requires = "collective")]
+    pub mode: Option<crate::tools::collective::model::Mode>,
+    /// --collective: how ranks sit on hosts (the ring follows rank order).
+    #[arg(long, value_enum, default_value = "interleaved", requires = "collective")]
+    pub placement: crate::tools::collective::Placement,
+    /// --collective: flowlet gaps in microseconds (the scorecard has a row per gap; --mode uses the first).
+    #[arg(long, default_value = "50,1000", requires = "collective")]
+    pub flowlet_gap_us: String,
+    /// --collective: idle time before every message whatever the fabric
+    /// does (e.g. waiting for a CTS grant), in microseconds.
+    #[arg(long, default_value_t = 0, requires = "collective")]
+    pub message_gap_us: u64,
 }
 
+mod collective;
 mod keyless;
 mod racks;
 
@@ -395,6 +422,9 @@ pub fn sweep(base: &Scenario, qps: &[u32]) -> Result<Vec<SweepRow>> {
 }
 
 pub fn run(args: &EntropyArgs) -> Result<()> {
+    if let (Some(rack_count), Some(op)) = (args.racks, args.collective) {
+        return collective::run(args, rack_count, op);
+    }
     if let Some(rack_count) = args.racks {
         return racks::run(args, rack_count);
     }

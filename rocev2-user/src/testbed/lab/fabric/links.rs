@@ -196,30 +196,7 @@ impl LinkSettings {
     }
 }
 
-/// "200mbit", "1.5gbit": a rate as tc writes it.
-pub fn rate_text(bps: u64) -> String {
-    let (v, unit) = match bps {
-        b if b >= 1_000_000_000 => (b as f64 / 1e9, "gbit"),
-        b if b >= 1_000_000 => (b as f64 / 1e6, "mbit"),
-        b if b >= 1_000 => (b as f64 / 1e3, "kbit"),
-        b => (b as f64, "bit"),
-    };
-    format!("{}{unit}", trim_number(v))
-}
-
-/// "64k", "1m", "1500": a size as tc writes it.
-pub fn size_text(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}m", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}k", b >> 10),
-        b => b.to_string(),
-    }
-}
-
-fn trim_number(v: f64) -> String {
-    let s = format!("{v:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
+pub use crate::render::{rate_text, size_text};
 
 /// One direction's queue, as built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
