@@ -101,12 +101,17 @@ pub fn rocev2_xdp_arrival(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// The arrival probe of a receiver nothing else listens on (the churn
-/// soak's hosts): counts like `rocev2_xdp_arrival`, then drops the frame.
+/// The arrival probe of a receiver no application listens on (the churn
+/// soak's hosts): counts like `rocev2_xdp_arrival`, then drops RoCEv2
+/// frames (no stack answers them) and passes the rest, so the host still
+/// answers ARP and neighbour discovery.
 #[xdp(frags)]
 pub fn rocev2_xdp_arrival_drop(ctx: XdpContext) -> u32 {
-    arrival::count(&ctx);
-    xdp_action::XDP_DROP
+    if arrival::count(&ctx) {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
 }
 
 /// Benchmark receiver: drops every frame; the device's rx counters count

@@ -53,9 +53,10 @@ impl ArrivalProbe {
         Self::attach_program(netns, dev, XDP_ARRIVAL_PROGRAM)
     }
 
-    /// Like [`ArrivalProbe::attach`], but the probe drops every frame after
-    /// counting it: for a receiver where nothing else listens (no capture,
-    /// and the host's stack need not answer with ICMP).
+    /// Like [`ArrivalProbe::attach`], but the probe drops the RoCEv2 frames
+    /// after counting them (everything else goes on to the stack, which
+    /// still answers ARP and neighbour discovery): for a receiver no
+    /// application listens on, whose stack need not answer with ICMP.
     pub fn attach_dropping(netns: &str, dev: &str) -> Result<Self> {
         Self::attach_program(netns, dev, XDP_ARRIVAL_DROP_PROGRAM)
     }

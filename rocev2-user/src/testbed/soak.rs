@@ -96,6 +96,10 @@ pub struct SoakArgs {
     pub min_gap: f64,
     #[arg(long, default_value_t = 9.0)]
     pub max_gap: f64,
+    /// Which kinds of episode happen (comma-separated; default all): a
+    /// withdraw is followed by its advertise, a link cut by its repair.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Episode::ALL)]
+    pub events: Vec<Episode>,
     /// No busy loop beside the fabric.
     #[arg(long)]
     pub no_hog: bool,
@@ -123,17 +127,6 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
-        Self::Withdraw,
-        Self::Advertise,
-        Self::LinkDown,
-        Self::LinkUp,
-        Self::FrrRestart,
-        Self::Reload,
-        Self::Upgrade,
-        Self::KillRestart,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             Self::Withdraw => "spine withdraws",
@@ -150,6 +143,39 @@ impl EventKind {
     /// Whether the kernel's routes change (so they are sampled).
     fn moves_routes(self) -> bool {
         matches!(self, Self::Withdraw | Self::Advertise | Self::LinkDown | Self::LinkUp | Self::FrrRestart)
+    }
+}
+
+/// A kind of episode the schedule draws from (`--events`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Episode {
+    /// A spine withdraws its routes, then advertises them again.
+    Withdraw,
+    /// A leaf-spine link is cut, then repaired.
+    Link,
+    /// A spine's FRR is killed (-9) and started again.
+    Frr,
+    /// `rocev2 reload` on a leaf or a spine.
+    Reload,
+    /// `rocev2 upgrade` on a leaf or a spine.
+    Upgrade,
+    /// `kill -9` of `rocev2 run` and a new run, on a leaf or a spine.
+    Kill,
+}
+
+impl Episode {
+    pub const ALL: [Episode; 6] = [Self::Withdraw, Self::Link, Self::Frr, Self::Reload, Self::Upgrade, Self::Kill];
+
+    /// The event kinds it is made of.
+    fn kinds(self) -> &'static [EventKind] {
+        match self {
+            Self::Withdraw => &[EventKind::Withdraw, EventKind::Advertise],
+            Self::Link => &[EventKind::LinkDown, EventKind::LinkUp],
+            Self::Frr => &[EventKind::FrrRestart],
+            Self::Reload => &[EventKind::Reload],
+            Self::Upgrade => &[EventKind::Upgrade],
+            Self::Kill => &[EventKind::KillRestart],
+        }
     }
 }
 
@@ -200,6 +226,16 @@ pub struct EventRow {
     pub note: String,
 }
 
+/// One flow's loss.
+#[derive(Clone, Debug, Serialize)]
+pub struct FlowLoss {
+    pub flow: String,
+    pub sent: u64,
+    pub lost: u64,
+    pub first_psn: u32,
+    pub last_psn: u32,
+}
+
 /// Everything a soak measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct SoakReport {
@@ -221,7 +257,11 @@ pub struct SoakReport {
     /// attribution is incomplete; the totals are not).
     pub probe_events_lost: u64,
     pub events: Vec<EventRow>,
+    /// The flows that lost packets: how many, and the first and last PSN lost.
+    pub flows_with_loss: Vec<FlowLoss>,
     pub kinds_exercised: Vec<EventKind>,
+    /// The kinds `--events` asked for.
+    pub kinds_expected: Vec<EventKind>,
     pub every_kind_exercised: bool,
     /// CPU hog: a busy loop beside the fabric for the whole run.
     pub cpu_hog: bool,
@@ -286,12 +326,25 @@ impl SoakReport {
             self.duplicated,
             self.not_sent
         );
+        if !self.flows_with_loss.is_empty() {
+            out.push_str("flows that lost packets:\n");
+        }
+        for l in self.flows_with_loss.iter().take(12) {
+            let _ = writeln!(out, "  {}: lost {} of {} (PSN {}..={})", l.flow, l.lost, l.sent, l.first_psn, l.last_psn);
+        }
+        if self.flows_with_loss.len() > 12 {
+            let _ = writeln!(
+                out,
+                "  ... and {} more flows with loss (--json lists them all)",
+                self.flows_with_loss.len() - 12
+            );
+        }
         let kinds: Vec<&str> = self.kinds_exercised.iter().map(|k| k.name()).collect();
         let _ = writeln!(
             out,
             "event kinds exercised: {} of {} ({})",
             self.kinds_exercised.len(),
-            EventKind::ALL.len(),
+            self.kinds_expected.len(),
             kinds.join(", ")
         );
         if self.probe_events_lost > 0 {
@@ -340,14 +393,7 @@ fn plan(args: &SoakArgs, f: &Fabric, seed: u64) -> Vec<Planned> {
     let mut out = Vec::new();
     let mut process_events = 0u64;
     while at + Duration::from_secs(5) < total {
-        let mut episodes = [
-            EventKind::Withdraw,
-            EventKind::LinkDown,
-            EventKind::FrrRestart,
-            EventKind::Reload,
-            EventKind::Upgrade,
-            EventKind::KillRestart,
-        ];
+        let mut episodes: Vec<EventKind> = args.events.iter().map(|e| e.kinds()[0]).collect();
         rng.shuffle(&mut episodes);
         for kind in episodes {
             let spine = Switch::Spine(1 + rng.below(u64::from(f.spines)) as u32);
@@ -357,7 +403,10 @@ fn plan(args: &SoakArgs, f: &Fabric, seed: u64) -> Vec<Planned> {
                     let r = 1 + rng.below(u64::from(f.racks)) as u32;
                     let (j, k) = f.uplinks(r)[rng.below(f.uplinks(r).len() as u64) as usize];
                     let port = Some(Fabric::uplink_port(j, k));
-                    vec![(EventKind::LinkDown, Switch::Leaf(r), port.clone()), (EventKind::LinkUp, Switch::Leaf(r), port)]
+                    vec![
+                        (EventKind::LinkDown, Switch::Leaf(r), port.clone()),
+                        (EventKind::LinkUp, Switch::Leaf(r), port),
+                    ]
                 }
                 EventKind::FrrRestart => vec![(kind, spine, None)],
                 _ => {
@@ -600,7 +649,12 @@ fn route_view(ns: &str, prefixes: &[String]) -> Result<(RouteView, BTreeSet<Stri
         .collect();
     let nh_by_id: BTreeMap<u64, &serde_json::Value> =
         nexthops.as_array().into_iter().flatten().filter_map(|n| Some((n["id"].as_u64()?, n))).collect();
-    fn devs_of(nh: &serde_json::Value, by_id: &BTreeMap<u64, &serde_json::Value>, out: &mut BTreeSet<String>, depth: u32) {
+    fn devs_of(
+        nh: &serde_json::Value,
+        by_id: &BTreeMap<u64, &serde_json::Value>,
+        out: &mut BTreeSet<String>,
+        depth: u32,
+    ) {
         if let Some(d) = nh["dev"].as_str() {
             out.insert(d.to_owned());
         }
@@ -723,7 +777,8 @@ fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
             let Switch::Spine(j) = e.switch else { bail!("{} is not a spine", e.switch) };
             let asn = SPINE_ASN + f.zone_of_spine(j) - 1;
             let no = if e.kind == EventKind::Advertise { "no " } else { "" };
-            let mut cmds = vec!["configure terminal".to_string(), "route-map SOAK-WITHDRAW deny 10".into(), "exit".into()];
+            let mut cmds =
+                vec!["configure terminal".to_string(), "route-map SOAK-WITHDRAW deny 10".into(), "exit".into()];
             cmds.push(format!("router bgp {asn}"));
             for (family, v6) in [("ipv4", false), ("ipv6", true)] {
                 cmds.push(format!("address-family {family} unicast"));
@@ -956,10 +1011,8 @@ fn account(
     // Event windows: [start_i, start_{i+1}); row 0 is the steady time before the first.
     let starts: Vec<u64> = std::iter::once(t0).chain(done.iter().map(|d| d.1)).collect();
     let window_of = |ns: u64| starts.iter().rposition(|s| *s <= ns).unwrap_or(0);
-    let degraded: Vec<(u64, u64)> = done
-        .iter()
-        .flat_map(|d| d.3.windows(2).filter(|w| w[0].degraded).map(|w| (w[0].ns, w[1].ns)))
-        .collect();
+    let degraded: Vec<(u64, u64)> =
+        done.iter().flat_map(|d| d.3.windows(2).filter(|w| w[0].degraded).map(|w| (w[0].ns, w[1].ns))).collect();
     let in_degraded = |ns: u64| degraded.iter().any(|(a, b)| (*a..*b).contains(&ns));
     let mut rows: Vec<EventRow> = starts
         .iter()
@@ -1009,7 +1062,17 @@ fn account(
         missing[i].retain(|p| *p < n);
     }
     // Each lost PSN at its send time.
+    let mut flows_with_loss = Vec::new();
     for (i, lost) in missing.iter().enumerate() {
+        if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
+            flows_with_loss.push(FlowLoss {
+                flow: specs[i].flow.to_string(),
+                sent: sent.sent[i],
+                lost: lost.len() as u64,
+                first_psn: *first,
+                last_psn: *last,
+            });
+        }
         let cps = &sent.checkpoints[i];
         for &p in lost {
             let at = match cps.partition_point(|(q, _)| *q <= p) {
@@ -1033,19 +1096,19 @@ fn account(
         let row = &mut rows[i + 1];
         let start = d.1;
         let action_end = d.2.as_ref().map(|r| r.0.as_nanos() as u64).unwrap_or(0);
-        let last_route_change = d
-            .3
-            .windows(2)
-            .filter(|w| w[0].views != w[1].views)
-            .map(|w| w[1].ns.saturating_sub(start))
-            .max()
-            .unwrap_or(0);
+        let last_route_change =
+            d.3.windows(2)
+                .filter(|w| w[0].views != w[1].views)
+                .map(|w| w[1].ns.saturating_sub(start))
+                .max()
+                .unwrap_or(0);
         let anomaly = last_anomaly[i + 1].saturating_sub(start);
         row.converged_ms = Some(action_end.max(last_route_change).max(anomaly) / 1_000_000);
         row.kernel_degraded_ms =
             d.3.windows(2).filter(|w| w[0].degraded).map(|w| w[1].ns - w[0].ns).sum::<u64>() / 1_000_000;
     }
     let kinds: BTreeSet<EventKind> = done.iter().filter(|d| d.2.is_ok()).map(|d| d.0.kind).collect();
+    let expected: BTreeSet<EventKind> = args.events.iter().flat_map(|e| e.kinds()).copied().collect();
     let sum = |g: fn(&EventRow) -> u64| rows.iter().map(g).sum::<u64>();
     SoakReport {
         seed,
@@ -1065,9 +1128,11 @@ fn account(
         duplicated: sum(|r| r.duplicated),
         not_sent: sent.not_sent,
         probe_events_lost,
-        every_kind_exercised: kinds.len() == EventKind::ALL.len(),
+        every_kind_exercised: expected.is_subset(&kinds),
+        kinds_expected: expected.into_iter().collect(),
         kinds_exercised: kinds.into_iter().collect(),
         events: rows,
+        flows_with_loss,
         cpu_hog: !args.no_hog,
     }
 }
@@ -1082,7 +1147,109 @@ pub fn soak(args: &SoakArgs) -> Result<SoakReport> {
         print!("{}", report.render());
     }
     if !report.passed() {
-        bail!("the soak failed: {} packets lost beyond what the kernel would have lost, {} of {} event kinds exercised", report.beyond_kernel, report.kinds_exercised.len(), EventKind::ALL.len());
+        bail!(
+            "the soak failed: {} packets lost beyond what the kernel would have lost, {} of {} event kinds exercised",
+            report.beyond_kernel,
+            report.kinds_exercised.len(),
+            report.kinds_expected.len()
+        );
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::fabric::SeedPlan;
+
+    fn fabric() -> Fabric {
+        Fabric {
+            racks: 3,
+            hosts: 1,
+            spines: 2,
+            links: 1,
+            zones: 1,
+            aggs: 0,
+            v4: true,
+            v6: true,
+            hash: rocev2_common::hash::HashMode::Qp,
+            seeds: SeedPlan::Auto,
+        }
+    }
+
+    fn args(minutes: f64) -> SoakArgs {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            soak: SoakArgs,
+        }
+        let mut args = Cli::parse_from(["soak"]).soak;
+        args.minutes = minutes;
+        args
+    }
+
+    #[test]
+    fn two_minutes_plan_every_kind_of_event_and_pair_each_withdraw_and_cut_with_its_repair() {
+        let f = fabric();
+        for seed in 0..50 {
+            let schedule = plan(&args(2.0), &f, seed);
+            let kinds: BTreeSet<EventKind> = schedule.iter().map(|e| e.kind).collect();
+            assert_eq!(kinds.len(), 8, "seed {seed}: {schedule:?}");
+            assert!(schedule.iter().all(|e| e.at >= Duration::from_secs(5) && e.at < Duration::from_secs(115)));
+            for pair in schedule.windows(2) {
+                if matches!(pair[0].kind, EventKind::Withdraw | EventKind::LinkDown) {
+                    assert_eq!(pair[1].target(), pair[0].target(), "seed {seed}: the repair follows on the same place");
+                    assert!(matches!(pair[1].kind, EventKind::Advertise | EventKind::LinkUp));
+                }
+            }
+        }
+        assert_eq!(plan(&args(2.0), &f, 7).len(), plan(&args(2.0), &f, 7).len(), "a seed repeats its schedule");
+    }
+
+    #[test]
+    fn lost_packets_are_the_kernels_only_while_its_routes_had_no_path() {
+        let f = fabric();
+        let mut a = args(1.0);
+        a.rate = 1000;
+        let specs = flows(&f, 1)[..1].to_vec();
+        let flow = specs[0].flow;
+        let ms = |m: u64| 1_000_000_000 + m * 1_000_000;
+        // 1000 packets, one a millisecond from t0; checkpoints every 8.
+        let sent = Sent {
+            checkpoints: vec![(0..1000).step_by(CHECKPOINT as usize).map(|p| (p, ms(u64::from(p)))).collect()],
+            sent: vec![1000],
+            not_sent: 0,
+        };
+        // A withdraw at 300 ms; the kernel had no path from 400 to 450 ms.
+        let withdraw =
+            Planned { at: Duration::from_millis(300), kind: EventKind::Withdraw, switch: Switch::Spine(1), port: None };
+        let sample = |at: u64, degraded: bool| RouteSample { ns: ms(at), degraded, views: Vec::new() };
+        let done = vec![(
+            withdraw,
+            ms(300),
+            Ok((Duration::from_millis(20), String::new())),
+            vec![sample(350, false), sample(400, true), sample(450, false), sample(500, false)],
+        )];
+        let seq = [
+            // 410..420 lost while the kernel had no path.
+            SeqEvent { flow, kind: SeqKind::Gap, psn: 420, count: 10, time_ns: ms(421) },
+            // 595..600 skipped, 597 came late: 4 lost with a path.
+            SeqEvent { flow, kind: SeqKind::Gap, psn: 600, count: 5, time_ns: ms(601) },
+            SeqEvent { flow, kind: SeqKind::Late, psn: 597, count: 1, time_ns: ms(602) },
+        ];
+        // The last 5 never arrived (no gap opened for them).
+        let arrival =
+            rocev2_common::arrival::FlowArrival { packets: 981, next_psn: 995, started: 1, ..Default::default() };
+        let arrived = BTreeMap::from([(flow, arrival)]);
+        let report = account(&a, 1, &f, &specs, &sent, &arrived, &seq, &done, ms(0), 1.0, 0);
+        assert_eq!((report.sent, report.arrived, report.lost), (1000, 981, 19));
+        assert_eq!((report.kernel_would_lose, report.beyond_kernel, report.reordered), (10, 9, 1));
+        let row = &report.events[1];
+        assert_eq!((row.lost, row.kernel_would_lose, row.kernel_degraded_ms), (19, 10, 50));
+        assert_eq!(report.events[0].lost, 0, "nothing before the withdraw");
+        assert_eq!(report.flows_with_loss[0].first_psn, 410);
+        assert!(!report.passed(), "9 lost beyond the kernel");
+        assert!(report.render().contains("FAILED"));
+    }
 }

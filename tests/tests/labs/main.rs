@@ -27,6 +27,7 @@ mod qos;
 mod rc_telemetry;
 mod reliability;
 mod service;
+mod soak;
 mod sys;
 mod takeover;
 mod transport_aware;

@@ -240,11 +240,8 @@ pub fn set_link(record: &LabRecord, link: &LinkId, up: bool) -> Result<()> {
     let wires = super::links::wire_ns(&record.name);
     let wired = crate::testbed::topology::netns_exists(&wires);
     for (s, port) in [Some(a), b].into_iter().flatten() {
-        let (ns, dev) = if wired {
-            (wires.clone(), format!("{s}-{port}"))
-        } else {
-            (switch_ns(&record.name, s), port.clone())
-        };
+        let (ns, dev) =
+            if wired { (wires.clone(), format!("{s}-{port}")) } else { (switch_ns(&record.name, s), port.clone()) };
         ip(&["-n", &ns, "link", "set", &dev, state]).with_context(|| format!("setting {s}/{port} {state}"))?;
     }
     Ok(())
