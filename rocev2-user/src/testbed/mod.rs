@@ -4,6 +4,7 @@
 
 pub mod arrival;
 pub mod bench;
+pub mod drop_counters;
 pub mod ecmp_lab;
 pub mod fault;
 pub mod frr;

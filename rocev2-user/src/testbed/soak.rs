@@ -55,6 +55,7 @@ use crate::{
     sys::{netns::spawn_in_netns, rawsock::PacketSocket, signal_process},
     testbed::{
         arrival::{monotonic_ns, ArrivalProbe, Flow, SeqEvent, SeqKind},
+        drop_counters::{self, DropCounts},
         frr::Frr,
         lab::{
             self,
@@ -199,6 +200,29 @@ impl Planned {
     }
 }
 
+/// An event as it happened.
+struct Done {
+    planned: Planned,
+    /// When it started (monotonic ns).
+    at_ns: u64,
+    /// How long the action took and a note, or why it failed.
+    outcome: Result<(Duration, String)>,
+    /// The touched switches' kernel routes while its effects lasted.
+    samples: Vec<RouteSample>,
+    /// The lab's drop counters just before it.
+    drops_before: DropCounts,
+}
+
+/// What the soak read once the traffic was over.
+struct Finish {
+    t0: u64,
+    seconds: f64,
+    probe_events_lost: u64,
+    /// The drop counters when the traffic started and when it was over.
+    drops_at_start: DropCounts,
+    drops_at_end: DropCounts,
+}
+
 /// One row of the per-event table.
 #[derive(Clone, Debug, Serialize)]
 pub struct EventRow {
@@ -210,10 +234,22 @@ pub struct EventRow {
     pub target: String,
     /// Packets sent in this event's window that never arrived.
     pub lost: u64,
-    /// Of them, sent while a touched switch's kernel had no route or
-    /// routed into a failed link.
+    /// Of them, those the kernel itself would have lost: as many as were
+    /// sent while a touched switch's kernel had no route or routed into a
+    /// failed link (`sent_without_path`), or as many as the kernels and
+    /// devices counted dropped in the window, whichever is more (up to
+    /// `lost`).
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
+    /// Lost packets sent while a touched switch's kernel routes (sampled
+    /// every 100 ms) had no path.
+    pub sent_without_path: u64,
+    /// Frames the lab's drop counters counted in the window (any frames,
+    /// not only the soak's).
+    pub counted: u64,
+    /// Lost beyond the kernel's share and more than `rocev2`'s own drop
+    /// counters counted: lost without a cause (part of `beyond_kernel`).
+    pub unexplained: u64,
     /// Late packets and duplicates that arrived in the window.
     pub reordered: u64,
     pub duplicated: u64,
@@ -224,6 +260,14 @@ pub struct EventRow {
     /// How long the sampled kernel routes had no path or a dead next hop.
     pub kernel_degraded_ms: u64,
     pub note: String,
+}
+
+/// One place and cause of drops, and how many it counted in the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct CauseRow {
+    pub place: String,
+    pub cause: String,
+    pub frames: u64,
 }
 
 /// One flow's loss.
@@ -249,6 +293,15 @@ pub struct SoakReport {
     pub lost: u64,
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
+    /// Lost packets sent while a kernel had no path (route samples).
+    pub sent_without_path: u64,
+    /// Drops the lab's counters counted (any frames).
+    pub counted: u64,
+    /// Lost with no cause: neither the kernel's (no path, or counted by a
+    /// kernel or device) nor counted by `rocev2`.
+    pub unexplained: u64,
+    /// The drop counters that grew during the run, by place and cause.
+    pub drops: Vec<CauseRow>,
     pub reordered: u64,
     pub duplicated: u64,
     /// Frames the senders' own egress refused (ENOBUFS): never sent, not counted.
@@ -271,7 +324,11 @@ impl SoakReport {
     /// No loss beyond what the kernel would have lost, every event kind
     /// exercised, and the accounting complete.
     pub fn passed(&self) -> bool {
-        self.beyond_kernel == 0 && self.every_kind_exercised && self.probe_events_lost == 0 && self.sent > 0
+        self.beyond_kernel == 0
+            && self.unexplained == 0
+            && self.every_kind_exercised
+            && self.probe_events_lost == 0
+            && self.sent > 0
     }
 
     pub fn render(&self) -> String {
@@ -291,12 +348,12 @@ impl SoakReport {
             ("EVENT", Align::Left),
             ("TARGET", Align::Left),
             ("LOST", Align::Right),
-            ("KERNEL TOO", Align::Right),
-            ("BEYOND", Align::Right),
+            ("KERNEL'S", Align::Right),
+            ("COUNTED", Align::Right),
             ("REORDERED", Align::Right),
             ("DUPLICATED", Align::Right),
             ("CONVERGED", Align::Right),
-            ("KERNEL DEGRADED", Align::Right),
+            ("NO PATH", Align::Right),
         ]);
         for e in &self.events {
             table.row([
@@ -306,7 +363,7 @@ impl SoakReport {
                 e.target.clone(),
                 e.lost.to_string(),
                 e.kernel_would_lose.to_string(),
-                e.beyond_kernel.to_string(),
+                e.counted.to_string(),
                 e.reordered.to_string(),
                 e.duplicated.to_string(),
                 e.converged_ms.map_or("-".into(), |m| format!("{m} ms")),
@@ -314,14 +371,36 @@ impl SoakReport {
             ]);
         }
         out.push_str(&table.render());
+        out.push_str(
+            "\nLoss by cause (a frame can show under two causes; counters count any frame, not only the soak's):\n",
+        );
+        let mut causes = Table::new(&[("WHERE", Align::Left), ("CAUSE", Align::Left), ("FRAMES", Align::Right)]);
+        causes.row(["hosts".to_string(), "sent".into(), self.sent.to_string()]);
+        causes.row(["hosts".to_string(), "arrived (XDP probe on the receiving host)".into(), self.arrived.to_string()]);
+        causes.row(["hosts".to_string(), "lost (never arrived)".into(), self.lost.to_string()]);
+        causes.row([
+            "routes".to_string(),
+            "lost, sent while a kernel had no path (sampled every 100 ms)".into(),
+            self.sent_without_path.to_string(),
+        ]);
+        for d in &self.drops {
+            causes.row([d.place.clone(), d.cause.clone(), d.frames.to_string()]);
+        }
+        causes.row([
+            "-".to_string(),
+            "unexplained (lost, no path missing, no counter)".into(),
+            self.unexplained.to_string(),
+        ]);
+        out.push_str(&causes.render());
         let _ = writeln!(
             out,
-            "sent {}, arrived {} (counted by XDP on the receiving hosts), lost {}: {} while the kernel itself had no path, {} beyond; {} reordered, {} duplicated; {} not sent (the senders' own egress refused them)",
+            "\nsent {}, arrived {}, lost {}: {} the kernel itself would have lost (no path, or counted dropped by a kernel or device), {} beyond, of them {} without a cause; {} reordered, {} duplicated; {} not sent (the senders' own egress refused them)",
             self.sent,
             self.arrived,
             self.lost,
             self.kernel_would_lose,
             self.beyond_kernel,
+            self.unexplained,
             self.reordered,
             self.duplicated,
             self.not_sent
@@ -354,7 +433,7 @@ impl SoakReport {
             out,
             "{}",
             if self.passed() {
-                "PASSED: no packet lost beyond those the kernel would have lost"
+                "PASSED: no packet lost beyond those the kernel would have lost, and every loss counted where it happened"
             } else {
                 "FAILED: see above"
             }
@@ -911,6 +990,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         sent: vec![0; specs.len()],
         not_sent: 0,
     }));
+    let drops_at_start = drop_counters::read(&record);
     let mut senders = Vec::new();
     for r in 1..=f.racks {
         let mine: Vec<(usize, FlowSpec)> =
@@ -921,7 +1001,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
     let started = Instant::now();
     let total = Duration::from_secs_f64(args.minutes * 60.0);
     let mut seq_events: Vec<SeqEvent> = Vec::new();
-    let mut done: Vec<(Planned, u64, Result<(Duration, String)>, Vec<RouteSample>)> = Vec::new();
+    let mut done: Vec<Done> = Vec::new();
     let mut next = 0;
     let interrupted = crate::sys::signals::SigintGuard::install();
     while started.elapsed() < total && !crate::sys::signals::SigintGuard::interrupted() {
@@ -931,6 +1011,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         if let Some(e) = schedule.get(next).filter(|e| started.elapsed() >= e.at) {
             next += 1;
             let e = e.clone();
+            let drops_before = drop_counters::read(&record);
             let at = monotonic_ns();
             eprintln!("soak: {:>6.1} s  {} {}", started.elapsed().as_secs_f64(), e.kind.name(), e.target());
             let window = schedule.get(next).map_or(total, |n| n.at).saturating_sub(e.at).min(Duration::from_secs(8));
@@ -962,7 +1043,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
                 }
                 None => Vec::new(),
             };
-            done.push((e, at, result, samples));
+            done.push(Done { planned: e, at_ns: at, outcome: result, samples, drops_before });
         }
         thread::sleep(Duration::from_millis(50));
     }
@@ -984,12 +1065,13 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         flows_arrived.extend(p.flows()?);
         probe_events_lost += p.totals()?.events_lost;
     }
-    for (e, _, result, _) in &done {
-        if let Err(err) = result {
-            bail!("event {} {} failed: {err:#}", e.kind.name(), e.target());
+    for d in &done {
+        if let Err(err) = &d.outcome {
+            bail!("event {} {} failed: {err:#}", d.planned.kind.name(), d.planned.target());
         }
     }
-    Ok(account(args, seed, &f, &specs, &sent, &flows_arrived, &seq_events, &done, t0, seconds, probe_events_lost))
+    let finish = Finish { t0, seconds, probe_events_lost, drops_at_start, drops_at_end: drop_counters::read(&record) };
+    Ok(account(args, seed, &f, &specs, &sent, &flows_arrived, &seq_events, &done, &finish))
 }
 
 /// From the senders' counts and checkpoints, the probes' per-flow state and
@@ -1003,16 +1085,15 @@ fn account(
     sent: &Sent,
     arrived: &BTreeMap<Flow, rocev2_common::arrival::FlowArrival>,
     seq: &[SeqEvent],
-    done: &[(Planned, u64, Result<(Duration, String)>, Vec<RouteSample>)],
-    t0: u64,
-    seconds: f64,
-    probe_events_lost: u64,
+    done: &[Done],
+    finish: &Finish,
 ) -> SoakReport {
+    let t0 = finish.t0;
     // Event windows: [start_i, start_{i+1}); row 0 is the steady time before the first.
-    let starts: Vec<u64> = std::iter::once(t0).chain(done.iter().map(|d| d.1)).collect();
+    let starts: Vec<u64> = std::iter::once(t0).chain(done.iter().map(|d| d.at_ns)).collect();
     let window_of = |ns: u64| starts.iter().rposition(|s| *s <= ns).unwrap_or(0);
     let degraded: Vec<(u64, u64)> =
-        done.iter().flat_map(|d| d.3.windows(2).filter(|w| w[0].degraded).map(|w| (w[0].ns, w[1].ns))).collect();
+        done.iter().flat_map(|d| d.samples.windows(2).filter(|w| w[0].degraded).map(|w| (w[0].ns, w[1].ns))).collect();
     let in_degraded = |ns: u64| degraded.iter().any(|(a, b)| (*a..*b).contains(&ns));
     let mut rows: Vec<EventRow> = starts
         .iter()
@@ -1020,16 +1101,23 @@ fn account(
         .map(|(i, s)| EventRow {
             index: i,
             at_s: s.saturating_sub(t0) as f64 / 1e9,
-            kind: (i > 0).then(|| done[i - 1].0.kind),
-            target: if i == 0 { "-".into() } else { done[i - 1].0.target() },
+            kind: (i > 0).then(|| done[i - 1].planned.kind),
+            target: if i == 0 { "-".into() } else { done[i - 1].planned.target() },
             lost: 0,
             kernel_would_lose: 0,
             beyond_kernel: 0,
+            sent_without_path: 0,
+            counted: 0,
+            unexplained: 0,
             reordered: 0,
             duplicated: 0,
             converged_ms: None,
             kernel_degraded_ms: 0,
-            note: if i == 0 { String::new() } else { done[i - 1].2.as_ref().map(|r| r.1.clone()).unwrap_or_default() },
+            note: if i == 0 {
+                String::new()
+            } else {
+                done[i - 1].outcome.as_ref().map(|r| r.1.clone()).unwrap_or_default()
+            },
         })
         .collect();
     // Lost PSNs per flow: gaps less late arrivals, and the tail that never came.
@@ -1086,33 +1174,51 @@ fn account(
             let w = window_of(at);
             rows[w].lost += 1;
             if in_degraded(at) {
-                rows[w].kernel_would_lose += 1;
-            } else {
-                rows[w].beyond_kernel += 1;
+                rows[w].sent_without_path += 1;
             }
+        }
+    }
+    // What the counters counted in each window (between the readings at
+    // its start and the next one's), and the loss they leave unexplained.
+    let readings: Vec<&DropCounts> = std::iter::once(&finish.drops_at_start)
+        .chain(done.iter().map(|d| &d.drops_before))
+        .chain([&finish.drops_at_end])
+        .collect();
+    let mut by_cause = DropCounts::new();
+    for (row, pair) in rows.iter_mut().zip(readings.windows(2)) {
+        let grown = drop_counters::growth(pair[0], pair[1]);
+        row.counted = grown.values().sum();
+        let kernels: u64 = grown.iter().filter(|(k, _)| drop_counters::is_kernels(&k.cause)).map(|(_, n)| n).sum();
+        let kernels_share = row.sent_without_path.max(kernels);
+        row.kernel_would_lose = row.lost.min(kernels_share);
+        row.beyond_kernel = row.lost - row.kernel_would_lose;
+        row.unexplained = row.lost.saturating_sub(kernels_share + (row.counted - kernels));
+        for (k, n) in grown {
+            *by_cause.entry(k).or_default() += n;
         }
     }
     for (i, d) in done.iter().enumerate() {
         let row = &mut rows[i + 1];
-        let start = d.1;
-        let action_end = d.2.as_ref().map(|r| r.0.as_nanos() as u64).unwrap_or(0);
-        let last_route_change =
-            d.3.windows(2)
-                .filter(|w| w[0].views != w[1].views)
-                .map(|w| w[1].ns.saturating_sub(start))
-                .max()
-                .unwrap_or(0);
+        let start = d.at_ns;
+        let action_end = d.outcome.as_ref().map(|r| r.0.as_nanos() as u64).unwrap_or(0);
+        let last_route_change = d
+            .samples
+            .windows(2)
+            .filter(|w| w[0].views != w[1].views)
+            .map(|w| w[1].ns.saturating_sub(start))
+            .max()
+            .unwrap_or(0);
         let anomaly = last_anomaly[i + 1].saturating_sub(start);
         row.converged_ms = Some(action_end.max(last_route_change).max(anomaly) / 1_000_000);
         row.kernel_degraded_ms =
-            d.3.windows(2).filter(|w| w[0].degraded).map(|w| w[1].ns - w[0].ns).sum::<u64>() / 1_000_000;
+            d.samples.windows(2).filter(|w| w[0].degraded).map(|w| w[1].ns - w[0].ns).sum::<u64>() / 1_000_000;
     }
-    let kinds: BTreeSet<EventKind> = done.iter().filter(|d| d.2.is_ok()).map(|d| d.0.kind).collect();
+    let kinds: BTreeSet<EventKind> = done.iter().filter(|d| d.outcome.is_ok()).map(|d| d.planned.kind).collect();
     let expected: BTreeSet<EventKind> = args.events.iter().flat_map(|e| e.kinds()).copied().collect();
     let sum = |g: fn(&EventRow) -> u64| rows.iter().map(g).sum::<u64>();
     SoakReport {
         seed,
-        seconds,
+        seconds: finish.seconds,
         fabric: format!(
             "{} racks x 1 host, {} spines, BGP (FRR), every link through the wire namespace",
             f.racks, f.spines
@@ -1124,10 +1230,14 @@ fn account(
         lost: sum(|r| r.lost),
         kernel_would_lose: sum(|r| r.kernel_would_lose),
         beyond_kernel: sum(|r| r.beyond_kernel),
+        sent_without_path: sum(|r| r.sent_without_path),
+        counted: sum(|r| r.counted),
+        unexplained: sum(|r| r.unexplained),
+        drops: by_cause.into_iter().map(|(k, frames)| CauseRow { place: k.place, cause: k.cause, frames }).collect(),
         reordered: sum(|r| r.reordered),
         duplicated: sum(|r| r.duplicated),
         not_sent: sent.not_sent,
-        probe_events_lost,
+        probe_events_lost: finish.probe_events_lost,
         every_kind_exercised: expected.is_subset(&kinds),
         kinds_expected: expected.into_iter().collect(),
         kinds_exercised: kinds.into_iter().collect(),
@@ -1225,12 +1335,13 @@ mod tests {
         let withdraw =
             Planned { at: Duration::from_millis(300), kind: EventKind::Withdraw, switch: Switch::Spine(1), port: None };
         let sample = |at: u64, degraded: bool| RouteSample { ns: ms(at), degraded, views: Vec::new() };
-        let done = vec![(
-            withdraw,
-            ms(300),
-            Ok((Duration::from_millis(20), String::new())),
-            vec![sample(350, false), sample(400, true), sample(450, false), sample(500, false)],
-        )];
+        let done = vec![Done {
+            planned: withdraw,
+            at_ns: ms(300),
+            outcome: Ok((Duration::from_millis(20), String::new())),
+            samples: vec![sample(350, false), sample(400, true), sample(450, false), sample(500, false)],
+            drops_before: DropCounts::new(),
+        }];
         let seq = [
             // 410..420 lost while the kernel had no path.
             SeqEvent { flow, kind: SeqKind::Gap, psn: 420, count: 10, time_ns: ms(421) },
@@ -1242,14 +1353,35 @@ mod tests {
         let arrival =
             rocev2_common::arrival::FlowArrival { packets: 981, next_psn: 995, started: 1, ..Default::default() };
         let arrived = BTreeMap::from([(flow, arrival)]);
-        let report = account(&a, 1, &f, &specs, &sent, &arrived, &seq, &done, ms(0), 1.0, 0);
+        let cause = |place: &str, cause: &str| drop_counters::DropCause { place: place.into(), cause: cause.into() };
+        let mut finish = Finish {
+            t0: ms(0),
+            seconds: 1.0,
+            probe_events_lost: 0,
+            drops_at_start: DropCounts::new(),
+            drops_at_end: DropCounts::new(),
+        };
+        let report = account(&a, 1, &f, &specs, &sent, &arrived, &seq, &done, &finish);
         assert_eq!((report.sent, report.arrived, report.lost), (1000, 981, 19));
         assert_eq!((report.kernel_would_lose, report.beyond_kernel, report.reordered), (10, 9, 1));
+        assert_eq!((report.counted, report.unexplained), (0, 9), "no counter counted any");
         let row = &report.events[1];
         assert_eq!((row.lost, row.kernel_would_lose, row.kernel_degraded_ms), (19, 10, 50));
         assert_eq!(report.events[0].lost, 0, "nothing before the withdraw");
         assert_eq!(report.flows_with_loss[0].first_psn, 410);
         assert!(!report.passed(), "9 lost beyond the kernel");
         assert!(report.render().contains("FAILED"));
+
+        // A kernel counted 12 dropped (more than the sampled 10: the
+        // kernel's share), the dataplane 3 (rocev2's): 4 counted nowhere.
+        finish.drops_at_end =
+            DropCounts::from([(cause("s1", "kernel: no route"), 12), (cause("l1", "rocev2 drop_runt"), 3)]);
+        let report = account(&a, 1, &f, &specs, &sent, &arrived, &seq, &done, &finish);
+        assert_eq!((report.kernel_would_lose, report.beyond_kernel), (12, 7));
+        assert_eq!((report.counted, report.unexplained), (15, 4), "19 - 12 - 3");
+        assert_eq!(report.events[0].counted, 0, "counted after the withdraw began");
+        let text = report.render();
+        assert!(text.contains("kernel: no route"), "{text}");
+        assert!(text.contains("rocev2 drop_runt"), "{text}");
     }
 }

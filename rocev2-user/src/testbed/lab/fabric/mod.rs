@@ -45,7 +45,7 @@ mod view;
 
 pub use collective::{collective, CollectiveReport, LabCollectiveArgs};
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
-pub use view::{link_loads, stats, LabStatsArgs};
+pub use view::{link_loads, port_sums, stats, LabStatsArgs};
 
 /// ASN of leaf r is LEAF_ASN + r; the spines of zone z share SPINE_ASN +
 /// z - 1 and the aggregation tier AGG_ASN (RFC 7938: a tier, or a cluster's
