@@ -22,16 +22,26 @@
 //! PSN is tied to its send time (the senders keep checkpoints) and so to
 //! the event in whose window it was sent.
 //!
-//! "The kernel would have lost it" is defined from route state: while an
-//! event's effects last, the kernel routes of the switches it touches are
-//! sampled every 100 ms; an interval in which a switch had no route to a
-//! rack, or routed into a link without carrier (the kernel keeps using
-//! such a next hop, `ignore_routes_with_linkdown` = 0, until the routing
-//! daemon removes it), is one in which the kernel itself forwards into
-//! nothing. A packet lost while it was sent in such an interval counts as
-//! one the kernel would have lost; every other lost packet is beyond it.
-//! It is an upper bound on the kernel's share (the kernel hashes flows its
-//! own way), stated as such.
+//! Every loss gets a cause, two ways:
+//!
+//! - route state: while an event's effects last, the kernel routes of the
+//!   switches it touches are sampled every 100 ms; an interval in which a
+//!   switch had no route to a rack, or routed into a link without carrier
+//!   (the kernel keeps using such a next hop, `ignore_routes_with_linkdown`
+//!   = 0, until the routing daemon removes it), is one in which the kernel
+//!   itself forwards into nothing;
+//! - drop counters (`testbed::drop_counters`), read at every event: each
+//!   switch kernel's no-route, discard and TTL counters and its devices'
+//!   drops, the wire's devices (a cut cable) and `rocev2`'s own `drop_*`
+//!   counters, refused redirects included.
+//!
+//! In each event's window, the kernel's share of the loss is the larger of
+//! the packets sent while it had no path and the drops the kernels and
+//! devices counted (up to the loss); the rest is beyond it, and what of
+//! that `rocev2`'s counters do not cover either is without a cause. The
+//! soak fails on any loss beyond the kernel's. The kernel's share is an
+//! upper bound (the kernel hashes flows its own way, and counters count
+//! every frame), stated as such.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -1258,10 +1268,12 @@ pub fn soak(args: &SoakArgs) -> Result<SoakReport> {
     }
     if !report.passed() {
         bail!(
-            "the soak failed: {} packets lost beyond what the kernel would have lost, {} of {} event kinds exercised",
+            "the soak failed: {} packets lost beyond what the kernel would have lost ({} without any cause), {} of {} event kinds exercised{}",
             report.beyond_kernel,
+            report.unexplained,
             report.kinds_exercised.len(),
-            report.kinds_expected.len()
+            report.kinds_expected.len(),
+            if report.probe_events_lost > 0 { ", the probes' reports incomplete" } else { "" }
         );
     }
     Ok(report)
