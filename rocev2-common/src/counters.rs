@@ -85,6 +85,14 @@ counters! { PortCounter, PortCounters {
     FlowletCollisions => "flowlet_collisions", "packets of a keyless flowlet table whose slot was live for another flow (they share its member)";
     PinHit => "pin_hit", "packets of a pinned group that followed a pin";
     PinFallback => "pin_fallback", "packets of a pinned group hashed instead (no pin, or the pinned member is down)";
+    BridgedToPort => "bridged_to_port", "bridge mode: forwarded to the one port the FDB names (the other forwarded frames went to an uplink group member)";
+    PassBridgeUnknownUnicast => "pass_bridge_unknown_unicast", "bridge mode: no FDB entry for the destination MAC: to the kernel bridge, which floods it";
+    PassBridgeLocal => "pass_bridge_local", "bridge mode: to one of the bridge's own MACs: to the kernel";
+    PassBridgeLearn => "pass_bridge_learn", "bridge mode: source MAC not in the FDB, or known on another port: to the kernel bridge, which learns it";
+    PassBridgeSamePort => "pass_bridge_same_port", "bridge mode: the destination is on the port the frame came in on: to the kernel bridge (which drops it unless the port is in hairpin mode)";
+    PassBridgePortBlocked => "pass_bridge_port_blocked", "bridge mode: arrived on a port that is not in STP forwarding state (or isolated, or locked): to the kernel bridge";
+    PassBridgeEgressBlocked => "pass_bridge_egress_blocked", "bridge mode: the destination's port is not in STP forwarding state, down, isolated or locked: to the kernel bridge";
+    PassBridgeMalformed => "pass_bridge_malformed", "bridge mode: a header rocev2 cannot read (a VLAN tag or IP header cut short, a bad IP version or length): to the kernel bridge, which forwards it as it would without rocev2";
 }}
 
 counters! { EgressCounter, EgressCounters {

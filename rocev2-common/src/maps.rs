@@ -3,7 +3,6 @@
 use crate::counters::PortCounter;
 pub use crate::counters::{EgressCounters, PortCounters};
 
-/// Map names as they appear in the object file and under the pin directory.
 /// Entries of the lab fault injector's drop table.
 pub const MAX_FAULTS: u32 = 1024;
 
@@ -12,66 +11,143 @@ pub const fn fault_key(dest_qp: u32, psn: u32) -> u64 {
     ((dest_qp as u64) << 32) | psn as u64
 }
 
-pub mod names {
-    pub const ROUTES_V4: &str = "ROUTES_V4";
-    pub const ROUTES_V6: &str = "ROUTES_V6";
-    pub const GROUPS: &str = "GROUPS";
-    pub const MEMBERS: &str = "MEMBERS";
-    pub const PORTS: &str = "PORTS";
-    pub const EGRESS_DEVS: &str = "EGRESS_DEVS";
-    pub const EGRESS_DEVS_DIRECT: &str = "EGRESS_DEVS_DIRECT";
-    pub const CONFIG: &str = "CONFIG";
-    pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
-    pub const MEMBER_STATS: &str = "MEMBER_STATS";
-    pub const FLOWLETS: &str = "FLOWLETS";
-    /// The keyless flowlet slot array (sized at load; not pinned).
-    pub const FLOWLET_SLOTS: &str = "FLOWLET_SLOTS";
-    pub const PINS_V4: &str = "PINS_V4";
-    pub const PINS_V6: &str = "PINS_V6";
-    pub const EGRESS: &str = "EGRESS";
-    pub const VQUEUES: &str = "VQUEUES";
-    pub const ECN_PROFILES: &str = "ECN_PROFILES";
-    pub const CLASSES: &str = "CLASSES";
-    pub const CLASS_STATS: &str = "CLASS_STATS";
-    pub const EGRESS_COUNTERS: &str = "EGRESS_COUNTERS";
-    pub const IFINDEX_SLOTS: &str = "IFINDEX_SLOTS";
-    pub const EGRESS_BY_SLOT: &str = "EGRESS_BY_SLOT";
-    pub const ROUTE_CACHE: &str = "ROUTE_CACHE";
-    pub const BUCKETS: &str = "BUCKETS";
-    /// Frames an egress device refused after a redirect, by its ifindex.
-    pub const EGRESS_REFUSED: &str = "EGRESS_REFUSED";
-    /// Not pinned: it holds program references and lives with the programs.
-    pub const CPUS: &str = "CPUS";
-    /// The tools object's maps (rocev2-tools; never pinned).
-    pub const GEN_REWRITE: &str = "GEN_REWRITE";
-    pub const FAULT_DROPS: &str = "FAULT_DROPS";
-    /// Every map of the forwarding object, for pinning and for `rocev2 stats`.
-    pub const ALL: &[&str] = &[
-        FLOWLETS,
-        PINS_V4,
-        PINS_V6,
-        EGRESS,
-        VQUEUES,
-        ECN_PROFILES,
-        CLASSES,
-        CLASS_STATS,
-        EGRESS_COUNTERS,
-        IFINDEX_SLOTS,
-        EGRESS_BY_SLOT,
-        ROUTE_CACHE,
-        BUCKETS,
-        EGRESS_REFUSED,
-        ROUTES_V4,
-        ROUTES_V6,
-        GROUPS,
-        MEMBERS,
-        PORTS,
-        EGRESS_DEVS,
-        EGRESS_DEVS_DIRECT,
-        CONFIG,
-        PORT_COUNTERS,
-        MEMBER_STATS,
-    ];
+/// How `rocev2 run` pins a map under its `pin_dir`, where `stats`, `top`,
+/// `trace`, `explain` and the next run find it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pin {
+    Always,
+    /// Only with per-QP telemetry on (`telemetry_qps`).
+    WithTelemetry,
+    /// Never: per-packet scratch, or program references that live with
+    /// the programs.
+    Never,
+}
+
+/// What becomes of a map's contents when a new `rocev2 run` takes over
+/// from one that handed over (SIGUSR1, `rocev2 upgrade`) or crashed: the
+/// new run makes every map afresh and replaces the old pins, then swaps
+/// its programs into the pinned links.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// Written again from the config and the kernel before the new
+    /// programs take over: nothing is lost.
+    Refilled,
+    /// Starts empty: counters from zero, flows and QPs are seen anew.
+    Fresh,
+    /// The very same map goes on in the new run (the loader pins it and
+    /// the new programs use the pinned one), when the new config sizes it
+    /// the same; else it starts empty.
+    Kept,
+    /// Holds nothing across packets.
+    Scratch,
+}
+
+/// A BPF map type, numbered as the kernel's `bpf_map_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MapKind {
+    HashMap = 1,
+    Array = 2,
+    PerCpuHashMap = 5,
+    PerCpuArray = 6,
+    LruHashMap = 9,
+    LpmTrie = 11,
+    DevMap = 14,
+    CpuMap = 16,
+    DevMapHash = 25,
+    RingBuf = 27,
+}
+
+/// One map of the forwarding object (the one `rocev2 run` loads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    pub name: &'static str,
+    pub kind: MapKind,
+    pub pin: Pin,
+    pub takeover: Takeover,
+    /// What it holds and what sizes it, in a few words (the benchmark's
+    /// memory report names the largest maps with it).
+    pub holds: &'static str,
+}
+
+/// The table of the forwarding object's maps: the one list their names,
+/// types, pins, takeover behaviour and memory report come from (the
+/// programs define them in rocev2-ebpf; a test checks the object against
+/// this table, name and type).
+macro_rules! maps {
+    (
+        forwarding { $($name:ident: $kind:ident, pin $pin:ident, $takeover:ident, $holds:literal;)* }
+        others { $($(#[$doc:meta])* $other:ident;)* }
+    ) => {
+        /// Map names as they appear in the object files and under the pin
+        /// directory.
+        pub mod names {
+            $(pub const $name: &str = stringify!($name);)*
+            $($(#[$doc])* pub const $other: &str = stringify!($other);)*
+        }
+
+        /// Every map of the forwarding object.
+        pub const MAPS: &[MapSpec] = &[$(MapSpec {
+            name: names::$name,
+            kind: MapKind::$kind,
+            pin: Pin::$pin,
+            takeover: Takeover::$takeover,
+            holds: $holds,
+        },)*];
+    };
+}
+
+maps! {
+    forwarding {
+        ROUTES_V4: LpmTrie, pin Always, Refilled, "IPv4 routes (MAX_ROUTES_V4)";
+        ROUTES_V6: LpmTrie, pin Always, Refilled, "IPv6 routes (MAX_ROUTES_V6)";
+        ROUTE_CACHE: PerCpuArray, pin Always, Fresh, "recent route lookups per CPU (ROUTE_CACHE_SLOTS)";
+        GROUPS: Array, pin Always, Refilled, "group entries: policy, bank, generation (MAX_GROUPS)";
+        MEMBERS: Array, pin Always, Refilled, "members of both banks of every group";
+        BUCKETS: Array, pin Always, Refilled, "bucket tables of both banks of every group";
+        PORTS: HashMap, pin Always, Refilled, "ingress ports with an ifindex of 16,384 or more";
+        EGRESS_DEVS: DevMapHash, pin Always, Refilled, "redirect targets with an ifindex of 16,384 or more";
+        EGRESS_DEVS_DIRECT: DevMap, pin Always, Refilled, "redirect targets by ifindex (MAX_DIRECT_IFINDEX)";
+        CONFIG: Array, pin Always, Refilled, "the hash seed, route generation and spreading";
+        PORT_COUNTERS: PerCpuArray, pin Always, Fresh, "every port's counters per CPU";
+        MEMBER_STATS: PerCpuArray, pin Always, Fresh, "every member's packets and bytes per CPU";
+        FLOWLETS: LruHashMap, pin Always, Kept, "keyed flowlet state per flow (flowlet_table_size)";
+        FLOWLET_SLOTS: Array, pin Always, Kept, "keyless flowlet slots (flowlet_table_size)";
+        FLOWLET_SCRATCH: PerCpuArray, pin Never, Scratch, "a packet's flowlet step";
+        FLOW_KEY: PerCpuArray, pin Never, Scratch, "a packet's flow key";
+        PINS_V4: LpmTrie, pin Always, Refilled, "IPv4 pins (MAX_PINS)";
+        PINS_V6: LpmTrie, pin Always, Refilled, "IPv6 pins (MAX_PINS)";
+        EGRESS: HashMap, pin Always, Refilled, "egress queues of ports with an ifindex of 16,384 or more";
+        EGRESS_BY_SLOT: Array, pin Always, Refilled, "egress queue settings by slot (MAX_EGRESS_PORTS)";
+        IFINDEX_SLOTS: Array, pin Always, Refilled, "port and egress slots by ifindex (MAX_DIRECT_IFINDEX)";
+        VQUEUES: Array, pin Always, Fresh, "virtual queue depths (MAX_EGRESS_PORTS)";
+        ECN_PROFILES: Array, pin Always, Refilled, "ECN marking profiles (MAX_ECN_PROFILES)";
+        CLASSES: Array, pin Always, Refilled, "priority classes (MAX_CLASSES)";
+        CLASS_STATS: PerCpuArray, pin Always, Fresh, "every class's packets and bytes per CPU";
+        EGRESS_COUNTERS: PerCpuArray, pin Always, Fresh, "every egress port's counters per CPU";
+        EGRESS_REFUSED: PerCpuHashMap, pin Always, Fresh, "frames an egress device refused after a redirect, by ifindex";
+        CPUS: CpuMap, pin Never, Scratch, "the CPUs `cpu_spread` hands packets to";
+        QP_TELEMETRY: LruHashMap, pin WithTelemetry, Fresh, "per-QP transport telemetry (telemetry_qps)";
+        QP_REPLIES: LruHashMap, pin WithTelemetry, Fresh, "replies to the data QP they answer (telemetry_qps)";
+        MEMBER_TRANSPORT: PerCpuArray, pin WithTelemetry, Fresh, "every member's transport sums per CPU";
+        TRACE_FILTER: Array, pin WithTelemetry, Fresh, "what `rocev2 trace` follows";
+        TRACE_EVENTS: RingBuf, pin WithTelemetry, Fresh, "`rocev2 trace`'s events";
+        TELEMETRY_SCRATCH: PerCpuArray, pin Never, Scratch, "a packet's telemetry step";
+        FDB: HashMap, pin Always, Refilled, "host bridge mode: the mirrored forwarding database (MAX_FDB_ENTRIES)";
+        BRIDGE_PORTS: Array, pin Always, Refilled, "host bridge mode: the bridge's ports and their STP state (MAX_PORTS)";
+    }
+    others {
+        /// The tools object's maps (rocev2-tools; never pinned).
+        GEN_REWRITE;
+        FAULT_DROPS;
+    }
+}
+
+/// The table's entry for a map of the forwarding object as the kernel
+/// names it (it keeps the first 15 characters of a name).
+pub fn spec_of(kernel_name: &str) -> Option<&'static MapSpec> {
+    const KEPT: usize = 15;
+    MAPS.iter().find(|m| m.name == kernel_name || (kernel_name.len() == KEPT && m.name.starts_with(kernel_name)))
 }
 
 /// Where `rocev2 run` pins its maps so `rocev2 stats` can read them.
@@ -317,6 +393,68 @@ pub struct DataplaneConfig {
     pub spread_cpus: u32,
 }
 
+/// Entries FDB holds at most (allocated as they are added).
+pub const MAX_FDB_ENTRIES: u32 = 65_536;
+
+/// FDB entry kinds: where a frame to this MAC goes.
+/// To the one bridge port the kernel's FDB names (`target` = its ifindex).
+pub const FDB_PORT: u32 = 1;
+/// To a member of an uplink group (`target` = the group's slot): a MAC
+/// reachable through every port of the group.
+pub const FDB_UPLINK: u32 = 2;
+/// One of the bridge's own MACs (or a port's): the frame is for this box.
+pub const FDB_LOCAL: u32 = 3;
+/// A MAC the kernel bridge knows on a port rocev2 does not send to (not in
+/// STP forwarding state, down, isolated or locked): the kernel decides.
+pub const FDB_KERNEL: u32 = 4;
+
+/// Key of FDB: a MAC address and its VLAN. Without VLAN filtering (all
+/// this kernel's bridge offers) every entry and every lookup uses VLAN 0;
+/// a VLAN-aware bridge would key by the frame's VID (or the port's PVID).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FdbKey {
+    pub mac: [u8; 6],
+    pub vlan: u16,
+}
+
+/// Value of FDB.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdbEntry {
+    /// FDB_PORT, FDB_UPLINK, FDB_LOCAL or FDB_KERNEL.
+    pub kind: u32,
+    /// FDB_PORT: the port's ifindex; FDB_UPLINK: the uplink group's slot.
+    pub target: u32,
+    /// FDB_PORT: the port's counter slot. A frame *from* this MAC must
+    /// arrive on that slot (else the kernel sees it and learns the move).
+    pub port_slot: u32,
+    /// Set by the XDP program when a frame from this MAC arrives on its
+    /// port; the control program refreshes the kernel's ageing of such
+    /// entries (frames forwarded in XDP never reach the kernel bridge) and
+    /// clears it. A hit bit, as switch ASICs keep for their FDBs.
+    pub active: u32,
+}
+
+/// BRIDGE_PORTS flag: the port is in STP forwarding state, up, and
+/// served by rocev2.
+pub const BRIDGE_PORT_FORWARDING: u32 = 1;
+
+/// Value of BRIDGE_PORTS, indexed by port counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BridgePort {
+    pub flags: u32,
+    /// The slot + 1 of the uplink group this port belongs to (0: none). A
+    /// frame from one of that group's MACs may arrive on any of its ports.
+    pub uplink: u32,
+}
+
+/// The `group` of a frame bridged to the one port its FDB entry names:
+/// past every group slot, so per-member counters and telemetry sums (whose
+/// maps are indexed by group) leave it out.
+pub const BRIDGE_PORT_GROUP: u32 = MAX_GROUPS;
+
 /// Value of `GEN_REWRITE[0]`: what the traffic generator's XDP_TX program
 /// restores in every frame before sending it. Live frames come from a page
 /// pool that the kernel recycles as is, so without this a frame's second
@@ -354,6 +492,10 @@ const _: () = {
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
+    assert!(core::mem::size_of::<FdbKey>() == 8);
+    assert!(core::mem::size_of::<FdbEntry>() == 16);
+    assert!(core::mem::size_of::<BridgePort>() == 8);
+    assert!(member_stat_index(BRIDGE_PORT_GROUP, 0) >= MEMBER_STAT_ENTRIES);
     assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
     assert!(core::mem::size_of::<EgressCounters>() == 8 * crate::counters::EgressCounter::COUNT as usize);
 };
@@ -374,4 +516,7 @@ mod pod {
     unsafe impl aya::Pod for FlowletKey {}
     unsafe impl aya::Pod for PinEntry {}
     unsafe impl aya::Pod for GenRewrite {}
+    unsafe impl aya::Pod for FdbKey {}
+    unsafe impl aya::Pod for FdbEntry {}
+    unsafe impl aya::Pod for BridgePort {}
 }

@@ -18,11 +18,7 @@ pub const PSN_HALF: u32 = 0x80_0000;
 pub const PSN_SEEN: u32 = 1 << 31;
 
 pub mod names {
-    pub const QP_TELEMETRY: &str = "QP_TELEMETRY";
-    pub const QP_REPLIES: &str = "QP_REPLIES";
-    pub const MEMBER_TRANSPORT: &str = "MEMBER_TRANSPORT";
-    pub const TRACE_FILTER: &str = "TRACE_FILTER";
-    pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
+    pub use crate::maps::names::{MEMBER_TRANSPORT, QP_REPLIES, QP_TELEMETRY, TRACE_EVENTS, TRACE_FILTER};
 }
 
 /// A data QP: destination address (IPv4 in the first word) and DestQP.

@@ -50,3 +50,9 @@ packed_pair!(
     /// for none).
     ClassEcn { flags, profile }
 );
+
+packed_pair!(
+    /// Where a bridged frame goes: an FDB entry's kind (FDB_PORT or
+    /// FDB_UPLINK) and target (the port's ifindex or the group's slot).
+    BridgeTarget { kind, id }
+);

@@ -7,7 +7,7 @@ use core::mem::MaybeUninit;
 use rocev2_common::{
     counters::{EgressCounter, PortCounter},
     features::Features,
-    maps::{member_stat_index, EgressCounters, PortCounters},
+    maps::{member_stat_index, EgressCounters, PortCounters, BRIDGE_PORT_GROUP},
 };
 
 use crate::{
@@ -45,6 +45,30 @@ pub fn count_packet(slot: u32, len: u64, out: &MaybeUninit<Forward>, result: Res
         return;
     }
     let Some(c) = block(slot) else { return };
+    tally(c, len, out, result);
+}
+
+/// [`count_packet`] for the bridge program: a frame bridged to the port
+/// its FDB entry names (no group member) is also counted as such.
+#[inline(always)]
+pub fn count_bridged(slot: u32, len: u64, out: &MaybeUninit<Forward>, result: Result<(), Outcome>) {
+    if !enabled(Features::COUNTERS) {
+        return;
+    }
+    let Some(c) = block(slot) else { return };
+    tally(c, len, out, result);
+    if result.is_ok() {
+        // SAFETY: the pipeline wrote `out` when it returned Ok.
+        if unsafe { out.assume_init_ref() }.group == BRIDGE_PORT_GROUP {
+            c.add(PortCounter::BridgedToPort, 1);
+        }
+    }
+}
+
+/// Adds one frame to a port's counter block: received, and forwarded (with
+/// its member) or the reason it left the fast path.
+#[inline(always)]
+fn tally(c: &mut PortCounters, len: u64, out: &MaybeUninit<Forward>, result: Result<(), Outcome>) {
     c.add(PortCounter::RxPackets, 1);
     c.add(PortCounter::RxBytes, len);
     match result {

@@ -41,7 +41,20 @@ use crate::{
 pub fn xdp_forward(ctx: &XdpContext) -> u32 {
     let slot = counters::port_slot(ctx.ingress_ifindex() as u32);
     let mut out = MaybeUninit::<Forward>::uninit();
-    let mut result = forward(ctx, slot, &mut out);
+    let result = forward(ctx, slot, &mut out);
+    send(ctx, slot, &out, result, counters::count_packet)
+}
+
+/// The end of an XDP pipeline (routed and bridged alike): redirects a
+/// forwarded frame, counts the frame with `count`, returns the action.
+#[inline(always)]
+pub fn send(
+    ctx: &XdpContext,
+    slot: u32,
+    out: &MaybeUninit<Forward>,
+    mut result: Result<(), Outcome>,
+    count: impl FnOnce(u32, u64, &MaybeUninit<Forward>, Result<(), Outcome>),
+) -> u32 {
     // A forwarded frame's length was measured by the IP parser; any other
     // frame's is read now (a helper call, off the fast path).
     let mut len = None;
@@ -55,7 +68,7 @@ pub fn xdp_forward(ctx: &XdpContext) -> u32 {
         }
     }
     let len = len.unwrap_or_else(|| parse::frame_len(ctx) as u64);
-    counters::count_packet(slot, len, &out, result);
+    count(slot, len, out, result);
     match result {
         Ok(()) => xdp_action::XDP_REDIRECT,
         Err(Outcome { verdict: Verdict::Pass, .. }) => xdp_action::XDP_PASS,
@@ -84,7 +97,7 @@ pub fn forward<C: PacketBuf>(ctx: &C, slot: u32, out: &mut MaybeUninit<Forward>)
 }
 
 /// Return code of the per-family functions for "forwarded".
-const FORWARDED: u32 = u32::MAX;
+pub const FORWARDED: u32 = u32::MAX;
 
 #[inline(never)]
 fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
@@ -121,8 +134,8 @@ fn eth_header<C: PacketBuf>(ctx: &C) -> Result<*mut EthHdr, Outcome> {
     parse::ptr_at(ctx, 0).ok_or(drop(PortCounter::DropRunt))
 }
 
-/// Everything decided about a routed packet before its headers change.
-struct Decision {
+/// Everything decided about a packet before its headers change.
+pub struct Decision {
     ifindex: u32,
     position: u32,
     src_mac: [u8; 6],
@@ -134,9 +147,16 @@ struct Decision {
 }
 
 impl Decision {
+    /// A bridged frame to the one port its FDB entry names: no member
+    /// choice (so no clock reading yet) and no MACs to write.
+    #[inline(always)]
+    pub fn to_port(ifindex: u32, class: ClassAction) -> Self {
+        Decision { ifindex, position: 0, src_mac: [0; 6], dst_mac: [0; 6], class, now: 0 }
+    }
+
     /// The forwarded packet's details, once its headers are rewritten.
     #[inline(always)]
-    fn forward(&self, group: u32, roce: Roce, len: u64) -> Forward {
+    pub fn forward(&self, group: u32, roce: Roce, len: u64) -> Forward {
         Forward {
             ifindex: self.ifindex,
             group,
@@ -151,7 +171,7 @@ impl Decision {
 /// Group lookup, member choice and classification. `pin` is a pinned
 /// position or NO_PIN; `V4`: the key is an IPv4 one.
 #[inline(always)]
-fn decide<const V4: bool>(
+pub fn decide<const V4: bool>(
     slot: u32,
     group_id: u32,
     key: &FlowKey,
@@ -198,7 +218,7 @@ fn decide<const V4: bool>(
 /// The TOS/traffic-class byte to send: the class's DSCP, then ECN marking
 /// on the egress virtual queue.
 #[inline(always)]
-fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
+pub fn new_tos(d: &Decision, tos: u8, len: u64) -> Result<u8, Outcome> {
     let tos = class::apply_dscp(&d.class, tos);
     if !enabled(Features::ECN) {
         return Ok(tos);

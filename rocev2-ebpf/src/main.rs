@@ -15,6 +15,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod args;
+mod bridge;
 mod class;
 mod counters;
 mod ctx;
@@ -48,6 +49,15 @@ use aya_ebpf::{
 #[xdp(frags)]
 pub fn rocev2_xdp(ctx: XdpContext) -> u32 {
     forward::xdp_forward(&ctx)
+}
+
+/// XDP ingress on every port of the Linux bridge of host bridge mode
+/// (`[bridge]`): forwards known unicast by the mirrored FDB, unchanged,
+/// and a MAC reachable through an uplink group by the routed groups'
+/// member choice; everything else goes to the kernel bridge (bridge.rs).
+#[xdp(frags)]
+pub fn rocev2_bridge(ctx: XdpContext) -> u32 {
+    bridge::xdp_bridge(&ctx)
 }
 
 /// XDP ingress with `cpu_spread = "qp"`: hands each flow to a CPU by its

@@ -2,6 +2,7 @@
 //! rocev2_common::maps so userspace sees exactly the same layout.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, CpuMap, DevMap, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
@@ -147,3 +148,15 @@ pub static FLOW_KEY: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(1, 0);
 /// runs `rocev2_xdp_cpu` on its CPU.
 #[map]
 pub static CPUS: CpuMap = CpuMap::with_max_entries(MAX_SPREAD_CPUS, 0);
+
+/// Host bridge mode: the Linux bridge's forwarding database as the control
+/// program mirrors it (learned, static and local entries, plus the MACs of
+/// uplink groups). Not preallocated: a box without a `[bridge]` pays no
+/// memory for it, and the program only reads and marks existing entries.
+#[map]
+pub static FDB: HashMap<FdbKey, FdbEntry> = HashMap::with_max_entries(MAX_FDB_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Host bridge mode: each bridge port's STP state and uplink group, by
+/// port counter slot (the slot the packet's counters use anyway).
+#[map]
+pub static BRIDGE_PORTS: Array<BridgePort> = Array::with_max_entries(MAX_PORTS, 0);

@@ -85,6 +85,15 @@ pub fn size_text(bytes: u64) -> String {
     }
 }
 
+/// "2ms", "500us": a flowlet gap in microseconds as configs and tables write it.
+pub fn gap_text(us: u32) -> String {
+    if us >= 1000 && us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
 fn trim_number(v: f64) -> String {
     let s = format!("{v:.3}");
     s.trim_end_matches('0').trim_end_matches('.').to_owned()

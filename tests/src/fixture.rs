@@ -96,6 +96,16 @@ pub fn loopback_dataplane() -> Dataplane {
 /// [`loopback_dataplane`] with its maps pinned under `pin_dir` (so a
 /// second handle, `Maps::open_pinned`, can change them from another thread).
 pub fn loopback_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
+    let mut dp = loopback_object_at(pin_dir);
+    // Verified now, not at the first run: tests that time their runs must
+    // not count the verifier.
+    dp.preload(&[rocev2_user::control::dataplane::XDP_PROGRAM]).expect("the kernel accepts the forwarding program");
+    dp
+}
+
+/// The object loaded with lo as its port, no program verified yet (each
+/// is, when first run).
+fn loopback_object_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
     require_root();
     let mut dp = Dataplane::load(pin_dir).expect("load the eBPF object");
     add_loopback_port(&mut dp);
@@ -246,4 +256,58 @@ pub fn expected_forward(input: &[u8], member: usize) -> Vec<u8> {
         out[l3 + 7] -= 1;
     }
     out
+}
+
+// ---------------------------------------------------------------------------
+// Host bridge mode: lo is a bridge port in slot PORT_SLOT, and the FDB
+// knows the sending host (on lo), a host behind another port (whose frames
+// are redirected to lo, the only device a test run has), the uplink
+// group's MAC and the bridge's own MAC.
+
+/// The uplink group: the leaf's four members, `qp` hashing, seed [`SEED`].
+pub const UPLINK_GROUP: u32 = QP_GROUP;
+/// Reachable through every member of [`UPLINK_GROUP`] (an anycast gateway).
+pub const GATEWAY_MAC: [u8; 6] = PORT_MAC;
+/// A host the FDB has on another bridge port (slot [`OTHER_PORT_SLOT`]).
+pub const OTHER_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+pub const OTHER_PORT_SLOT: u32 = 2;
+/// The bridge's own MAC (a local FDB entry).
+pub const BRIDGE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xBB];
+
+/// Installs one FDB entry.
+pub fn set_fdb(dp: &mut Dataplane, mac: [u8; 6], kind: u32, target: u32, port_slot: u32) {
+    let entry = rocev2_common::maps::FdbEntry { kind, target, port_slot, active: 0 };
+    dp.maps.set_fdb(rocev2_common::maps::FdbKey { mac, vlan: 0 }, entry).unwrap();
+}
+
+/// The bridge-mode dataplane described above: lo forwarding, the sender
+/// ([`HOST_MAC`]) on lo, [`OTHER_HOST_MAC`] on another port,
+/// [`GATEWAY_MAC`] through [`UPLINK_GROUP`], [`BRIDGE_MAC`] local.
+pub fn bridge_dataplane() -> Dataplane {
+    bridge_dataplane_at(None)
+}
+
+/// [`bridge_dataplane`] with its maps (and the telemetry's) pinned under
+/// `pin_dir`.
+pub fn bridge_dataplane_at(pin_dir: Option<&std::path::Path>) -> Dataplane {
+    let mut dp = loopback_object_at(pin_dir);
+    dp.preload(&[rocev2_user::control::dataplane::XDP_BRIDGE_PROGRAM]).expect("the kernel accepts the bridge program");
+    reseed_bridge(&mut dp);
+    dp
+}
+
+/// Puts a [`bridge_dataplane`] back as it started: the FDB emptied and
+/// seeded again, lo forwarding, the uplink group's four members.
+pub fn reseed_bridge(dp: &mut Dataplane) {
+    use rocev2_common::maps::{BridgePort, BRIDGE_PORT_FORWARDING, FDB_LOCAL, FDB_PORT, FDB_UPLINK};
+    for (key, _) in dp.maps.fdb_entries() {
+        dp.maps.remove_fdb(&key).unwrap();
+    }
+    dp.maps.set_hash_seed(SEED).unwrap();
+    dp.maps.publish_group(UPLINK_GROUP, HashMode::Qp, &members()).unwrap();
+    dp.maps.set_bridge_port(PORT_SLOT, BridgePort { flags: BRIDGE_PORT_FORWARDING, uplink: 0 }).unwrap();
+    set_fdb(dp, HOST_MAC, FDB_PORT, LOOPBACK, PORT_SLOT);
+    set_fdb(dp, OTHER_HOST_MAC, FDB_PORT, LOOPBACK, OTHER_PORT_SLOT);
+    set_fdb(dp, GATEWAY_MAC, FDB_UPLINK, UPLINK_GROUP, 0);
+    set_fdb(dp, BRIDGE_MAC, FDB_LOCAL, 0, 0);
 }

@@ -47,7 +47,16 @@ pub struct Run {
 /// Runs the forwarding program once on `frame`. In a test run the ingress
 /// interface is the loopback device (ifindex 1).
 pub fn test_run(dataplane: &mut Dataplane, frame: &[u8]) -> Result<Run> {
-    let program = dataplane.xdp_program(XDP_PROGRAM)?;
+    run_program(dataplane.xdp_program(XDP_PROGRAM)?, frame)
+}
+
+/// Runs the host bridge program (`rocev2_bridge`) once on `frame`, loading
+/// it first if needed; the ingress interface is lo, as for [`test_run`].
+pub fn test_run_bridge(dataplane: &mut Dataplane, frame: &[u8]) -> Result<Run> {
+    run_program(dataplane.bridge_program()?, frame)
+}
+
+fn run_program(program: &mut aya::programs::Xdp, frame: &[u8]) -> Result<Run> {
     let mut output = vec![0u8; frame.len() + 4096];
     let result = program
         .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut output), ..Default::default() })

@@ -33,6 +33,10 @@ pub enum DataplaneError {
     /// the caller: nothing is written).
     #[error("bucket table names member {member} of a group of {members}")]
     InvalidBuckets { member: u8, members: usize },
+    /// Pins of a `rocev2 run` from before the map existed (read by a newer
+    /// `stats` or `explain`).
+    #[error("these pins have no {map} map (a rocev2 run from before {feature})")]
+    MissingMap { map: &'static str, feature: &'static str },
     /// A map operation the kernel refused; `what` says which, the source
     /// (aya's error, with the syscall's) says why.
     #[error("{what}")]

@@ -189,18 +189,6 @@ impl GroupHealth {
         Self { members, seen: vec![None; n], flaps: vec![Flaps::default(); n], ..Self::default() }
     }
 
-    /// From a previous run's state of the group: each of `members`' health
-    /// found there by device and next hop (default when not).
-    pub fn from_previous(
-        previous: &crate::control::state::GroupState,
-        members: impl IntoIterator<Item = (String, String)>,
-    ) -> Self {
-        let found = |dev: &str, next_hop: &str| {
-            previous.members.iter().find(|m| m.dev == dev && m.next_hop == next_hop).and_then(|m| m.health)
-        };
-        Self::restored(members.into_iter().map(|(dev, hop)| found(&dev, &hop).unwrap_or_default()).collect())
-    }
-
     /// Members demoted now, and members with a score.
     pub fn summary(&self) -> (usize, usize) {
         (self.members.iter().filter(|m| m.demoted).count(), self.members.iter().filter(|m| m.score > 0.0).count())

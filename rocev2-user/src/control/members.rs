@@ -30,11 +30,20 @@ pub(crate) struct MemberLive {
     /// Administratively up and with a carrier.
     pub(crate) link_up: bool,
     pub(crate) dst_mac: Option<[u8; 6]>,
+    /// A bridge port (an uplink group's member): a port of the bridge in
+    /// STP forwarding state, as the bridge mirror last saw it. Always true
+    /// for next hops.
+    pub(crate) forwarding: bool,
 }
 
 impl MemberLive {
     pub(crate) fn usable(&self) -> Option<MemberSpec> {
-        match (self.link_up, self.dst_mac) {
+        let dst_mac = match self.next_hop {
+            // The bridge program writes no MAC.
+            NextHop::BridgePort => Some([0; 6]),
+            _ => self.dst_mac,
+        };
+        match (self.link_up && self.forwarding, dst_mac) {
             (true, Some(dst_mac)) => Some(MemberSpec { ifindex: self.ifindex, src_mac: self.src_mac, dst_mac }),
             _ => None,
         }
@@ -50,8 +59,10 @@ impl MemberLive {
             link_up: link.up && link.carrier,
             dst_mac: match next_hop {
                 NextHop::Mac(mac) => Some(mac),
-                NextHop::Via(_) => None,
+                NextHop::Via(_) | NextHop::BridgePort => None,
             },
+            // A bridge port waits for the bridge mirror to say so.
+            forwarding: next_hop != NextHop::BridgePort,
         }
     }
 }
@@ -60,6 +71,7 @@ pub(crate) fn next_hop_text(n: &NextHop) -> String {
     match n {
         NextHop::Via(ip) => format!("via {ip}"),
         NextHop::Mac(mac) => format!("mac {}", format_mac(mac)),
+        NextHop::BridgePort => "bridge port".to_string(),
     }
 }
 
@@ -80,6 +92,7 @@ pub(crate) fn log_member_change(group: &str, member: &MemberLive, was_usable: bo
                 (Some(reason), _) => reason.to_string(),
                 (None, NextHop::Via(ip)) => format!("neighbour {ip} does not answer"),
                 (None, NextHop::Mac(_)) => "unusable".to_string(),
+                (None, NextHop::BridgePort) => "not a port of the bridge in STP forwarding state".to_string(),
             };
             tracing::warn!(group, member = name.as_str(), reason, "member {name} left group {group}: {reason}");
         }

@@ -22,7 +22,10 @@
 //! `rocev2_learned_host_entries{table}`, `rocev2_learned_groups{table}`,
 //! `rocev2_kernel_routes{table,reason}`, `rocev2_route_messages_total{table}`,
 //! `rocev2_route_resyncs_total{table}` and
-//! `rocev2_route_apply_microseconds{table,quantile}`.
+//! `rocev2_route_apply_microseconds{table,quantile}`; with `[bridge]`,
+//! `rocev2_bridge_ports{bridge,state}`, `rocev2_bridge_fdb_entries{bridge,kind}`
+//! (gauges), `rocev2_bridge_ageing_refreshes_total{bridge}` and
+//! `rocev2_bridge_messages_total{bridge}`.
 //!
 //! Every scrape reads the pinned maps afresh and encodes one [`Snapshot`]:
 //! the counters live in the kernel, so the registry holds no state of its
@@ -408,6 +411,39 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
             }),
         );
     }
+    if let Some(b) = &snapshot.bridge {
+        let bridge = || labels([("bridge", &b.bridge)]);
+        out.gauge(
+            "rocev2_bridge_ports",
+            "Ports of the bridge followed in host bridge mode, and how many of them forward.",
+            [("all", b.ports), ("forwarding", b.forwarding)].map(|(state, n)| {
+                let mut sample = bridge();
+                sample.push(("state", state.to_owned()));
+                (sample, n as u64)
+            }),
+        );
+        out.gauge(
+            "rocev2_bridge_fdb_entries",
+            "Entries of the dataplane's FDB, by where they send a frame.",
+            [("port", b.fdb_port), ("uplink", b.fdb_uplink), ("local", b.fdb_local), ("kernel", b.fdb_kernel)].map(
+                |(kind, n)| {
+                    let mut sample = bridge();
+                    sample.push(("kind", kind.to_owned()));
+                    (sample, n as u64)
+                },
+            ),
+        );
+        out.counter(
+            "rocev2_bridge_ageing_refreshes_total",
+            "Kernel FDB entries refreshed for hosts whose frames XDP forwarded.",
+            [(bridge(), b.ageing_refreshes)],
+        );
+        out.counter(
+            "rocev2_bridge_messages_total",
+            "Netlink messages of the bridge applied.",
+            [(bridge(), b.messages)],
+        );
+    }
     out.encode()
 }
 
@@ -642,10 +678,27 @@ mod tests {
                 to_kernel: [("reject".to_string(), 2)].into_iter().collect(),
                 ..Default::default()
             }),
+            bridge: Some(crate::control::bridge::BridgeStats {
+                bridge: "br0".into(),
+                ports: 5,
+                forwarding: 4,
+                fdb_port: 2,
+                fdb_uplink: 1,
+                ageing_refreshes: 9,
+                ..Default::default()
+            }),
             telemetry_qps: Some(12),
             egress_refused: vec![crate::control::stats::RefusedSnapshot { dev: "u1".into(), ifindex: 4, frames: 3 }],
             egress_refused_uncounted: None,
         }
+    }
+
+    #[test]
+    fn bridge_metrics() {
+        let text = render_prometheus(&snapshot());
+        assert!(text.contains("rocev2_bridge_ports{bridge=\"br0\",state=\"forwarding\"} 4"), "{text}");
+        assert!(text.contains("rocev2_bridge_fdb_entries{bridge=\"br0\",kind=\"uplink\"} 1"), "{text}");
+        assert!(text.contains("rocev2_bridge_ageing_refreshes_total{bridge=\"br0\"} 9"), "{text}");
     }
 
     #[test]
@@ -749,11 +802,16 @@ mod tests {
         // and telemetry: QPs tracked, six transport samples per member
         // (gaps, retransmits, two NAK syndromes, CNPs, CE, acked re-picks), and the health
         // of the one member that has it (score, demoted, demotions, restores);
-        // one egress device's refused frames.
+        // one egress device's refused frames; the bridge: two port gauges,
+        // four FDB kinds, two counters.
         let egress = rocev2_common::counters::EgressCounter::ALL.len() + 2;
         let learned = 3 + crate::control::routing::fib::KernelReason::ALL.len() + 2 + 2;
         let telemetry = 1 + 2 * 7 + 4;
-        assert_eq!(samples, 2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry + 1);
+        let bridge = 2 + 4 + 2;
+        assert_eq!(
+            samples,
+            2 * PortCounter::ALL.len() + 2 + 2 + 2 + egress + 2 + 2 + 1 + learned + telemetry + 1 + bridge
+        );
     }
 
     #[test]

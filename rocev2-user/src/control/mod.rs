@@ -2,6 +2,7 @@
 //! encoding, the daemon loop (`rocev2 run`), routes learned from the kernel,
 //! and what an operator observes (stats, watch, metrics, the state file).
 
+pub mod bridge;
 pub mod capacity;
 pub mod collisions;
 pub mod config;

@@ -14,19 +14,16 @@ use aya::{
     Ebpf,
 };
 use rocev2_common::{
-    maps::member_stat_index,
+    maps::{member_stat_index, Pin, MAPS},
     telemetry::{names, MemberTransport, QpKey, QpStats},
 };
 use serde::Serialize;
 
-/// The telemetry maps pinned next to the others when telemetry is on.
-pub const PINNED: &[&str] =
-    &[names::QP_TELEMETRY, names::QP_REPLIES, names::MEMBER_TRANSPORT, names::TRACE_FILTER, names::TRACE_EVENTS];
-
-/// Pins the telemetry maps under `dir` (replacing stale pins of a crashed run).
+/// Pins the maps the table pins with telemetry on (`Pin::WithTelemetry`)
+/// under `dir`, replacing stale pins of a crashed run.
 pub fn pin_maps(ebpf: &mut Ebpf, dir: &Path) -> Result<()> {
-    for name in PINNED {
-        let path = dir.join(name);
+    for map in MAPS.iter().filter(|m| m.pin == Pin::WithTelemetry) {
+        let (name, path) = (map.name, dir.join(map.name));
         let _ = std::fs::remove_file(&path);
         let map = ebpf.map_mut(name).with_context(|| format!("eBPF object has no map {name}"))?;
         map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;

@@ -25,6 +25,7 @@ use rocev2_common::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
+    control::bridge::BridgeMirror,
     control::config::{Attach, Config, CpuSpread, Group, HashSeed, KernelTable, NextHop, Policy, Prefix, XdpMode},
     control::dataplane::{local_routes, Dataplane, GroupPolicy},
     control::errors::{ReloadError, ReloadRefused},
@@ -97,6 +98,11 @@ struct Runner {
     member_transport: crate::control::qp_telemetry::MemberTransportReader,
     /// The kernel route mirror, with `[routing] source = "kernel"`.
     kernel: Option<KernelRoutes>,
+    /// The bridge mirror, with `[bridge]`, and the bridge's ports with
+    /// their counter slots (taken from the top down, so the `[[port]]`s'
+    /// slots, from 1 up, never move them).
+    bridge: Option<BridgeMirror>,
+    bridge_ports: Vec<PortState>,
     /// Names of the devices redirects go to, by ifindex (for `stats`).
     egress_names: BTreeMap<u32, String>,
     /// Refused redirects per egress ifindex at the last status tick.
@@ -163,6 +169,11 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
                 runner.apply_kernel_changes(started?).await?;
             }
+            changed = async { runner.bridge.as_mut().expect("guarded").next_batch().await }, if runner.bridge.is_some() => {
+                if changed? {
+                    runner.sync_bridge().await?;
+                }
+            }
             _ = neighbour_tick.tick() => runner.refresh(true).await?,
         }
         std::io::stdout().flush().ok();
@@ -194,6 +205,14 @@ impl Runner {
         };
         // Everything the config names must exist before anything loads.
         let links = resolve_links(&netlink, &config).await?;
+        // The programs this config attaches, verified before anything else.
+        let mut programs = Vec::new();
+        if !config.ports.is_empty() && config.dataplane.attach == Attach::Xdp {
+            programs.push(crate::control::dataplane::XDP_PROGRAM);
+        }
+        if config.bridge.is_some() {
+            programs.push(crate::control::dataplane::XDP_BRIDGE_PROGRAM);
+        }
         let takeover = crate::control::dataplane::has_pinned_links(&pin_dir);
         // What the previous run published about itself: the members'
         // transport health goes on (a demoted member stays demoted).
@@ -210,15 +229,18 @@ impl Runner {
                 config.flowlet_slots(),
                 config.features(),
                 config.dataplane.telemetry_qps,
+                &programs,
             )?
         } else {
-            Dataplane::load_with_telemetry(
+            let mut dataplane = Dataplane::load_with_telemetry(
                 Some(&pin_dir),
                 config.flowlet_table_size(),
                 config.flowlet_slots(),
                 config.features(),
                 config.dataplane.telemetry_qps,
-            )?
+            )?;
+            dataplane.preload(&programs)?;
+            dataplane
         };
         let mut dataplane = dataplane;
         let features = dataplane.features().names().collect::<Vec<_>>().join(", ");
@@ -259,6 +281,8 @@ impl Runner {
             health_at: Instant::now(),
             member_transport: Default::default(),
             kernel: None,
+            bridge: None,
+            bridge_ports: Vec::new(),
             egress_names: BTreeMap::new(),
             refused_seen: BTreeMap::new(),
             seed: 0,
@@ -276,12 +300,17 @@ impl Runner {
         if let Some(previous) = &previous {
             runner.inherit_health(previous);
         }
+        if let Some(bridge) = &config.bridge {
+            let mirror = BridgeMirror::start(&bridge.name)?;
+            mirror.check_bridge().map_err(|e| config.error_at(&bridge.loc, "", format!("{e:#}")))?;
+            runner.bridge = Some(mirror);
+        }
         runner.apply(config, links).await?;
         runner.resolve_learned_next_hops().await?;
         if let Some(kernel) = &mut runner.kernel {
             kernel.start_measuring();
         }
-        let keep: Vec<String> = runner.ports.iter().map(|p| p.name.clone()).collect();
+        let keep: Vec<String> = runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.clone()).collect();
         for ifname in runner.dataplane.drop_stale_links(&keep)? {
             tracing::info!("detached the previous run's program from {ifname} (no longer a [[port]])");
         }
@@ -297,9 +326,24 @@ impl Runner {
                 s.to_kernel.values().sum::<usize>()
             );
         }
+        if let Some(b) = &runner.bridge {
+            let s = &b.stats;
+            tracing::info!(
+                "following bridge {}: {} ports ({} forwarding), FDB {} entries ({} to a port, {} to an uplink group, {} local, {} left to the kernel), ageing {} s",
+                s.bridge,
+                s.ports,
+                s.forwarding,
+                s.fdb_port + s.fdb_uplink + s.fdb_local + s.fdb_kernel,
+                s.fdb_port,
+                s.fdb_uplink,
+                s.fdb_local,
+                s.fdb_kernel,
+                s.ageing_s
+            );
+        }
         tracing::info!(
             "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
-            runner.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+            runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
             match c.dataplane.attach {
                 Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
                 Attach::Tc => "tc ingress".to_string(),
@@ -346,7 +390,7 @@ impl Runner {
         for group in self.config.groups.iter().filter(|g| g.transport_aware.is_some()) {
             let Some(old) = previous.groups.iter().find(|g| g.name == group.name) else { continue };
             let members = group.members.iter().map(|m| (m.dev.clone(), next_hop_text(&m.next_hop)));
-            let health = GroupHealth::from_previous(old, members);
+            let health = groups::health_from_previous(old, members);
             crate::control::routing::log_inherited_health(&group.name, &health);
             self.health.insert(group.name.clone(), health);
         }
@@ -425,6 +469,9 @@ impl Runner {
         if self.config.routing != new.routing {
             fixed.push("[routing]");
         }
+        if self.config.bridge.as_ref().map(|b| &b.name) != new.bridge.as_ref().map(|b| &b.name) {
+            fixed.push("[bridge] (which bridge rocev2 follows)");
+        }
         if self.config.flowlet_table_size() != new.flowlet_table_size() {
             fixed.push("flowlet_table_size (the flowlet table is sized at load time)");
         }
@@ -497,6 +544,19 @@ impl Runner {
                 .collect();
             members.insert(group.name.clone(), list);
         }
+        // A new uplink group member starts as the bridge says (no log line:
+        // nothing changed).
+        if let Some(mirror) = &self.bridge {
+            let known =
+                |g: &String, m: &MemberLive| self.members.get(g).is_some_and(|o| o.iter().any(|x| x.dev == m.dev));
+            for (g, list) in members.iter_mut() {
+                for m in list.iter_mut().filter(|m| m.next_hop == NextHop::BridgePort) {
+                    if !known(g, m) {
+                        m.forwarding = mirror.view.port_named(&m.dev).is_some_and(|i| mirror.view.forwarding(i));
+                    }
+                }
+            }
+        }
         resolve_new_neighbours(&self.netlink, &mut members).await;
         for link in links.members.iter().flatten() {
             prepare_egress(&mut self.dataplane, link, &mut self.egress_names)?;
@@ -520,6 +580,7 @@ impl Runner {
         self.config = config;
         self.slots = slots;
         self.members = members;
+        self.update_bridge_members();
         self.local = self.netlink.local_addresses().await.context("cannot list local addresses")?;
         if let Some(kernel) = &mut self.kernel {
             if policies_changed {
@@ -562,6 +623,7 @@ impl Runner {
             }
         }
         self.ports = new_ports;
+        self.sync_bridge().await?;
 
         // Local-traffic marking (tc egress): only on the `local` egress
         // ports, and detaching it leaves a port's forwarding attached.
@@ -781,6 +843,7 @@ impl Runner {
                 changed = true;
             }
         }
+        changed |= self.update_bridge_members();
         changed |= self.update_health();
         // A gradual rebalance moves a few buckets per tick until done.
         let settling = self.tables.values().any(ResilientTable::settling);
@@ -813,6 +876,18 @@ impl Runner {
                 }
             }
         }
+        if let Some(mirror) = &mut self.bridge {
+            // What the kernel has announced meanwhile first: an entry it aged
+            // out must not be refreshed (which would make it again).
+            if mirror.absorb_pending()? {
+                self.sync_bridge().await?;
+            }
+        }
+        if let Some(mirror) = &mut self.bridge {
+            if mirror.refresh_ageing(&self.netlink, &mut self.dataplane.maps).await? {
+                self.write_state()?;
+            }
+        }
         Ok(())
     }
 
@@ -828,6 +903,108 @@ impl Runner {
             .collect();
         routes.extend(local_routes(&self.local));
         routes
+    }
+
+    /// Brings the bridge's ports, the uplink groups' members and the FDB
+    /// in line with the bridge mirror: new ports get a counter slot, a
+    /// redirect entry and (once the FDB is written) the bridge program;
+    /// ports that left are detached.
+    async fn sync_bridge(&mut self) -> Result<()> {
+        let Some(mirror) = &self.bridge else { return Ok(()) };
+        let now = mirror.view.port_list();
+        let mut changed = false;
+        let gone: Vec<PortState> = self
+            .bridge_ports
+            .iter()
+            .filter(|p| !now.iter().any(|(i, n)| *i == p.ifindex && *n == p.name))
+            .cloned()
+            .collect();
+        for old in &gone {
+            self.dataplane.detach(&old.name);
+            self.dataplane.maps.remove_port(old.ifindex);
+            tracing::info!(port = %old.name, "{} left bridge {}: no longer served", old.name, mirror.view.name);
+            changed = true;
+        }
+        self.bridge_ports.retain(|p| !gone.contains(p));
+        let mut fresh = Vec::new();
+        for (ifindex, name) in now {
+            if self.bridge_ports.iter().any(|p| p.ifindex == ifindex) {
+                continue;
+            }
+            let used: BTreeSet<u32> = self.ports.iter().chain(&self.bridge_ports).map(|p| p.slot).collect();
+            let Some(slot) = (1..rocev2_common::maps::MAX_PORTS).rev().find(|s| !used.contains(s)) else {
+                tracing::warn!(port = %name, "no port slot left for bridge port {name} (at most {} ports in all): the kernel bridge serves it alone", rocev2_common::maps::MAX_PORTS - 1);
+                continue;
+            };
+            let link = self.netlink.link(&name).await?;
+            self.dataplane.maps.set_port(ifindex, slot)?;
+            prepare_egress(&mut self.dataplane, &link, &mut self.egress_names)?;
+            let port = PortState { name, ifindex, slot };
+            self.bridge_ports.push(port.clone());
+            fresh.push(port);
+            changed = true;
+        }
+        if self.update_bridge_members() {
+            self.publish(true, Learned::None, RouteStep::Keep)?;
+            changed = true;
+        }
+        let slots: BTreeMap<u32, u32> = self.bridge_ports.iter().map(|p| (p.ifindex, p.slot)).collect();
+        let Some(mirror) = &mut self.bridge else { return Ok(()) };
+        let uplinks: Vec<(u32, Vec<u32>, &crate::control::config::UplinkMacs)> = self
+            .config
+            .bridge
+            .iter()
+            .flat_map(|b| &b.uplinks)
+            .map(|u| {
+                let group = &self.config.groups[u.group_index];
+                let names: Vec<String> = group.members.iter().map(|m| m.dev.clone()).collect();
+                (self.slots[&group.name], mirror.port_ifindexes(&names), &u.macs)
+            })
+            .collect();
+        let specs: Vec<crate::control::bridge::view::UplinkSpec> = uplinks
+            .into_iter()
+            .map(|(slot, ports, macs)| crate::control::bridge::view::UplinkSpec { slot, ports, macs })
+            .collect();
+        mirror.sync(&mut self.dataplane.maps, &slots, &specs)?;
+        changed |= self.state.bridge.as_ref() != Some(&mirror.stats);
+        for port in fresh {
+            if self.dataplane.attach_bridge_port(&port.name, port.ifindex, self.mode)? {
+                tracing::info!(port = %port.name, "took over {} from the previous run without interruption", port.name);
+            }
+        }
+        if changed {
+            self.write_state()?;
+        }
+        Ok(())
+    }
+
+    /// Sets each uplink group member's `forwarding` from the bridge
+    /// mirror (a port of the bridge in STP forwarding state), logging
+    /// every change of usability; true if one changed.
+    fn update_bridge_members(&mut self) -> bool {
+        let Some(mirror) = &self.bridge else { return false };
+        let mut changed = false;
+        for (group, member) in self.members.iter_mut().flat_map(|(g, list)| list.iter_mut().map(move |m| (g, m))) {
+            if member.next_hop != NextHop::BridgePort {
+                continue;
+            }
+            let ifindex = mirror.view.port_named(&member.dev);
+            let forwarding = ifindex.is_some_and(|i| mirror.view.forwarding(i));
+            if forwarding != member.forwarding {
+                let was_usable = member.usable().is_some();
+                member.forwarding = forwarding;
+                if let Some(i) = ifindex {
+                    member.ifindex = i;
+                }
+                let why = ifindex.map_or_else(
+                    || Some(format!("not a port of bridge {}", mirror.view.name)),
+                    |i| mirror.view.why_not_forwarding(i),
+                );
+                log_member_change(group, member, was_usable, why.as_deref());
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Every route: the learned ones, with `statics` over them.
@@ -854,7 +1031,8 @@ impl Runner {
     fn write_state(&mut self) -> Result<()> {
         let c = &self.config;
         self.state.config = c.path.clone();
-        self.state.ports = self.ports.clone();
+        self.state.ports = self.ports.iter().chain(&self.bridge_ports).cloned().collect();
+        self.state.bridge = self.bridge.as_ref().map(|b| b.stats.clone());
         self.state.groups = c
             .groups
             .iter()
@@ -936,6 +1114,7 @@ fn load_in_background(
     flowlet_slots: u32,
     features: Features,
     telemetry_qps: u32,
+    programs: &[&str],
 ) -> Result<Dataplane> {
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -943,7 +1122,15 @@ fn load_in_background(
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, TAKEOVER_LOAD_NICE) } != 0 {
                 tracing::warn!("cannot lower the priority of the program load: {}", std::io::Error::last_os_error());
             }
-            Dataplane::load_with_telemetry(Some(pin_dir), flowlet_table_size, flowlet_slots, features, telemetry_qps)
+            let mut dataplane = Dataplane::load_with_telemetry(
+                Some(pin_dir),
+                flowlet_table_size,
+                flowlet_slots,
+                features,
+                telemetry_qps,
+            )?;
+            dataplane.preload(programs)?;
+            Ok(dataplane)
         })
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -970,10 +1157,15 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     for group in &config.groups {
         let mut list = Vec::new();
         for member in &group.members {
-            let link = netlink
-                .link(&member.dev)
-                .await
-                .map_err(|e| config.error_at(&member.loc, "dev", format!("{e:#}{hint}")))?;
+            // An uplink group's member is a port name (its place is the name).
+            let field = if member.next_hop == NextHop::BridgePort { "" } else { "dev" };
+            let link = netlink.link(&member.dev).await.map_err(|e| {
+                config.error_at(
+                    &member.loc,
+                    field,
+                    format!("{e:#}{}{hint}", crate::control::bridge::missing_device_hint(&member.dev)),
+                )
+            })?;
             list.push(link);
         }
         links.members.push(list);
@@ -983,6 +1175,7 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
             netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
         links.egress.push(link);
     }
+    crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
     Ok(links)
 }
 

@@ -50,6 +50,58 @@ pub struct RunState {
     /// when they are.
     #[serde(default)]
     pub refusals_uncounted: String,
+    /// With `[bridge]`: the bridge mirror's counts.
+    #[serde(default)]
+    pub bridge: Option<BridgeStats>,
+}
+
+/// The bridge mirror of a run with `[bridge]` (control::bridge): counts for
+/// `stats` and the metrics.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct BridgeStats {
+    pub bridge: String,
+    /// Ports of the bridge, and how many of them forward.
+    pub ports: usize,
+    pub forwarding: usize,
+    /// FDB map entries by kind: port, uplink, local, kernel.
+    pub fdb_port: usize,
+    pub fdb_uplink: usize,
+    pub fdb_local: usize,
+    pub fdb_kernel: usize,
+    /// FDB entries of another VLAN than 0 (a VLAN-aware bridge): not served.
+    pub other_vlans: usize,
+    /// Netlink messages applied, full re-reads (start, socket overflow).
+    pub messages: u64,
+    pub resyncs: u64,
+    /// Kernel FDB entries refreshed for hosts XDP forwarded from.
+    pub ageing_refreshes: u64,
+    /// The bridge's ageing time, in seconds.
+    pub ageing_s: u64,
+}
+
+impl BridgeStats {
+    /// One line for `stats` and the log.
+    pub fn describe(&self) -> String {
+        let mut line = format!(
+            "bridge {}: {} ports ({} forwarding), FDB {} entries ({} to a port, {} to an uplink group, {} local, {} left to the kernel), ageing {} s, {} refreshed for hosts XDP forwards from; {} messages, {} resyncs",
+            self.bridge,
+            self.ports,
+            self.forwarding,
+            self.fdb_port + self.fdb_uplink + self.fdb_local + self.fdb_kernel,
+            self.fdb_port,
+            self.fdb_uplink,
+            self.fdb_local,
+            self.fdb_kernel,
+            self.ageing_s,
+            self.ageing_refreshes,
+            self.messages,
+            self.resyncs
+        );
+        if self.other_vlans > 0 {
+            line.push_str(&format!("; {} entries of other VLANs not served (VLAN filtering)", self.other_vlans));
+        }
+        line
+    }
 }
 
 /// What a run learned from the kernel's routes: counts for `stats` and
@@ -78,6 +130,9 @@ pub struct LearnedStats {
     pub apply_us_p50: u64,
     pub apply_us_p99: u64,
     pub apply_samples: u64,
+    /// With `[bridge]`: the bridge mirror's counts.
+    #[serde(default)]
+    pub bridge: Option<BridgeStats>,
 }
 
 /// How the last reload went. Written as `{"outcome": "applied"}` or
@@ -132,7 +187,7 @@ pub struct EgressState {
     pub rate_bytes_per_sec: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortState {
     pub name: String,
     pub ifindex: u32,

@@ -29,6 +29,9 @@ pub struct Snapshot {
     pub seed_auto: bool,
     /// With `[routing] source = "kernel"`: learned routes and groups.
     pub learned: Option<crate::control::state::LearnedStats>,
+    /// With `[bridge]`: the bridge mirror.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<crate::control::state::BridgeStats>,
     /// With `telemetry_qps`: QPs in the telemetry table now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry_qps: Option<u64>,
@@ -236,6 +239,7 @@ impl Snapshot {
             seed: state.seed,
             seed_auto: state.seed_auto,
             learned: state.learned.clone(),
+            bridge: state.bridge.clone(),
             telemetry_qps: None,
             egress_refused,
             egress_refused_uncounted: (!state.refusals_uncounted.is_empty()).then(|| state.refusals_uncounted.clone()),
@@ -344,6 +348,10 @@ impl Snapshot {
                 l.apply_us_p50,
                 l.apply_us_p99
             ));
+        }
+        if let Some(b) = &self.bridge {
+            out.push_str(&b.describe());
+            out.push('\n');
         }
         if let Some(warning) = self.refusal_warning() {
             out.push('\n');

@@ -64,6 +64,10 @@ pub fn monotonic_ns() -> u64 {
 
 /// Names of a group slot and one of its member positions.
 pub fn member_name(state: &RunState, group: u32, position: u32) -> (String, String) {
+    if group == rocev2_common::maps::BRIDGE_PORT_GROUP {
+        // Bridge mode: to the one port the FDB names, no group.
+        return ("fdb".to_string(), "(its port)".to_string());
+    }
     match state.groups.iter().find(|g| g.index == group) {
         Some(g) => {
             (g.name.clone(), g.members.get(position as usize).map_or_else(|| format!("#{position}"), |m| m.dev.clone()))

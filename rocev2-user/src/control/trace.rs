@@ -237,7 +237,11 @@ fn describe(
     live: Option<&crate::control::decision::Live>,
 ) -> TraceLine {
     let (src, dst) = (words_addr(&e.src, e.family), words_addr(&e.dst, e.family));
-    let (group, member) = member_name(state, e.group, e.position);
+    let (group, mut member) = member_name(state, e.group, e.position);
+    if e.group == rocev2_common::maps::BRIDGE_PORT_GROUP {
+        // Bridge mode: the port the FDB named, by its ifindex.
+        member = state.ports.iter().find(|p| p.ifindex == e.ifindex).map_or(member, |p| p.name.clone());
+    }
     let packet = PacketFields {
         src,
         dst,
@@ -247,7 +251,7 @@ fn describe(
         dest_qp: Some(e.dest_qp),
     };
     let forwarding = config.and_then(|c| match explain(c, live, &packet).verdict {
-        Verdict::Forward(f) => Some(f),
+        Verdict::Forward(f) | Verdict::Uplink { forwarding: f, .. } => Some(f),
         _ => None,
     });
     TraceLine {

@@ -209,6 +209,7 @@ mod tests {
             seed: 0,
             seed_auto: false,
             learned: None,
+            bridge: None,
             telemetry_qps: None,
             egress_refused: Vec::new(),
             egress_refused_uncounted: None,

@@ -57,6 +57,8 @@ pub struct LinkInfo {
     /// rtnetlink link kind ("veth", "bridge", ...); `None` for physical NICs.
     pub kind: Option<String>,
     pub veth_peer: Option<VethPeer>,
+    /// The device this one is enslaved to (IFLA_MASTER): a bridge port's bridge.
+    pub master: Option<u32>,
 }
 
 /// The other end of a veth.
@@ -123,7 +125,6 @@ impl Netlink {
         }
     }
 
-    /// Name of the interface with index `ifindex`.
     /// The routing table of VRF device `name` (`[routing] table = "NAME"`).
     pub async fn vrf_table(&self, name: &str) -> Result<u32> {
         use rtnetlink::packet_route::link::{InfoData, InfoVrf};
@@ -150,6 +151,7 @@ impl Netlink {
         bail!("{name:?} is not a VRF device; [routing] table takes \"main\", a number or a VRF's name")
     }
 
+    /// Name of the interface with index `ifindex`.
     async fn link_name(&self, ifindex: u32) -> Result<String> {
         let mut replies = self.handle.link().get().match_index(ifindex).execute();
         let message = replies
@@ -158,6 +160,21 @@ impl Netlink {
             .with_context(|| format!("querying interface with index {ifindex}"))?
             .ok_or_else(|| anyhow!("no interface with index {ifindex}"))?;
         Ok(link_info(message).name)
+    }
+
+    /// Tells the bridge that `port` has just seen a frame from `mac`
+    /// (`bridge fdb replace MAC dev PORT master use`): the learned entry's
+    /// ageing starts over, as if the bridge had forwarded the frame itself.
+    pub async fn refresh_fdb(&self, port: u32, mac: &[u8; 6]) -> Result<()> {
+        self.handle
+            .neighbours()
+            .add_bridge(port, mac)
+            .flags(NeighbourFlags::Use | NeighbourFlags::Controller)
+            .state(NeighbourState::Reachable)
+            .replace()
+            .execute()
+            .await
+            .with_context(|| format!("refreshing the bridge FDB entry of {}", super::format_mac(mac)))
     }
 
     /// Every address configured on any interface (IPv4 and IPv6, including
@@ -293,6 +310,7 @@ pub(crate) fn link_info(message: LinkMessage) -> LinkInfo {
         carrier: message.header.flags.contains(LinkFlags::LowerUp),
         kind: None,
         veth_peer: None,
+        master: None,
     };
     let mut peer_ifindex = None;
     let mut peer_netnsid = None;
@@ -310,6 +328,7 @@ pub(crate) fn link_info(message: LinkMessage) -> LinkInfo {
             // appears only when the peer is in another namespace.
             LinkAttribute::Link(index) => peer_ifindex = Some(index),
             LinkAttribute::LinkNetNsId(id) => peer_netnsid = Some(id),
+            LinkAttribute::Controller(index) if index != 0 => info.master = Some(index),
             _ => {}
         }
     }

@@ -16,7 +16,10 @@ use rocev2_common::{flowlet::FlowletTable, hash::HashMode};
 use crate::{
     control::config::{Config, Policy},
     control::dataplane::Maps,
-    control::decision::{explain, parse_qp, read_live, Explanation, PacketFields, Verdict, IPPROTO_TCP, IPPROTO_UDP},
+    control::decision::{
+        bridge::{explain_bridged, read_live_bridge, Frame},
+        explain, parse_qp, read_live, Explanation, Forwarding, PacketFields, Verdict, IPPROTO_TCP, IPPROTO_UDP,
+    },
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -43,6 +46,26 @@ pub struct ExplainArgs {
     /// decimal or 0x-hex.
     #[arg(long, value_parser = parse_qp)]
     pub qp: Option<u32>,
+    /// Bridge mode (`[bridge]`): the frame's destination MAC. The bridge
+    /// program decides by it, in the FDB, instead of by a route.
+    #[arg(long, value_parser = parse_mac_arg)]
+    pub dst_mac: Option<[u8; 6]>,
+    /// Bridge mode, with `--in-port`: the frame's source MAC, checked as
+    /// the program does (a source not learned on that port goes to the
+    /// kernel bridge).
+    #[arg(long, value_parser = parse_mac_arg, requires = "dst_mac")]
+    pub src_mac: Option<[u8; 6]>,
+    /// Bridge mode: the bridge port the frame arrives on.
+    #[arg(long, requires = "dst_mac")]
+    pub in_port: Option<String>,
+}
+
+fn parse_mac_arg(text: &str) -> Result<[u8; 6], String> {
+    let bytes: Vec<u8> =
+        text.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().map_err(|_| {
+            format!("{text:?} is not a MAC address (six hex bytes with colons, e.g. 02:00:00:00:00:01)")
+        })?;
+    <[u8; 6]>::try_from(bytes).map_err(|_| format!("{text:?} is not a MAC address (six bytes)"))
 }
 
 fn proto_name(p: u8) -> String {
@@ -87,6 +110,16 @@ impl fmt::Display for Explanation {
                 "route:  {} matches route {route} -> group {group}, which has no usable member -> the kernel stack (counter pass_no_member)",
                 p.dst
             )?,
+            Verdict::Bridged { fdb, port } => {
+                writeln!(f, "fdb:    {fdb}")?;
+                writeln!(f, "port:   {port}, the frame unchanged (no MAC rewrite, no TTL change)")?;
+            }
+            Verdict::ToKernelBridge { why } => writeln!(f, "kernel: {why}")?,
+            Verdict::Uplink { fdb, forwarding } => {
+                writeln!(f, "fdb:    {fdb}")?;
+                write_member(f, p, forwarding)?;
+                writeln!(f, "        (the frame leaves unchanged: no MAC rewrite, no TTL change)")?;
+            }
             Verdict::Forward(fw) => {
                 let also = if fw.also_matched.is_empty() {
                     String::new()
@@ -95,24 +128,7 @@ impl fmt::Display for Explanation {
                     format!(" (longest prefix; also matches {})", list.join(", "))
                 };
                 writeln!(f, "route:  {} matches route {}{also} -> group {}", p.dst, fw.route, fw.group)?;
-                let inputs = match fw.dest_qp_hashed {
-                    Some(qp) => format!("five-tuple + DestQP {qp:#08x}"),
-                    None if fw.mode == HashMode::Qp => "five-tuple (not RoCEv2, so no DestQP)".to_string(),
-                    None if p.is_roce() => "five-tuple only (DestQP ignored in five-tuple mode)".to_string(),
-                    None => "five-tuple".to_string(),
-                };
-                writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", fw.mode.name(), fw.seed, fw.hash)?;
-                match &fw.policy_step {
-                    None => writeln!(
-                        f,
-                        "member: bucket {} of {BUCKETS_PER_GROUP} (hash >> 24) -> member {} of {} (0-based): {}",
-                        fw.bucket, fw.position, fw.member_count, fw.member
-                    )?,
-                    Some(step) => {
-                        writeln!(f, "policy: {step}")?;
-                        writeln!(f, "member: member {} of {} (0-based): {}", fw.position, fw.member_count, fw.member)?;
-                    }
-                }
+                write_member(f, p, fw)?;
                 writeln!(
                     f,
                     "        (MACs rewritten, TTL/hop limit -1; assumes TTL > 1, no IPv4 fragment, IPv4 options or IPv6 extension header, a right IPv4 header checksum, and a destination that is not this box's own)"
@@ -124,6 +140,29 @@ impl fmt::Display for Explanation {
         }
         Ok(())
     }
+}
+
+/// The hash, policy and member lines of a choice within a group.
+fn write_member(f: &mut fmt::Formatter<'_>, p: &PacketFields, fw: &Forwarding) -> fmt::Result {
+    let inputs = match fw.dest_qp_hashed {
+        Some(qp) => format!("five-tuple + DestQP {qp:#08x}"),
+        None if fw.mode == HashMode::Qp => "five-tuple (not RoCEv2, so no DestQP)".to_string(),
+        None if p.is_roce() => "five-tuple only (DestQP ignored in five-tuple mode)".to_string(),
+        None => "five-tuple".to_string(),
+    };
+    writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", fw.mode.name(), fw.seed, fw.hash)?;
+    match &fw.policy_step {
+        None => writeln!(
+            f,
+            "member: bucket {} of {BUCKETS_PER_GROUP} (hash >> 24) -> member {} of {} (0-based): {}",
+            fw.bucket, fw.position, fw.member_count, fw.member
+        )?,
+        Some(step) => {
+            writeln!(f, "policy: {step}")?;
+            writeln!(f, "member: member {} of {} (0-based): {}", fw.position, fw.member_count, fw.member)?;
+        }
+    }
+    Ok(())
 }
 
 /// Parses `--proto`: udp, tcp or 0..=255.
@@ -178,7 +217,21 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
         }
         Err(e) => (None, Some(format!("{e:#}"))),
     };
-    let mut explanation = explain(&config, live.as_ref(), &packet);
+    let mut explanation = match args.dst_mac {
+        Some(dst_mac) => {
+            let Some(bridge) = &config.bridge else {
+                bail!("--dst-mac explains a bridged frame, and {} has no [bridge]", args.config.display());
+            };
+            let frame = Frame { dst_mac, src_mac: args.src_mac, in_port: args.in_port.clone() };
+            let fdb = live.as_ref().and_then(|_| read_live_bridge(&config).ok());
+            let mut e = explain_bridged(&config, live.as_ref(), fdb.as_ref(), &packet, &frame);
+            if fdb.is_none() && live.is_some() {
+                e.notes.push(format!("the running `rocev2 run` has no FDB map for bridge {}", bridge.name));
+            }
+            e
+        }
+        None => explain(&config, live.as_ref(), &packet),
+    };
     if let Some(why) = why_not {
         explanation.notes.push(format!("why not live: {why}"));
     }

@@ -44,6 +44,8 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         aggs: None,
         unnumbered: false,
         links: Default::default(),
+        host_bridge: false,
+        uplinks: 4,
     }
 }
 

@@ -17,6 +17,8 @@ mod fabric;
 mod fabric_tutorial;
 mod first_hour;
 mod gen_sink;
+mod host_bridge;
+mod host_bridge_tutorial;
 mod kernel_routes;
 mod lab_command;
 mod loss_accounting;

@@ -88,6 +88,39 @@ pub struct Config {
     /// `[[route_policy]]`: how groups learned from kernel routes behave,
     /// by prefix (the most specific match wins).
     pub route_policies: Vec<RoutePolicy>,
+    /// `[bridge]` and its `[[uplink_group]]`s: host bridge mode.
+    pub bridge: Option<Bridge>,
+}
+
+/// `[bridge]`: rocev2 serves every port of this Linux bridge at layer 2.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bridge {
+    /// The bridge device.
+    pub name: String,
+    /// Points at the `name` value.
+    pub loc: Location,
+    /// The `[[uplink_group]]`s, each also a group in [`Config::groups`]
+    /// (members on its ports, frames unchanged).
+    pub uplinks: Vec<Uplink>,
+}
+
+/// One `[[uplink_group]]`: bridge ports that all reach the same MACs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Uplink {
+    /// Index of its group in [`Config::groups`].
+    pub group_index: usize,
+    pub macs: UplinkMacs,
+    pub loc: Location,
+}
+
+/// Which destination MACs an uplink group serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UplinkMacs {
+    /// These, reachable through every port of the group (an anycast
+    /// gateway MAC, for one), whatever the bridge's FDB says.
+    Listed(Vec<[u8; 6]>),
+    /// Every MAC the bridge's FDB has on any port of the group.
+    Learned,
 }
 
 /// The `[routing]` table.
@@ -299,7 +332,8 @@ pub struct Port {
     pub loc: Location,
 }
 
-/// One `[[group]]`: an ECMP group of next hops.
+/// One `[[group]]`: an ECMP group of next hops; or an `[[uplink_group]]`
+/// of bridge ports.
 #[derive(Clone, Debug)]
 pub struct Group {
     pub name: String,
@@ -313,6 +347,13 @@ pub struct Group {
     pub members: Vec<Member>,
     /// Points at the `[[group]]` header.
     pub loc: Location,
+}
+
+impl Group {
+    /// An `[[uplink_group]]` of bridge ports (not a `[[group]]` of next hops).
+    pub fn is_uplink(&self) -> bool {
+        self.members.iter().all(|m| m.next_hop == NextHop::BridgePort)
+    }
 }
 
 /// One entry of a group's `members`.
@@ -334,6 +375,9 @@ pub enum NextHop {
     Via(IpAddr),
     /// A static neighbour MAC.
     Mac([u8; 6]),
+    /// A port of the bridge (an `[[uplink_group]]` member): frames leave
+    /// as they came, no MAC is written.
+    BridgePort,
 }
 
 /// One `[[route]]`.
@@ -655,6 +699,7 @@ impl EcnProfileConfig {
     }
 }
 
+mod bridge;
 mod diagnostics;
 mod raw;
 pub mod reference;
@@ -663,7 +708,7 @@ mod validate;
 mod values;
 
 pub use transport_aware::TransportAware;
-pub use values::{parse_rate_arg, parse_size_arg};
+pub use values::{parse_gap, parse_rate_arg, parse_size_arg};
 
 // The submodules' items, for each other and for the tests (`use super::*`).
 #[allow(unused_imports, reason = "the tests use what the submodules do not")]

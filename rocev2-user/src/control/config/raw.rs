@@ -30,6 +30,35 @@ pub(super) struct RawFile {
     pub(super) routing: Option<Spanned<RawRouting>>,
     #[serde(default)]
     pub(super) route_policy: Vec<Spanned<RawRoutePolicy>>,
+    #[serde(default)]
+    pub(super) bridge: Option<Spanned<RawBridge>>,
+    #[serde(default)]
+    pub(super) uplink_group: Vec<Spanned<RawUplinkGroup>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBridge {
+    pub(super) name: Spanned<String>,
+}
+
+/// The policy keys are those of [`RawGroup`] again (see
+/// [`RawRoutePolicy`]); `ports` and `macs` take the place of `members`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUplinkGroup {
+    pub(super) name: Spanned<String>,
+    pub(super) ports: Spanned<Vec<Spanned<String>>>,
+    pub(super) macs: Spanned<toml::Value>,
+    pub(super) hash: Option<Spanned<String>>,
+    pub(super) policy: Option<Spanned<String>>,
+    pub(super) flowlet_gap_us: Option<Spanned<i64>>,
+    pub(super) flowlet_choice: Option<Spanned<String>>,
+    pub(super) flowlet_boundary: Option<Spanned<bool>>,
+    pub(super) flowlet_table_size: Option<Spanned<i64>>,
+    pub(super) flowlet_table: Option<Spanned<String>>,
+    pub(super) rebalance: Option<Spanned<String>>,
+    pub(super) transport_aware: Option<Spanned<RawTransportAware>>,
 }
 
 #[derive(Deserialize)]

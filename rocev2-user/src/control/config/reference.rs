@@ -173,7 +173,7 @@ pub const TABLES: &[Table] = &[
         path: "port",
         also: &[],
         form: Form::ArrayOfTables,
-        about: "An interface that receives traffic to forward: at least one, at most 63. Egress devices need not be ports.",
+        about: "An interface that receives traffic to route: at least one unless a `[bridge]` is configured; ports and bridge ports together at most 63. Egress devices need not be ports.",
         keys: &[&[Key {
             name: "name",
             ty: "interface name",
@@ -231,7 +231,7 @@ pub const TABLES: &[Table] = &[
     },
     Table {
         path: "group.transport_aware",
-        also: &["route_policy.transport_aware"],
+        also: &["route_policy.transport_aware", "uplink_group.transport_aware"],
         form: Form::InlineTable,
         about: "Transport-aware member choice, on a `[[group]]` or a `[[route_policy]]`: a member's score adds up the NAKs, resends and CNPs of the QPs it carries and decays with a half-life; above `demote_above` its buckets go to the others, below `restore_below` it gets them back. `transport_aware = {}` takes every default.",
         keys: &[&[
@@ -450,6 +450,47 @@ pub const TABLES: &[Table] = &[
                 default: REQUIRED,
                 about: "The learned routes this policy covers.",
             }],
+            POLICY_KEYS,
+        ],
+    },
+    Table {
+        path: "bridge",
+        also: &[],
+        form: Form::Table,
+        about: "Host bridge mode: rocev2 serves every port of this Linux bridge at layer 2, mirroring its ports (with their STP state) and its forwarding database. Known unicast IP frames leave unchanged by the port the FDB names; MACs of an `[[uplink_group]]` take a member chosen per flow; the rest goes to the kernel bridge. `[[port]]`s may route on other interfaces at the same time. Needs `attach = \"xdp\"` and `cpu_spread = \"off\"`; changing `name` needs a restart.",
+        keys: &[&[Key {
+            name: "name",
+            ty: "interface name",
+            default: REQUIRED,
+            about: "The bridge (`ip link add NAME type bridge`), without VLAN filtering.",
+        }]],
+    },
+    Table {
+        path: "uplink_group",
+        also: &[],
+        form: Form::ArrayOfTables,
+        about: "Bridge ports that all reach the same MACs (uplinks to rack switches sharing an anycast gateway): frames to those MACs take a member chosen as a `[[group]]`'s are, by the same bucket table, hash, flowlets and pins; a port that stops forwarding moves only its own flows. Needs a `[bridge]`; counts among the 256 groups.",
+        keys: &[
+            &[
+                Key {
+                    name: "name",
+                    ty: "string",
+                    default: REQUIRED,
+                    about: "The group's name (unique among `[[group]]`s and `[[uplink_group]]`s), which `stats` and `[[pin]]`s use.",
+                },
+                Key {
+                    name: "ports",
+                    ty: "array of interface names",
+                    default: REQUIRED,
+                    about: "Ports of the bridge, 2 to 128, each in one uplink group.",
+                },
+                Key {
+                    name: "macs",
+                    ty: "array of MAC addresses, or \"learned\"",
+                    default: REQUIRED,
+                    about: "The unicast MACs reachable through every port of the group (an anycast gateway's), whatever port the bridge learned them on; or every MAC the bridge learns on any port of the group.",
+                },
+            ],
             POLICY_KEYS,
         ],
     },

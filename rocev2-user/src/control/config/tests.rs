@@ -815,3 +815,67 @@ fn features_are_what_the_config_uses() {
     );
     assert_eq!(parse_ok(&both).features(), Features::COUNTERS.with(Features::FLOWLET));
 }
+
+// --- host bridge mode -----------------------------------------------
+
+/// A host bridge config without routed ports: 8 lines.
+const BRIDGE: &str = r#"[bridge]
+name = "br0"
+
+[[uplink_group]]
+name = "gateways"
+ports = ["u1", "u2", "u3", "u4"]
+macs = ["02:00:5e:00:01:01"]
+hash = "qp"
+"#;
+
+#[test]
+fn a_bridge_with_an_uplink_group_needs_no_port() {
+    let c = parse_ok(BRIDGE);
+    assert!(c.ports.is_empty());
+    let bridge = c.bridge.as_ref().unwrap();
+    assert_eq!((bridge.name.as_str(), bridge.loc.line), ("br0", 2));
+    let uplink = &bridge.uplinks[0];
+    assert_eq!(uplink.macs, UplinkMacs::Listed(vec![[2, 0, 0x5e, 0, 1, 1]]));
+    let group = &c.groups[uplink.group_index];
+    assert!(group.is_uplink());
+    assert_eq!(group.members.iter().map(|m| m.dev.as_str()).collect::<Vec<_>>(), ["u1", "u2", "u3", "u4"]);
+    assert_eq!(group.members[2].loc.key, "uplink_group[0].ports[2]");
+    // The policy keys are a group's.
+    let flowlet = BRIDGE.replace("hash = \"qp\"", "policy = \"flowlet\"\nflowlet_gap_us = 200");
+    let c = parse_ok(&flowlet);
+    assert!(matches!(c.groups[0].policy, Policy::Flowlet(f) if f.gap == Duration::from_micros(200)));
+    assert!(c.features().contains(Features::FLOWLET_KEYED));
+    let learned = BRIDGE.replace("macs = [\"02:00:5e:00:01:01\"]", "macs = \"learned\"");
+    assert_eq!(parse_ok(&learned).bridge.unwrap().uplinks[0].macs, UplinkMacs::Learned);
+    // Routed ports and groups next to the bridge.
+    let both = parse_ok(&format!("{BASE}{BRIDGE}"));
+    assert_eq!((both.ports.len(), both.groups.len()), (1, 2));
+}
+
+#[test]
+fn uplink_group_mistakes_are_named() {
+    assert_error(
+        &BRIDGE.replace("[\"u1\", \"u2\", \"u3\", \"u4\"]", "[\"u1\"]"),
+        6,
+        "uplink_group[0].ports",
+        &["at least two bridge ports"],
+    );
+    assert_error(&BRIDGE.replace("[bridge]\nname = \"br0\"\n", ""), 2, "uplink_group[0]", &["add a [bridge] section"]);
+    assert_error(&BRIDGE.replace("02:00:5e", "01:00:5e"), 7, "uplink_group[0].macs[0]", &["multicast"]);
+    assert_error(&BRIDGE.replace("[\"02:00:5e:00:01:01\"]", "[]"), 7, "uplink_group[0].macs", &["is empty"]);
+    assert_error(&BRIDGE.replace("[\"02:00:5e:00:01:01\"]", "\"all\""), 7, "uplink_group[0].macs", &["\"learned\""]);
+    assert_error(&BRIDGE.replace("\"u2\", \"u3\"", "\"u2\", \"u2\""), 6, "uplink_group[0].ports[2]", &["listed twice"]);
+    let two = format!(
+        "{BRIDGE}\n[[uplink_group]]\nname = \"more\"\nports = [\"u4\", \"u5\"]\nmacs = [\"02:00:5e:00:01:02\"]\n"
+    );
+    assert_error(&two, 12, "uplink_group[1].ports[0]", &["already a port of uplink group \"gateways\""]);
+    let same_mac = two.replace("[\"u4\", \"u5\"]", "[\"u5\", \"u6\"]").replace("01:02", "01:01");
+    assert_error(&same_mac, 13, "uplink_group[1].macs[0]", &["already in uplink group \"gateways\""]);
+    let route = format!("{BASE}{BRIDGE}\n[[route]]\nprefix = \"10.0.0.0/8\"\ngroup = \"gateways\"\n");
+    assert_error(&route, 18, "route[0].group", &["[[uplink_group]]", "[[group]] of next hops"]);
+    assert_error(&format!("[dataplane]\nattach = \"tc\"\n{BRIDGE}"), 3, "bridge", &["runs in XDP"]);
+    assert_error(&format!("[dataplane]\ncpu_spread = \"qp\"\n{BRIDGE}"), 3, "bridge", &["cpu_spread"]);
+    let clash = format!("{BASE}{BRIDGE}").replace("name = \"gateways\"", "name = \"spines\"");
+    assert_error(&clash, 11, "uplink_group[0].name", &["already exists"]);
+}

@@ -50,8 +50,9 @@ impl Source<'_> {
 
     pub(super) fn validate(&self, raw: RawFile) -> Result<Config, ConfigError> {
         let dataplane = self.dataplane(&raw.dataplane)?;
-        let ports = self.ports(&raw.port)?;
-        let groups = self.groups(&raw.group, &dataplane)?;
+        let ports = self.ports(&raw.port, raw.bridge.is_some() || !raw.uplink_group.is_empty())?;
+        let mut groups = self.groups(&raw.group, &dataplane)?;
+        let bridge = self.bridge(raw.bridge.as_ref(), &raw.uplink_group, &dataplane, &mut groups)?;
         let routes = self.routes(&raw.route, &groups)?;
         let routing = match &raw.routing {
             Some(r) => self.routing(r)?,
@@ -78,6 +79,7 @@ impl Source<'_> {
             classes,
             routing,
             route_policies,
+            bridge,
         })
     }
 
@@ -259,13 +261,13 @@ impl Source<'_> {
         Ok(dp)
     }
 
-    pub(super) fn ports(&self, raw: &[Spanned<RawPort>]) -> Result<Vec<Port>, ConfigError> {
-        if raw.is_empty() {
+    pub(super) fn ports(&self, raw: &[Spanned<RawPort>], bridge: bool) -> Result<Vec<Port>, ConfigError> {
+        if raw.is_empty() && !bridge {
             return Err(ConfigError::File {
                 path: self.path.to_path_buf(),
                 key: "port".into(),
                 message: "no [[port]] section; add one per interface that receives traffic to \
-                          forward, e.g. [[port]] with name = \"eth1\""
+                          forward, e.g. [[port]] with name = \"eth1\" (or a [bridge] for host bridge mode)"
                     .into(),
             });
         }
@@ -439,7 +441,13 @@ impl Source<'_> {
                 ));
             }
             let group_index = self.check(format!("{key}.group"), &r_ref.group, |name| {
-                groups.iter().position(|g| g.name == *name).ok_or_else(|| no_such_group(name, groups))
+                let i = groups.iter().position(|g| g.name == *name).ok_or_else(|| no_such_group(name, groups))?;
+                if groups[i].is_uplink() {
+                    return Err(format!(
+                        "{name:?} is an [[uplink_group]] of bridge ports, which forwards by MAC; a route needs a [[group]] of next hops"
+                    ));
+                }
+                Ok(i)
             })?;
             seen.insert(prefix, routes.len());
             routes.push(Route {

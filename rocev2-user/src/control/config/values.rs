@@ -102,6 +102,26 @@ pub fn parse_rate_arg(s: &str) -> Result<u64, String> {
     parse_rate(&toml::Value::String(t.to_owned())).map(|bytes| bytes * 8)
 }
 
+/// A flowlet gap typed on a command line ("2ms", "500us", "1s"), in microseconds.
+pub fn parse_gap(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        return Err(format!("{s:?} is not a gap; write e.g. 2ms or 500us"));
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a gap; write e.g. 2ms or 500us"))?;
+    let us = (v * scale).round();
+    if !(1.0..=10e6).contains(&us) {
+        return Err(format!("{s:?} is outside 1us..10s"));
+    }
+    Ok(us as u32)
+}
+
 /// A probability: 0.0 to 1.0, or a percentage string such as "5%".
 pub(super) fn parse_probability(v: &toml::Value) -> Result<f64, String> {
     let p = match v {

@@ -19,10 +19,11 @@ use rocev2_common::{
     flowlet::FlowletEntry,
     hash::HashMode,
     maps::{
-        bucket_table_index, member_index, member_stat_index, names, DataplaneConfig, EgressCounters, FlowletKey,
-        GroupEntry, IfindexSlots, MemberEntry, MemberStats, PinEntry, PinKeyV4, PinKeyV6, PortCounters, PortEntry,
-        RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS,
-        MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS, MEMBER_UP, POLICY_HASH,
+        bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
+        FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4,
+        PinKeyV6, PortCounters, PortEntry, RouteCacheEntry, RouteEntry, RouteKeyV4, RouteKeyV6, Takeover, MAPS,
+        MAX_DIRECT_IFINDEX, MAX_ECN_PROFILES, MAX_EGRESS_PORTS, MAX_GROUPS, MAX_MEMBERS_PER_GROUP, MAX_PORTS,
+        MEMBER_UP, POLICY_HASH,
     },
 };
 
@@ -34,40 +35,134 @@ use crate::{
 /// Every map operation's result: what went wrong is a [`DataplaneError`].
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-/// Typed handles on every map, owned (taken out of the `Ebpf` or opened
-/// from their pins).
-pub struct Maps {
-    routes_v4: LpmTrie<MapData, RouteKeyV4, RouteEntry>,
-    routes_v6: LpmTrie<MapData, RouteKeyV6, RouteEntry>,
-    groups: Array<MapData, GroupEntry>,
-    members: Array<MapData, MemberEntry>,
-    ports: HashMap<MapData, u32, PortEntry>,
-    egress_devs: DevMapHash<MapData>,
-    egress_devs_direct: DevMap<MapData>,
-    config: Array<MapData, DataplaneConfig>,
-    port_counters: PerCpuArray<MapData, PortCounters>,
-    member_stats: PerCpuArray<MapData, MemberStats>,
-    flowlets: HashMap<MapData, FlowletKey, FlowletEntry>,
-    pins_v4: LpmTrie<MapData, PinKeyV4, PinEntry>,
-    pins_v6: LpmTrie<MapData, PinKeyV6, PinEntry>,
-    egress: HashMap<MapData, u32, EgressEntry>,
-    vqueues: Array<MapData, VirtualQueue>,
-    ecn_profiles: Array<MapData, EcnProfile>,
-    classes: Array<MapData, ClassEntry>,
-    class_stats: PerCpuArray<MapData, MemberStats>,
-    egress_counters: PerCpuArray<MapData, EgressCounters>,
-    ifindex_slots: Array<MapData, IfindexSlots>,
-    egress_by_slot: Array<MapData, EgressEntry>,
-    route_cache: PerCpuArray<MapData, RouteCacheEntry>,
-    buckets: Array<MapData, BucketTable>,
-    /// Frames each egress device refused after a redirect; `None` when
-    /// reading the pins of a `rocev2 run` from before the counter existed.
-    egress_refused: Option<PerCpuHashMap<MapData, u32, u64>>,
-    /// The keyless flowlet slots, when pinned (explain reads them).
-    flowlet_slots: Option<Array<MapData, rocev2_common::flowlet::FlowletSlot>>,
-    /// A takeover's groups of the previous run, by slot, until each is
-    /// first published (see [`InheritedGroups`]).
-    inherited: InheritedGroups,
+/// Opens the map pinned as `name` under `dir`, of its type `T`.
+fn open_pin<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        // A permission error is not a missing `run`: say so.
+        let hint = if crate::sys::privileges::is_permission_error(&e) {
+            "permission denied: run it as root"
+        } else {
+            "is `rocev2 run` running?"
+        };
+        e.context(format!("cannot open pinned map {} ({hint})", path.display()))
+    })?;
+    let map = aya::maps::Map::from_map_data(data)
+        .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
+    Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
+}
+
+/// Typed handles on the maps the control plane reads and writes, owned
+/// (taken out of the `Ebpf` or opened from their pins): one line each, the
+/// field, its map (named in the table, `rocev2_common::maps::MAPS`, which
+/// says whether and how it is pinned) and its type. Those under `optional`
+/// may be missing from the pins of a run from before they existed; those
+/// under `from_pins` are opened from their pin (when it exists), not taken
+/// from the object (the programs keep them); `state` is the control
+/// plane's own, starting at its default.
+macro_rules! handles {
+    (
+        always { $($field:ident: $name:ident => $ty:ty,)* }
+        optional { $($ofield:ident: $oname:ident => $oty:ty,)* }
+        from_pins { $($pfield:ident: $pname:ident => $pty:ty,)* }
+        state { $($(#[$sdoc:meta])* $sfield:ident: $sty:ty,)* }
+    ) => {
+        pub struct Maps {
+            $($field: $ty,)*
+            $($ofield: Option<$oty>,)*
+            $($pfield: Option<$pty>,)*
+            $($(#[$sdoc])* $sfield: $sty,)*
+        }
+
+        impl Maps {
+            /// The maps `Maps` holds handles on: every map the table pins
+            /// always (a test checks).
+            pub const HANDLES: &[&str] = &[$(names::$name,)* $(names::$oname,)* $(names::$pname,)*];
+
+            /// Takes the maps out of a loaded object, pinning under
+            /// `pin_dir` (when given) those the table says are pinned (but
+            /// those a takeover keeps, which the loader pinned already).
+            pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> anyhow::Result<Self> {
+                let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
+                    let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
+                    let pinned =
+                        MAPS.iter().any(|m| m.name == name && m.pin == Pin::Always && m.takeover != Takeover::Kept);
+                    if let (Some(dir), true) = (pin_dir, pinned) {
+                        let path = dir.join(name);
+                        map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
+                    }
+                    Ok(map)
+                };
+                fn typed<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+                    map: aya::maps::Map,
+                    name: &str,
+                ) -> anyhow::Result<T> {
+                    Ok(T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))?)
+                }
+                Ok(Self {
+                    $($field: typed(take(names::$name)?, names::$name)?,)*
+                    $($ofield: Some(typed(take(names::$oname)?, names::$oname)?),)*
+                    $($pfield: match pin_dir {
+                        Some(dir) if dir.join(names::$pname).exists() => Some(open_pin(dir, names::$pname)?),
+                        _ => None,
+                    },)*
+                    $($sfield: <$sty>::default(),)*
+                })
+            }
+
+            /// Opens the maps a running `rocev2 run` pinned under `dir`.
+            pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
+                Ok(Self {
+                    $($field: open_pin(dir, names::$name)?,)*
+                    $($ofield: if dir.join(names::$oname).exists() { Some(open_pin(dir, names::$oname)?) } else { None },)*
+                    $($pfield: if dir.join(names::$pname).exists() { Some(open_pin(dir, names::$pname)?) } else { None },)*
+                    $($sfield: <$sty>::default(),)*
+                })
+            }
+        }
+    };
+}
+
+handles! {
+    always {
+        routes_v4: ROUTES_V4 => LpmTrie<MapData, RouteKeyV4, RouteEntry>,
+        routes_v6: ROUTES_V6 => LpmTrie<MapData, RouteKeyV6, RouteEntry>,
+        groups: GROUPS => Array<MapData, GroupEntry>,
+        members: MEMBERS => Array<MapData, MemberEntry>,
+        ports: PORTS => HashMap<MapData, u32, PortEntry>,
+        egress_devs: EGRESS_DEVS => DevMapHash<MapData>,
+        egress_devs_direct: EGRESS_DEVS_DIRECT => DevMap<MapData>,
+        config: CONFIG => Array<MapData, DataplaneConfig>,
+        port_counters: PORT_COUNTERS => PerCpuArray<MapData, PortCounters>,
+        member_stats: MEMBER_STATS => PerCpuArray<MapData, MemberStats>,
+        flowlets: FLOWLETS => HashMap<MapData, FlowletKey, FlowletEntry>,
+        pins_v4: PINS_V4 => LpmTrie<MapData, PinKeyV4, PinEntry>,
+        pins_v6: PINS_V6 => LpmTrie<MapData, PinKeyV6, PinEntry>,
+        egress: EGRESS => HashMap<MapData, u32, EgressEntry>,
+        vqueues: VQUEUES => Array<MapData, VirtualQueue>,
+        ecn_profiles: ECN_PROFILES => Array<MapData, EcnProfile>,
+        classes: CLASSES => Array<MapData, ClassEntry>,
+        class_stats: CLASS_STATS => PerCpuArray<MapData, MemberStats>,
+        egress_counters: EGRESS_COUNTERS => PerCpuArray<MapData, EgressCounters>,
+        ifindex_slots: IFINDEX_SLOTS => Array<MapData, IfindexSlots>,
+        egress_by_slot: EGRESS_BY_SLOT => Array<MapData, EgressEntry>,
+        route_cache: ROUTE_CACHE => PerCpuArray<MapData, RouteCacheEntry>,
+        buckets: BUCKETS => Array<MapData, BucketTable>,
+    }
+    optional {
+        egress_refused: EGRESS_REFUSED => PerCpuHashMap<MapData, u32, u64>,
+        fdb: FDB => HashMap<MapData, FdbKey, FdbEntry>,
+        bridge_ports: BRIDGE_PORTS => Array<MapData, BridgePort>,
+    }
+    from_pins {
+        flowlet_slots: FLOWLET_SLOTS => Array<MapData, rocev2_common::flowlet::FlowletSlot>,
+    }
+    state {
+        /// A takeover's groups of the previous run, by slot, until each is
+        /// first published (see [`InheritedGroups`]).
+        inherited: InheritedGroups,
+    }
 }
 
 /// Per group slot, the generation and live members (position order) a
@@ -178,64 +273,6 @@ pub struct MemberSpec {
 }
 
 impl Maps {
-    /// Takes the maps out of a loaded object, pinning each under `pin_dir`
-    /// first when given (but those in `pinned_by_loader`, already there).
-    pub(super) fn take(ebpf: &mut Ebpf, pin_dir: Option<&Path>, pinned_by_loader: &[&str]) -> anyhow::Result<Self> {
-        let flowlet_slots = match (pin_dir, ebpf.map(names::FLOWLET_SLOTS)) {
-            (Some(dir), Some(_)) => Some(Self::open_slots(dir)?),
-            _ => None,
-        };
-        let mut take = |name: &str| -> anyhow::Result<aya::maps::Map> {
-            let map = ebpf.take_map(name).ok_or_else(|| anyhow::anyhow!("eBPF object has no map {name}"))?;
-            if let Some(dir) = pin_dir.filter(|_| !pinned_by_loader.contains(&name)) {
-                let path = dir.join(name);
-                map.pin(&path).with_context(|| format!("cannot pin map {name} at {}", path.display()))?;
-            }
-            Ok(map)
-        };
-        fn typed<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-            map: aya::maps::Map,
-            name: &str,
-        ) -> Result<T> {
-            T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
-        }
-        Ok(Self {
-            routes_v4: typed(take(names::ROUTES_V4)?, names::ROUTES_V4)?,
-            routes_v6: typed(take(names::ROUTES_V6)?, names::ROUTES_V6)?,
-            groups: typed(take(names::GROUPS)?, names::GROUPS)?,
-            members: typed(take(names::MEMBERS)?, names::MEMBERS)?,
-            ports: typed(take(names::PORTS)?, names::PORTS)?,
-            egress_devs: typed(take(names::EGRESS_DEVS)?, names::EGRESS_DEVS)?,
-            egress_devs_direct: typed(take(names::EGRESS_DEVS_DIRECT)?, names::EGRESS_DEVS_DIRECT)?,
-            config: typed(take(names::CONFIG)?, names::CONFIG)?,
-            port_counters: typed(take(names::PORT_COUNTERS)?, names::PORT_COUNTERS)?,
-            member_stats: typed(take(names::MEMBER_STATS)?, names::MEMBER_STATS)?,
-            flowlets: typed(take(names::FLOWLETS)?, names::FLOWLETS)?,
-            pins_v4: typed(take(names::PINS_V4)?, names::PINS_V4)?,
-            pins_v6: typed(take(names::PINS_V6)?, names::PINS_V6)?,
-            egress: typed(take(names::EGRESS)?, names::EGRESS)?,
-            vqueues: typed(take(names::VQUEUES)?, names::VQUEUES)?,
-            ecn_profiles: typed(take(names::ECN_PROFILES)?, names::ECN_PROFILES)?,
-            classes: typed(take(names::CLASSES)?, names::CLASSES)?,
-            class_stats: typed(take(names::CLASS_STATS)?, names::CLASS_STATS)?,
-            egress_counters: typed(take(names::EGRESS_COUNTERS)?, names::EGRESS_COUNTERS)?,
-            ifindex_slots: typed(take(names::IFINDEX_SLOTS)?, names::IFINDEX_SLOTS)?,
-            egress_by_slot: typed(take(names::EGRESS_BY_SLOT)?, names::EGRESS_BY_SLOT)?,
-            route_cache: typed(take(names::ROUTE_CACHE)?, names::ROUTE_CACHE)?,
-            buckets: typed(take(names::BUCKETS)?, names::BUCKETS)?,
-            egress_refused: Some(typed(take(names::EGRESS_REFUSED)?, names::EGRESS_REFUSED)?),
-            flowlet_slots,
-            inherited: InheritedGroups::new(),
-        })
-    }
-
-    /// The pinned keyless flowlet slots under `dir`.
-    fn open_slots(dir: &Path) -> Result<Array<MapData, rocev2_common::flowlet::FlowletSlot>> {
-        let path = dir.join(names::FLOWLET_SLOTS);
-        let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
-        Array::try_from(aya::maps::Map::Array(data)).context("FLOWLET_SLOTS is not an array")
-    }
-
     /// Each group slot's generation and live members in a previous run's
     /// pins under `dir` (see [`InheritedGroups`]).
     pub fn read_groups(dir: &Path) -> Result<InheritedGroups> {
@@ -269,58 +306,6 @@ impl Maps {
     /// The keyless flowlet slot at `index`, if the slots are pinned.
     pub fn flowlet_slot(&self, index: u32) -> Option<rocev2_common::flowlet::FlowletSlot> {
         self.flowlet_slots.as_ref()?.get(&index, 0).ok()
-    }
-
-    /// Opens the maps a running `rocev2 run` pinned under `dir`.
-    pub fn open_pinned(dir: &Path) -> anyhow::Result<Self> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
-            let path = dir.join(name);
-            let data = MapData::from_pin(&path).map_err(|e| {
-                let e = anyhow::Error::new(e);
-                // A permission error is not a missing `run`: say so.
-                let hint = if crate::sys::privileges::is_permission_error(&e) {
-                    "permission denied: run it as root"
-                } else {
-                    "is `rocev2 run` running?"
-                };
-                e.context(format!("cannot open pinned map {} ({hint})", path.display()))
-            })?;
-            let map = aya::maps::Map::from_map_data(data)
-                .with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
-            Ok(T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?)
-        }
-        Ok(Self {
-            routes_v4: open(dir, names::ROUTES_V4)?,
-            routes_v6: open(dir, names::ROUTES_V6)?,
-            groups: open(dir, names::GROUPS)?,
-            members: open(dir, names::MEMBERS)?,
-            ports: open(dir, names::PORTS)?,
-            egress_devs: open(dir, names::EGRESS_DEVS)?,
-            egress_devs_direct: open(dir, names::EGRESS_DEVS_DIRECT)?,
-            config: open(dir, names::CONFIG)?,
-            port_counters: open(dir, names::PORT_COUNTERS)?,
-            member_stats: open(dir, names::MEMBER_STATS)?,
-            flowlets: open(dir, names::FLOWLETS)?,
-            pins_v4: open(dir, names::PINS_V4)?,
-            pins_v6: open(dir, names::PINS_V6)?,
-            egress: open(dir, names::EGRESS)?,
-            vqueues: open(dir, names::VQUEUES)?,
-            ecn_profiles: open(dir, names::ECN_PROFILES)?,
-            classes: open(dir, names::CLASSES)?,
-            class_stats: open(dir, names::CLASS_STATS)?,
-            egress_counters: open(dir, names::EGRESS_COUNTERS)?,
-            ifindex_slots: open(dir, names::IFINDEX_SLOTS)?,
-            egress_by_slot: open(dir, names::EGRESS_BY_SLOT)?,
-            route_cache: open(dir, names::ROUTE_CACHE)?,
-            buckets: open(dir, names::BUCKETS)?,
-            egress_refused: if dir.join(names::EGRESS_REFUSED).exists() {
-                Some(open(dir, names::EGRESS_REFUSED)?)
-            } else {
-                None
-            },
-            flowlet_slots: if dir.join(names::FLOWLET_SLOTS).exists() { Some(Self::open_slots(dir)?) } else { None },
-            inherited: InheritedGroups::new(),
-        })
     }
 
     fn dataplane_config(&self) -> Result<DataplaneConfig> {
@@ -723,6 +708,62 @@ impl Maps {
         Ok(out)
     }
 
+    /// The FDB map, or why there is none.
+    fn fdb(&self) -> Result<&HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_ref().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    fn fdb_mut(&mut self) -> Result<&mut HashMap<MapData, FdbKey, FdbEntry>> {
+        self.fdb.as_mut().ok_or(DataplaneError::MissingMap { map: names::FDB, feature: "host bridge mode" })
+    }
+
+    /// Host bridge mode: writes one FDB entry (a new MAC, or one that moved).
+    pub fn set_fdb(&mut self, key: FdbKey, entry: FdbEntry) -> Result<()> {
+        self.fdb_mut()?.insert(key, entry, 0).with_context(|| {
+            format!(
+                "cannot write the FDB entry of {} (FDB full at {} entries?)",
+                crate::sys::format_mac(&key.mac),
+                rocev2_common::maps::MAX_FDB_ENTRIES
+            )
+        })
+    }
+
+    /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
+    pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
+        match self.fdb_mut()?.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
+            }
+        }
+    }
+
+    /// One FDB entry as the dataplane has it (with its activity bit).
+    pub fn fdb_entry(&self, key: &FdbKey) -> Option<FdbEntry> {
+        self.fdb().ok()?.get(key, 0).ok()
+    }
+
+    /// Every FDB entry, for `explain` and the tests.
+    pub fn fdb_entries(&self) -> Vec<(FdbKey, FdbEntry)> {
+        self.fdb().map(|fdb| fdb.iter().filter_map(Result::ok).collect()).unwrap_or_default()
+    }
+
+    /// Host bridge mode: a bridge port's state, at its port counter slot.
+    pub fn set_bridge_port(&mut self, slot: u32, port: BridgePort) -> Result<()> {
+        if slot == 0 || slot >= MAX_PORTS {
+            return Err(DataplaneError::SlotOutOfRange { what: "bridge port", slot, capacity: MAX_PORTS });
+        }
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_mut().ok_or(missing)?;
+        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+    }
+
+    pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {
+        let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
+        let ports = self.bridge_ports.as_ref().ok_or(missing)?;
+        ports.get(&slot, 0).context("cannot read BRIDGE_PORTS")
+    }
+
     /// Packets and bytes sent through one group member, summed over CPUs.
     pub fn member_stats(&self, group: u32, position: u32) -> Result<MemberStats> {
         let values =
@@ -756,5 +797,63 @@ fn pin_key(prefix: &Prefix, dest_qp: u32) -> PinKey {
             key[4..].copy_from_slice(&addr.octets());
             PinKey::V6(Key::new(32 + u32::from(len), key))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The forwarding object defines exactly the table's maps, each of
+    /// the table's type (rocev2-ebpf writes them, the table describes them).
+    #[test]
+    fn the_object_has_the_maps_of_the_table() {
+        if crate::EBPF_OBJECT.is_empty() {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(!ci, "CI=true but this build carries no eBPF object (AYA_BUILD_SKIP)");
+            return;
+        }
+        let object = aya_obj::Object::parse(crate::EBPF_OBJECT).unwrap();
+        let mut defined: Vec<(&str, u32)> = object
+            .maps
+            .iter()
+            .filter(|(_, m)| {
+                matches!(m.section_kind(), aya_obj::EbpfSectionKind::Maps | aya_obj::EbpfSectionKind::BtfMaps)
+            })
+            .map(|(name, m)| (name.as_str(), m.map_type()))
+            .collect();
+        defined.sort();
+        let mut table: Vec<(&str, u32)> = MAPS.iter().map(|m| (m.name, m.kind as u32)).collect();
+        table.sort();
+        assert_eq!(defined, table);
+    }
+
+    /// `Maps` holds a handle on every map the table pins always, and only
+    /// on those: `open_pinned` finds each, `take` pins each.
+    #[test]
+    fn handles_are_the_maps_pinned_always() {
+        let mut pinned: Vec<&str> = MAPS.iter().filter(|m| m.pin == Pin::Always).map(|m| m.name).collect();
+        let mut handles = Maps::HANDLES.to_vec();
+        pinned.sort();
+        handles.sort();
+        assert_eq!(handles, pinned);
+    }
+
+    /// The book lists the maps a takeover starts empty as the table does.
+    #[test]
+    fn the_book_lists_what_a_takeover_starts_empty() {
+        let fresh: Vec<String> =
+            MAPS.iter().filter(|m| m.takeover == Takeover::Fresh).map(|m| format!("`{}`", m.name)).collect();
+        let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/running.md")).unwrap();
+        let flat = book.split_whitespace().collect::<Vec<_>>().join(" ");
+        let listed = fresh.join(", ");
+        assert!(flat.contains(&listed), "docs/src/running.md should list: {listed}");
+    }
+
+    #[test]
+    fn kernel_names_find_their_entry() {
+        assert_eq!(rocev2_common::maps::spec_of("MEMBER_TRANSPOR").map(|m| m.name), Some(names::MEMBER_TRANSPORT));
+        assert_eq!(rocev2_common::maps::spec_of("GROUPS").map(|m| m.name), Some(names::GROUPS));
+        assert!(rocev2_common::maps::spec_of("GROUP").is_none());
     }
 }

@@ -45,6 +45,8 @@ pub const XDP_SPREAD_PROGRAM: &str = "rocev2_xdp_spread";
 pub const XDP_CPU_PROGRAM: &str = "rocev2_xdp_cpu";
 /// Frames each CPUS entry queues (the size xdp-tools' cpumap redirect uses).
 const CPU_QUEUE_FRAMES: u32 = 2048;
+/// The program on every port of the Linux bridge in host bridge mode.
+pub const XDP_BRIDGE_PROGRAM: &str = "rocev2_bridge";
 /// tc ingress forwarding (`attach = "tc"`).
 pub const TC_INGRESS_PROGRAM: &str = "rocev2_tc_ingress";
 /// tc egress classes + ECN for locally originated traffic.
@@ -161,8 +163,8 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         if let Some(dir) = pin_dir {
             // Pinned as they are created (or reused): the next takeover keeps them.
-            for name in FLOWLET_STATE {
-                loader.map_pin_path(name, dir.join(name));
+            for map in kept_by_takeover() {
+                loader.map_pin_path(map.name, dir.join(map.name));
             }
         }
         let mut ebpf = loader
@@ -177,16 +179,10 @@ impl Dataplane {
             .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)
             .context("cannot load the eBPF object")?;
-        // Only the forwarding program is verified now; the spreading and tc
-        // programs (verifying costs CPU) when something needs them: see
-        // `enable_cpu_spread` and `tc_program`.
-        let program: &mut Xdp = ebpf
-            .program_mut(XDP_PROGRAM)
-            .with_context(|| format!("eBPF object has no program {XDP_PROGRAM}"))?
-            .try_into()
-            .with_context(|| format!("{XDP_PROGRAM} is not an XDP program"))?;
-        program.load().with_context(|| format!("the kernel rejected program {XDP_PROGRAM}"))?;
-        let mut maps = Maps::take(&mut ebpf, pin_dir, &FLOWLET_STATE)?;
+        // No program is verified yet (verifying costs CPU): each is loaded
+        // into the kernel when first needed (`xdp_program`, `tc_program`),
+        // or ahead of time with `preload`.
+        let mut maps = Maps::take(&mut ebpf, pin_dir)?;
         maps.inherit_groups(inherited.groups);
         for line in &inherited.notes {
             tracing::info!("{line}");
@@ -228,9 +224,7 @@ impl Dataplane {
     /// ports attached from now on get XDP_SPREAD_PROGRAM, which hands each
     /// flow to one of them. Returns the CPUs in use.
     pub fn enable_cpu_spread(&mut self) -> Result<Vec<u32>> {
-        for name in [XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM] {
-            self.xdp_program(name)?.load().with_context(|| format!("the kernel rejected program {name}"))?;
-        }
+        self.preload(&[XDP_CPU_PROGRAM, XDP_SPREAD_PROGRAM])?;
         let cpu_program =
             self.xdp_program(XDP_CPU_PROGRAM)?.fd()?.try_clone().context("cannot duplicate a program fd")?;
         let online = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
@@ -253,12 +247,25 @@ impl Dataplane {
         Ok(used)
     }
 
+    /// An XDP program of the object, loaded into the kernel (verified) on
+    /// first use.
     pub fn xdp_program(&mut self, name: &str) -> Result<&mut Xdp> {
-        self.ebpf
+        let program: &mut Xdp = self
+            .ebpf
             .program_mut(name)
             .with_context(|| format!("no program {name}"))?
             .try_into()
-            .with_context(|| format!("{name} is not an XDP program"))
+            .with_context(|| format!("{name} is not an XDP program"))?;
+        if program.fd().is_err() {
+            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(program)
+    }
+
+    /// Loads (verifies) these XDP programs now rather than when first used:
+    /// a takeover does it at low priority before anything is attached.
+    pub fn preload(&mut self, names: &[&str]) -> Result<()> {
+        names.iter().try_for_each(|name| self.xdp_program(name).map(|_| ()))
     }
 
     /// Attaches the forwarding program to an ingress port. With a pin
@@ -267,20 +274,38 @@ impl Dataplane {
     /// program replaces the old one in it atomically: no packet is lost.
     /// Returns true when it took over an existing attachment.
     pub fn attach(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        self.attach_program(self.ingress_program, ifname, ifindex, mode)
+    }
+
+    /// Attaches the bridge program to a port of the Linux bridge (host
+    /// bridge mode), loading it into the kernel on first use; like
+    /// [`Dataplane::attach`] otherwise (a pinned link, taken over if one
+    /// is there).
+    pub fn attach_bridge_port(&mut self, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
+        self.attach_program(XDP_BRIDGE_PROGRAM, ifname, ifindex, mode)
+    }
+
+    /// The bridge program (loaded on first use: a box without a `[bridge]`
+    /// never spends the time).
+    pub fn bridge_program(&mut self) -> Result<&mut Xdp> {
+        self.xdp_program(XDP_BRIDGE_PROGRAM)
+    }
+
+    fn attach_program(&mut self, name: &str, ifname: &str, ifindex: u32, mode: XdpMode) -> Result<bool> {
         let pin_path = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(ifname)));
         if let Some(path) = pin_path.as_ref().filter(|p| p.exists()) {
             let pinned = PinnedLink::from_pin(path)
                 .with_context(|| format!("cannot open the pinned XDP link {}", path.display()))?;
             let old = XdpLink::try_from(FdLink::from(pinned))
                 .with_context(|| format!("{} is not an XDP link", path.display()))?;
-            let program = self.xdp_program(self.ingress_program)?;
+            let program = self.xdp_program(name)?;
             let id =
                 program.attach_to_link(old).with_context(|| format!("cannot replace the XDP program on {ifname}"))?;
             let link = FdLink::try_from(program.take_link(id)?).context("XDP link is not a bpf link")?;
             self.xdp_links.insert(ifname.to_string(), PinnedXdp { path: path.clone(), link });
             return Ok(true);
         }
-        let program = self.xdp_program(self.ingress_program)?;
+        let program = self.xdp_program(name)?;
         let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
             let hint = match mode {
                 XdpMode::Driver => {
@@ -504,10 +529,8 @@ impl Dataplane {
             let _ = std::fs::remove_file(&att.path);
         }
         if let Some(dir) = self.pin_dir.take() {
-            for name in
-                maps::names::ALL.iter().chain(&[names::FLOWLET_SLOTS]).chain(crate::control::qp_telemetry::PINNED)
-            {
-                let _ = std::fs::remove_file(dir.join(name));
+            for map in maps::MAPS.iter().filter(|m| m.pin != maps::Pin::Never) {
+                let _ = std::fs::remove_file(dir.join(map.name));
             }
             let _ = std::fs::remove_dir(&dir);
         }
@@ -524,9 +547,13 @@ impl Drop for Dataplane {
     }
 }
 
-/// The flowlet tables: pinned by the loader itself (map_pin_path) so that a
-/// takeover's programs can use the very maps the previous run's use.
-const FLOWLET_STATE: [&str; 2] = [names::FLOWLETS, names::FLOWLET_SLOTS];
+/// The maps a takeover keeps (the table's `Takeover::Kept`: the flowlet
+/// tables), pinned by the loader itself (map_pin_path) so that a
+/// takeover's programs can use the very maps the previous run's use;
+/// [`Inherited::read`] checks each one's size.
+fn kept_by_takeover() -> impl Iterator<Item = &'static maps::MapSpec> {
+    maps::MAPS.iter().filter(|m| m.takeover == maps::Takeover::Kept)
+}
 
 /// What a takeover keeps of the previous run: its flowlet tables (the
 /// maps themselves, when the new config sizes them the same) and each
@@ -562,6 +589,10 @@ impl Inherited {
                 flowlet_slots.max(1),
             ),
         ];
+        debug_assert!(
+            kept_by_takeover().all(|m| expected.iter().any(|e| e.0 == m.name)),
+            "a kept map whose size is not checked"
+        );
         for (name, what, key_size, value_size, entries) in expected {
             let path = dir.join(name);
             if !path.exists() {

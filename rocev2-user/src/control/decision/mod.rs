@@ -154,6 +154,22 @@ pub enum Verdict {
         group: String,
     },
     Forward(Box<Forwarding>),
+    /// Bridge mode: to the one port the FDB names, unchanged.
+    Bridged {
+        /// What the FDB says of the MAC.
+        fdb: String,
+        port: String,
+    },
+    /// Bridge mode: a MAC of an uplink group, to the member the group's
+    /// choice gives (the route fields of `forwarding` are not used).
+    Uplink {
+        fdb: String,
+        forwarding: Box<Forwarding>,
+    },
+    /// Bridge mode: XDP_PASS to the kernel bridge, and why (with the counter).
+    ToKernelBridge {
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,6 +193,7 @@ fn member_text(m: &crate::control::config::Member) -> String {
         NextHop::Mac(mac) => {
             format!("dev {} mac {}", m.dev, mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"))
         }
+        NextHop::BridgePort => format!("bridge port {} (frame unchanged)", m.dev),
     }
 }
 
@@ -206,7 +223,30 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         // Config validation ties every route to a group; be explicit anyway.
         return done(Verdict::NoMember { route: route.prefix, group: route.group.clone() }, notes);
     };
+    let verdict = match choose_member(config, live, group, route.group_index, packet, &key, &mut notes) {
+        Some(mut fw) => {
+            (fw.route, fw.also_matched) = (route.prefix, also_matched);
+            Verdict::Forward(fw)
+        }
+        None => Verdict::NoMember { route: route.prefix, group: group.name.clone() },
+    };
+    done(verdict, notes)
+}
 
+/// The member `group` (config index `group_index`) gives `packet`, as the
+/// XDP program chooses it once it has the group (from a route, or from an
+/// uplink group's FDB entry in bridge mode); `None` when the group has no
+/// usable member. The route fields are left for the caller.
+fn choose_member(
+    config: &Config,
+    live: Option<&Live>,
+    group: &crate::control::config::Group,
+    group_index: u32,
+    packet: &PacketFields,
+    key: &FlowKey,
+    notes: &mut Vec<String>,
+) -> Option<Box<Forwarding>> {
+    let key = *key;
     // The kernel's view when one is running, else the file's, all members up.
     let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
     let (mode, seed, source, member_count, members, buckets): (
@@ -253,17 +293,17 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
                 "members: the running `rocev2 run` (pid {}) has no group {}; assuming all configured members are up",
                 l.pid, group.name
             ));
-            configured(config, group, &mut notes)
+            configured(config, group, notes)
         }
         (None, _) => {
             notes.push(
                 "members: no live `rocev2 run` for this config; assuming all configured members are up".to_string(),
             );
-            configured(config, group, &mut notes)
+            configured(config, group, notes)
         }
     };
     if member_count == 0 {
-        return done(Verdict::NoMember { route: route.prefix, group: group.name.clone() }, notes);
+        return None;
     }
     if packet.is_roce() && packet.dest_qp.is_none() && mode == HashMode::Qp {
         notes.push(
@@ -271,7 +311,6 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         );
     }
     let hash = member_hash(&key, mode, seed);
-    let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
     let (position, policy_step) =
         policy_position(config, group, live_group, &members, &buckets, &key, packet.dst, seed, hash);
     let member = members
@@ -279,26 +318,23 @@ pub fn explain(config: &Config, live: Option<&Live>, packet: &PacketFields) -> E
         .cloned()
         .unwrap_or_else(|| format!("position {position} (not named in the run state file)"));
     let dest_qp_hashed = (mode == HashMode::Qp && packet.is_roce()).then_some(key.dest_qp);
-    done(
-        Verdict::Forward(Box::new(Forwarding {
-            route: route.prefix,
-            also_matched,
-            group: group.name.clone(),
-            group_index: route.group_index,
-            mode,
-            seed,
-            key,
-            dest_qp_hashed,
-            hash,
-            bucket: pick_bucket(hash),
-            policy_step,
-            position,
-            member_count,
-            member,
-            source,
-        })),
-        notes,
-    )
+    Some(Box::new(Forwarding {
+        route: Prefix::host(packet.dst),
+        also_matched: Vec::new(),
+        group: group.name.clone(),
+        group_index,
+        mode,
+        seed,
+        key,
+        dest_qp_hashed,
+        hash,
+        bucket: pick_bucket(hash),
+        policy_step,
+        position,
+        member_count,
+        member,
+        source,
+    }))
 }
 
 /// The member position the group's policy gives, as the XDP program
@@ -611,5 +647,6 @@ fn read_live_seed(pin_dir: &Path) -> Result<u32> {
     Ok(array.get(&0, 0).context("cannot read CONFIG")?.hash_seed)
 }
 
+pub mod bridge;
 #[cfg(test)]
 mod tests;

@@ -262,6 +262,16 @@ pub fn step_health(
     changed
 }
 
+/// A group's transport health as a previous run's state file left it (a
+/// takeover): each of `members` (device, next hop as the state file writes
+/// it) gets the health found there, a default one when none.
+pub fn health_from_previous(previous: &GroupState, members: impl IntoIterator<Item = (String, String)>) -> GroupHealth {
+    let found = |dev: &str, next_hop: &str| {
+        previous.members.iter().find(|m| m.dev == dev && m.next_hop == next_hop).and_then(|m| m.health)
+    };
+    GroupHealth::restored(members.into_iter().map(|(dev, hop)| found(&dev, &hop).unwrap_or_default()).collect())
+}
+
 /// A member's record in the state file: its device, next hop (as text) and
 /// neighbour MAC.
 pub struct MemberRecord {

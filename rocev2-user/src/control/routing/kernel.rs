@@ -31,8 +31,8 @@ use super::fib::{Fib, Hops, KernelRoute, Link, NexthopObject, Path, RouteKind};
 use crate::control::config::Prefix;
 
 // Multicast groups (linux/rtnetlink.h, enum rtnetlink_groups).
-const RTNLGRP_LINK: u32 = 1;
-const RTNLGRP_NEIGH: u32 = 3;
+pub const RTNLGRP_LINK: u32 = 1;
+pub const RTNLGRP_NEIGH: u32 = 3;
 const RTNLGRP_IPV4_IFADDR: u32 = 5;
 const RTNLGRP_IPV4_ROUTE: u32 = 7;
 const RTNLGRP_IPV6_IFADDR: u32 = 9;
@@ -42,10 +42,10 @@ const RTNLGRP_NEXTHOP: u32 = 32;
 // Message types (linux/rtnetlink.h).
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
-const RTM_GETLINK: u16 = 18;
+pub const RTM_GETLINK: u16 = 18;
 const RTM_GETADDR: u16 = 22;
 const RTM_GETROUTE: u16 = 26;
-const RTM_GETNEIGH: u16 = 30;
+pub const RTM_GETNEIGH: u16 = 30;
 const RTM_NEWNEXTHOP: u16 = 104;
 const RTM_DELNEXTHOP: u16 = 105;
 const RTM_GETNEXTHOP: u16 = 106;
@@ -88,12 +88,10 @@ pub struct EventSocket {
 }
 
 impl EventSocket {
-    /// Subscribes in the current network namespace.
+    /// Subscribes in the current network namespace to what the route
+    /// mirror follows.
     pub fn open() -> Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
-        socket.bind_auto().context("cannot bind the netlink socket")?;
-        force_receive_buffer(&socket, RECEIVE_BUFFER);
-        for group in [
+        Self::open_groups(&[
             RTNLGRP_LINK,
             RTNLGRP_NEIGH,
             RTNLGRP_IPV4_IFADDR,
@@ -101,7 +99,15 @@ impl EventSocket {
             RTNLGRP_IPV6_IFADDR,
             RTNLGRP_IPV6_ROUTE,
             RTNLGRP_NEXTHOP,
-        ] {
+        ])
+    }
+
+    /// Subscribes in the current network namespace to `groups`.
+    pub fn open_groups(groups: &[u32]) -> Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
+        socket.bind_auto().context("cannot bind the netlink socket")?;
+        force_receive_buffer(&socket, RECEIVE_BUFFER);
+        for &group in groups {
             socket.add_membership(group).with_context(|| format!("cannot join netlink group {group}"))?;
         }
         socket.set_non_blocking(true)?;
@@ -163,9 +169,7 @@ fn force_receive_buffer(socket: &impl AsFd, bytes: usize) {
 /// `fib` (in that order, so routes find what they refer to). Returns the
 /// number of routes of `table` read.
 pub fn dump_all(fib: &mut Fib, table: u32) -> Result<usize> {
-    let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
-    socket.bind_auto()?;
-    force_receive_buffer(&socket, RECEIVE_BUFFER);
+    let mut dumper = Dumper::open()?;
     fib.links.clear();
     fib.local.clear();
     fib.neighbours.clear();
@@ -176,41 +180,90 @@ pub fn dump_all(fib: &mut Fib, table: u32) -> Result<usize> {
     for (kind, header_len) in
         [(RTM_GETLINK, 16), (RTM_GETADDR, 8), (RTM_GETNEIGH, 12), (RTM_GETNEXTHOP, 8), (RTM_GETROUTE, 12)]
     {
+        let dumped = dumper.dump(kind, AF_UNSPEC, header_len, |message_type, message| {
+            if let Change::Route { .. } = apply(fib, table, message_type, message) {
+                routes += 1;
+            }
+        });
+        match dumped {
+            // A kernel without nexthop objects answers their dump with
+            // EINVAL/EOPNOTSUPP: nothing to read.
+            Err(DumpError::Refused(_)) if kind == RTM_GETNEXTHOP => {}
+            Err(e) => bail!("netlink dump {kind} failed: {e}"),
+            Ok(()) => {}
+        }
+    }
+    Ok(routes)
+}
+
+/// `AF_UNSPEC`: a dump of every family.
+pub const AF_UNSPEC: u8 = 0;
+
+/// Why a dump stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// The kernel answered the request with an error.
+    #[error("{0}")]
+    Refused(io::Error),
+    #[error("{0:#}")]
+    Socket(anyhow::Error),
+}
+
+/// A netlink socket for dumps (requests answered with one message per
+/// object, then NLMSG_DONE).
+pub struct Dumper {
+    socket: Socket,
+    buffer: Vec<u8>,
+}
+
+impl Dumper {
+    pub fn open() -> Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
+        socket.bind_auto()?;
+        force_receive_buffer(&socket, RECEIVE_BUFFER);
+        Ok(Self { socket, buffer: vec![0u8; 1 << 20] })
+    }
+
+    /// Dumps message type `kind` of `family` (the first byte of its
+    /// `header_len`-byte header), handing each (type, message) to `each`.
+    pub fn dump(
+        &mut self,
+        kind: u16,
+        family: u8,
+        header_len: usize,
+        mut each: impl FnMut(u16, &[u8]),
+    ) -> Result<(), DumpError> {
         let mut request = vec![0u8; 16 + header_len];
         let len = request.len() as u32;
         request[0..4].copy_from_slice(&len.to_ne_bytes());
         request[4..6].copy_from_slice(&kind.to_ne_bytes());
         request[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
         request[8..12].copy_from_slice(&u32::from(kind).to_ne_bytes()); // sequence
-        socket.send_to(&request, &SocketAddr::new(0, 0), 0).context("cannot send a netlink dump request")?;
-        let mut buffer = vec![0u8; 1 << 20];
-        'reading: loop {
-            let n = socket.recv(&mut &mut buffer[..], 0).context("cannot read a netlink dump")?;
-            for (message_type, message) in messages(&buffer[..n]) {
+        request[16] = family;
+        self.socket
+            .send_to(&request, &SocketAddr::new(0, 0), 0)
+            .context("cannot send a netlink dump request")
+            .map_err(DumpError::Socket)?;
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut self.buffer[..], 0)
+                .context("cannot read a netlink dump")
+                .map_err(DumpError::Socket)?;
+            for (message_type, message) in messages(&self.buffer[..n]) {
                 match message_type {
-                    NLMSG_DONE => break 'reading,
+                    NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => {
                         let errno = message.get(16..20).map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap()));
-                        if errno == 0 {
-                            continue;
-                        }
-                        // A kernel without nexthop objects answers their
-                        // dump with EINVAL/EOPNOTSUPP: nothing to read.
-                        if kind == RTM_GETNEXTHOP {
-                            break 'reading;
-                        }
-                        bail!("netlink dump {kind} failed: {}", io::Error::from_raw_os_error(-errno));
-                    }
-                    _ => {
-                        if let Change::Route { .. } = apply(fib, table, message_type, message) {
-                            routes += 1;
+                        if errno != 0 {
+                            return Err(DumpError::Refused(io::Error::from_raw_os_error(-errno)));
                         }
                     }
+                    _ => each(message_type, message),
                 }
             }
         }
     }
-    Ok(routes)
 }
 
 /// The (type, whole message) pairs of a datagram.

@@ -193,7 +193,8 @@ impl KernelRoutes {
 
     /// Waits for the next batch of netlink messages and applies them to
     /// the mirror. Returns when the caller should plan and publish
-    /// ([`KernelRoutes::plan`], [`KernelRoutes::publish_plan`]).
+    /// ([`KernelRoutes::plan`], then the group pipeline's
+    /// [`GroupPipeline::publish`](crate::control::groups::GroupPipeline::publish)).
     pub async fn next_batch(&mut self) -> Result<Instant> {
         let batch = self.socket.receive().await;
         let started = Instant::now();
@@ -246,7 +247,7 @@ impl KernelRoutes {
     /// Works out what the changes read so far mean: which prefixes point
     /// where, making the groups they need. Then the caller prepares the
     /// egress links ([`KernelRoutes::links_to_prepare`]), publishes
-    /// ([`KernelRoutes::publish_plan`]), installs `plan.changes` (`None` =
+    /// ([`GroupPipeline::publish`](crate::control::groups::GroupPipeline::publish)), installs `plan.changes` (`None` =
     /// remove) and calls [`KernelRoutes::release_unused`].
     pub fn plan(&mut self, policies: &[RoutePolicy], reserved_slots: &BTreeSet<u32>) -> Plan {
         let mut todo: BTreeSet<Prefix> = std::mem::take(&mut self.dirty);
@@ -493,7 +494,7 @@ impl KernelRoutes {
                     let links = &self.fib.links;
                     let name = |oif: u32| links.get(&oif).map_or_else(|| format!("if{oif}"), |l| l.name.clone());
                     let members = group.hops.iter().map(|h| (name(h.oif), format!("via {}", h.neighbour)));
-                    let health = crate::control::health::GroupHealth::from_previous(&previous, members);
+                    let health = groups::health_from_previous(&previous, members);
                     log_inherited_health(&group.name, &health);
                     self.health.insert(group.name.clone(), health);
                 }

@@ -40,6 +40,9 @@ pub(super) struct Lab {
     snd: Netns,
     sw: Netns,
     ups: Vec<Netns>,
+    /// Where the sender addresses its frames: the switch (routed), or the
+    /// gateway behind the uplinks (bridged).
+    dst_mac: [u8; 6],
 }
 
 impl Lab {
@@ -112,15 +115,39 @@ impl Lab {
         // In plan order: sender, switch, uplinks.
         let mut made: Vec<Netns> = Vec::new();
         build_topology(&namespaces, &links, &mut made)?;
+        Self::from_made(made, SWITCH_MAC)
+    }
+
+    /// The lab of namespaces made in plan order: sender, switch, uplinks.
+    pub(super) fn from_made(made: Vec<Netns>, dst_mac: [u8; 6]) -> Result<Self> {
         let mut made = made.into_iter();
         let (Some(snd), Some(sw)) = (made.next(), made.next()) else {
             bail!("the topology build made fewer namespaces than planned");
         };
-        Ok(Self { snd, sw, ups: made.collect() })
+        Ok(Self { snd, sw, ups: made.collect(), dst_mac })
+    }
+
+    pub(super) fn switch(&self) -> &str {
+        self.sw.name()
+    }
+
+    /// The drop program on every uplink peer (which also gives the veth
+    /// NAPI, without which XDP-redirected frames are dropped).
+    pub(super) fn attach_receivers(&self, rx: &mut ToolPrograms) -> Result<()> {
+        for ns in &self.ups {
+            let idx = ifindex_in(ns.name(), "up0")?;
+            in_ns(ns.name(), || Ok(rx.xdp(XDP_DROP_PROGRAM)?.attach_to_if_index(idx, XdpMode::Driver)?))?;
+        }
+        Ok(())
     }
 
     pub(super) fn received(&self) -> Result<u64> {
-        self.ups.iter().map(|ns| rx_packets(ns.name(), "up0")).sum()
+        Ok(self.received_per_uplink()?.iter().sum())
+    }
+
+    /// Frames each uplink peer received, in uplink order.
+    pub(super) fn received_per_uplink(&self) -> Result<Vec<u64>> {
+        self.ups.iter().map(|ns| rx_packets(ns.name(), "up0")).collect()
     }
 }
 
@@ -147,10 +174,10 @@ impl FwdRow {
     }
 }
 
-pub(super) fn gen_args(secs: f64, mode: GenMode) -> GenArgs {
+pub(super) fn gen_args(secs: f64, mode: GenMode, dst_mac: [u8; 6]) -> GenArgs {
     let mut a = GenArgs::new(
         "snd0",
-        &crate::sys::format_mac(&SWITCH_MAC),
+        &crate::sys::format_mac(&dst_mac),
         Ipv4Addr::new(10, 0, 0, 1).into(),
         Ipv4Addr::new(10, 1, 0, 1).into(),
     );
@@ -175,7 +202,7 @@ pub(super) const GEN_CPU: usize = 0;
 /// Sends for `secs` and returns (sent pps, received pps).
 pub(super) fn measure(lab: &Lab, secs: f64, mode: GenMode) -> Result<(f64, f64)> {
     let before = lab.received()?;
-    let args = gen_args(secs, mode);
+    let args = gen_args(secs, mode, lab.dst_mac);
     let report = in_ns(lab.snd.name(), || gen::generate(&args))?;
     // Let queued frames drain.
     std::thread::sleep(Duration::from_millis(100));
@@ -190,20 +217,24 @@ pub(super) fn measure(lab: &Lab, secs: f64, mode: GenMode) -> Result<(f64, f64)>
     Ok((report.pps, got as f64 / report.elapsed_secs))
 }
 
-pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row>> {
+/// What part 2 measured, and what the bridge rows compare with.
+pub(super) struct Part2 {
+    pub(super) rows: Vec<Row>,
+    /// The generator that fed the kernel path (and so every row).
+    pub(super) mode: GenMode,
+    /// The routed qp row's rate over kernel forwarding's.
+    pub(super) qp_vs_kernel: Option<f64>,
+}
+
+pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Part2> {
     eprintln!("bench: end-to-end forwarding");
     let lab = Lab::create()?;
     let sw = lab.sw.name().to_owned();
     let p0 = ifindex_in(&sw, "p0")?;
     let uplinks: Vec<u32> = (1..=UPLINKS).map(|i| ifindex_in(&sw, &format!("u{i}"))).collect::<Result<_>>()?;
 
-    // Receivers: the drop program on every uplink peer (also gives the veth
-    // NAPI, without which XDP-redirected frames are dropped).
     let mut rx = ToolPrograms::load()?;
-    for ns in &lab.ups {
-        let idx = ifindex_in(ns.name(), "up0")?;
-        in_ns(ns.name(), || Ok(rx.xdp(XDP_DROP_PROGRAM)?.attach_to_if_index(idx, XdpMode::Driver)?))?;
-    }
+    lab.attach_receivers(&mut rx)?;
 
     // The switch's dataplanes: port p0, a group of the uplinks; the full
     // pipeline in its own instance (its egress queues cannot be removed).
@@ -286,6 +317,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     }
 
     let mut out = Vec::new();
+    let mut qp_vs_kernel = None;
     for (mode, rows) in runs {
         let gen_name = match mode {
             GenMode::Packet => "AF_PACKET",
@@ -340,6 +372,9 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
             }
             if let Some(k) = kernel {
                 rel.push(format!("{:.2}x kernel", rate(i) / k));
+                if *r == FwdRow::Rocev2(Pipeline::Qp) {
+                    qp_vs_kernel = Some(rate(i) / k);
+                }
             }
             let mut t = Vec::new();
             let goal = match r {
@@ -371,7 +406,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Vec<Row
     drop(switch);
     drop(rx);
     drop(lab);
-    Ok(out)
+    Ok(Part2 { rows: out, mode: kernel_mode, qp_vs_kernel })
 }
 
 /// "; forwarded on CPU 0/1: 100%/0%" for rows whose pipeline counted.

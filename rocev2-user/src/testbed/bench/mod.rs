@@ -7,9 +7,12 @@
 //! 2. End-to-end forwarding rate through a switch namespace between veths:
 //!    kernel forwarding (multipath route), the trivial redirect program
 //!    (the limit) and each pipeline, all fed by the same generator.
+//!    Host bridge mode's rows: the bridge program per packet, and bridging
+//!    through veths against the kernel bridge (`bench/bridge.rs`).
 //! 3. Control plane: loading 100,000 routes, a group change taking effect,
 //!    memory of the maps.
 
+mod bridge;
 mod forwarding;
 mod jit_lines;
 mod kernel_routes;
@@ -111,6 +114,10 @@ pub struct BenchArgs {
     /// shows the cold-start cost of repeat > 1).
     #[arg(long, default_value_t = TEST_REPEAT, hide = true)]
     pub loop_repeat: u32,
+    /// Instead of the report: print host bridge mode's rows alone (fed by
+    /// XDP live frames, without the routed rows' goal).
+    #[arg(long)]
+    pub bridge_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,9 +355,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// A dataplane as `rocev2 run` loads it for `features`.
+/// A dataplane as `rocev2 run` loads it for `features`, its forwarding
+/// program verified now (not inside a measurement).
 fn load_dataplane_with(flowlet_table: u32, features: Features) -> Result<Dataplane> {
-    Dataplane::load_with_features(None, flowlet_table, features)
+    let mut dp = Dataplane::load_with_features(None, flowlet_table, features)?;
+    dp.preload(&[XDP_PROGRAM])?;
+    Ok(dp)
 }
 
 /// Where the bench finds a program by name: a dataplane (the pipeline) or
@@ -578,9 +588,10 @@ fn maps_memlock(ids: &BTreeSet<u32>) -> Result<(u64, Vec<(String, u64)>)> {
     }
     let mut per_map = Vec::new();
     for (id, memlock) in &seen {
+        // The table's name: the kernel keeps only 15 characters.
         let name = aya::maps::MapInfo::from_id(*id)
             .ok()
-            .and_then(|i| i.name_as_str().map(str::to_owned))
+            .and_then(|i| i.name_as_str().map(|n| rocev2_common::maps::spec_of(n).map_or(n, |m| m.name).to_owned()))
             .unwrap_or_else(|| format!("map {id}"));
         per_map.push((name, *memlock));
     }
@@ -857,6 +868,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(name) = &args.r#loop {
         return profile::profile_loop(args, name);
     }
+    if args.bridge_only {
+        let mut rows = bridge::per_packet_rows(args)?;
+        rows.extend(bridge::forwarding_rows(args, GenMode::LiveFrames, None)?);
+        print!("{}", render_table(&rows));
+        return Ok(());
+    }
     if let Some(name) = &args.profile {
         let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
         print!("{}", p.render(args.profile_rows));
@@ -869,17 +886,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut notes = Vec::new();
     let mut p1 = part1(args, &mut control, &mut reading)?;
     p1.rows.extend(telemetry::telemetry_rows(args)?);
+    p1.rows.extend(bridge::per_packet_rows(args)?);
     let profiles = [Pipeline::Qp, Pipeline::Full]
         .into_iter()
         .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render(profile::REPORT_ROWS)))
         .collect::<Result<Vec<_>>>()?;
     let p2 = part2(args, &mut notes)?;
+    let bridged = bridge::forwarding_rows(args, p2.mode, p2.qp_vs_kernel)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
     let p5 = lab_build::part5(&rocev2, &mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
-    rows.extend(p2);
+    rows.extend(p2.rows);
+    rows.extend(bridged);
     rows.extend(p4);
     rows.extend(p5);
     rows.extend(control);
@@ -907,6 +927,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for n in &notes {
         md.push_str(&format!("- {n}\n"));
     }
+    md.push_str(&bridge::how());
     md.push_str(telemetry::HOW);
     md.push_str("- Part 3: routes through `Dataplane::sync_routes` (aya 0.14 has no BPF_MAP_UPDATE_BATCH wrapper); memory is `memlock` from /proc/self/fdinfo of every map the programs use.\n");
     md.push_str("\n## Reading\n\n");

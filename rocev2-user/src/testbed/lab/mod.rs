@@ -50,6 +50,7 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
 pub mod fabric;
+pub mod hostbridge;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -80,6 +81,9 @@ pub enum LabCommand {
     Te(fabric::te::LabTeArgs),
     /// Fail a fabric link (both directions) or bring it back.
     Link(fabric::te::LabLinkArgs),
+    /// The collective scorecard: a ring AllReduce under every load-balancing
+    /// mode and an incast under every transport, one table (and an SVG chart).
+    Scorecard(fabric::scorecard::LabScorecardArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
     /// Minutes of churn on a fabric of its own under load (withdrawals, link
@@ -102,6 +106,7 @@ impl LabCommand {
             Self::Te(_) => "lab te",
             Self::Link(_) => "lab link",
             Self::Soak(_) => "lab soak",
+            Self::Scorecard(_) => "lab scorecard",
             Self::Stats(_) => "lab stats",
         }
     }
@@ -160,6 +165,16 @@ pub struct LabUpArgs {
     /// Rated links: a rate and a buffer on every fabric link.
     #[command(flatten)]
     pub links: fabric::links::LinkArgs,
+    /// Build a host bridge lab instead: `--hosts` hosts behind a Linux
+    /// bridge (the box rocev2 runs on in bridge mode), whose `--uplinks`
+    /// ports lead to as many rack switches sharing one anycast gateway MAC
+    /// and address, which route onward to the destination.
+    #[arg(long, conflicts_with_all = ["racks", "routing", "spines", "links_per_spine"])]
+    pub host_bridge: bool,
+    /// With `--host-bridge`: rack switches (each one bridge port, one
+    /// member of the uplink group).
+    #[arg(long, default_value_t = 4, requires = "host_bridge")]
+    pub uplinks: u32,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,11 +215,15 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             }
             Ok(())
         }
-        LabCommand::Stats(args) => fabric::stats(args),
+        LabCommand::Stats(args) => match LabRecord::read(&args.name)?.host_bridge {
+            Some(_) => hostbridge::stats(args),
+            None => fabric::stats(args),
+        },
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
         LabCommand::Soak(args) => crate::testbed::soak::soak(args).map(|_| ()),
+        LabCommand::Scorecard(args) => fabric::scorecard::scorecard(args).map(|_| ()),
     }
 }
 
@@ -232,6 +251,9 @@ pub struct LabRecord {
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
+    /// A host bridge lab (`lab up --host-bridge`): its uplinks, for `lab stats`.
+    #[serde(default)]
+    pub host_bridge: Option<hostbridge::HostBridgeRecord>,
     /// A fabric's load-balancing mode when `lab mode` or `lab te` set one.
     #[serde(default)]
     pub balance: Option<fabric::balance::Balance>,
@@ -305,6 +327,17 @@ pub struct LabPlan {
     pub pin_dir: PathBuf,
     /// With `--routing bgp`: every switch's FRR config, the RTSW first.
     pub bgp: Vec<bgp::BgpSpeaker>,
+    /// The single-rack lab or the host bridge lab.
+    pub kind: LabKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabKind {
+    /// Hosts behind a rack switch running rocev2 (routed), spines, a destination.
+    Rack,
+    /// Hosts behind a Linux bridge running rocev2 in bridge mode, rack
+    /// switches with an anycast gateway, a destination.
+    HostBridge,
 }
 
 pub fn validate_name(name: &str) -> Result<()> {
@@ -335,6 +368,9 @@ fn dst_spine_mac(j: u32) -> [u8; 6] {
 
 impl LabPlan {
     pub fn new(args: &LabUpArgs) -> Result<Self> {
+        if args.host_bridge {
+            return hostbridge::plan(args);
+        }
         let name = args.name.as_str();
         validate_name(name)?;
         let (hosts, spines, links) = (args.hosts, args.spines, args.links_per_spine);
@@ -538,11 +574,15 @@ impl LabPlan {
             config_text: text,
             pin_dir,
             bgp: speakers,
+            kind: LabKind::Rack,
         })
     }
 
     /// The commands to try the lab, one per line.
     pub fn next_commands(&self) -> String {
+        if self.kind == LabKind::HostBridge {
+            return hostbridge::next_commands(self);
+        }
         let name = &self.name;
         let (src, dst) = if self.family.v4() { ("10.0.1.1", DEST_V4) } else { ("fd00:1::1", DEST_V6) };
         let cfg = self.config_path.display();
@@ -587,7 +627,10 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     }
     let mut record = LabRecord { name: name.clone(), pin_dir: plan.pin_dir.clone(), ..Default::default() };
     record.write()?;
-    let built = build(&plan, &mut record).and_then(|()| start_bgp(&plan, args, &mut record));
+    let built = build(&plan, &mut record).and_then(|()| match plan.kind {
+        LabKind::HostBridge => hostbridge::settle(&plan, &mut record).map(|()| None),
+        LabKind::Rack => start_bgp(&plan, args, &mut record),
+    });
     let bgp_line = match built {
         Ok(line) => line,
         Err(e) => {
@@ -603,24 +646,10 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
         let mut ifaces = Vec::new();
         for l in &plan.links {
             if l.a_ns == ns.name {
-                ifaces.push(format!(
-                    "{} {} {} <-> {}/{}",
-                    l.a_if,
-                    crate::sys::format_mac(&l.a_mac),
-                    l.a_addrs.join(" "),
-                    l.b_ns,
-                    l.b_if
-                ));
+                ifaces.push(describe_end(&l.a_if, &l.a_mac, &l.a_addrs, &l.b_ns, &l.b_if));
             }
             if l.b_ns == ns.name {
-                ifaces.push(format!(
-                    "{} {} {} <-> {}/{}",
-                    l.b_if,
-                    crate::sys::format_mac(&l.b_mac),
-                    l.b_addrs.join(" "),
-                    l.a_ns,
-                    l.a_if
-                ));
+                ifaces.push(describe_end(&l.b_if, &l.b_mac, &l.b_addrs, &l.a_ns, &l.a_if));
             }
         }
         if !ns.lo_addrs.is_empty() {
@@ -631,10 +660,15 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
             let _ = writeln!(out, "      {i}");
         }
     }
-    let _ = writeln!(
-        out,
-        "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
-    );
+    match plan.kind {
+        LabKind::Rack => {
+            let _ = writeln!(
+                out,
+                "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
+            );
+        }
+        LabKind::HostBridge => out.push_str(&hostbridge::about(&plan)),
+    }
     if let Some(line) = bgp_line {
         let _ = writeln!(out, "{line}");
     }
@@ -642,6 +676,13 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     let _ = writeln!(out, "Next:");
     out.push_str(&plan.next_commands());
     Ok(out)
+}
+
+/// One end of a link as `lab up` lists it: `name MAC [addresses] <-> peer`.
+fn describe_end(ifname: &str, mac: &[u8; 6], addrs: &[String], peer_ns: &str, peer_if: &str) -> String {
+    let mut words = vec![ifname.to_string(), crate::sys::format_mac(mac)];
+    words.extend(addrs.iter().cloned());
+    format!("{} <-> {peer_ns}/{peer_if}", words.join(" "))
 }
 
 fn build(plan: &LabPlan, record: &mut LabRecord) -> Result<()> {
@@ -783,12 +824,18 @@ pub fn status(name: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Lab arguments with every default, for unit tests.
+#[cfg(test)]
+fn tests_args(name: &str) -> LabUpArgs {
+    tests::args(name, 2, 2, 1, LabFamily::Both)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::control::config::{Config, NextHop};
 
-    fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
+    pub(super) fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
         LabUpArgs {
             name: name.into(),
             hosts,
@@ -804,6 +851,8 @@ mod tests {
             aggs: None,
             unnumbered: false,
             links: Default::default(),
+            host_bridge: false,
+            uplinks: 4,
         }
     }
 

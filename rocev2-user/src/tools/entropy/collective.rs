@@ -3,7 +3,7 @@
 //! for one mode (`--mode`) or every row of the scorecard, as a table or
 //! `--json`.
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 
 use super::EntropyArgs;
 use crate::{
@@ -31,33 +31,17 @@ fn fabric(args: &EntropyArgs, racks: u32) -> Result<Fabric> {
     })
 }
 
-fn gaps_ns(text: &str) -> Result<Vec<u64>> {
-    let gaps: Vec<u64> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| {
-            t.parse::<u64>()
-                .ok()
-                .filter(|g| *g > 0)
-                .map(|g| g * 1000)
-                .with_context(|| format!("--flowlet-gap-us: {t:?} is not a gap in microseconds (e.g. 50)"))
-        })
-        .collect::<Result<_>>()?;
-    if gaps.is_empty() {
-        bail!("--flowlet-gap-us: give one or more gaps in microseconds, e.g. \"50,1000\"");
-    }
-    Ok(gaps)
-}
-
 pub fn run(args: &EntropyArgs, racks: u32, op: Op) -> Result<()> {
     if args.family == crate::tools::fabric::Family::Both {
         bail!("--collective runs on one address family: use --family v4 or v6");
     }
-    let gaps = gaps_ns(&args.flowlet_gap_us)?;
+    let gaps: Vec<u64> = args.gaps.iter().map(|&us| u64::from(us) * 1000).collect();
+    if gaps.is_empty() {
+        bail!("--gaps: give one or more flowlet gaps, e.g. 2ms,50ms");
+    }
     let rows = match args.mode {
         Some(mode) => vec![Row { mode, qps: args.qps, flowlet_gap_ns: gaps[0] }],
-        None => scorecard_rows(args.qps, &gaps),
+        None => scorecard_rows(&gaps),
     };
     let base = Setup {
         fabric: fabric(args, racks)?,
@@ -70,8 +54,8 @@ pub fn run(args: &EntropyArgs, racks: u32, op: Op) -> Result<()> {
         placement: args.placement,
         mode: rows[0].mode,
         flowlet_gap_ns: gaps[0],
-        message_gap_ns: args.message_gap_us * 1000,
         flowlet_slots: args.flowlet_slots.unwrap_or(4096).next_power_of_two(),
+        message_gap_ns: args.message_gap.map_or(0, |us| u64::from(us) * 1000),
     };
     base.validate().map_err(anyhow::Error::msg)?;
     let mut results = Vec::new();
@@ -111,6 +95,7 @@ pub fn render(base: &Setup, results: &[(Row, Prediction)]) -> String {
     );
     let mut table = Table::new(&[
         ("MODE", Align::Left),
+        ("QPS", Align::Right),
         ("OF IDEAL", Align::Right),
         ("BUSBW MB/s", Align::Right),
         ("TIME", Align::Right),
@@ -137,6 +122,7 @@ pub fn render(base: &Setup, results: &[(Row, Prediction)]) -> String {
         }
         table.row([
             row.label(),
+            row.qps.to_string(),
             format!("{:.0}%", p.share_of_ideal * 100.0),
             format!("{:.2}", p.busbw / 1e6),
             seconds_text(p.seconds),

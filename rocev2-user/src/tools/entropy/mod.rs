@@ -161,19 +161,19 @@ pub struct EntropyArgs {
     /// --collective: every link's rate (frame bits per second, as `lab up --link-rate`).
     #[arg(long, default_value = "200mbit", value_parser = crate::control::config::parse_rate_arg, requires = "collective")]
     pub link_rate: u64,
-    /// --collective: one load-balancing mode; without it, the scorecard's rows.
+    /// --collective: one load-balancing mode (with --qps); without it, the scorecard's rows.
     #[arg(long, value_enum, requires = "collective")]
     pub mode: Option<crate::tools::collective::model::Mode>,
     /// --collective: how ranks sit on hosts (the ring follows rank order).
     #[arg(long, value_enum, default_value = "interleaved", requires = "collective")]
     pub placement: crate::tools::collective::Placement,
-    /// --collective: flowlet gaps in microseconds (the scorecard has a row per gap; --mode uses the first).
-    #[arg(long, default_value = "50,1000", requires = "collective")]
-    pub flowlet_gap_us: String,
+    /// --collective: the flowlet gaps (the scorecard has a row per gap, transport-aware the last; --mode uses the first).
+    #[arg(long, value_delimiter = ',', value_parser = crate::control::config::parse_gap, default_value = "2ms,50ms", requires = "collective")]
+    pub gaps: Vec<u32>,
     /// --collective: idle time before every message whatever the fabric
-    /// does (e.g. waiting for a CTS grant), in microseconds.
-    #[arg(long, default_value_t = 0, requires = "collective")]
-    pub message_gap_us: u64,
+    /// does (e.g. waiting for a CTS grant), e.g. 100us; none by default.
+    #[arg(long, value_parser = crate::control::config::parse_gap, requires = "collective")]
+    pub message_gap: Option<u32>,
 }
 
 mod collective;

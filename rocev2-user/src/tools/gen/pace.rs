@@ -22,21 +22,27 @@ impl TokenBucket {
     /// Waits until at least one token is there; takes and returns up to `want`.
     pub(super) fn take(&mut self, want: u64) -> u64 {
         loop {
-            let now = Instant::now();
-            self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.burst);
-            self.last = now;
-            if self.tokens >= 1.0 {
-                let n = (self.tokens.floor() as u64).min(want).max(1);
-                self.tokens -= n as f64;
-                return n;
-            }
-            let wait = (1.0 - self.tokens) / self.rate;
-            if wait > 200e-6 {
-                std::thread::sleep(Duration::from_secs_f64(wait));
-            } else {
-                std::hint::spin_loop();
+            match self.take_at(Instant::now(), want) {
+                Ok(n) => return n,
+                Err(wait) if wait > Duration::from_micros(200) => std::thread::sleep(wait),
+                Err(_) => std::hint::spin_loop(),
             }
         }
+    }
+
+    /// The bucket at time `now`: takes and returns up to `want` tokens, or
+    /// says how long until the next one is there. Apart from the clock so a
+    /// test can step time.
+    pub(super) fn take_at(&mut self, now: Instant, want: u64) -> Result<u64, Duration> {
+        self.tokens =
+            (self.tokens + now.saturating_duration_since(self.last).as_secs_f64() * self.rate).min(self.burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            let n = (self.tokens.floor() as u64).min(want).max(1);
+            self.tokens -= n as f64;
+            return Ok(n);
+        }
+        Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
     }
 }
 

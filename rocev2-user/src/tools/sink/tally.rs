@@ -1,6 +1,6 @@
 //! What the sink counts and checks, frame by frame: per QP (source,
 //! destination, DestQP) packets, ICRC, ECN codepoints and CE marks, and the
-//! order of each QP's PSNs ([`Tally`]). Apart from the socket, so it is
+//! order of each QP's PSNs (`Tally`). Apart from the socket, so it is
 //! testable, and an RC endpoint checks what it receives with it.
 
 use std::{collections::HashMap, net::IpAddr};

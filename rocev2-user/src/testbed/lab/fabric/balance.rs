@@ -142,25 +142,7 @@ pub enum FlowletTableArg {
     Keyless,
 }
 
-/// "2ms", "500us", "1s" in microseconds.
-pub fn parse_gap(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let (num, scale) = if let Some(n) = t.strip_suffix("us") {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1e6)
-    } else {
-        return Err(format!("{s:?} is not a gap; write e.g. 2ms or 500us"));
-    };
-    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a gap; write e.g. 2ms or 500us"))?;
-    let us = (v * scale).round();
-    if !(1.0..=10e6).contains(&us) {
-        return Err(format!("{s:?} is outside 1us..10s"));
-    }
-    Ok(us as u32)
-}
+pub use crate::control::config::parse_gap;
 
 impl LabModeArgs {
     pub fn balance(&self) -> Balance {
@@ -196,14 +178,7 @@ pub fn mode(args: &LabModeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// "2ms", "500us".
-pub fn gap_text(us: u32) -> String {
-    if us >= 1000 && us.is_multiple_of(1000) {
-        format!("{}ms", us / 1000)
-    } else {
-        format!("{us}us")
-    }
-}
+pub use crate::render::gap_text;
 
 fn host_prefixes(f: &Fabric, r: u32, i: u32) -> Vec<String> {
     let mut out = Vec::new();

@@ -192,6 +192,8 @@ pub struct CollectiveReport {
     /// failure, lost at the failed link).
     pub accounted: bool,
     pub failure: Option<FailureReport>,
+    /// Why the numbers may mean less than they seem (unrated links, a box near its limit).
+    pub warnings: Vec<String>,
     pub worst_link: Option<LinkUse>,
     /// Per host: what its endpoint counted.
     pub endpoints: Vec<EndpointReport>,
@@ -227,7 +229,23 @@ struct RankResult {
     finished: Option<Instant>,
 }
 
+/// `rocev2 lab collective`: runs it and prints the report.
 pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
+    let report = run(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for w in &report.warnings {
+            eprintln!("rocev2: {w}");
+        }
+        print!("{}", render(&report));
+    }
+    Ok(report)
+}
+
+/// Runs the collective `args` describe (with a progress line on a
+/// terminal) and returns what it measured.
+pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     let record = LabRecord::read(&args.name)?;
     let Some(fabric) = record.fabric.clone() else {
         bail!("lab {:?} is a single-rack lab; `lab collective` needs a fabric (`lab up --racks N`)", args.name);
@@ -373,14 +391,7 @@ pub fn collective(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
         report.accounted = true;
         report.failure = Some(f);
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        for w in &warnings {
-            eprintln!("rocev2: {w}");
-        }
-        print!("{}", render(&report));
-    }
+    report.warnings = warnings;
     Ok(report)
 }
 
@@ -624,6 +635,7 @@ fn summarize(s: &Shared, args: &LabCollectiveArgs, o: &Observed, results: Vec<Ra
         drops,
         accounted: after.is_none() || data_frames + control_frames == received_frames + drops,
         failure: None,
+        warnings: Vec::new(),
         worst_link,
         endpoints: results.into_iter().map(|r| r.endpoint).collect(),
     }
@@ -642,12 +654,23 @@ fn mbit(bytes_per_sec: f64) -> String {
 }
 
 pub fn render(o: &CollectiveReport) -> String {
+    let what = match o.op {
+        Op::Incast => format!(
+            "incast of {} into {} from the {} other hosts",
+            links::size_text(o.size),
+            o.hosts.first().map_or("-", String::as_str),
+            o.ranks - 1
+        ),
+        op => format!(
+            "{} of {} per rank over {} hosts ({} placement)",
+            op.name(),
+            links::size_text(o.size),
+            o.ranks,
+            flag(o.placement)
+        ),
+    };
     let mut out = format!(
-        "{} of {} per rank over {} hosts ({} placement), {} QP(s) per connection, {} chunks, transport {}, balancing {}{}: {}\n",
-        o.op.name(),
-        links::size_text(o.size),
-        o.ranks,
-        flag(o.placement),
+        "{what}, {} QP(s) per connection, {} chunks, transport {}, balancing {}{}: {}\n",
         o.qps,
         links::size_text(o.chunk),
         o.transport.name(),

@@ -39,6 +39,7 @@ use crate::{
 pub mod balance;
 pub mod collective;
 pub mod links;
+pub mod scorecard;
 pub mod te;
 mod traffic;
 mod view;
@@ -660,26 +661,37 @@ fn rate_links(
 ) -> Result<Vec<String>> {
     let f = &plan.fabric;
     let hosts = f.racks * f.hosts;
-    let path_fps = links::measure_path(&plan.name, f)?;
-    let capacity = links::Capacity { path_fps, needed_fps: links::needed_fps(settings, hosts) };
-    let warning = capacity.check(settings, hosts)?;
+    // One host has no path to measure (and nothing to send to).
+    let measured = if hosts > 1 {
+        let path_fps = links::measure_path(&plan.name, f)?;
+        let capacity = links::Capacity { path_fps, needed_fps: links::needed_fps(settings, hosts) };
+        Some((capacity.check(settings, hosts)?, capacity))
+    } else {
+        None
+    };
     links::reset_virtual_queues(&record.switches)?;
     links::install_queues(&wires.queues, settings.rate_bps)?;
     record.rated = Some(links::RatedLinks {
         settings: *settings,
         wire_netns: wires.netns.clone(),
         queues: wires.queues.clone(),
-        measured_path_fps: Some(path_fps),
+        measured_path_fps: measured.as_ref().map(|(_, c)| c.path_fps),
     });
     record.write()?;
     let mut lines = vec![format!(
-        "Links: {} through {} ({} queues); one path carried {:.0} frames/s unshaped (those frames are in the counters), the fabric needs at most {:.0}",
+        "Links: {} through {} ({} queues){}",
         settings.describe(),
         wires.netns,
         wires.queues.len(),
-        path_fps,
-        capacity.needed_fps
+        match &measured {
+            Some((_, c)) => format!(
+                "; one path carried {:.0} frames/s unshaped (those frames are in the counters), the fabric needs at most {:.0}",
+                c.path_fps, c.needed_fps
+            ),
+            None => String::new(),
+        }
     )];
+    let warning = measured.and_then(|(w, _)| w);
     lines.extend(warning);
     Ok(lines)
 }
