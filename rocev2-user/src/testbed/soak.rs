@@ -979,6 +979,8 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         zones: 1,
         aggs: None,
         links: lab::fabric::links::LinkArgs { wires: true, ..Default::default() },
+        host_bridge: false,
+        uplinks: 4,
     };
     let built = lab::up(&up)?;
     let _lab = LabGuard(args.name.clone(), args.keep);

@@ -37,8 +37,14 @@ fn a_two_minute_churn_soak_loses_nothing_the_kernel_would_not() {
         .iter()
         .map(|e| {
             format!(
-                "{} {} {} lost {} (kernel {})",
-                e["at_s"], e["kind"], e["target"], e["lost"], e["kernel_would_lose"]
+                "{} {} {} lost {} (kernel {}, no path {}, counted {})",
+                e["at_s"],
+                e["kind"],
+                e["target"],
+                e["lost"],
+                e["kernel_would_lose"],
+                e["sent_without_path"],
+                e["counted"]
             )
         })
         .collect();
@@ -58,5 +64,7 @@ fn a_two_minute_churn_soak_loses_nothing_the_kernel_would_not() {
     );
     assert!(events.len() > kinds.len(), "a row per event after the steady one: {context}");
     assert_eq!(n("beyond_kernel"), 0, "lost beyond what the kernel would have lost: {context}");
+    assert_eq!(n("unexplained"), 0, "every loss has a cause: {context}");
+    assert!(n("kernel_would_lose") <= n("sent_without_path").max(n("counted")), "{context}");
     assert!(out.status.success(), "the soak passed, so it exits 0: {context}");
 }
