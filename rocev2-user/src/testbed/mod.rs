@@ -4,10 +4,8 @@
 
 pub mod arrival;
 pub mod bench;
-pub mod drop_counters;
 pub mod ecmp_lab;
 pub mod fault;
 pub mod frr;
 pub mod lab;
-pub mod soak;
 pub mod topology;

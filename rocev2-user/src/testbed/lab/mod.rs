@@ -49,8 +49,10 @@ pub const DEST_PREFIX_V4: &str = "10.1.0.0/16";
 pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
+pub mod drop_counters;
 pub mod fabric;
 pub mod hostbridge;
+pub mod soak;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -90,7 +92,7 @@ pub enum LabCommand {
     /// cuts, FRR and `rocev2 run` restarts, reloads, upgrades, a busy CPU)
     /// with a sequence-checked stream between every pair of racks; prints
     /// the loss, reordering and convergence of every event.
-    Soak(crate::testbed::soak::SoakArgs),
+    Soak(soak::SoakArgs),
 }
 
 impl LabCommand {
@@ -222,7 +224,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
-        LabCommand::Soak(args) => crate::testbed::soak::soak(args).map(|_| ()),
+        LabCommand::Soak(args) => soak::soak(args).map(|_| ()),
         LabCommand::Scorecard(args) => fabric::scorecard::scorecard(args).map(|_| ()),
     }
 }

@@ -30,7 +30,7 @@
 //!   (the kernel keeps using such a next hop, `ignore_routes_with_linkdown`
 //!   = 0, until the routing daemon removes it), is one in which the kernel
 //!   itself forwards into nothing;
-//! - drop counters (`testbed::drop_counters`), read at every event: each
+//! - drop counters (`testbed::lab::drop_counters`), read at every event: each
 //!   switch kernel's no-route, discard and TTL counters and its devices'
 //!   drops, the wire's devices (a cut cable) and `rocev2`'s own `drop_*`
 //!   counters, refused redirects included.
@@ -65,10 +65,10 @@ use crate::{
     sys::{netns::spawn_in_netns, rawsock::PacketSocket, signal_process},
     testbed::{
         arrival::{monotonic_ns, ArrivalProbe, Flow, SeqEvent, SeqKind},
-        drop_counters::{self, DropCounts},
         frr::Frr,
         lab::{
             self,
+            drop_counters::{self, DropCounts},
             fabric::{host_ns, switch_ns, te, SPINE_ASN},
             LabFamily, LabRecord, LabRouting, LabUpArgs,
         },
@@ -612,7 +612,7 @@ fn sender(
                     });
                     match socket.send(&frame) {
                         Ok(()) => {
-                            if p % CHECKPOINT == 0 {
+                            if p.is_multiple_of(CHECKPOINT) {
                                 checkpoints[i].push((p, monotonic_ns()));
                             }
                             psn[i] += 1;
@@ -956,7 +956,12 @@ fn touched(f: &Fabric, e: &Planned) -> Vec<Switch> {
 
 /// Runs a soak; the lab is built first and removed at the end.
 pub fn run(args: &SoakArgs) -> Result<SoakReport> {
-    if !(args.minutes > 0.0) || args.min_gap <= 0.0 || args.max_gap < args.min_gap {
+    if args.minutes.is_nan()
+        || args.minutes <= 0.0
+        || args.min_gap.is_nan()
+        || args.min_gap <= 0.0
+        || args.max_gap < args.min_gap
+    {
         bail!("--minutes must be positive and 0 < --min-gap <= --max-gap");
     }
     if args.spines < 2 || args.racks < 2 {
