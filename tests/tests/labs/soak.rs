@@ -48,7 +48,7 @@ fn a_two_minute_churn_soak_loses_nothing_the_kernel_would_not() {
             )
         })
         .collect();
-    let context = format!("{}\nstderr:\n{stderr}", table.join("\n"));
+    let context = format!("{}\nflows with loss: {}\nstderr:\n{stderr}", table.join("\n"), report["flows_with_loss"]);
 
     // Traffic flowed the whole time and every frame is accounted for.
     assert!(n("sent") > 100_000, "2 min x 24 flows x 200 pps: {context}");

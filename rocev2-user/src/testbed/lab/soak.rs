@@ -24,8 +24,8 @@
 //!
 //! Every loss gets a cause, two ways:
 //!
-//! - route state: while an event's effects last, the kernel routes of the
-//!   switches it touches are sampled every 100 ms; an interval in which a
+//! - route state: through every event's window (up to 8 s), the kernel
+//!   routes of every switch are sampled every 100 ms; an interval in which a
 //!   switch had no route to a rack, or routed into a link without carrier
 //!   (the kernel keeps using such a next hop, `ignore_routes_with_linkdown`
 //!   = 0, until the routing daemon removes it), is one in which the kernel
@@ -150,11 +150,6 @@ impl EventKind {
             Self::KillRestart => "run kill -9 + start",
         }
     }
-
-    /// Whether the kernel's routes change (so they are sampled).
-    fn moves_routes(self) -> bool {
-        matches!(self, Self::Withdraw | Self::Advertise | Self::LinkDown | Self::LinkUp | Self::FrrRestart)
-    }
 }
 
 /// A kind of episode the schedule draws from (`--events`).
@@ -217,7 +212,7 @@ struct Done {
     at_ns: u64,
     /// How long the action took and a note, or why it failed.
     outcome: Result<(Duration, String)>,
-    /// The touched switches' kernel routes while its effects lasted.
+    /// Every switch's kernel routes through its window.
     samples: Vec<RouteSample>,
     /// The lab's drop counters just before it.
     drops_before: DropCounts,
@@ -245,14 +240,14 @@ pub struct EventRow {
     /// Packets sent in this event's window that never arrived.
     pub lost: u64,
     /// Of them, those the kernel itself would have lost: as many as were
-    /// sent while a touched switch's kernel had no route or routed into a
+    /// sent while a switch's kernel had no route or routed into a
     /// failed link (`sent_without_path`), or as many as the kernels and
     /// devices counted dropped in the window, whichever is more (up to
     /// `lost`).
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
-    /// Lost packets sent while a touched switch's kernel routes (sampled
-    /// every 100 ms) had no path.
+    /// Lost packets sent while a switch's kernel routes (sampled every
+    /// 100 ms) had no path.
     pub sent_without_path: u64,
     /// Frames the lab's drop counters counted in the window (any frames,
     /// not only the soak's).
@@ -693,7 +688,7 @@ impl Drop for LabGuard {
 /// rack prefix, the devices its next hops leave through (`None`: no route).
 type RouteView = BTreeMap<String, Option<BTreeSet<String>>>;
 
-/// One sample of the touched switches' kernel routes.
+/// One sample of every switch's kernel routes.
 #[derive(Clone, Debug)]
 struct RouteSample {
     ns: u64,
@@ -936,24 +931,6 @@ fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
     Ok((started.elapsed(), note))
 }
 
-/// The switches an event's route changes touch.
-fn touched(f: &Fabric, e: &Planned) -> Vec<Switch> {
-    match e.kind {
-        EventKind::LinkDown | EventKind::LinkUp => {
-            let far = e.port.as_deref().and_then(|p| {
-                let l = te::parse_link(f, &format!("{}/{p}", e.switch)).ok()?;
-                te::link_ends(f, &l).1.map(|(s, _)| s)
-            });
-            [Some(e.switch), far].into_iter().flatten().collect()
-        }
-        _ => {
-            let mut all: Vec<Switch> = (1..=f.racks).map(Switch::Leaf).collect();
-            all.push(e.switch);
-            all
-        }
-    }
-}
-
 /// Runs a soak; the lab is built first and removed at the end.
 pub fn run(args: &SoakArgs) -> Result<SoakReport> {
     if args.minutes.is_nan()
@@ -993,6 +970,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
     let record = LabRecord::read(&args.name)?;
     let f = record.fabric.clone().context("the soak's lab is not a fabric")?;
     let schedule = plan(args, &f, seed);
+    let every_switch: Vec<Switch> = (1..=f.racks).map(Switch::Leaf).chain((1..=f.spines).map(Switch::Spine)).collect();
     let specs = flows(&f, args.qps);
 
     // Receivers first: every host's eth0 counts what lands.
@@ -1032,9 +1010,15 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
             let at = monotonic_ns();
             eprintln!("soak: {:>6.1} s  {} {}", started.elapsed().as_secs_f64(), e.kind.name(), e.target());
             let window = schedule.get(next).map_or(total, |n| n.at).saturating_sub(e.at).min(Duration::from_secs(8));
-            let sampler = e.kind.moves_routes().then(|| {
-                sample_routes(args.name.clone(), f.clone(), touched(&f, &e), Instant::now() + window, stop.clone())
-            });
+            // Every switch's routes through the whole window: an earlier
+            // event's convergence can still be going on.
+            let sampler = sample_routes(
+                args.name.clone(),
+                f.clone(),
+                every_switch.clone(),
+                Instant::now() + window,
+                stop.clone(),
+            );
             let (name, fabric, planned) = (args.name.clone(), f.clone(), e.clone());
             let action = thread::spawn(move || act(&name, &fabric, &planned));
             // Keep draining the probes while the action runs.
@@ -1048,18 +1032,13 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
             if let Err(err) = &result {
                 eprintln!("soak: the event failed: {err:#}");
             }
-            let samples = match sampler {
-                Some(s) => {
-                    while !s.is_finished() {
-                        for p in &mut probes {
-                            seq_events.extend(p.drain_events()?);
-                        }
-                        thread::sleep(Duration::from_millis(50));
-                    }
-                    s.join().unwrap_or_default()
+            while !sampler.is_finished() {
+                for p in &mut probes {
+                    seq_events.extend(p.drain_events()?);
                 }
-                None => Vec::new(),
-            };
+                thread::sleep(Duration::from_millis(50));
+            }
+            let samples = sampler.join().unwrap_or_default();
             done.push(Done { planned: e, at_ns: at, outcome: result, samples, drops_before });
         }
         thread::sleep(Duration::from_millis(50));
