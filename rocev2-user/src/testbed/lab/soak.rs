@@ -915,7 +915,7 @@ fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
                 if let Some(old) = sw.pid {
                     let _ = signal_process(old, nix::sys::signal::Signal::SIGKILL);
                     let deadline = Instant::now() + Duration::from_secs(10);
-                    while lab::fabric::alive(old) && Instant::now() < deadline {
+                    while crate::sys::process_alive(old) && Instant::now() < deadline {
                         thread::sleep(Duration::from_millis(10));
                     }
                 }
@@ -953,6 +953,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         links_per_spine: 1,
         family: LabFamily::Both,
         hash: rocev2_common::hash::HashMode::Qp,
+        hash_version: Default::default(),
         config_out: None,
         routing: LabRouting::Bgp,
         racks: Some(args.racks),
@@ -963,6 +964,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         links: lab::fabric::links::LinkArgs { wires: true, ..Default::default() },
         host_bridge: false,
         uplinks: 4,
+        rdma: Default::default(),
     };
     let built = lab::up(&up)?;
     let _lab = LabGuard(args.name.clone(), args.keep);
@@ -1281,6 +1283,7 @@ mod tests {
             v4: true,
             v6: true,
             hash: rocev2_common::hash::HashMode::Qp,
+            hash_version: Default::default(),
             seeds: SeedPlan::Auto,
         }
     }
