@@ -231,6 +231,78 @@ fn incast_with_cts_admission_drops_less_than_without() {
     assert_eq!(cts.cts_sent, 18);
 }
 
+/// `rocev2 lab scorecard --json` on lab `name`, small: 1m per rank.
+fn small_scorecard(name: &str) -> scorecard::Scorecard {
+    let out = Command::new(rocev2_bin())
+        .args(["lab", "scorecard", "--name", name, "--size", "1m", "--incast-size", "1m", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lab scorecard failed:\n{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("lab scorecard --json: {e}\n{stderr}"))
+}
+
+/// Where a QP's path is fixed for the whole run (hashing, slices, TE):
+/// the rows the flow-level model can predict. Flowlet and transport-aware
+/// rows move QPs when a QP happens to idle longer than the gap, and in
+/// the lab that follows the run's timing (a go-back-N timeout's pause, a
+/// stall of the shared box): one run on this fabric had keyed flowlets at
+/// 50 ms at 49.8% of the ideal, the next at 82.8%, where the model says 50%.
+fn fixed_paths(row: &scorecard::ModeRow) -> bool {
+    !(row.mode.starts_with("flowlet") || row.mode.starts_with("transport-aware"))
+}
+
+/// Every row of the scorecard on the 2x2x2 fabric completes with nothing
+/// dropped, and each with fixed paths is within [`MODEL_TOLERANCE`] of
+/// what the flow-level model predicts for the same fabric, seeds and mode
+/// (the others are printed beside the model's figure).
+#[test]
+fn scorecard_modes_with_fixed_paths_are_within_15_percent_of_the_model_on_a_small_fabric() {
+    require_root();
+    let name = lab_name('s');
+    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"]);
+    let off = |card: &scorecard::Scorecard| -> Vec<scorecard::ModeRow> {
+        card.modes
+            .iter()
+            .filter(|row| fixed_paths(row))
+            .filter(|row| !row.lab_over_model().is_some_and(|r| (r - 1.0).abs() <= MODEL_TOLERANCE))
+            .cloned()
+            .collect()
+    };
+    let mut card = small_scorecard(&name);
+    eprintln!("{}", scorecard::render(&card));
+    // As run_unstalled: rows off only after go-back-N timeouts with
+    // nothing dropped timed the box, not the fabric; once more.
+    let wrong = off(&card);
+    if !wrong.is_empty() && wrong.iter().all(|r| r.timeouts > 0 && r.drops == 0) {
+        eprintln!("rows off after timeouts with nothing dropped (a stalled box): running again");
+        card = small_scorecard(&name);
+        eprintln!("{}", scorecard::render(&card));
+    }
+    assert_eq!(card.modes.len(), scorecard::mode_runs(&[2000, 50_000]).len());
+    for row in &card.modes {
+        assert!(row.complete, "{}", row.mode);
+        assert_eq!(row.drops, 0, "{}: deep buffers drop nothing", row.mode);
+    }
+    let wrong: Vec<String> = off(&card)
+        .iter()
+        .map(|r| {
+            format!(
+                "{} x{}: lab {:.1}%, model {:.1}%",
+                r.mode,
+                r.qps,
+                r.share_of_ideal * 100.0,
+                r.model_share.unwrap_or(0.0) * 100.0
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "not within {:.0}% of the model: {wrong:?}", MODEL_TOLERANCE * 100.0);
+    assert_eq!(card.modes.iter().filter(|r| fixed_paths(r)).count(), 7, "five-tuple, qp x1/2/4/8, slice, te");
+    let transports: Vec<&str> = card.transports.iter().map(|t| t.transport.name()).collect();
+    assert_eq!(transports, ["none", "dcqcn", "cts"]);
+    assert!(card.transports.iter().all(|t| t.complete));
+}
+
 /// The book's scorecard is the rendering of the run saved beside it
 /// (docs/src/scorecard.json), and its chart that run's SVG.
 #[test]
@@ -256,4 +328,13 @@ fn the_books_scorecard_is_one_run_rendered() {
     }
     let transports: Vec<&str> = card.transports.iter().map(|t| t.transport.name()).collect();
     assert_eq!(transports, ["none", "dcqcn", "cts"]);
+    // The model's prediction for that fabric, as the chapter shows it.
+    let out = Command::new(rocev2_bin())
+        .args(["entropy", "--racks", "4", "--hosts", "4", "--spines", "4", "--collective", "allreduce"])
+        .args(["--size", "4m", "--chunk", "32k", "--link-rate", "10mbit"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let predicted: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(book_block("Predicted ring AllReduce of 4m"), predicted, "collectives.md shows what entropy predicts");
 }
