@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use rocev2_common::{
     flowlet::{decide, rehash_position, FlowletDecision, FlowletEntry},
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    hash::{member_hash, pick_member, FlowKey, HashMode, HashVersion},
 };
 
 fn u32_at(d: &[u8], i: usize) -> u32 {
@@ -30,11 +30,16 @@ fuzz_target!(|d: &[u8]| {
     .with_dest_qp(u32_at(d, 38));
     let seed = u32_at(d, 42);
     let count = u32::from(d[46]) % 128 + 1;
-    for mode in [HashMode::Qp, HashMode::FiveTuple] {
-        assert!(pick_member(member_hash(&key, mode, seed), count) < count);
-    }
     let other = key.with_dest_qp(u32_at(d, 47));
-    assert_eq!(member_hash(&key, HashMode::FiveTuple, seed), member_hash(&other, HashMode::FiveTuple, seed));
+    for version in HashVersion::ALL {
+        for mode in [HashMode::Qp, HashMode::FiveTuple] {
+            assert!(pick_member(member_hash(&key, mode, seed, version), count) < count);
+        }
+        assert_eq!(
+            member_hash(&key, HashMode::FiveTuple, seed, version),
+            member_hash(&other, HashMode::FiveTuple, seed, version)
+        );
+    }
     assert!(pick_member(u32_at(d, 51), u32_at(d, 55).max(1)) < u32_at(d, 55).max(1));
 
     let entry = FlowletEntry {

@@ -1,9 +1,12 @@
 //! The flow hash: one function for the XDP program, the control program's
 //! predictions (`rocev2 explain`), the entropy simulator and the tests.
 //!
-//! It is MurmurHash3 (x86, 32-bit) over a fixed 11-word key with a
-//! configurable seed. A fixed-length key keeps the eBPF code loop-free after
-//! unrolling and lets the verifier see a constant instruction count.
+//! It is MurmurHash3 (x86, 32-bit) with a configurable seed, in two
+//! versions ([`HashVersion`], `[dataplane] hash_version`): version 1 over a
+//! fixed 11-word key (an IPv4 key's address words 1 to 3 are zero, hashed
+//! all the same), version 2 over the words the key's family carries (4 for
+//! IPv4, 10 for IPv6). Both are loop-free, fixed-length code per family, so
+//! the verifier sees a constant instruction count.
 
 /// How a group chooses its member. Stored as `u32` in [`crate::maps::GroupEntry`].
 /// Its text form ([`HashMode::name`]) is the one for configs, flags
@@ -48,6 +51,101 @@ impl HashMode {
 
 crate::text_form!(HashMode, UnknownHashMode, "use \"qp\" (five-tuple plus RoCEv2 destination QP) or \"five-tuple\"");
 
+/// Which flow hash a box runs (`[dataplane] hash_version`). Another
+/// version places flows on other members, as another seed does: a fabric
+/// keeps the version its switches were configured with. Stored in
+/// [`crate::maps::DataplaneConfig::hash_version`] as its number.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HashVersion {
+    /// MurmurHash3 over a fixed 11-word key: source and destination as four
+    /// words each (an IPv4 address's words 1 to 3 are zero and hashed too),
+    /// ports, protocol, DestQP. The placement of every config written
+    /// before `hash_version` existed, and of a config without the key.
+    #[default]
+    V1 = 1,
+    /// MurmurHash3 over the words the family carries: source and
+    /// destination address (1 word each for IPv4, 4 for IPv6), the two
+    /// ports, and the protocol with the DestQP (`protocol << 24 | DestQP`):
+    /// 4 words for IPv4, 10 for IPv6. What new configs use.
+    V2 = 2,
+}
+
+impl HashVersion {
+    pub const ALL: [HashVersion; 2] = [Self::V1, Self::V2];
+
+    /// The number in configs, `explain` and CONFIG.
+    #[inline(always)]
+    pub const fn number(self) -> u32 {
+        self as u32
+    }
+
+    /// The version a number names (1 or 2).
+    pub fn from_number(n: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.number() == n)
+    }
+
+    /// The version a number names, or an error that says which do.
+    pub fn parse_number(n: i64) -> Result<Self, UnknownHashVersion> {
+        u32::try_from(n).ok().and_then(Self::from_number).ok_or(UnknownHashVersion)
+    }
+
+    /// The version CONFIG's `hash_version` field names: 2 is version 2;
+    /// anything else is version 1, including the 0 of a CONFIG written
+    /// before the field existed.
+    #[inline(always)]
+    pub fn from_config(n: u32) -> Self {
+        if n == Self::V2 as u32 {
+            Self::V2
+        } else {
+            Self::V1
+        }
+    }
+}
+
+/// A number that names no hash version; displays which do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownHashVersion;
+
+impl core::fmt::Display for UnknownHashVersion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("use 2 (the hash over the words each family carries, for new configs) or 1 (the placement of configs written before hash_version existed)")
+    }
+}
+
+#[cfg(feature = "user")]
+impl std::error::Error for UnknownHashVersion {}
+
+impl core::fmt::Display for HashVersion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.number())
+    }
+}
+
+impl core::str::FromStr for HashVersion {
+    type Err = UnknownHashVersion;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<i64>().map_err(|_| UnknownHashVersion).and_then(Self::parse_number)
+    }
+}
+
+/// As its number, in JSON and state files.
+#[cfg(feature = "user")]
+impl serde::Serialize for HashVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.number())
+    }
+}
+
+#[cfg(feature = "user")]
+impl<'de> serde::Deserialize<'de> for HashVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = <i64 as serde::Deserialize>::deserialize(d)?;
+        Self::parse_number(n).map_err(|e| <D::Error as serde::de::Error>::custom(std::format!("hash version {n}: {e}")))
+    }
+}
+
 /// What identifies a flow. Addresses are kept as four 32-bit words made
 /// from the wire bytes with `u32::from_le_bytes` (a plain load on the
 /// little-endian BPF target); IPv4 uses word 0 and leaves the rest zero.
@@ -58,6 +156,9 @@ pub struct FlowKey {
     pub src_port: u16,
     pub dst_port: u16,
     pub protocol: u8,
+    /// An IPv6 flow: [`HashVersion::V2`] hashes all four address words
+    /// (an IPv6 address may have words 1 to 3 zero too).
+    pub ipv6: bool,
     /// BTH destination QP for RoCEv2 packets, 0 otherwise.
     pub dest_qp: u32,
 }
@@ -89,7 +190,7 @@ pub fn ipv6_word(a: &[u8; 16], i: usize) -> u32 {
 
 impl FlowKey {
     pub fn v4(src: [u8; 4], dst: [u8; 4], protocol: u8, src_port: u16, dst_port: u16) -> Self {
-        Self { src: ipv4_words(src), dst: ipv4_words(dst), src_port, dst_port, protocol, dest_qp: 0 }
+        Self { src: ipv4_words(src), dst: ipv4_words(dst), src_port, dst_port, protocol, ipv6: false, dest_qp: 0 }
     }
 
     pub fn v6(src: [u8; 16], dst: [u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
@@ -100,7 +201,7 @@ impl FlowKey {
     /// reads them straight from the packet; its stack is small).
     #[inline(always)]
     pub fn v6_ref(src: &[u8; 16], dst: &[u8; 16], protocol: u8, src_port: u16, dst_port: u16) -> Self {
-        Self { src: ipv6_words(src), dst: ipv6_words(dst), src_port, dst_port, protocol, dest_qp: 0 }
+        Self { src: ipv6_words(src), dst: ipv6_words(dst), src_port, dst_port, protocol, ipv6: true, dest_qp: 0 }
     }
 
     pub fn with_dest_qp(mut self, dest_qp: u32) -> Self {
@@ -157,9 +258,23 @@ fn mix_key(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
     h = mix(h, key.dst[1]);
     h = mix(h, key.dst[2]);
     h = mix(h, key.dst[3]);
-    h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
+    h = mix(h, ports_word(key));
     h = mix(h, u32::from(key.protocol));
     mix(h, dest_qp)
+}
+
+/// The two ports as one word, source port high (both hash versions and
+/// the flowlet table's key).
+#[inline(always)]
+pub fn ports_word(key: &FlowKey) -> u32 {
+    (u32::from(key.src_port) << 16) | u32::from(key.dst_port)
+}
+
+/// The protocol and a 24-bit DestQP as one word, protocol in the top byte
+/// ([`HashVersion::V2`] and the flowlet table's key).
+#[inline(always)]
+pub fn protocol_qp_word(protocol: u8, dest_qp: u32) -> u32 {
+    (u32::from(protocol) << 24) | (dest_qp & 0x00FF_FFFF)
 }
 
 /// The flow key mixed once under a seed, for a caller that needs two
@@ -197,13 +312,39 @@ impl MixedKey {
     }
 }
 
-/// The hash a group in `mode` uses for this key: the DestQP only counts in
-/// [`HashMode::Qp`] (and is 0 for non-RoCE packets anyway).
+/// The DestQP a group in `mode` hashes: only [`HashMode::Qp`] counts it
+/// (and it is 0 for non-RoCE packets anyway).
 #[inline(always)]
-pub fn member_hash(key: &FlowKey, mode: HashMode, seed: u32) -> u32 {
+fn hashed_qp(key: &FlowKey, mode: HashMode) -> u32 {
     match mode {
-        HashMode::Qp => flow_hash(key, seed),
-        HashMode::FiveTuple => hash_with_qp(key, 0, seed),
+        HashMode::Qp => key.dest_qp,
+        HashMode::FiveTuple => 0,
+    }
+}
+
+/// The hash a group in `mode` uses for this key under `version`: what
+/// the dataplane, `explain`, the simulators and the tests all call.
+#[inline(always)]
+pub fn member_hash(key: &FlowKey, mode: HashMode, seed: u32, version: HashVersion) -> u32 {
+    match (version, key.ipv6) {
+        (HashVersion::V1, _) => hash_with_qp(key, hashed_qp(key, mode), seed),
+        (HashVersion::V2, false) => v2_ipv4(key, hashed_qp(key, mode), seed),
+        (HashVersion::V2, true) => v2_ipv6(key, hashed_qp(key, mode), seed),
+    }
+}
+
+/// [`member_hash`] for a key whose family is known when compiling (the
+/// XDP program's per-family paths; `V4`: an IPv4 key): the same value,
+/// without a test of the key's family, and for version 1 of an IPv4 key
+/// without the scramble of its zero words.
+#[inline(always)]
+pub fn member_hash_of_family<const V4: bool>(key: &FlowKey, mode: HashMode, seed: u32, version: HashVersion) -> u32 {
+    let dest_qp = hashed_qp(key, mode);
+    match (version, V4) {
+        (HashVersion::V1, true) => v1_ipv4(key, dest_qp, seed),
+        (HashVersion::V1, false) => hash_with_qp(key, dest_qp, seed),
+        (HashVersion::V2, true) => v2_ipv4(key, dest_qp, seed),
+        (HashVersion::V2, false) => v2_ipv6(key, dest_qp, seed),
     }
 }
 
@@ -214,25 +355,48 @@ fn mix_zero(h: u32) -> u32 {
     h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
 }
 
-/// [`member_hash`] of an IPv4 key, the same value with fewer instructions:
-/// its address words 1 to 3 are zero ([`ipv4_words`]), so their six steps
-/// skip the scramble. The XDP program's IPv4 path uses it; a key with any
-/// of those words set would hash differently, so only IPv4 keys may come
-/// here.
+/// Version 1 of an IPv4 key, the same value as the general version 1 with
+/// fewer instructions: its address words 1 to 3 are zero ([`ipv4_words`]),
+/// so their six steps skip the scramble. A key with any of those words set
+/// would hash differently, so only IPv4 keys may come here.
 #[inline(always)]
-pub fn member_hash_v4(key: &FlowKey, mode: HashMode, seed: u32) -> u32 {
-    let dest_qp = match mode {
-        HashMode::Qp => key.dest_qp,
-        HashMode::FiveTuple => 0,
-    };
+fn v1_ipv4(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
     let mut h = mix(seed, key.src[0]);
     h = mix_zero(mix_zero(mix_zero(h)));
     h = mix(h, key.dst[0]);
     h = mix_zero(mix_zero(mix_zero(h)));
-    h = mix(h, (u32::from(key.src_port) << 16) | u32::from(key.dst_port));
+    h = mix(h, ports_word(key));
     h = mix(h, u32::from(key.protocol));
     h = mix(h, dest_qp);
     finalize(h, KEY_BYTES)
+}
+
+/// Version 2 of an IPv4 key: MurmurHash3 of 16 bytes (source, destination,
+/// ports, protocol and DestQP), four dependent steps instead of eleven.
+#[inline(always)]
+fn v2_ipv4(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
+    let mut h = mix(seed, key.src[0]);
+    h = mix(h, key.dst[0]);
+    h = mix(h, ports_word(key));
+    h = mix(h, protocol_qp_word(key.protocol, dest_qp));
+    finalize(h, 16)
+}
+
+/// Version 2 of an IPv6 key: MurmurHash3 of 40 bytes (both addresses,
+/// ports, protocol and DestQP).
+#[inline(always)]
+fn v2_ipv6(key: &FlowKey, dest_qp: u32, seed: u32) -> u32 {
+    let mut h = mix(seed, key.src[0]);
+    h = mix(h, key.src[1]);
+    h = mix(h, key.src[2]);
+    h = mix(h, key.src[3]);
+    h = mix(h, key.dst[0]);
+    h = mix(h, key.dst[1]);
+    h = mix(h, key.dst[2]);
+    h = mix(h, key.dst[3]);
+    h = mix(h, ports_word(key));
+    h = mix(h, protocol_qp_word(key.protocol, dest_qp));
+    finalize(h, 40)
 }
 
 /// The seed `hash_seed = "auto"` gives: MurmurHash3's mixing over the
@@ -269,17 +433,152 @@ pub fn pick_member(hash: u32, count: u32) -> u32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_ipv4_hash_equals_the_general_one_for_every_ipv4_key() {
-        let mut rng = 0x1234_5678_u64;
-        for _ in 0..20_000 {
+    /// 20,000 random keys of one family (IPv6 keys get random words 1 to
+    /// 3 too), with a random seed each.
+    fn random_keys(v6: bool) -> impl Iterator<Item = (FlowKey, u32)> {
+        let mut rng = 0x1234_5678_u64 ^ u64::from(v6);
+        (0..20_000).map(move |_| {
             let r = crate::rng::splitmix64(&mut rng);
             let q = crate::rng::splitmix64(&mut rng);
-            let key = FlowKey::v4((r as u32).to_be_bytes(), ((r >> 32) as u32).to_be_bytes(), 17, q as u16, 4791)
-                .with_dest_qp((q >> 16) as u32);
-            let seed = (q >> 40) as u32;
-            for mode in HashMode::ALL {
-                assert_eq!(member_hash_v4(&key, mode, seed), member_hash(&key, mode, seed), "{key:?} {mode:?}");
+            let key = if v6 {
+                let mut src = [0u8; 16];
+                src[..8].copy_from_slice(&r.to_le_bytes());
+                src[8..].copy_from_slice(&crate::rng::splitmix64(&mut rng).to_le_bytes());
+                let mut dst = [0u8; 16];
+                dst[..8].copy_from_slice(&crate::rng::splitmix64(&mut rng).to_le_bytes());
+                FlowKey::v6(src, dst, 17, q as u16, 4791)
+            } else {
+                FlowKey::v4((r as u32).to_be_bytes(), ((r >> 32) as u32).to_be_bytes(), 17, q as u16, 4791)
+            };
+            (key.with_dest_qp((q >> 16) as u32), (q >> 40) as u32)
+        })
+    }
+
+    #[test]
+    fn the_per_family_hash_equals_the_general_one_for_every_key() {
+        for v6 in [false, true] {
+            for (key, seed) in random_keys(v6) {
+                for mode in HashMode::ALL {
+                    for version in HashVersion::ALL {
+                        let general = member_hash(&key, mode, seed, version);
+                        let family = match v6 {
+                            false => member_hash_of_family::<true>(&key, mode, seed, version),
+                            true => member_hash_of_family::<false>(&key, mode, seed, version),
+                        };
+                        assert_eq!(family, general, "{key:?} {mode:?} {version:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn version_1_placement_is_pinned() {
+        // Where version 1 put these flows when it was the only hash: a
+        // fabric that keeps `hash_version = 1` (or no key) must keep them
+        // there. The hashes are MurmurHash3_x86_32 of the 44-byte key from
+        // an independent implementation; the members follow from them.
+        let key = |qp| FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(qp);
+        let expected = [
+            (0x100, 1_396_607_822, 3, 3),
+            (0x101, 2_555_900_826, 0, 0),
+            (0x102, 3_021_704_060, 0, 4),
+            (0x103, 3_784_812_973, 1, 1),
+        ];
+        for (qp, hash, of_4, of_8) in expected {
+            assert_eq!(member_hash(&key(qp), HashMode::Qp, 1234, HashVersion::V1), hash, "QP {qp:#x}");
+            let member = |n| crate::buckets::member_for(&crate::buckets::even_table(n), hash);
+            assert_eq!((member(4), member(8)), (of_4, of_8), "QP {qp:#x}");
+        }
+        // The five-tuple mode is the qp mode's hash with DestQP 0.
+        assert_eq!(
+            member_hash(&key(0x100), HashMode::FiveTuple, 1234, HashVersion::V1),
+            member_hash(&key(0), HashMode::Qp, 1234, HashVersion::V1)
+        );
+    }
+
+    #[test]
+    fn version_2_known_values_are_stable() {
+        // MurmurHash3_x86_32 of the 16 (IPv4) and 40 (IPv6) key bytes from
+        // an independent implementation.
+        assert_eq!(member_hash(&roce_key(0x11), HashMode::Qp, 0, HashVersion::V2), 1_726_064_455);
+        let mut a = [0u8; 16];
+        a[0] = 0xfd;
+        a[15] = 1;
+        let mut b = a;
+        b[1] = 1;
+        let key = FlowKey::v6(a, b, 17, 0xC123, 4791).with_dest_qp(0x11);
+        assert_eq!(member_hash(&key, HashMode::Qp, 0, HashVersion::V2), 4_110_016_274);
+        assert_eq!(member_hash(&key, HashMode::Qp, 0, HashVersion::V1), 3_205_340_880);
+    }
+
+    #[test]
+    fn version_2_tells_the_families_apart() {
+        // An IPv6 key whose words 1 to 3 are zero hashes all ten words, not
+        // as the IPv4 key with the same first words.
+        let v4 = FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 1, 4791);
+        let v6 = FlowKey { ipv6: true, ..v4 };
+        assert_ne!(
+            member_hash(&v4, HashMode::Qp, 0, HashVersion::V2),
+            member_hash(&v6, HashMode::Qp, 0, HashVersion::V2)
+        );
+    }
+
+    #[test]
+    fn every_version_spreads_20000_random_keys_evenly() {
+        // 20,000 keys over 16 members: 1250 expected each; 5 standard
+        // deviations (about +-171) leave room for no seed in particular.
+        for v6 in [false, true] {
+            for version in HashVersion::ALL {
+                let mut load = [0u32; 16];
+                for (key, seed) in random_keys(v6) {
+                    load[pick_member(member_hash(&key, HashMode::Qp, seed, version), 16) as usize] += 1;
+                }
+                let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+                assert!(*min > 1080 && *max < 1420, "{version:?} v6 {v6}: min {min} max {max}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_input_bit_avalanches() {
+        // Flipping any one bit of any word a version hashes flips each
+        // output bit with probability 1/2: over 2000 keys, each output
+        // bit's flip rate stays within 0.40..0.60 for every input bit.
+        let flips: [fn(&mut FlowKey, u32); 6] = [
+            |k, b| k.src[0] ^= 1 << b,
+            |k, b| k.dst[0] ^= 1 << b,
+            |k, b| k.src[3] ^= 1 << b,
+            |k, b| k.src_port ^= 1 << (b % 16),
+            |k, b| k.protocol ^= 1 << (b % 8),
+            |k, b| k.dest_qp ^= 1 << (b % 24),
+        ];
+        for v6 in [false, true] {
+            for version in HashVersion::ALL {
+                for (word, flip) in flips.iter().enumerate() {
+                    if word == 2 && !v6 {
+                        continue; // IPv4 keys carry no word 3
+                    }
+                    for bit in [0, 7, 13, 23, 31] {
+                        let mut flipped_per_output_bit = [0u32; 32];
+                        let keys = random_keys(v6).take(2000);
+                        for (key, seed) in keys {
+                            let mut other = key;
+                            flip(&mut other, bit);
+                            let h = member_hash(&key, HashMode::Qp, seed, version);
+                            let d = h ^ member_hash(&other, HashMode::Qp, seed, version);
+                            for (out, n) in flipped_per_output_bit.iter_mut().enumerate() {
+                                *n += (d >> out) & 1;
+                            }
+                        }
+                        for (out, n) in flipped_per_output_bit.iter().enumerate() {
+                            assert!(
+                                (800..1200).contains(n),
+                                "{version:?} v6 {v6} word {word} bit {bit} -> output bit {out}: {n}/2000"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
@@ -308,15 +607,18 @@ mod tests {
 
     #[test]
     fn spreads_evenly_over_64_members() {
-        let mut load = [0u32; 64];
-        let flows = 64 * 1000;
-        for i in 0..flows {
-            let key = FlowKey::v4([10, 0, (i >> 8) as u8, i as u8], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(i);
-            load[pick_member(member_hash(&key, HashMode::Qp, 7), 64) as usize] += 1;
+        for version in HashVersion::ALL {
+            let mut load = [0u32; 64];
+            let flows = 64 * 1000;
+            for i in 0..flows {
+                let key =
+                    FlowKey::v4([10, 0, (i >> 8) as u8, i as u8], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(i);
+                load[pick_member(member_hash(&key, HashMode::Qp, 7, version), 64) as usize] += 1;
+            }
+            let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+            // 1000 expected per member; 4 standard deviations is about +-126.
+            assert!(*min > 850 && *max < 1150, "{version:?}: min {min} max {max}");
         }
-        let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
-        // 1000 expected per member; 4 standard deviations is about +-126.
-        assert!(*min > 850 && *max < 1150, "min {min} max {max}");
     }
 
     #[test]
@@ -337,18 +639,22 @@ mod tests {
     #[test]
     fn dest_qp_counts_only_in_qp_mode() {
         let (a, b) = (roce_key(1), roce_key(2));
-        assert_ne!(member_hash(&a, HashMode::Qp, 9), member_hash(&b, HashMode::Qp, 9));
-        assert_eq!(member_hash(&a, HashMode::FiveTuple, 9), member_hash(&b, HashMode::FiveTuple, 9));
+        for v in HashVersion::ALL {
+            assert_ne!(member_hash(&a, HashMode::Qp, 9, v), member_hash(&b, HashMode::Qp, 9, v));
+            assert_eq!(member_hash(&a, HashMode::FiveTuple, 9, v), member_hash(&b, HashMode::FiveTuple, 9, v));
+        }
     }
 
     #[test]
     fn qp_mode_spreads_one_source_port_over_uplinks() {
         // 64 QPs between two hosts, one UDP source port: the case Meta saw.
-        let mut used = [false; 4];
-        for qp in 0..64 {
-            used[pick_member(member_hash(&roce_key(0x100 + qp), HashMode::Qp, 1), 4) as usize] = true;
+        for v in HashVersion::ALL {
+            let mut used = [false; 4];
+            for qp in 0..64 {
+                used[pick_member(member_hash(&roce_key(0x100 + qp), HashMode::Qp, 1, v), 4) as usize] = true;
+            }
+            assert_eq!(used, [true; 4], "{v:?}");
         }
-        assert_eq!(used, [true; 4]);
     }
 
     #[test]
@@ -379,5 +685,9 @@ mod tests {
         let ka = FlowKey::v6(a, [0; 16], 17, 1, 4791);
         let kb = FlowKey::v6(b, [0; 16], 17, 1, 4791);
         assert_ne!(flow_hash(&ka, 0), flow_hash(&kb, 0));
+        assert_ne!(
+            member_hash(&ka, HashMode::Qp, 0, HashVersion::V2),
+            member_hash(&kb, HashMode::Qp, 0, HashVersion::V2)
+        );
     }
 }

@@ -6,6 +6,12 @@ pub use crate::counters::{EgressCounters, PortCounters};
 /// Entries of the lab fault injector's drop table.
 pub const MAX_FAULTS: u32 = 1024;
 
+/// A fault table value: this bit set corrupts the packet (flips its last
+/// byte before the ICRC) instead of dropping it; the bits below count the
+/// times still to come.
+pub const FAULT_CORRUPT: u32 = 1 << 31;
+pub const FAULT_COUNT_MASK: u32 = FAULT_CORRUPT - 1;
+
 /// Key of the fault injector's drop table: DestQP and PSN.
 pub const fn fault_key(dest_qp: u32, psn: u32) -> u64 {
     ((dest_qp as u64) << 32) | psn as u64
@@ -316,8 +322,8 @@ impl FlowletKey {
         Self {
             src: k.src,
             dst: k.dst,
-            ports: (u32::from(k.src_port) << 16) | u32::from(k.dst_port),
-            proto_qp: (u32::from(k.protocol) << 24) | (k.dest_qp & 0x00FF_FFFF),
+            ports: crate::hash::ports_word(k),
+            proto_qp: crate::hash::protocol_qp_word(k.protocol, k.dest_qp),
             group,
         }
     }
@@ -391,6 +397,10 @@ pub struct DataplaneConfig {
     /// CPUs in CPUS that the spreading stage (`cpu_spread`) hands flows
     /// to; 0 when it is off.
     pub spread_cpus: u32,
+    /// The [`crate::hash::HashVersion`] number groups and the spreading
+    /// stage hash with; read by [`crate::hash::HashVersion::from_config`]
+    /// (0, a CONFIG that never set it, is version 1).
+    pub hash_version: u32,
 }
 
 /// Entries FDB holds at most (allocated as they are added).
@@ -488,7 +498,7 @@ const _: () = {
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
     assert!(core::mem::size_of::<IfindexSlots>() == 8);
-    assert!(core::mem::size_of::<DataplaneConfig>() == 16);
+    assert!(core::mem::size_of::<DataplaneConfig>() == 20);
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);

@@ -12,7 +12,7 @@ use rocev2_common::{
     class::{self, ClassEntry, ClassFields, RoceFields},
     ecn::{self, EcnProfile},
     flowlet::{self, FlowletDecision, FlowletEntry},
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    hash::{member_hash, pick_member, FlowKey, HashMode, HashVersion},
 };
 
 fn config(cases: u32) -> ProptestConfig {
@@ -35,6 +35,10 @@ fn arb_mode() -> impl Strategy<Value = HashMode> {
     prop_oneof![Just(HashMode::Qp), Just(HashMode::FiveTuple)]
 }
 
+fn arb_version() -> impl Strategy<Value = HashVersion> {
+    prop_oneof![Just(HashVersion::V1), Just(HashVersion::V2)]
+}
+
 proptest! {
     #![proptest_config(config(512))]
 
@@ -50,30 +54,30 @@ proptest! {
     }
 
     #[test]
-    fn member_of_a_real_group_is_in_range(key in arb_key(), mode in arb_mode(), seed in any::<u32>(), count in 1u32..=128) {
-        prop_assert!(pick_member(member_hash(&key, mode, seed), count) < count);
+    fn member_of_a_real_group_is_in_range(key in arb_key(), mode in arb_mode(), seed in any::<u32>(), count in 1u32..=128, version in arb_version()) {
+        prop_assert!(pick_member(member_hash(&key, mode, seed, version), count) < count);
     }
 
     #[test]
-    fn five_tuple_mode_ignores_the_dest_qp(key in arb_key(), other_qp in any::<u32>(), seed in any::<u32>()) {
+    fn five_tuple_mode_ignores_the_dest_qp(key in arb_key(), other_qp in any::<u32>(), seed in any::<u32>(), version in arb_version()) {
         let other = key.with_dest_qp(other_qp);
-        prop_assert_eq!(member_hash(&key, HashMode::FiveTuple, seed), member_hash(&other, HashMode::FiveTuple, seed));
+        prop_assert_eq!(member_hash(&key, HashMode::FiveTuple, seed, version), member_hash(&other, HashMode::FiveTuple, seed, version));
         // ... and equals the qp-mode hash with DestQP 0.
-        prop_assert_eq!(member_hash(&key, HashMode::FiveTuple, seed), member_hash(&key.with_dest_qp(0), HashMode::Qp, seed));
+        prop_assert_eq!(member_hash(&key, HashMode::FiveTuple, seed, version), member_hash(&key.with_dest_qp(0), HashMode::Qp, seed, version));
     }
 
     #[test]
-    fn with_dest_qp_keeps_24_bits(key in arb_key(), qp in any::<u32>(), seed in any::<u32>()) {
+    fn with_dest_qp_keeps_24_bits(key in arb_key(), qp in any::<u32>(), seed in any::<u32>(), version in arb_version()) {
         let a = key.with_dest_qp(qp);
         let b = key.with_dest_qp(qp & 0x00FF_FFFF);
         prop_assert_eq!(a.dest_qp, qp & 0x00FF_FFFF);
-        prop_assert_eq!(member_hash(&a, HashMode::Qp, seed), member_hash(&b, HashMode::Qp, seed));
+        prop_assert_eq!(member_hash(&a, HashMode::Qp, seed, version), member_hash(&b, HashMode::Qp, seed, version));
     }
 
     #[test]
-    fn hash_is_deterministic(key in arb_key(), mode in arb_mode(), seed in any::<u32>()) {
+    fn hash_is_deterministic(key in arb_key(), mode in arb_mode(), seed in any::<u32>(), version in arb_version()) {
         let copy = key;
-        prop_assert_eq!(member_hash(&key, mode, seed), member_hash(&copy, mode, seed));
+        prop_assert_eq!(member_hash(&key, mode, seed, version), member_hash(&copy, mode, seed, version));
     }
 
     #[test]

@@ -303,14 +303,14 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
 #[inline(always)]
 pub fn flow_key_v4(src: [u8; 4], dst: [u8; 4], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
     let (src, dst) = (ipv4_words(src), ipv4_words(dst));
-    flow_key(|i| src[i], |i| dst[i], protocol, l4)
+    flow_key(|i| src[i], |i| dst[i], false, protocol, l4)
 }
 
 /// An IPv6 packet's flow key, read word by word from the addresses in
 /// the packet (copies of them would take the stack's room).
 #[inline(always)]
 pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Result<&'static FlowKey, Outcome> {
-    flow_key(|i| ipv6_word(src, i), |i| ipv6_word(dst, i), protocol, l4)
+    flow_key(|i| ipv6_word(src, i), |i| ipv6_word(dst, i), true, protocol, l4)
 }
 
 /// Writes the key into FLOW_KEY, one store per field: built the plain way,
@@ -320,6 +320,7 @@ pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Res
 fn flow_key(
     src_word: impl Fn(usize) -> u32,
     dst_word: impl Fn(usize) -> u32,
+    ipv6: bool,
     protocol: u8,
     l4: &L4,
 ) -> Result<&'static FlowKey, Outcome> {
@@ -335,6 +336,7 @@ fn flow_key(
         write_volatile(&raw mut (*k).src_port, l4.src_port);
         write_volatile(&raw mut (*k).dst_port, l4.dst_port);
         write_volatile(&raw mut (*k).protocol, protocol);
+        write_volatile(&raw mut (*k).ipv6, ipv6);
         write_volatile(&raw mut (*k).dest_qp, l4.dest_qp);
         Ok(&*k)
     }

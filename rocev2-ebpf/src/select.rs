@@ -5,7 +5,7 @@ use rocev2_common::{
     counters::PortCounter,
     features::Features,
     flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep, SlotOf},
-    hash::{member_hash, member_hash_v4, FlowKey, HashMode},
+    hash::{member_hash_of_family, FlowKey, HashMode, HashVersion},
     maps::{
         bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
         POLICY_PINNED,
@@ -20,8 +20,8 @@ use crate::{
     pin::NO_PIN,
 };
 
-/// The chosen member's position, plus the counters the choice moved. `V4`
-/// keys hash with [`member_hash_v4`]. A group whose policy needs a feature
+/// The chosen member's position, plus the counters the choice moved. `V4`:
+/// an IPv4 key (its family's hash code only). A group whose policy needs a feature
 /// the program was loaded without is hashed (a flowlet group whose table
 /// kind, keyed or keyless, was not loaded too). Inlined into the pipeline:
 /// the flowlet tables and the bucket lookup are BPF functions of their own,
@@ -35,8 +35,9 @@ pub fn choose_position<const V4: bool>(
     boundary_pin: BoundaryPin,
     now: u64,
 ) -> u32 {
-    let seed = CONFIG.get(0).map_or(0, |c| c.hash_seed);
-    let hash = |mode| if V4 { member_hash_v4(key, mode, seed) } else { member_hash(key, mode, seed) };
+    let (seed, version) = CONFIG.get(0).map_or((0, 0), |c| (c.hash_seed, c.hash_version));
+    let version = HashVersion::from_config(version);
+    let hash = |mode| member_hash_of_family::<V4>(key, mode, seed, version);
     let (slot, group_id) = (at.slot(), at.group());
     let count = group.member_count;
     let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple);

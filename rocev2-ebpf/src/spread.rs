@@ -9,7 +9,7 @@
 
 use aya_ebpf::{helpers::bpf_get_smp_processor_id, programs::XdpContext};
 use rocev2_common::{
-    hash::{flow_hash, member_hash_v4, HashMode},
+    hash::{member_hash_of_family, HashMode, HashVersion},
     maps::MAX_SPREAD_CPUS,
 };
 
@@ -28,7 +28,7 @@ pub fn spread(ctx: &XdpContext) -> u32 {
     if cpus == 0 || cpus > MAX_SPREAD_CPUS {
         return crate::forward::xdp_forward(ctx);
     }
-    let hash = flow_hash_of(ctx, config.hash_seed);
+    let hash = flow_hash_of(ctx, config.hash_seed, HashVersion::from_config(config.hash_version));
     // Multiply-shift: the hash's top bits pick one of `cpus` evenly.
     let cpu = ((u64::from(hash) * u64::from(cpus)) >> 32) as u32;
     // A flow that is already on its CPU is forwarded here: the hop
@@ -50,7 +50,7 @@ pub fn spread(ctx: &XdpContext) -> u32 {
 /// fallback (the stack limit is for the chain). The key goes to the
 /// per-CPU FLOW_KEY slot, which the pipeline rewrites after it.
 #[inline(never)]
-fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
+fn flow_hash_of(ctx: &XdpContext, seed: u32, version: HashVersion) -> u32 {
     let Ok(l2) = parse::parse_l2(ctx) else { return 0 };
     match l2.kind {
         L3Kind::V4 => {
@@ -59,7 +59,7 @@ fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
             let (src, dst, protocol) = unsafe { ((*ip.hdr).src_addr, (*ip.hdr).dst_addr, (*ip.hdr).proto) };
             let Ok(l4) = parse::parse_l4(ctx, protocol, ip.l4_off, ip.l4_end) else { return 0 };
             let Ok(key) = flow_key_v4(src, dst, protocol, &l4) else { return 0 };
-            member_hash_v4(key, HashMode::Qp, seed)
+            member_hash_of_family::<true>(key, HashMode::Qp, seed, version)
         }
         L3Kind::V6 => {
             let Ok(ip) = parse::parse_ipv6(ctx, l2.l3_off) else { return 0 };
@@ -67,7 +67,7 @@ fn flow_hash_of(ctx: &XdpContext, seed: u32) -> u32 {
             let (src, dst, next) = unsafe { (&(*ip.hdr).src_addr, &(*ip.hdr).dst_addr, (*ip.hdr).next_hdr) };
             let Ok(l4) = parse::parse_l4(ctx, next, ip.l4_off, ip.l4_end) else { return 0 };
             let Ok(key) = flow_key_v6(src, dst, next, &l4) else { return 0 };
-            flow_hash(key, seed)
+            member_hash_of_family::<false>(key, HashMode::Qp, seed, version)
         }
     }
 }

@@ -208,6 +208,8 @@ fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
         src_port: at.src_port,
         dst_port: ROCEV2_UDP_PORT,
         protocol: IPPROTO_UDP,
+        // RoceAt's family is the IP version number.
+        ipv6: at.family == 6,
         dest_qp: scratch.qp.dest_qp,
     };
     // Each table's code only when its feature is loaded (a group of the

@@ -85,3 +85,43 @@ pub fn assert_shows(what: &str, expected: &[String], actual: &str, normalize: fn
         actual.join("\n")
     );
 }
+
+/// Every word with a digit in it masked (counters, rates, addresses, QPNs
+/// and PSNs in hex, PIDs, link names like s1p1), spacing folded: what a
+/// real RDMA stack prints the same from run to run.
+pub fn mask_words(line: &str) -> String {
+    line.split_whitespace()
+        .map(|w| if w.bytes().any(|b| b.is_ascii_digit()) { "N" } else { w })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One `$ command` of a chapter's `console` blocks and the lines under it.
+pub struct Step {
+    pub command: String,
+    pub expected: Vec<String>,
+}
+
+/// The `$ ` commands of `file`'s `console` blocks, in order, each with the
+/// lines the book shows under it.
+pub fn console_steps(file: &str) -> Vec<Step> {
+    let text = chapter(file);
+    let mut steps: Vec<Step> = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "```console" {
+            continue;
+        }
+        for l in lines.by_ref().take_while(|l| l.trim() != "```") {
+            match l.strip_prefix("$ ") {
+                Some(command) => steps.push(Step { command: command.to_string(), expected: Vec::new() }),
+                None => steps
+                    .last_mut()
+                    .unwrap_or_else(|| panic!("a console block of {file} starts with a command"))
+                    .expected
+                    .push(l.to_string()),
+            }
+        }
+    }
+    steps
+}

@@ -14,7 +14,7 @@ use rocev2_common::{
     buckets::{even_table, member_for},
     checksum::internet_checksum,
     features::Features,
-    hash::{member_hash, FlowKey, HashMode},
+    hash::{member_hash, FlowKey, HashMode, HashVersion},
     maps::{DEFAULT_FLOWLET_TABLE_SIZE, ROUTE_LOCAL},
 };
 use rocev2_user::{
@@ -129,7 +129,9 @@ pub fn add_loopback_port(dp: &mut Dataplane) {
     dp.maps.add_egress_dev(LOOPBACK).unwrap();
 }
 
-/// A dataplane on lo hashing with `seed`, with a `qp` group ([`QP_GROUP`])
+/// A dataplane on lo hashing with `seed` and hash version 1 (a config
+/// without `hash_version`; tests of version 2 set it with
+/// `dp.maps.set_hash`), with a `qp` group ([`QP_GROUP`])
 /// and a `five-tuple` group ([`FIVE_TUPLE_GROUP`]) of the same `members`,
 /// and exactly `routes` (prefix text, group or `ROUTE_LOCAL`).
 pub fn two_group_dataplane(seed: u32, members: &[MemberSpec], routes: &[(&str, u32)]) -> Dataplane {
@@ -137,7 +139,7 @@ pub fn two_group_dataplane(seed: u32, members: &[MemberSpec], routes: &[(&str, u
 }
 
 fn with_two_groups(mut dp: Dataplane, seed: u32, members: &[MemberSpec], routes: &[(&str, u32)]) -> Dataplane {
-    dp.maps.set_hash_seed(seed).unwrap();
+    dp.maps.set_hash(seed, HashVersion::V1).unwrap();
     dp.maps.publish_group(QP_GROUP, HashMode::Qp, members).unwrap();
     dp.maps.publish_group(FIVE_TUPLE_GROUP, HashMode::FiveTuple, members).unwrap();
     sync_routes(&mut dp, routes);
@@ -229,15 +231,15 @@ pub fn with_ipv4_options(mut f: Vec<u8>, options: &[u8]) -> Vec<u8> {
 }
 
 /// The member position the kernel should pick for `key` in a group of
-/// `count` members hashing in `mode` with `seed` (rocev2-common's hash, the
-/// code the program runs).
-pub fn predicted_member(key: &FlowKey, mode: HashMode, seed: u32, count: u32) -> usize {
-    member_for(&even_table(count), member_hash(key, mode, seed)) as usize
+/// `count` members hashing in `mode` with `seed` and `version`
+/// (rocev2-common's hash, the code the program runs).
+pub fn predicted_member(key: &FlowKey, mode: HashMode, seed: u32, version: HashVersion, count: u32) -> usize {
+    member_for(&even_table(count), member_hash(key, mode, seed, version)) as usize
 }
 
-/// [`predicted_member`] in one of the leaf's groups.
+/// [`predicted_member`] in one of the leaf's groups (hash version 1).
 pub fn leaf_member(key: &FlowKey, mode: HashMode) -> usize {
-    predicted_member(key, mode, SEED, members().len() as u32)
+    predicted_member(key, mode, SEED, HashVersion::V1, members().len() as u32)
 }
 
 /// The frame the leaf should emit for `input` sent to its member `member`:
@@ -303,7 +305,7 @@ pub fn reseed_bridge(dp: &mut Dataplane) {
     for (key, _) in dp.maps.fdb_entries() {
         dp.maps.remove_fdb(&key).unwrap();
     }
-    dp.maps.set_hash_seed(SEED).unwrap();
+    dp.maps.set_hash(SEED, HashVersion::V1).unwrap();
     dp.maps.publish_group(UPLINK_GROUP, HashMode::Qp, &members()).unwrap();
     dp.maps.set_bridge_port(PORT_SLOT, BridgePort { flags: BRIDGE_PORT_FORWARDING, uplink: 0 }).unwrap();
     set_fdb(dp, HOST_MAC, FDB_PORT, LOOPBACK, PORT_SLOT);

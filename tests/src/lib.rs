@@ -6,6 +6,7 @@
 
 pub mod book;
 pub mod fixture;
+pub mod rdma;
 
 use std::path::PathBuf;
 

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, systemd, lintian, cargo-deb, mdbook).
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, lintian, debootstrap, qemu, cargo-deb, mdbook) and build the RDMA guests' Debian tree.
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -344,9 +344,21 @@ const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev"
 /// packaging: `systemd` (systemd-analyze verify on the unit, no running
 /// systemd needed), `man-db` (verify looks up Documentation=man:),
 /// `lintian` (checks the .deb), `linux-perf` (`rocev2 bench --profile`
-/// samples with `perf record`).
-const TOOL_PACKAGES: &[&str] =
-    &["iproute2", "ethtool", "python3-scapy", "frr", "systemd", "man-db", "lintian", "linux-perf"];
+/// samples with `perf record`); for the RDMA guests (`lab up --rdma-hosts`,
+/// the real-RDMA tests): `debootstrap` builds their Debian tree,
+/// `qemu-system-x86` boots them (TCG).
+const TOOL_PACKAGES: &[&str] = &[
+    "iproute2",
+    "ethtool",
+    "python3-scapy",
+    "frr",
+    "systemd",
+    "man-db",
+    "lintian",
+    "linux-perf",
+    "debootstrap",
+    "qemu-system-x86",
+];
 /// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
 const CARGO_DEB_VERSION: &str = "3.8";
 /// mdbook builds the book (`cargo xtask docs`); 0.5.4 needs rustc 1.88. Built
@@ -360,7 +372,28 @@ fn setup() -> Result<()> {
         eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
         run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
     }
-    Ok(())
+    rdma_guest_tree()
+}
+
+/// The real-RDMA tests' guests boot a Debian tree that debootstrap builds
+/// from deb.debian.org (minutes on 2 cores): setup builds it, once per
+/// recipe, in the lab's default cache outside the clone
+/// (/var/cache/rocev2/trees, or ROCEV2_TREE_CACHE), where the tests look
+/// for it; under CI=true
+/// they fail rather than build it in the suite's time.
+fn rdma_guest_tree() -> Result<()> {
+    if !is_root() {
+        eprintln!("xtask: not root: the RDMA guests' Debian tree is not built (`sudo cargo xtask setup` builds it)");
+        return Ok(());
+    }
+    build(false)?;
+    let mut tree = Command::new(workspace().join("target/debug/rocev2"));
+    tree.args(["lab", "tree"]);
+    // The tests' override of the cache, if set, is where they will look.
+    if let Some(cache) = std::env::var_os("ROCEV2_TREE_CACHE") {
+        tree.arg("--tree-cache").arg(cache);
+    }
+    stage("the RDMA guests' Debian tree (rocev2 lab tree)", || run(&mut tree))
 }
 
 /// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built

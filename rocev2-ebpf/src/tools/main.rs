@@ -39,8 +39,8 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 
-/// The lab's fault injector: drops chosen (DestQP, PSN) packets a chosen
-/// number of times, passes everything else.
+/// The lab's fault injector: drops or corrupts chosen (DestQP, PSN)
+/// packets a chosen number of times, passes everything else.
 #[xdp]
 pub fn rocev2_xdp_fault(ctx: XdpContext) -> u32 {
     fault::xdp_fault(&ctx)
@@ -58,10 +58,15 @@ pub fn rocev2_tc_fault(ctx: TcContext) -> i32 {
     // A packet socket's frames carry only the Ethernet header in the linear
     // part: pull the headers up to the BTH in (VLAN + IPv6 is the longest).
     let _ = ctx.pull_data(ctx.len().min(HEADERS_TO_BTH));
-    if fault::take_drop(&ctx) {
-        TC_ACT_SHOT
-    } else {
-        TC_ACT_OK
+    match fault::take(&ctx) {
+        fault::Fault::Pass => TC_ACT_OK,
+        fault::Fault::Drop => TC_ACT_SHOT,
+        fault::Fault::Corrupt(bth_off) => {
+            // The byte to flip is at the end: make the whole frame linear.
+            let _ = ctx.pull_data(ctx.len());
+            fault::corrupt(&ctx, bth_off);
+            TC_ACT_OK
+        }
     }
 }
 

@@ -47,22 +47,14 @@ fn unit_from_cgroup(cgroup: &str) -> Option<String> {
     path.split('/').rfind(|c| c.starts_with("rocev2") && c.ends_with(".service")).map(str::to_string)
 }
 
-fn alive(pid: u32) -> bool {
-    // A zombie has exited: only its parent has not collected it yet.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 /// Hands the instance using `pin_dir` over and starts this binary in its
 /// place. Returns only under systemd or on failure: otherwise this process
 /// becomes the new `rocev2 run`.
 pub fn upgrade(pin_dir: &Path, unit: Option<String>, timeout: Duration) -> Result<()> {
     let state = RunState::read(pin_dir)?;
     let pid = state.pid;
-    if !alive(pid) {
-        bail!("no rocev2 run is running for {} (pid {pid} is gone); start one with `rocev2 run`", pin_dir.display());
+    if let Some(warning) = state.manager().warning(pin_dir) {
+        bail!("nothing to upgrade: {warning}");
     }
     let restart = match unit.or_else(|| systemd_unit_of(pid)) {
         Some(unit) => Restart::Systemd(unit),
@@ -80,7 +72,7 @@ pub fn upgrade(pin_dir: &Path, unit: Option<String>, timeout: Duration) -> Resul
         bail!("cannot signal rocev2 run (pid {pid}): {e}");
     }
     let deadline = Instant::now() + timeout;
-    while alive(pid) {
+    while crate::sys::process_alive(pid) {
         if Instant::now() > deadline {
             bail!("rocev2 run (pid {pid}) did not hand over within {} s", timeout.as_secs());
         }

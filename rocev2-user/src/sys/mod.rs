@@ -10,8 +10,17 @@ pub mod privileges;
 pub mod rawsock;
 pub mod signals;
 pub mod suggest;
+pub mod verifier;
 
 /// Sends `signal` to process `pid` (kill(2)).
+/// Whether process `pid` runs (a zombie, left to a parent that does not
+/// reap it, has exited).
+pub fn process_alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name in parentheses.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+}
+
 pub fn signal_process(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result<()> {
     let pid = i32::try_from(pid).map_err(|_| nix::errno::Errno::ESRCH)?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)

@@ -4,8 +4,10 @@
 
 pub mod arrival;
 pub mod bench;
+pub mod debian_tree;
 pub mod ecmp_lab;
 pub mod fault;
 pub mod frr;
+pub mod guest;
 pub mod lab;
 pub mod topology;

@@ -11,7 +11,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
 use rocev2_common::buckets::BUCKETS_PER_GROUP;
-use rocev2_common::{flowlet::FlowletTable, hash::HashMode};
+use rocev2_common::{
+    flowlet::FlowletTable,
+    hash::{HashMode, HashVersion},
+};
 
 use crate::{
     control::config::{Config, Policy},
@@ -150,7 +153,13 @@ fn write_member(f: &mut fmt::Formatter<'_>, p: &PacketFields, fw: &Forwarding) -
         None if p.is_roce() => "five-tuple only (DestQP ignored in five-tuple mode)".to_string(),
         None => "five-tuple".to_string(),
     };
-    writeln!(f, "hash:   {} hashing: {inputs}, seed {} -> hash {:#010x}", fw.mode.name(), fw.seed, fw.hash)?;
+    // Version 1 (a config without `hash_version`) is not named: its lines
+    // read as they always have.
+    let version = match fw.hash_version {
+        HashVersion::V1 => String::new(),
+        v => format!(", hash_version {}", v.number()),
+    };
+    writeln!(f, "hash:   {} hashing: {inputs}, seed {}{version} -> hash {:#010x}", fw.mode.name(), fw.seed, fw.hash)?;
     match &fw.policy_step {
         None => writeln!(
             f,

@@ -31,9 +31,11 @@ use anyhow::{bail, Result};
 use rocev2_common::{
     buckets::{even_table, member_for, BucketTable},
     flowlet::rehash_position,
-    hash::{auto_seed, member_hash, HashMode},
+    hash::{auto_seed, member_hash, HashMode, HashVersion},
 };
 use serde::Serialize;
+
+pub mod picture;
 
 use crate::{
     control::decision::PacketFields,
@@ -107,6 +109,17 @@ pub enum Switch {
     Spine(u32),
     /// An aggregation switch (ATSW) joining the zones.
     Agg(u32),
+}
+
+impl Switch {
+    /// "leaf", "spine" or "agg".
+    pub fn role(self) -> &'static str {
+        match self {
+            Switch::Leaf(_) => "leaf",
+            Switch::Spine(_) => "spine",
+            Switch::Agg(_) => "agg",
+        }
+    }
 }
 
 impl fmt::Display for Switch {
@@ -189,6 +202,10 @@ pub struct Fabric {
     pub v4: bool,
     pub v6: bool,
     pub hash: HashMode,
+    /// `hash_version` of every switch's config (a record written before
+    /// the field existed: version 1, what its configs ran).
+    #[serde(default)]
+    pub hash_version: HashVersion,
     pub seeds: SeedPlan,
 }
 
@@ -356,6 +373,10 @@ impl Fabric {
     pub fn host_mac(r: u32, i: u32) -> [u8; 6] {
         [0x02, 0x52, 0x46, r as u8, ((r >> 8) << 1) as u8 | 0x01, i as u8]
     }
+    /// The NIC of host i's virtual machine (`lab up --rdma-hosts`).
+    pub fn guest_mac(r: u32, i: u32) -> [u8; 6] {
+        [0x02, 0x52, 0x46, r as u8, 0x02, i as u8]
+    }
     pub fn leaf_uplink_mac(r: u32, j: u32, k: u32) -> [u8; 6] {
         [0x02, 0x52, 0x47, r as u8, j as u8, ((r >> 8) << 3) as u8 | k as u8]
     }
@@ -501,7 +522,7 @@ impl Fabric {
                 let Some(key) = fields.flow_key() else { bail!("no flow key for {fields:?}") };
                 let pick = |c: Choice| match flowlet {
                     true => rehash_position(&key, c.seed, message, c.table),
-                    false => member_for(c.table, member_hash(&key, self.hash, c.seed)),
+                    false => member_for(c.table, member_hash(&key, self.hash, c.seed, self.hash_version)),
                 };
                 for hop in router.walk(c.src, c.dst, pick) {
                     let Some(link) = hop.link_id() else { continue };
@@ -792,6 +813,7 @@ mod tests {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: HashVersion::V1,
             seeds,
         }
     }
@@ -835,6 +857,20 @@ mod tests {
             text.lines().filter_map(|l| l.trim().split(':').next().filter(|_| l.contains("busiest"))).collect();
         assert_eq!(tiers, ["leaf->spine", "spine->leaf", "leaf->host"], "{text}");
         assert!(auto[1].idle < same[1].idle && auto[1].max_over_mean < same[1].max_over_mean, "{auto:?} {same:?}");
+    }
+
+    #[test]
+    fn fabric_picture_draws_every_link_and_marks_the_idle_ones() {
+        let f = fabric(SeedPlan::Same);
+        let loads = f.predict(&spec()).unwrap();
+        let svg = picture::svg(&f, &loads, "lab \"x\" & <y>");
+        crate::render::assert_well_formed(&svg);
+        let lines = svg.matches("<line ").count() - 3; // the legend's three
+        assert_eq!(lines, f.all_links().len(), "one line per directed link");
+        let idle: usize = summarize(&f.all_links(), &loads).iter().map(|t| t.idle).sum();
+        assert!(idle > 0, "the same seed leaves links idle");
+        assert_eq!(svg.matches("(idle)</title>").count(), idle, "each idle link is drawn as idle");
+        assert!(svg.contains("lab \"x\" &amp; &lt;y&gt;") && svg.contains("hash qp, seeds same"), "{svg}");
     }
 
     #[test]

@@ -102,6 +102,7 @@ fn entropy_simulator_matches_the_dataplane_counters() {
             uplinks: UPLINKS as u32,
             hash: sim_hash,
             seed: 1234,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             messages: 1,
             flowlet_slots: None,
         };

@@ -65,7 +65,7 @@ fn assert_gone(name: &str, record: &LabRecord) {
     for s in &record.switches {
         assert!(!s.pin_dir.exists(), "{} left pinned", s.pin_dir.display());
         let pid = s.pid.expect("a recorded pid");
-        assert!(!lab::fabric::alive(pid), "rocev2 run {pid} of {} still runs", s.switch);
+        assert!(!rocev2_user::sys::process_alive(pid), "rocev2 run {pid} of {} still runs", s.switch);
     }
     for d in &record.frr_dirs {
         assert!(!d.exists(), "{} left", d.display());

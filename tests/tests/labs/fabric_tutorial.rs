@@ -14,34 +14,6 @@ use rocev2_tests::{
     require_root, rocev2_bin, LabGuard,
 };
 
-/// One `$ command` and the lines the book shows under it.
-struct Step {
-    command: String,
-    expected: Vec<String>,
-}
-
-fn steps() -> Vec<Step> {
-    let text = book::chapter("tutorial-fabric.md");
-    let mut steps: Vec<Step> = Vec::new();
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() != "```console" {
-            continue;
-        }
-        for l in lines.by_ref().take_while(|l| l.trim() != "```") {
-            match l.strip_prefix("$ ") {
-                Some(command) => steps.push(Step { command: command.to_string(), expected: Vec::new() }),
-                None => steps
-                    .last_mut()
-                    .expect("a console block of the fabric tutorial starts with a command")
-                    .expected
-                    .push(l.to_string()),
-            }
-        }
-    }
-    steps
-}
-
 /// The book's lab "lab" renamed to ours.
 fn ours(text: &str, name: &str) -> String {
     text.replace("/run/rocev2/lab-lab/", &format!("/run/rocev2/lab-{name}/"))
@@ -68,7 +40,7 @@ fn the_book_fabric_tutorial_prints_what_the_book_shows() {
     require_root();
     let name = format!("ft{}", std::process::id() % 100_000);
     let _guard = LabGuard(name.clone());
-    let steps = steps();
+    let steps = book::console_steps("tutorial-fabric.md");
     assert!(steps.len() >= 10, "the fabric tutorial has {} commands", steps.len());
     for step in steps {
         let mut args: Vec<String> = step.command.split_whitespace().map(str::to_string).collect();

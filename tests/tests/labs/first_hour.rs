@@ -6,6 +6,7 @@
 use std::{
     path::Path,
     process::{Command, Output},
+    time::Duration,
 };
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
@@ -149,4 +150,135 @@ fn stats_shows_each_groups_policy_and_knobs() {
     assert_eq!(group["policy"], "flowlet", "{json}");
     assert_eq!(group["flowlet"]["gap_us"], 500, "{json}");
     assert_eq!(group["flowlet"]["choice"], "rehash", "{json}");
+}
+
+/// What happens around one `rocev2 run`: a second run on its port is told
+/// whose port it is; a pin_dir nothing uses lists the running instances;
+/// a reload may turn flowlets off but not ECN on (naming the line); after
+/// `kill -9` the orphan is reported, reload refuses, and `detach` removes
+/// it; `run` under `ip netns exec` refuses to pin where nobody sees.
+#[test]
+fn a_dataplane_nobody_manages_is_reported_and_detach_removes_it() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = lab.switch.name().to_string();
+    let flowlet = lab
+        .config("qp")
+        .replace("name = \"spines\"\n", "name = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = 500\n");
+    let config = lab.write_config_text("flowlet", &flowlet).unwrap();
+    let cfg = config.to_str().unwrap().to_string();
+    let pin_dir = lab.pin_dir().display().to_string();
+    let first = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let pid = first.pid().expect("run's pid");
+
+    // Another pin_dir, the same port: whose port it is.
+    let other = lab.write_config_text("other", &flowlet.replace(&pin_dir, &format!("{pin_dir}-b"))).unwrap();
+    let out = rocev2(&["--netns", &sw, "run", "--config", other.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "p0 already carries the dataplane of another `rocev2 run` (pid {pid}, pin_dir {pin_dir}"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("driver may lack native XDP"), "{err}");
+
+    // A pin_dir nothing uses: the running instances and their --pin-dir.
+    let out = rocev2(&["stats", "--pin-dir", "/sys/fs/bpf/rocev2-nothing-here"]);
+    let err = text(&out.stderr);
+    assert!(err.contains("no `rocev2 run` is using pin_dir /sys/fs/bpf/rocev2-nothing-here"), "{err}");
+    // Eight are listed (sorted by pin_dir), then how many more: other tests'
+    // runs on a shared machine may push this one past the eighth.
+    let listed = err.lines().filter(|l| l.starts_with("  --pin-dir ")).count();
+    let ours = format!("--pin-dir {pin_dir}  (pid {pid}, config {cfg}, --netns {sw})");
+    assert!(err.contains(&ours) || (listed == 8 && err.contains(" more (state files in /run/rocev2)")), "{err}");
+    assert!(!err.contains(".json"), "no state-file path: {err}");
+
+    // Flowlets off is a subset of what is loaded: applied live.
+    std::fs::write(&config, lab.config("qp")).unwrap();
+    let out = rocev2(&["reload", "--config", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&rocev2(&["stats", "--config", &cfg]).stdout).contains("GROUP spines (hash qp)\n"));
+    // ECN on is not: the refusal names the line that asks for it.
+    let ecn = format!("{}\n[[egress]]\ndev = \"u1\"\nrate = \"1Gbit\"\n", lab.config("qp"));
+    std::fs::write(&config, &ecn).unwrap();
+    let line = ecn.lines().position(|l| l == "[[egress]]").unwrap() + 1;
+    let out = rocev2(&["reload", "--config", &cfg]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("turns on ecn ([[egress]] on u1 (line {line}))")), "{err}");
+    std::fs::write(&config, lab.config("qp")).unwrap();
+
+    // kill -9: nobody manages it now, and everyone says so.
+    // SAFETY: kill(2) on the run this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let _ = first.stop_after_exit(Duration::from_secs(10));
+    let stats = text(&rocev2(&["stats", "--config", &cfg]).stdout);
+    assert!(
+        stats.starts_with(&format!("WARNING: no `rocev2 run` has managed the dataplane in {pin_dir} since ")),
+        "{stats}"
+    );
+    assert!(
+        stats.contains(&format!("(pid {pid} is gone: killed or crashed)")) && stats.contains("rocev2 detach"),
+        "{stats}"
+    );
+    let out = rocev2(&["reload", "--config", &cfg]);
+    assert!(!out.status.success() && text(&out.stderr).contains("nothing to reload"), "{}", text(&out.stderr));
+    assert!(lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "the orphan still forwards");
+
+    // detach: the program off the port, the pins and the state gone.
+    let out = rocev2(&["detach", "--config", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("rocev2: detached from p0; removed {pin_dir} and its state")),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "p0 still has XDP");
+    assert!(!Path::new(&pin_dir).exists());
+    let out = rocev2(&["detach", "--config", &cfg]);
+    assert!(!out.status.success() && text(&out.stderr).contains("nothing to detach"), "{}", text(&out.stderr));
+
+    // Under `ip netns exec`: refused, with the --netns advice, nothing pinned.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &sw])
+        .arg(rocev2_bin())
+        .args(["run", "--config", &cfg])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("refusing to pin the dataplane") && err.contains("rocev2 --netns NAME run"), "{err}");
+    assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "nothing attached");
+}
+
+/// `check` lists every missing interface, not the first.
+#[test]
+fn check_reports_every_missing_interface_with_close_names() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = lab.switch.name();
+    let bad = lab.config("qp").replace("name = \"p0\"", "name = \"p9\"").replace("dev = \"u2\"", "dev = \"u7\"");
+    let bad = lab.write_config_text("two-bad", &bad).unwrap();
+    let out = rocev2(&["--netns", sw, "check", "--config", bad.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("port[0].name: no interface named p9 (did you mean p0?)"), "{err}");
+    assert!(err.contains("group[0].members[1].dev: no interface named u7 (did you mean u"), "{err}");
+    assert!(err.contains("2 interfaces are missing"), "{err}");
+    // From the host: they all exist in the switch's namespace, which is
+    // named. A port name only this lab has (other labs running at the same
+    // time have p0, u1 and u2 too).
+    let only_here = format!("fh{}", std::process::id() % 1_000_000);
+    lab.in_switch(&["ip", "link", "add", &only_here, "type", "veth", "peer", "name", &format!("{only_here}b")])
+        .unwrap();
+    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\""));
+    let good = lab.write_config_text("only-here", &good).unwrap();
+    let out = rocev2(&["check", "--config", good.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("they exist in network namespace \"{sw}\": give `rocev2 --netns {sw} ...`")),
+        "{err}"
+    );
 }

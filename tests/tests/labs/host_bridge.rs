@@ -70,6 +70,7 @@ impl Lab {
             links_per_spine: 1,
             family: LabFamily::Both,
             hash: rocev2_common::hash::HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             config_out: None,
             routing: LabRouting::Static,
             racks: None,
@@ -78,6 +79,7 @@ impl Lab {
             aggs: None,
             unnumbered: false,
             links: Default::default(),
+            rdma: Default::default(),
             host_bridge: true,
             uplinks: UPLINKS as u32,
         };

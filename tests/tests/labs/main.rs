@@ -10,6 +10,7 @@
 //! `tests/src`.
 
 mod collective;
+mod collective_model;
 mod cpu_spread;
 mod demo;
 mod ecmp;
@@ -27,6 +28,7 @@ mod packaging;
 mod profile;
 mod qos;
 mod rc_telemetry;
+mod rdma_guests;
 mod reliability;
 mod service;
 mod sys;

@@ -266,6 +266,7 @@ pub(super) fn value_hint(key: &str, wrong_type: bool) -> Option<String> {
         "hash" => "use \"qp\" or \"five-tuple\"",
         "xdp_mode" => "use \"native\" or \"skb\"",
         "hash_seed" => "use a whole number from 0 to 4294967295",
+        "hash_version" => "use 1 or 2",
         "neighbour_refresh_ms" => "use a whole number of milliseconds from 100 to 60000",
         "telemetry_qps" => "use a whole number of QPs from 0 (off) to 1048576",
         "members" => "write an array of tables, e.g. members = [{ dev = \"eth2\", via = \"10.0.2.2\" }]",

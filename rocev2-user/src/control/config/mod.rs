@@ -5,6 +5,7 @@
 //! [dataplane]
 //! hash = "qp"                      # or "five-tuple"; default "qp"
 //! hash_seed = 1234                 # u32, default 0
+//! hash_version = 2                 # 1 or 2; default 1 (a config without it keeps its placement)
 //! xdp_mode = "native"              # or "skb"; default "native"
 //! pin_dir = "/sys/fs/bpf/rocev2"   # default rocev2_common::maps::PIN_DIR
 //! neighbour_refresh_ms = 1000      # default 1000, 100..=60000
@@ -46,7 +47,7 @@ use std::time::Duration;
 
 use rocev2_common::buckets::Rebalance;
 use rocev2_common::features::Features;
-use rocev2_common::hash::HashMode;
+use rocev2_common::hash::{HashMode, HashVersion};
 use rocev2_common::maps::PIN_DIR;
 
 /// Default and allowed range of `dataplane.neighbour_refresh_ms`.
@@ -263,6 +264,10 @@ pub struct Class {
 pub struct Dataplane {
     pub hash: HashMode,
     pub hash_seed: HashSeed,
+    /// `hash_version`: which flow hash every group and the spreading stage
+    /// use. 1 when the key is absent, so a fabric configured before the
+    /// key existed keeps its placement; new configs write 2.
+    pub hash_version: HashVersion,
     pub xdp_mode: XdpMode,
     pub pin_dir: PathBuf,
     pub neighbour_refresh: Duration,
@@ -291,6 +296,7 @@ impl Default for Dataplane {
         Self {
             hash: HashMode::Qp,
             hash_seed: HashSeed::Fixed(0),
+            hash_version: HashVersion::V1,
             xdp_mode: XdpMode::Native,
             pin_dir: PathBuf::from(PIN_DIR),
             neighbour_refresh: Duration::from_millis(DEFAULT_NEIGHBOUR_REFRESH_MS),
@@ -608,6 +614,49 @@ impl Config {
             })
             .max()
             .unwrap_or(1)
+    }
+
+    /// Where in this config `feature` comes from, for messages: e.g.
+    /// `policy = "flowlet" in [[group]] "spines" (line 12)`.
+    pub fn feature_sources(&self, feature: Features) -> Vec<String> {
+        let mut found = Vec::new();
+        let policies = self
+            .groups
+            .iter()
+            .map(|g| (format!("[[group]] {:?}", g.name), &g.policy, &g.transport_aware, g.loc.line))
+            .chain(
+                self.route_policies
+                    .iter()
+                    .map(|p| (format!("[[route_policy]] {}", p.prefix), &p.policy, &p.transport_aware, p.loc.line)),
+            );
+        for (place, policy, transport, line) in policies {
+            let uses = match policy {
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyed && feature == Features::FLOWLET_KEYED => {
+                    Some("policy = \"flowlet\"")
+                }
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyless && feature == Features::FLOWLET_KEYLESS => {
+                    Some("flowlet_table = \"keyless\"")
+                }
+                Policy::Pinned if feature == Features::PINNED => Some("policy = \"pinned\""),
+                _ if feature == Features::ACKED_REPICK && transport.is_some_and(|t| t.repick_when_acked) => {
+                    Some("transport_aware with repick = \"idle-or-acked\"")
+                }
+                _ => None,
+            };
+            if let Some(uses) = uses {
+                found.push(format!("{uses} in {place} (line {line})"));
+            }
+        }
+        if feature == Features::ECN {
+            found.extend(self.egress.iter().map(|e| format!("[[egress]] on {} (line {})", e.dev, e.loc.line)));
+        }
+        if feature == Features::CLASSES {
+            found.extend(self.classes.iter().map(|c| format!("[[class]] {:?} (line {})", c.name, c.loc.line)));
+        }
+        if feature == Features::TELEMETRY && self.dataplane.telemetry_qps > 0 {
+            found.push(format!("telemetry_qps = {} in [dataplane]", self.dataplane.telemetry_qps));
+        }
+        found
     }
 
     /// The pipeline features this config uses, for the programs' load-time

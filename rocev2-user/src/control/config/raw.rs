@@ -134,6 +134,7 @@ pub(super) struct RawClass {
 pub(super) struct RawDataplane {
     pub(super) hash: Option<Spanned<String>>,
     pub(super) hash_seed: Option<Spanned<toml::Value>>,
+    pub(super) hash_version: Option<Spanned<i64>>,
     pub(super) xdp_mode: Option<Spanned<String>>,
     pub(super) pin_dir: Option<Spanned<String>>,
     pub(super) neighbour_refresh_ms: Option<Spanned<i64>>,

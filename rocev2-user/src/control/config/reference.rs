@@ -132,6 +132,12 @@ pub const TABLES: &[Table] = &[
                 about: "The seed of the hash; another seed reshuffles every flow. `auto` derives it from this box's port MACs, so every switch of a fabric has its own (no polarization).",
             },
             Key {
+                name: "hash_version",
+                ty: "1 or 2",
+                default: "1 (new configs: 2)",
+                about: "Which hash places flows. 2 (for new configs) is MurmurHash3 over the words a family carries: 4 for IPv4 (addresses, ports, protocol with DestQP), 10 for IPv6; the cheaper hash per packet. 1 hashes a fixed 11-word key (IPv4's unused address words as zeros): a config without the key keeps it, so an existing fabric keeps its placement. Another version moves flows as another seed does; `explain` and `entropy` predict with the version given.",
+            },
+            Key {
                 name: "xdp_mode",
                 ty: "\"native\" or \"skb\"",
                 default: "\"native\"",

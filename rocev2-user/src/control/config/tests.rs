@@ -321,6 +321,27 @@ fn bad_xdp_mode() {
 }
 
 #[test]
+fn hash_version_is_1_unless_the_file_says_2() {
+    use rocev2_common::hash::HashVersion;
+    // A config written before the key existed keeps its placement.
+    assert_eq!(parse_ok(BASE).dataplane.hash_version, HashVersion::V1);
+    for (n, version) in [(1, HashVersion::V1), (2, HashVersion::V2)] {
+        let text = format!("[dataplane]\nhash_version = {n}\n{BASE}");
+        assert_eq!(parse_ok(&text).dataplane.hash_version, version);
+    }
+}
+
+#[test]
+fn unknown_hash_version() {
+    for bad in ["3", "0", "-1"] {
+        let text = format!("[dataplane]\nhash_version = {bad}\n{BASE}");
+        assert_error(&text, 2, "dataplane.hash_version", &[&format!("{bad} is not a hash version"), "use 2", "or 1"]);
+    }
+    let text = format!("[dataplane]\nhash_version = \"2\"\n{BASE}");
+    assert_error(&text, 2, "dataplane.hash_version", &["use 1 or 2"]);
+}
+
+#[test]
 fn negative_hash_seed() {
     let text = format!("[dataplane]\nhash_seed = -1\n{BASE}");
     assert_error(&text, 2, "dataplane.hash_seed", &["-1 is negative", "0 to 4294967295"]);

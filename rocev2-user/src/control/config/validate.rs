@@ -201,6 +201,11 @@ impl Source<'_> {
                 )),
             })?;
         }
+        if let Some(v) = &raw.hash_version {
+            dp.hash_version = self.check("dataplane.hash_version", v, |&n| {
+                HashVersion::parse_number(n).map_err(|e| format!("{n} is not a hash version; {e}"))
+            })?;
+        }
         if let Some(v) = &raw.xdp_mode {
             dp.xdp_mode = self.check("dataplane.xdp_mode", v, |s| parse_xdp_mode(s))?;
         }

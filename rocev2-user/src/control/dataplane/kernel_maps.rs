@@ -17,7 +17,7 @@ use rocev2_common::{
     counters::{EgressCounter, PortCounter},
     ecn::{EcnProfile, EgressEntry, VirtualQueue},
     flowlet::FlowletEntry,
-    hash::HashMode,
+    hash::{HashMode, HashVersion},
     maps::{
         bucket_table_index, member_index, member_stat_index, names, BridgePort, DataplaneConfig, EgressCounters,
         FdbEntry, FdbKey, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, Pin, PinEntry, PinKeyV4,
@@ -42,9 +42,14 @@ fn open_pin<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path,
         let e = anyhow::Error::new(e);
         // A permission error is not a missing `run`: say so.
         let hint = if crate::sys::privileges::is_permission_error(&e) {
-            "permission denied: run it as root"
+            "permission denied: run it as root".to_string()
+        } else if crate::sys::bpffs::private_view() {
+            format!(
+                "{}: the pins of a `rocev2 run` are not visible here; run this command without `ip netns exec` (`rocev2 --netns NAME ...` enters only the network namespace)",
+                crate::sys::bpffs::PRIVATE_VIEW
+            )
         } else {
-            "is `rocev2 run` running?"
+            not_pinned_hint(dir)
         };
         e.context(format!("cannot open pinned map {} ({hint})", path.display()))
     })?;
@@ -320,8 +325,10 @@ impl Maps {
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
-    pub fn set_hash_seed(&mut self, seed: u32) -> Result<()> {
-        let config = DataplaneConfig { hash_seed: seed, ..self.dataplane_config()? };
+    /// The seed and version of the flow hash, in one CONFIG write: a
+    /// packet never hashes with a new seed under the old version.
+    pub fn set_hash(&mut self, seed: u32, version: HashVersion) -> Result<()> {
+        let config = DataplaneConfig { hash_seed: seed, hash_version: version.number(), ..self.dataplane_config()? };
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
@@ -797,6 +804,19 @@ fn pin_key(prefix: &Prefix, dest_qp: u32) -> PinKey {
             key[4..].copy_from_slice(&addr.octets());
             PinKey::V6(Key::new(32 + u32::from(len), key))
         }
+    }
+}
+
+/// Why the maps of `dir` are not there, for a reader that expected them:
+/// no state file (nothing runs there: the instances that do), or a state
+/// file of a run whose pins this process cannot see.
+fn not_pinned_hint(dir: &Path) -> String {
+    match crate::control::state::RunState::read(dir) {
+        Err(e) => format!("{e:#}"),
+        Ok(state) => format!(
+            "the state file says `rocev2 run` pid {} uses it, but its pins are not here: was it started in another mount namespace (`ip netns exec`, a container)? Start it with `rocev2 --netns NAME run`",
+            state.pid
+        ),
     }
 }
 

@@ -245,7 +245,7 @@ macs = ["02:52:32:fe:00:01"]
             let Verdict::Uplink { fdb, forwarding } = e.verdict else { panic!("{:?}", e.verdict) };
             assert!(fdb.contains("uplink group gateways"), "{fdb}");
             let key = packet(qp).flow_key().unwrap();
-            let want = member_for(&even_table(4), member_hash(&key, HashMode::Qp, 7));
+            let want = member_for(&even_table(4), member_hash(&key, HashMode::Qp, 7, c.dataplane.hash_version));
             assert_eq!(forwarding.position, want);
             assert_eq!(forwarding.member, format!("bridge port u{} (frame unchanged)", want + 1));
         }

@@ -18,7 +18,7 @@ use anyhow::{bail, Context as _, Result};
 use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
     buckets::{fill, member_for, pick_bucket, BucketTable, BUCKETS_PER_GROUP, NO_MEMBER},
-    hash::{member_hash, FlowKey, HashMode},
+    hash::{member_hash, FlowKey, HashMode, HashVersion},
     maps::{names, DataplaneConfig},
 };
 
@@ -100,6 +100,8 @@ pub struct Live {
     pub pid: u32,
     /// The seed in the dataplane's CONFIG map.
     pub seed: u32,
+    /// The hash version in the dataplane's CONFIG map.
+    pub hash_version: HashVersion,
     pub groups: Vec<LiveGroup>,
     /// For the packet's destination: the route target in the live route
     /// tables, when it is a learned route (`[routing] source = "kernel"`).
@@ -125,6 +127,7 @@ pub struct Forwarding {
     pub group_index: u32,
     pub mode: HashMode,
     pub seed: u32,
+    pub hash_version: HashVersion,
     pub key: FlowKey,
     /// The DestQP that went into the hash (qp mode, RoCEv2 only).
     pub dest_qp_hashed: Option<u32>,
@@ -249,6 +252,7 @@ fn choose_member(
     let key = *key;
     // The kernel's view when one is running, else the file's, all members up.
     let live_group = live.and_then(|l| l.groups.iter().find(|g| g.name == group.name));
+    let hash_version = live.map_or(config.dataplane.hash_version, |l| l.hash_version);
     let (mode, seed, source, member_count, members, buckets): (
         HashMode,
         u32,
@@ -277,6 +281,13 @@ fn choose_member(
                             l.seed
                         ));
                 }
+            }
+            if l.hash_version != config.dataplane.hash_version {
+                notes.push(format!(
+                    "the running dataplane uses hash_version {}, not the file's {} (reload `rocev2 run` to apply the file)",
+                    l.hash_version.number(),
+                    config.dataplane.hash_version.number()
+                ));
             }
             if g.hash != group.hash {
                 notes.push(format!(
@@ -310,9 +321,9 @@ fn choose_member(
             "no --qp given: hashed with DestQP 0x000000; real RoCEv2 packets carry their QP's number".to_string(),
         );
     }
-    let hash = member_hash(&key, mode, seed);
+    let hash = member_hash(&key, mode, seed, hash_version);
     let (position, policy_step) =
-        policy_position(config, group, live_group, &members, &buckets, &key, packet.dst, seed, hash);
+        policy_position(config, group, live_group, &members, &buckets, &key, packet.dst, seed, hash_version, hash);
     let member = members
         .get(position as usize)
         .cloned()
@@ -325,6 +336,7 @@ fn choose_member(
         group_index,
         mode,
         seed,
+        hash_version,
         key,
         dest_qp_hashed,
         hash,
@@ -355,6 +367,7 @@ fn policy_position(
     key: &FlowKey,
     dst: IpAddr,
     seed: u32,
+    hash_version: HashVersion,
     hash: u32,
 ) -> (u32, Option<String>) {
     match group.policy {
@@ -398,7 +411,7 @@ fn policy_position(
             (p, Some(format!("no flowlet state for this flow: its next packet starts flowlet 0, {how}")))
         }
         crate::control::config::Policy::Pinned => {
-            let qp_hash = member_hash(key, HashMode::Qp, seed);
+            let qp_hash = member_hash(key, HashMode::Qp, seed, hash_version);
             let index = config.groups.iter().position(|g| g.name == group.name).unwrap_or(0) as u32;
             let pin = config
                 .pins
@@ -525,7 +538,7 @@ fn explain_learned(
     if g.member_count == 0 {
         return done(Verdict::NoMember { route, group: g.name.clone() }, notes);
     }
-    let hash = member_hash(key, g.hash, l.seed);
+    let hash = member_hash(key, g.hash, l.seed, l.hash_version);
     let position = member_for(&g.buckets, hash);
     done(
         Verdict::Forward(Box::new(Forwarding {
@@ -535,6 +548,7 @@ fn explain_learned(
             group_index: g.index,
             mode: g.hash,
             seed: l.seed,
+            hash_version: l.hash_version,
             key: *key,
             dest_qp_hashed: (g.hash == HashMode::Qp && packet.is_roce()).then_some(key.dest_qp),
             hash,
@@ -602,7 +616,7 @@ pub fn read_live(config: &Config) -> Result<Live> {
         bail!("the state file names pid {}, which is not running", state.pid);
     }
     let maps = Maps::open_pinned(pin_dir)?;
-    let seed = read_live_seed(pin_dir)?;
+    let (seed, hash_version) = read_live_hash(pin_dir)?;
     let groups = state
         .groups
         .iter()
@@ -633,18 +647,20 @@ pub fn read_live(config: &Config) -> Result<Live> {
             })
         })
         .collect::<Result<_>>()?;
-    Ok(Live { pin_dir: pin_dir.clone(), pid: state.pid, seed, groups, learned_target: None })
+    Ok(Live { pin_dir: pin_dir.clone(), pid: state.pid, seed, hash_version, groups, learned_target: None })
 }
 
-/// The seed in the pinned CONFIG map (it may differ from an edited file).
-fn read_live_seed(pin_dir: &Path) -> Result<u32> {
+/// The seed and hash version in the pinned CONFIG map (they may differ
+/// from an edited file).
+fn read_live_hash(pin_dir: &Path) -> Result<(u32, HashVersion)> {
     use aya::maps::{Array, Map, MapData};
     let path = pin_dir.join(names::CONFIG);
     let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
     let map = Map::from_map_data(data).with_context(|| format!("pinned map {} has an unknown type", path.display()))?;
     let array: Array<MapData, DataplaneConfig> =
         Array::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))?;
-    Ok(array.get(&0, 0).context("cannot read CONFIG")?.hash_seed)
+    let config = array.get(&0, 0).context("cannot read CONFIG")?;
+    Ok((config.hash_seed, HashVersion::from_config(config.hash_version)))
 }
 
 pub mod bridge;

@@ -69,7 +69,7 @@ fn forwarding(e: &Explanation) -> &Forwarding {
 /// The member the kernel would pick, computed independently of explain().
 fn expected(p: &PacketFields, mode: HashMode, count: u32) -> (u32, u32) {
     let key = p.flow_key().unwrap();
-    let hash = member_hash(&key, mode, 1234);
+    let hash = member_hash(&key, mode, 1234, HashVersion::V1);
     (hash, member_for(&rocev2_common::buckets::even_table(count), hash))
 }
 
@@ -81,7 +81,10 @@ fn longest_prefix_wins() {
     let f = forwarding(&e);
     assert_eq!(f.route.to_string(), "10.1.0.0/16");
     assert_eq!(f.also_matched.iter().map(|p| p.to_string()).collect::<Vec<_>>(), ["10.0.0.0/8"]);
-    assert_eq!((f.group.as_str(), f.group_index, f.mode, f.seed), ("spines", 0, HashMode::Qp, 1234));
+    assert_eq!(
+        (f.group.as_str(), f.group_index, f.mode, f.seed, f.hash_version),
+        ("spines", 0, HashMode::Qp, 1234, HashVersion::V1)
+    );
     assert_eq!(f.dest_qp_hashed, Some(0x123));
     let (hash, position) = expected(&p, HashMode::Qp, 4);
     assert_eq!((f.hash, f.position, f.member_count), (hash, position, 4));
@@ -120,7 +123,8 @@ fn pinned_example() {
         member_hash(
             &FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(0x123),
             HashMode::Qp,
-            1234
+            1234,
+            HashVersion::V1
         )
     );
     assert_eq!(f.position, member_for(&rocev2_common::buckets::even_table(4), f.hash));
@@ -168,12 +172,31 @@ fn dest_qp_only_for_roce() {
     let f = forwarding(&e);
     assert_eq!(f.dest_qp_hashed, None);
     assert_eq!(f.key.dest_qp, 0);
-    assert_eq!(f.hash, member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4792), HashMode::Qp, 1234));
+    assert_eq!(
+        f.hash,
+        member_hash(&FlowKey::v4([10, 0, 0, 1], [10, 1, 0, 1], 17, 0xC000, 4792), HashMode::Qp, 1234, HashVersion::V1)
+    );
     assert!(e.notes.iter().any(|n| n.contains("--qp ignored")));
     // Other protocols hash with ports 0.
     let icmp = PacketFields { protocol: 1, ..p };
     let f = forwarding(&explain(&c, None, &icmp)).clone();
     assert_eq!((f.key.src_port, f.key.dst_port, f.key.dest_qp), (0, 0, 0));
+}
+
+#[test]
+fn explain_hashes_with_the_configured_version() {
+    let p = roce("10.0.0.1", "10.1.0.1", 0x123);
+    let key = p.flow_key().unwrap();
+    let mut c = config();
+    c.dataplane.hash_version = HashVersion::V2;
+    let e = explain(&c, None, &p);
+    let f = forwarding(&e);
+    assert_eq!((f.hash_version, f.hash), (HashVersion::V2, member_hash(&key, HashMode::Qp, 1234, HashVersion::V2)));
+    assert_ne!(f.hash, member_hash(&key, HashMode::Qp, 1234, HashVersion::V1));
+    assert!(e.to_string().contains("seed 1234, hash_version 2 -> hash"), "{e}");
+    // Version 1 prints as it always has.
+    let e = explain(&config(), None, &p);
+    assert!(e.to_string().contains("seed 1234 -> hash"), "{e}");
 }
 
 #[test]
@@ -192,6 +215,7 @@ fn live_members_replace_the_configured_ones() {
         pin_dir: "/sys/fs/bpf/rocev2".into(),
         pid: 42,
         seed: 1234,
+        hash_version: HashVersion::V1,
         groups: vec![LiveGroup {
             name: "spines".into(),
             index: 0,

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use rocev2_common::{
     buckets::{even_table, member_for, rebalance, Rebalance},
-    hash::{member_hash, pick_member, FlowKey, HashMode},
+    hash::{member_hash, pick_member, FlowKey, HashMode, HashVersion},
 };
 
 use super::{row, Row};
@@ -48,7 +48,7 @@ fn resilience_rows() -> Vec<Row> {
     let keys: Vec<u32> = (0..FLOWS)
         .map(|q| {
             let key = FlowKey::v4([10, 0, (q >> 8) as u8, q as u8], [10, 1, 0, 1], 17, 0xC000, 4791).with_dest_qp(q);
-            member_hash(&key, HashMode::Qp, 7)
+            member_hash(&key, HashMode::Qp, 7, HashVersion::V2)
         })
         .collect();
     let mut old_moved = Vec::new();

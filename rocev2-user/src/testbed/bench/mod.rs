@@ -13,6 +13,7 @@
 //!    memory of the maps.
 
 mod bridge;
+mod collective_model;
 mod forwarding;
 mod jit_lines;
 mod kernel_routes;
@@ -41,7 +42,7 @@ use rocev2_common::{
     ecn::{EcnProfile, ECT0},
     features::Features,
     flowlet::{FlowletChoice, FlowletTable},
-    hash::HashMode,
+    hash::{HashMode, HashVersion},
     maps::{route_cache_slot, DEFAULT_FLOWLET_SLOTS, DEFAULT_FLOWLET_TABLE_SIZE},
 };
 
@@ -158,8 +159,10 @@ impl Pipeline {
     }
 
     /// Publishes the group with this pipeline's policy (and, for Full, an
-    /// ECN profile, a virtual queue on `egress` and classes).
+    /// ECN profile, a virtual queue on `egress` and classes), hashing with
+    /// the version new configs use.
     fn configure(self, dp: &mut Dataplane, members: &[MemberSpec], egress: &[u32]) -> Result<()> {
+        dp.maps.set_hash(0, HashVersion::V2)?;
         let flowlet = flowlet_policy(FlowletTable::Keyed);
         let policy = match self {
             Pipeline::FiveTuple => GroupPolicy::hash(HashMode::FiveTuple),
@@ -250,9 +253,11 @@ enum Variant {
     QpClasses,
     QpEcn,
     QpAllFeaturesLoaded,
+    /// The qp pipeline with `hash_version = 1`: the A/B of the hash.
+    QpHashV1,
 }
 
-const VARIANTS: [Variant; 9] = [
+const VARIANTS: [Variant; 10] = [
     Variant::Pipeline(Pipeline::FiveTuple),
     Variant::Pipeline(Pipeline::Qp),
     Variant::Pipeline(Pipeline::Flowlet),
@@ -262,6 +267,7 @@ const VARIANTS: [Variant; 9] = [
     Variant::QpClasses,
     Variant::QpEcn,
     Variant::QpAllFeaturesLoaded,
+    Variant::QpHashV1,
 ];
 
 impl Variant {
@@ -273,6 +279,7 @@ impl Variant {
             Variant::QpClasses => "rocev2 qp + 2 classes (marginal: classes)",
             Variant::QpEcn => "rocev2 qp + ECN virtual queue (marginal: ECN)",
             Variant::QpAllFeaturesLoaded => "rocev2 qp, every feature loaded but unused (marginal: no gating)",
+            Variant::QpHashV1 => "rocev2 qp, hash_version = 1 (marginal: the hash, v1 against v2)",
         }
     }
 
@@ -285,6 +292,7 @@ impl Variant {
             Variant::QpEcn => Features::COUNTERS.with(Features::ECN),
             // Telemetry records every packet once loaded (it has its own rows).
             Variant::QpAllFeaturesLoaded => Features::ALL.without(Features::TELEMETRY),
+            Variant::QpHashV1 => Pipeline::Qp.features(),
         }
     }
 
@@ -304,6 +312,7 @@ impl Variant {
             }
             Variant::QpClasses => add_classes(dp),
             Variant::QpEcn => add_ecn_queue(dp, &[LOOPBACK]),
+            Variant::QpHashV1 => Ok(dp.maps.set_hash(0, HashVersion::V1)?),
             _ => Ok(()),
         }
     }
@@ -729,6 +738,21 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                         String::new(),
                     ),
                     Variant::QpNoCounters => (format!("counters cost {:+.1} ns", qp - ns), String::new()),
+                    Variant::QpHashV1 => {
+                        // Paired by round (each round measures both rows), so
+                        // the machine's load, which drifts between rounds,
+                        // mostly cancels out of the ratio.
+                        let ratios =
+                            samples[&(i + 1, v6)].iter().zip(&samples[&(qp_index + 1, v6)]).map(|(a, b)| a / b);
+                        let ratio = median(ratios.collect());
+                        (
+                            format!(
+                                "{:+.1} ns against qp (v2); v1/v2 time {ratio:.3}, median of per-round ratios",
+                                ns - qp
+                            ),
+                            String::new(),
+                        )
+                    }
                     _ => (format!("{:+.1} ns against qp", ns - qp), String::new()),
                 };
                 rows.push(row(
@@ -896,12 +920,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
     let p5 = lab_build::part5(&rocev2, &mut notes)?;
+    let p6 = collective_model::part6(&mut notes)?;
     reading.push(String::new());
     let mut rows = p1.rows;
     rows.extend(p2.rows);
     rows.extend(bridged);
     rows.extend(p4);
     rows.extend(p5);
+    rows.extend(p6);
     rows.extend(control);
     let table = render_table(&rows);
     println!("Machine: {machine}\n\n{table}");

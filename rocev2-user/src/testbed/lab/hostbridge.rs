@@ -199,12 +199,13 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     let text = format!(
         "# Written by `rocev2 lab up --host-bridge --name {name}` for namespace {bridge_ns}.\n\
          # Run it with: rocev2 --netns {bridge_ns} run --config {cfg}\n\
-         [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\n\n\
+         [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nhash_version = {version}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\n\n\
          # Every port of the bridge is served; frames leave as they came.\n[bridge]\nname = \"{BRIDGE}\"\n\n\
          # The rack switches all answer as the anycast gateway: its MAC is reachable through every uplink.\n\
          [[uplink_group]]\nname = \"{UPLINK_GROUP}\"\nports = [{ports}]\nmacs = [\"{gw}\"]\n",
         cfg = config_path.display(),
         hash = args.hash,
+        version = args.hash_version,
         pin = pin_dir.display(),
         ports = ports.join(", "),
         gw = crate::sys::format_mac(&GATEWAY_MAC),

@@ -28,7 +28,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use rocev2_common::hash::HashMode;
+use rocev2_common::hash::{HashMode, HashVersion};
 use serde::{Deserialize, Serialize};
 
 use crate::sys::netns::ip;
@@ -51,6 +51,7 @@ pub const DEST_PREFIX_V6: &str = "fd01::/64";
 mod bgp;
 pub mod fabric;
 pub mod hostbridge;
+pub mod rdma_hosts;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -86,6 +87,12 @@ pub enum LabCommand {
     Scorecard(fabric::scorecard::LabScorecardArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
+    /// Run a command in a host of the lab: in its virtual machine
+    /// (`--rdma-hosts`), else in its namespace. Exits with its status.
+    Exec(rdma_hosts::LabExecArgs),
+    /// Build the RDMA hosts' Debian tree now (`--rdma-hosts` builds it on
+    /// first use) or, with `--check`, say whether it is built.
+    Tree(rdma_hosts::LabTreeArgs),
 }
 
 impl LabCommand {
@@ -102,6 +109,8 @@ impl LabCommand {
             Self::Link(_) => "lab link",
             Self::Scorecard(_) => "lab scorecard",
             Self::Stats(_) => "lab stats",
+            Self::Exec(_) => "lab exec",
+            Self::Tree(_) => "lab tree",
         }
     }
 }
@@ -126,6 +135,10 @@ pub struct LabUpArgs {
     /// Hash mode written into the generated dataplane config.
     #[arg(long, value_enum, default_value_t = HashMode::Qp)]
     pub hash: HashMode,
+    /// `hash_version` written into every generated dataplane config (and
+    /// used by the lab's predictions): 1 or 2.
+    #[arg(long, default_value_t = HashVersion::V1)]
+    pub hash_version: HashVersion,
     /// Where to write the RTSW's dataplane config (default `/run/rocev2/lab-<name>/rtsw.toml`).
     #[arg(long, value_name = "FILE")]
     pub config_out: Option<PathBuf>,
@@ -156,6 +169,8 @@ pub struct LabUpArgs {
     /// (default 2 with `--zones` 2 or more).
     #[arg(long, requires = "zones")]
     pub aggs: Option<u32>,
+    #[command(flatten)]
+    pub rdma: rdma_hosts::RdmaHostArgs,
     /// Rated links: a rate and a buffer on every fabric link.
     #[command(flatten)]
     pub links: fabric::links::LinkArgs,
@@ -213,6 +228,14 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Some(_) => hostbridge::stats(args),
             None => fabric::stats(args),
         },
+        LabCommand::Exec(args) => {
+            let status = rdma_hosts::exec(args)?;
+            if status != 0 {
+                std::process::exit(status);
+            }
+            Ok(())
+        }
+        LabCommand::Tree(args) => rdma_hosts::tree_command(args),
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
@@ -241,6 +264,9 @@ pub struct LabRecord {
     /// A fabric's dataplanes, one per switch.
     #[serde(default)]
     pub switches: Vec<fabric::SwitchRecord>,
+    /// `--rdma-hosts`: the hosts' virtual machines.
+    #[serde(default)]
+    pub guests: Vec<crate::testbed::guest::Guest>,
     /// A fabric with rated links (`lab up --link-rate`): their settings and queues.
     #[serde(default)]
     pub rated: Option<fabric::links::RatedLinks>,
@@ -528,9 +554,10 @@ impl LabPlan {
         let mut text = format!(
             "# Written by `rocev2 lab up --name {name}` for namespace {rtsw}.\n\
              # Run it with: rocev2 --netns {rtsw} run --config {cfg}\n\
-             [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
+             [dataplane]\nhash = \"{hash}\"\nhash_seed = 0\nhash_version = {version}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n",
             cfg = config_path.display(),
             hash = args.hash,
+            version = args.hash_version,
             pin = pin_dir.display(),
         );
         for p in &ports {
@@ -707,6 +734,7 @@ fn start_bgp(plan: &LabPlan, args: &LabUpArgs, record: &mut LabRecord) -> Result
 fn remove(record: &LabRecord) -> Result<String> {
     let mut log = String::new();
     let mut errors = Vec::new();
+    rdma_hosts::remove_guests(record, &mut log, &mut errors);
     for ns in record.namespaces.iter().rev() {
         match remove_netns(ns, &mut log) {
             Ok(true) => {
@@ -781,7 +809,12 @@ pub fn status(name: &str) -> Result<String> {
     validate_name(name)?;
     let record = LabRecord::read(name)?;
     if let Some(f) = &record.fabric {
-        return fabric::status(&record, f);
+        let mut out = fabric::status(&record, f)?;
+        if !record.guests.is_empty() {
+            out.push_str("RDMA hosts:\n");
+            out.push_str(&rdma_hosts::guests_table(&record.guests));
+        }
+        return Ok(out);
     }
     let mut out = format!("Lab {name:?}");
     if let Some(c) = &record.config {
@@ -803,7 +836,13 @@ pub fn status(name: &str) -> Result<String> {
         let attached = if xdp.is_empty() {
             "no dataplane".to_owned()
         } else {
-            format!("dataplane attached (XDP on {})", xdp.join(", "))
+            // Attached is not the same as managed: say who keeps it in step.
+            let manager = match crate::control::state::RunState::read(&record.pin_dir).map(|s| s.manager()) {
+                Ok(crate::control::state::Manager::Running(pid)) => format!(", managed by `rocev2 run` pid {pid}"),
+                Ok(nobody) => format!("; WARNING: {}", nobody.warning(&record.pin_dir).unwrap_or_default()),
+                Err(_) => String::new(),
+            };
+            format!("dataplane attached (XDP on {}){manager}", xdp.join(", "))
         };
         let _ = writeln!(out, "{ns}: {attached}");
         let addrs = ip(&["-n", ns, "-br", "addr", "show"]).unwrap_or_default();
@@ -836,6 +875,7 @@ mod tests {
             links_per_spine: links,
             family,
             hash: HashMode::Qp,
+            hash_version: HashVersion::V1,
             config_out: Some(PathBuf::from("/tmp/x/rtsw.toml")),
             routing: LabRouting::Static,
             racks: None,
@@ -843,6 +883,7 @@ mod tests {
             zones: 1,
             aggs: None,
             unnumbered: false,
+            rdma: Default::default(),
             links: Default::default(),
             host_bridge: false,
             uplinks: 4,

@@ -572,6 +572,7 @@ mod tests {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             seeds: SeedPlan::Auto,
         }
     }

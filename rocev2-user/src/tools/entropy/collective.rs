@@ -27,6 +27,7 @@ fn fabric(args: &EntropyArgs, racks: u32) -> Result<Fabric> {
         v4: args.family.v4(),
         v6: args.family.v6(),
         hash: rocev2_common::hash::HashMode::Qp,
+        hash_version: args.hash_version,
         seeds: args.seeds,
     })
 }

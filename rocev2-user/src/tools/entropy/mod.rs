@@ -21,7 +21,7 @@ use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
     buckets::{even_table, member_for},
     flowlet::rehash_position,
-    hash::{member_hash, FlowKey, HashMode},
+    hash::{member_hash, FlowKey, HashMode, HashVersion},
 };
 use serde::Serialize;
 
@@ -104,6 +104,9 @@ pub struct EntropyArgs {
     /// Hash seed (also seeds `--sport random`).
     #[arg(long, default_value_t = 0)]
     pub seed: u32,
+    /// The switches' `hash_version`: 1 (a config without the key) or 2.
+    #[arg(long, default_value_t = HashVersion::V1)]
+    pub hash_version: HashVersion,
     /// Messages per QP; in flowlet mode each one is a new flowlet.
     #[arg(long, default_value_t = 16)]
     pub messages: u32,
@@ -189,6 +192,7 @@ pub struct Scenario {
     pub uplinks: u32,
     pub hash: SimHash,
     pub seed: u32,
+    pub hash_version: HashVersion,
     pub messages: u32,
     /// Flowlet mode: a keyless table of this many slots instead of a keyed one.
     pub flowlet_slots: Option<u32>,
@@ -203,6 +207,7 @@ impl Scenario {
             uplinks: args.uplinks,
             hash: args.hash,
             seed: args.seed,
+            hash_version: args.hash_version,
             messages: args.messages,
             flowlet_slots: args.flowlet_slots,
         }
@@ -318,7 +323,7 @@ pub fn simulate(s: &Scenario) -> SimResult {
                     SimHash::FiveTuple | SimHash::Qp => {
                         let mode = if s.hash == SimHash::Qp { HashMode::Qp } else { HashMode::FiveTuple };
                         // A QP is one flow for its whole life: all its bytes share a path.
-                        let m = member_for(&table, member_hash(&key, mode, s.seed)) as usize;
+                        let m = member_for(&table, member_hash(&key, mode, s.seed, s.hash_version)) as usize;
                         bytes[m] += per_qp;
                         flows[m] += 1;
                     }
@@ -716,7 +721,17 @@ mod tests {
     use super::*;
 
     fn scenario(hosts: u32, qps: u32, sport: SportModel, uplinks: u32, hash: SimHash) -> Scenario {
-        Scenario { hosts, qps, sport, uplinks, hash, seed: 0, messages: 16, flowlet_slots: None }
+        Scenario {
+            hosts,
+            qps,
+            sport,
+            uplinks,
+            hash,
+            seed: 0,
+            hash_version: HashVersion::V1,
+            messages: 16,
+            flowlet_slots: None,
+        }
     }
 
     #[test]
@@ -747,7 +762,10 @@ mod tests {
             for host in 0..s.hosts {
                 let uplinks: std::collections::BTreeSet<u32> = (0..qps)
                     .map(|q| {
-                        member_for(&even_table(8), member_hash(&qp_flow_key(&s, host, q), HashMode::FiveTuple, s.seed))
+                        member_for(
+                            &even_table(8),
+                            member_hash(&qp_flow_key(&s, host, q), HashMode::FiveTuple, s.seed, s.hash_version),
+                        )
                     })
                     .collect();
                 assert_eq!(uplinks.len(), 1, "host {host} with {qps} QPs");
@@ -875,41 +893,6 @@ mod tests {
 
     /// A small well-formedness check: every tag closes in order, attributes
     /// are quoted, and only the XML declaration precedes the root.
-    fn assert_well_formed(xml: &str) {
-        for (i, _) in xml.match_indices('&') {
-            let entity = ["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| xml[i..].starts_with(e));
-            assert!(entity, "bare '&' at byte {i}");
-        }
-        let mut stack: Vec<String> = Vec::new();
-        let mut rest = xml.trim_start();
-        rest = rest.strip_prefix("<?xml").and_then(|r| r.split_once("?>")).map_or(rest, |(_, r)| r);
-        let mut roots = 0;
-        while let Some(open) = rest.find('<') {
-            let text = &rest[..open];
-            assert!(!text.contains('>'), "stray '>' in {text:?}");
-            if stack.is_empty() {
-                assert!(text.trim().is_empty(), "text outside the root: {text:?}");
-            }
-            let close = rest[open..].find('>').map(|c| open + c).expect("unclosed tag");
-            let tag = &rest[open + 1..close];
-            assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes in <{tag}>");
-            if let Some(name) = tag.strip_prefix('/') {
-                assert_eq!(stack.pop().as_deref(), Some(name.trim()), "mismatched </{name}>");
-            } else {
-                let name = tag.split_whitespace().next().expect("empty tag").trim_end_matches('/').to_string();
-                if stack.is_empty() {
-                    roots += 1;
-                }
-                if !tag.ends_with('/') {
-                    stack.push(name);
-                }
-            }
-            rest = &rest[close + 1..];
-        }
-        assert!(stack.is_empty(), "unclosed: {stack:?}");
-        assert!(rest.trim().is_empty());
-        assert_eq!(roots, 1);
-    }
 
     #[test]
     fn svgs_are_well_formed() {
@@ -918,17 +901,17 @@ mod tests {
         assert!(single.contains(r#"<svg xmlns="http://www.w3.org/2000/svg""#));
         assert!(single.contains("<title>") && single.contains("share of bytes (%)") && single.contains(">uplink<"));
         assert_eq!(single.matches("<rect ").count(), 1 + 8, "background + one bar per uplink");
-        assert_well_formed(&single);
+        crate::render::assert_well_formed(&single);
         let rows = sweep(&s, &[1, 2, 4, 8]).unwrap();
         let chart = sweep_svg(&s, &rows);
         assert!(chart.contains("QPs per connection") && chart.contains("max/mean"));
         assert_eq!(chart.matches("<polyline").count(), 3);
-        assert_well_formed(&chart);
+        crate::render::assert_well_formed(&chart);
     }
 
     #[test]
     fn svg_check_catches_broken_xml() {
-        let bad = std::panic::catch_unwind(|| assert_well_formed("<svg><g></svg></g>"));
+        let bad = std::panic::catch_unwind(|| crate::render::assert_well_formed("<svg><g></svg></g>"));
         assert!(bad.is_err());
     }
 }

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::tools::fabric::{Fabric, Switch};
 
-/// Per-QP telemetry table of the transport-aware mode.
-const TELEMETRY_QPS: u32 = 4096;
+/// Per-QP telemetry table of the transport-aware mode (and of a lab of RDMA hosts).
+pub const TELEMETRY_QPS: u32 = 4096;
 
 /// One pin of the TE mode: at `switch`, QP `qp` to host `dst` leaves by `port`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -304,6 +304,7 @@ mod tests {
             v4: true,
             v6: false,
             hash: HashMode::Qp,
+            hash_version: rocev2_common::hash::HashVersion::V1,
             seeds: SeedPlan::Auto,
         }
     }

@@ -27,12 +27,12 @@ use serde::{Deserialize, Serialize};
 
 use self::balance::Balance;
 use super::{
-    base_sysctls, bgp, build_topology, make_dir, netns_exists, record_path, route_args, strs, write_file, LabRecord,
-    LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
+    base_sysctls, bgp, build_topology, make_dir, netns_exists, rdma_hosts, record_path, route_args, strs, write_file,
+    LabRecord, LabRouting, LabUpArgs, NsPlan, VethPlan, RUN_DIR,
 };
 use crate::{
     render::{Align, Table},
-    testbed::frr::bgp_config,
+    testbed::{frr::bgp_config, guest::GuestSpec},
     tools::fabric::{Fabric, SeedPlan, Switch},
 };
 
@@ -82,6 +82,8 @@ pub struct FabricPlan {
     /// Rated links (`--link-rate`): their settings and the wire namespace's
     /// bridges and queues.
     pub rated: Option<(links::LinkSettings, links::WirePlan)>,
+    /// `--rdma-hosts`: one virtual machine per host.
+    pub guests: Vec<GuestSpec>,
 }
 
 pub fn switch_ns(name: &str, s: Switch) -> String {
@@ -105,12 +107,16 @@ impl FabricPlan {
             v4: args.family.v4(),
             v6: args.family.v6(),
             hash,
+            hash_version: args.hash_version,
             seeds: args.seed,
             zones: args.zones,
             aggs: crate::tools::fabric::aggs_for(args.zones, args.aggs)?,
         };
         fabric.validate()?;
         let settings = links::LinkSettings::from_args(&args.links)?;
+        if args.rdma.enabled && settings.is_some() {
+            bail!("--rdma-hosts and --link-rate do not combine yet: rated links are measured and driven from namespace hosts");
+        }
         if args.config_out.is_some() {
             bail!("--config-out is for the single-rack lab; a fabric writes one config per switch under {RUN_DIR}/lab-{name}/");
         }
@@ -141,11 +147,35 @@ impl FabricPlan {
                 routes: vec![],
             });
         }
+        let mut guests = Vec::new();
         for r in 1..=f.racks {
             let leaf = switch_ns(&name, Switch::Leaf(r));
             for i in 1..=f.hosts {
                 let h = host_ns(&name, r, i);
                 let (v4, v6) = (Fabric::host_v4(r, i), Fabric::host_v6(r, i));
+                if args.rdma.enabled {
+                    // The guest takes the host's addresses; its namespace bridges.
+                    guests.push(rdma_hosts::guest_spec(&h, &dir, f, r, i, args.rdma.guest_memory));
+                    namespaces.push(NsPlan {
+                        name: h.clone(),
+                        sysctls: rdma_hosts::host_side_sysctls(),
+                        lo_addrs: vec![],
+                        routes: rdma_hosts::host_side_commands(),
+                    });
+                    links.push(VethPlan {
+                        a_ns: leaf.clone(),
+                        a_if: Fabric::host_port(i),
+                        a_mac: Fabric::leaf_host_mac(r, i),
+                        a_addrs: pick(format!("10.{r}.{i}.254/24"), format!("fd00:{r}:{i}::fe/64")),
+                        b_ns: h,
+                        b_if: "eth0".into(),
+                        b_mac: Fabric::host_mac(r, i),
+                        b_addrs: vec![],
+                        gro_b: true,
+                    });
+                    senders.push((links::Sender::Switch(Switch::Leaf(r)), links::Sender::Host(r, i)));
+                    continue;
+                }
                 let mut routes = Vec::new();
                 if f.v4 {
                     routes.push(strs(&["route", "add", "default", "via", &format!("10.{r}.{i}.254"), "dev", "eth0"]));
@@ -221,7 +251,7 @@ impl FabricPlan {
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
             let balance = Balance::Hash { hash };
-            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance);
+            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled);
             if let Some(settings) = &settings {
                 let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
                 text.push_str(&links::switch_config(settings, s, &ports));
@@ -275,7 +305,7 @@ impl FabricPlan {
                 (through, Some((settings, wires)))
             }
         };
-        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp, rated })
+        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp, rated, guests })
     }
 }
 
@@ -288,7 +318,12 @@ fn link_local(mac: [u8; 6]) -> String {
 
 /// The `[[port]]`s, groups and routes of one switch.
 /// The config of switch `s`: ports, groups and routes, spreading traffic
-/// as `balance` says.
+/// as `balance` says; `telemetry`: per-QP telemetry on (`rocev2 top`,
+/// `trace`), for the real QPs of RDMA hosts.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one switch's identity, paths and the three lab-wide choices it depends on"
+)]
 pub fn switch_config(
     f: &Fabric,
     s: Switch,
@@ -297,18 +332,23 @@ pub fn switch_config(
     pin_dir: &Path,
     bgp: bool,
     balance: &Balance,
+    telemetry: bool,
 ) -> String {
     let mut t = format!(
         "# Written by `rocev2 lab up` for {s} (namespace {ns}); load balancing: {mode}.\n\
          # Its dataplane: rocev2 --netns {ns} run --config {cfg}\n\
-         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
+         [dataplane]\nhash = \"{hash}\"\nhash_seed = {seed}\nhash_version = {version}\nxdp_mode = \"native\"\npin_dir = \"{pin}\"\nneighbour_refresh_ms = 1000\n{extra}",
         mode = balance.label(),
         cfg = path.display(),
         hash = balance.hash().name(),
         seed = f.seed_setting(),
+        version = f.hash_version,
         pin = pin_dir.display(),
         extra = balance.dataplane_lines(),
     );
+    if telemetry && !t.contains("telemetry_qps") {
+        let _ = writeln!(t, "telemetry_qps = {}", balance::TELEMETRY_QPS);
+    }
     for (port, _) in f.ports(s) {
         let _ = write!(t, "\n[[port]]\nname = \"{port}\"\n");
     }
@@ -565,9 +605,12 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(ns) = plan.namespaces.iter().find(|n| netns_exists(&n.name)) {
         bail!("network namespace {:?} already exists but belongs to no lab record; pick another --name", ns.name);
     }
+    // The guests' tree first (built once; a minute and a half): a failure
+    // there leaves nothing to clean up.
+    let tree = if args.rdma.enabled { Some(rdma_hosts::tree(&args.rdma)?) } else { None };
     let mut record = LabRecord { name: name.clone(), fabric: Some(plan.fabric.clone()), ..Default::default() };
     record.write()?;
-    let result = build(&plan, &mut record);
+    let result = build(&plan, &mut record, tree.as_deref());
     let lines = match result {
         Ok(lines) => lines,
         Err(e) => {
@@ -611,16 +654,31 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         ]);
     }
     out.push_str(&table.render());
-    let _ = writeln!(
-        out,
-        "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
-        name
-    );
+    if record.guests.is_empty() {
+        let _ = writeln!(
+            out,
+            "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            name
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "RDMA hosts: virtual machines r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1) with Soft-RoCE rxe0, bridged in namespaces {name}-r<rack>h<host>:"
+        );
+        out.push_str(&rdma_hosts::guests_table(&record.guests));
+        let (server, client) = ("r2h1", "r1h1");
+        let _ = writeln!(
+            out,
+            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            Fabric::host_addr(2, 1, !f.v4)
+        );
+    }
     Ok(out)
 }
 
-/// Builds everything; returns the lines to print about BGP and the links.
-fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Vec<String>> {
+/// Builds everything (and boots the guests of `--rdma-hosts` from `tree`);
+/// returns the lines to print about BGP and the links.
+fn build(plan: &FabricPlan, record: &mut LabRecord, tree: Option<&Path>) -> Result<Vec<String>> {
     build_topology(&plan.namespaces, &plan.links, record)?;
     if let Some((_, wires)) = &plan.rated {
         links::join_wires(wires)?;
@@ -645,6 +703,9 @@ fn build(plan: &FabricPlan, record: &mut LabRecord) -> Result<Vec<String>> {
     let mut lines: Vec<String> = bgp_line.into_iter().collect();
     if let Some((settings, wires)) = &plan.rated {
         lines.extend(rate_links(plan, settings, wires, record)?);
+    }
+    if let Some(tree) = tree {
+        rdma_hosts::start_guests(&plan.guests, tree, record)?;
     }
     Ok(lines)
 }
@@ -751,7 +812,8 @@ pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -
     }
     let started = Instant::now();
     for s in &record.switches {
-        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance);
+        let rdma_hosts = !record.guests.is_empty();
+        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, rdma_hosts);
         if let Some(rated) = &record.rated {
             let ports: Vec<String> = f.ports(s.switch).into_iter().map(|(p, _)| p).collect();
             text.push_str(&links::switch_config(&rated.settings, s.switch, &ports));
@@ -781,14 +843,14 @@ pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -
 /// waits until each has exited.
 fn stop_dataplanes(record: &mut LabRecord) -> Result<()> {
     for s in &record.switches {
-        if let Some(pid) = s.pid.filter(|&p| alive(p)) {
+        if let Some(pid) = s.pid.filter(|&p| crate::sys::process_alive(p)) {
             let _ = crate::sys::signal_process(pid, nix::sys::signal::Signal::SIGTERM);
         }
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     for s in record.switches.iter_mut() {
         if let Some(pid) = s.pid {
-            while alive(pid) {
+            while crate::sys::process_alive(pid) {
                 if Instant::now() > deadline {
                     bail!("the dataplane of {} (pid {pid}) did not stop within 20 s of SIGTERM", s.switch);
                 }
@@ -836,14 +898,6 @@ fn start_dataplanes(record: &mut LabRecord) -> Result<()> {
     Ok(())
 }
 
-/// Whether the process `pid` runs (a zombie left to a parent that does not
-/// reap it has exited).
-pub fn alive(pid: u32) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name in parentheses.
-    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
-}
-
 /// The last line a dataplane logged, shortened for a table cell.
 fn last_line(log: &Path) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
@@ -866,7 +920,7 @@ pub fn status(record: &LabRecord, fabric: &Fabric) -> Result<String> {
         ("LOG", Align::Left),
     ]);
     for s in &record.switches {
-        let running = s.pid.is_some_and(alive) && netns_exists(&s.netns);
+        let running = s.pid.is_some_and(crate::sys::process_alive) && netns_exists(&s.netns);
         let counters = view::port_totals(&s.pin_dir).ok();
         let state = match (running, &counters) {
             (true, Some(_)) => format!("running (pid {})", s.pid.unwrap_or_default()),

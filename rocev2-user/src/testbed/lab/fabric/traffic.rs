@@ -114,6 +114,13 @@ pub fn traffic(args: &LabTrafficArgs) -> Result<TrafficOutcome> {
     let Some(fabric) = record.fabric.clone() else {
         bail!("lab {:?} is a single-rack lab; `lab traffic` needs a fabric (`lab up --racks N`)", args.name);
     };
+    if !record.guests.is_empty() {
+        bail!(
+            "lab {:?} has RDMA hosts (virtual machines), which `lab traffic` cannot drive: run the RDMA tools in them with `rocev2 lab exec --name {} r1h1 -- ib_write_bw ...`",
+            args.name,
+            args.name
+        );
+    }
     if !(1..=32).contains(&args.qps) {
         bail!("--qps must be 1..=32, not {}", args.qps);
     }

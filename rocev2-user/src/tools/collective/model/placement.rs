@@ -169,10 +169,10 @@ impl Model<'_> {
     /// The path every packet of `q` takes when nothing changes over time
     /// (hashing, slices).
     pub(super) fn fixed_path(&self, q: &QpFlow) -> Vec<u32> {
-        let hash = self.router.fabric.hash;
+        let (hash, version) = (self.router.fabric.hash, self.router.fabric.hash_version);
         match self.s.mode {
             Mode::Pinned => self.walk(q, |c| slice_position(q.dst.1, c.members)),
-            _ => self.walk(q, |c| member_for(c.table, member_hash(&q.key, hash, c.seed))),
+            _ => self.walk(q, |c| member_for(c.table, member_hash(&q.key, hash, c.seed, version))),
         }
     }
 

@@ -22,6 +22,7 @@ fn fabric(racks: u32, hosts: u32, spines: u32) -> Fabric {
         v4: true,
         v6: false,
         hash: HashMode::Qp,
+        hash_version: rocev2_common::hash::HashVersion::V1,
         seeds: SeedPlan::Auto,
     }
 }
@@ -124,7 +125,8 @@ fn uplinks_by_rack(f: &Fabric, qps: u32, mode: HashMode) -> Vec<Vec<u32>> {
         for q in 0..qps {
             let key = qp_flow_key(src, dst, qp_number(k, (k + 1) % n, q), false);
             let seed = router.seed(Switch::Leaf(src.0));
-            out[src.0 as usize - 1].push(member_for(&even_table(f.spines), member_hash(&key, mode, seed)));
+            out[src.0 as usize - 1]
+                .push(member_for(&even_table(f.spines), member_hash(&key, mode, seed, f.hash_version)));
         }
     }
     out

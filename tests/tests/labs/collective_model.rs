@@ -1,0 +1,108 @@
+//! The book's chapter on the collective model, replayed: every `$ rocev2
+//! entropy` command of its `console` blocks, run as written, prints the
+//! lines under it (alignment aside; `…` stands for lines the book leaves
+//! out). The model is deterministic, so the numbers are compared as they
+//! are: a change to the model that moves them changes the book too. No
+//! root and no namespace: the model runs offline.
+
+use std::process::Command;
+
+use rocev2_tests::{
+    book::{self, assert_shows, squeeze},
+    rocev2_bin,
+};
+
+#[test]
+fn the_books_collective_model_chapter_prints_what_the_book_shows() {
+    let text = book::chapter("collective-model.md");
+    let mut steps: Vec<(String, Vec<String>)> = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "```console" {
+            continue;
+        }
+        for l in lines.by_ref().take_while(|l| l.trim() != "```") {
+            match l.strip_prefix("$ ") {
+                Some(command) => steps.push((command.to_string(), Vec::new())),
+                None => steps.last_mut().expect("a console block starts with a command").1.push(l.to_string()),
+            }
+        }
+    }
+    assert_eq!(steps.len(), 4, "the lab-scale scorecard and three paper-scale modes");
+    for (command, expected) in &steps {
+        let args: Vec<&str> = command.split_whitespace().collect();
+        assert_eq!(args[..2], ["rocev2", "entropy"], "{command}");
+        let out = Command::new(rocev2_bin()).args(&args[1..]).output().unwrap();
+        assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_shows(command, expected, &String::from_utf8_lossy(&out.stdout), squeeze);
+    }
+}
+
+/// A row of the book's comparison table: (row, lab %, model %, lab/model,
+/// shown in bold as a disagreement).
+fn comparison_rows(text: &str) -> Vec<(String, String, String, String, bool)> {
+    let start = text.find("| row | lab, of ideal |").expect("the chapter has its comparison table");
+    text[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let bold = cells[3].starts_with("**");
+            let ratio = cells[3].trim_matches('*').to_string();
+            (cells[0].to_string(), cells[1].to_string(), cells[2].to_string(), ratio, bold)
+        })
+        .collect()
+}
+
+#[test]
+fn the_books_model_comparison_is_the_labs_run_and_the_models_prediction() {
+    // The lab's run, as the collectives chapter renders it.
+    let lab: serde_json::Value = serde_json::from_str(&book::chapter("scorecard.json")).unwrap();
+    assert!(
+        lab["fabric"].as_str().unwrap().starts_with("4 racks x 4 hosts, 4 spines, links 10mbit,"),
+        "{}",
+        lab["fabric"]
+    );
+    assert_eq!((lab["size"].as_u64(), lab["chunk"].as_u64()), (Some(4 << 20), Some(32 << 10)));
+    // The model on that fabric: the chapter's first command, as JSON.
+    let text = book::chapter("collective-model.md");
+    let command =
+        text.lines().find_map(|l| l.strip_prefix("$ rocev2 entropy --racks 4 ")).expect("the lab-scale command");
+    let args: Vec<String> =
+        format!("entropy --racks 4 {command} --json").split_whitespace().map(String::from).collect();
+    let out = Command::new(rocev2_bin()).args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let model: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let table = comparison_rows(&text);
+    let lab_rows = lab["modes"].as_array().unwrap();
+    assert_eq!(table.len(), lab_rows.len(), "a table row per lab row");
+    for (row, shown) in lab_rows.iter().zip(&table) {
+        let (mode, qps) = (row["mode"].as_str().unwrap(), row["qps"].as_u64().unwrap());
+        let predicted = model["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["row"] == mode && r["prediction"]["qps"].as_u64() == Some(qps))
+            .unwrap_or_else(|| panic!("the model has no row {mode} x{qps}"));
+        let (lab_share, model_share) =
+            (row["share_of_ideal"].as_f64().unwrap(), predicted["prediction"]["share_of_ideal"].as_f64().unwrap());
+        let ratio = lab_share / model_share;
+        let model_text = match format!("{:.1}%", model_share * 100.0) {
+            t if t == "100.0%" => "100%".to_string(),
+            t => t,
+        };
+        let expected = (
+            format!("{mode} x{qps}"),
+            format!("{:.1}%", lab_share * 100.0),
+            model_text,
+            format!("{ratio:.2}"),
+            (ratio - 1.0).abs() > 0.15,
+        );
+        assert_eq!(*shown, expected, "the book's row for {mode} x{qps} (bold: more than 15% apart)");
+        // What the chapter claims: all but the flowlets agree within 15%.
+        if !mode.starts_with("flowlet") {
+            assert!(!expected.4, "{mode} x{qps}: lab {lab_share:.3}, model {model_share:.3}");
+        }
+    }
+}
