@@ -331,6 +331,7 @@ fn the_tools_fault_and_top_example_runs_on_a_fabric_lab_with_telemetry() {
     let report = text(&gen.stdout);
     assert!(gen.status.success(), "{report}{}", text(&gen.stderr));
     assert!(report.contains("4 QPs complete") && report.contains("1 sequence NAKs"), "{report}");
+    assert!(report.contains("5..=31 (nak)"), "PSNs 5 to 31 resent after the NAK: {report}");
     let top = rocev2(&["top", "--once", "--json", "--config", &format!("/run/rocev2/lab-{name}/l2.toml")]);
     let json: serde_json::Value =
         serde_json::from_slice(&top.stdout).unwrap_or_else(|_| panic!("{}", text(&top.stderr)));
