@@ -188,6 +188,10 @@ pub struct LabUpArgs {
     /// and address, which route onward to the destination.
     #[arg(long, conflicts_with_all = ["racks", "routing", "spines", "links_per_spine"])]
     pub host_bridge: bool,
+    /// With `--racks`: per-QP transport telemetry on every switch
+    /// (`telemetry_qps` in its config), for `rocev2 top` and `rocev2 trace`.
+    #[arg(long, requires = "racks")]
+    pub telemetry: bool,
     /// With `--host-bridge`: rack switches (each one bridge port, one
     /// member of the uplink group).
     #[arg(long, default_value_t = 4, requires = "host_bridge")]
@@ -895,6 +899,7 @@ mod tests {
             rdma: Default::default(),
             links: Default::default(),
             host_bridge: false,
+            telemetry: false,
             uplinks: 4,
         }
     }
