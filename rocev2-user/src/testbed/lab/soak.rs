@@ -965,6 +965,7 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         host_bridge: false,
         uplinks: 4,
         rdma: Default::default(),
+        telemetry: false,
     };
     let built = lab::up(&up)?;
     let _lab = LabGuard(args.name.clone(), args.keep);
