@@ -59,12 +59,18 @@ fn comparison_rows(text: &str) -> Vec<(String, String, String, String, bool)> {
 fn the_books_model_comparison_is_the_labs_run_and_the_models_prediction() {
     // The lab's run, as the collectives chapter renders it.
     let lab: serde_json::Value = serde_json::from_str(&book::chapter("scorecard.json")).unwrap();
-    assert!(lab["fabric"].as_str().unwrap().starts_with("4 racks x 4 hosts, 4 spines, links 10mbit,"), "{}", lab["fabric"]);
+    assert!(
+        lab["fabric"].as_str().unwrap().starts_with("4 racks x 4 hosts, 4 spines, links 10mbit,"),
+        "{}",
+        lab["fabric"]
+    );
     assert_eq!((lab["size"].as_u64(), lab["chunk"].as_u64()), (Some(4 << 20), Some(32 << 10)));
     // The model on that fabric: the chapter's first command, as JSON.
     let text = book::chapter("collective-model.md");
-    let command = text.lines().find_map(|l| l.strip_prefix("$ rocev2 entropy --racks 4 ")).expect("the lab-scale command");
-    let args: Vec<String> = format!("entropy --racks 4 {command} --json").split_whitespace().map(String::from).collect();
+    let command =
+        text.lines().find_map(|l| l.strip_prefix("$ rocev2 entropy --racks 4 ")).expect("the lab-scale command");
+    let args: Vec<String> =
+        format!("entropy --racks 4 {command} --json").split_whitespace().map(String::from).collect();
     let out = Command::new(rocev2_bin()).args(&args).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let model: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
