@@ -133,6 +133,21 @@ enum Command {
         #[arg(long, value_name = "UNIT")]
         unit: Option<String>,
     },
+    /// Remove what a `rocev2 run` that is gone left attached (after `kill
+    /// -9`, a crash, or a handover no new run took): detach its XDP
+    /// programs from the ports and remove its pinned maps and state, like
+    /// `xdp-loader unload`. Refuses while a live run manages the dataplane
+    /// (stop that one instead).
+    Detach {
+        /// Config of the instance (to find its pin_dir). Without --config or
+        /// --pin-dir: /etc/rocev2/rocev2.toml if it exists, else the
+        /// default pin directory /sys/fs/bpf/rocev2.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
+        config: Option<PathBuf>,
+        /// Pin directory of the instance.
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
+    },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
     Lab {
         #[command(subcommand)]
@@ -188,7 +203,9 @@ enum LogFormat {
 }
 
 /// Events (tracing) go to stderr, one line each; the commands' own output
-/// (tables, `rocev2: ready`, final counters) stays on stdout.
+/// (tables, `rocev2: ready`, final counters) stays on stdout. A text line
+/// is the level and the message, which already says every fact in words;
+/// JSON carries the facts as fields too, for log shippers.
 fn init_logging(level: Option<tracing::Level>, format: LogFormat) {
     use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
@@ -196,13 +213,51 @@ fn init_logging(level: Option<tracing::Level>, format: LogFormat) {
         Some(level) => EnvFilter::new(level.as_str()),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
-    let terminal = std::io::stderr().is_terminal();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    let _ = match (format, terminal) {
-        (LogFormat::Json, _) => builder.json().flatten_event(true).try_init(),
-        (LogFormat::Text, true) => builder.try_init(),
-        (LogFormat::Text, false) => builder.with_ansi(false).without_time().try_init(),
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.with_target(false).json().flatten_event(true).try_init(),
+        // Timestamps only on a terminal: the journal adds its own.
+        LogFormat::Text => builder.event_format(TextLine { timestamps: std::io::stderr().is_terminal() }).try_init(),
     };
+}
+
+/// ` WARN member s1l1 via 10.100.17.2 left group spines: no carrier`: the
+/// level and the message, without repeating the fields after it.
+struct TextLine {
+    timestamps: bool,
+}
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for TextLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::fmt::time::FormatTime as _;
+        if self.timestamps {
+            tracing_subscriber::fmt::time::SystemTime.format_time(&mut writer)?;
+            write!(writer, " ")?;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        writeln!(writer, "{:>5} {}", event.metadata().level(), message.0)
+    }
+}
+
+/// Collects an event's `message` field.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
 }
 
 /// The config `run`, `check`, `reload` and `stats` use without `--config`.
@@ -218,6 +273,7 @@ const FILES_HELP: &str = "Files:
 
 Signals to `rocev2 run`: SIGINT/SIGTERM stop (detach, print the final counters); SIGHUP reloads the
 config (`rocev2 reload`); SIGUSR1 exits leaving the dataplane forwarding for the next run (`rocev2 upgrade`).
+What a run killed with SIGKILL left attached: `rocev2 detach` removes it (or a new `rocev2 run` takes it over).
 
 Each subcommand has its own help: `rocev2 help run`.";
 
@@ -319,6 +375,18 @@ fn real_main(cli: Cli) -> Result<()> {
                 config.groups.iter().map(|g| g.members.len()).sum::<usize>(),
                 config.routes.len()
             );
+            // As `nginx -t` previews a reload: would the running instance take it?
+            if let Ok(running) = RunState::read(&config.dataplane.pin_dir) {
+                let loaded = rocev2_common::features::Features(running.features);
+                let missing = config.features().without(loaded);
+                if running.features != 0 && missing != rocev2_common::features::Features::NONE {
+                    let names = missing.names().collect::<Vec<_>>().join(", ");
+                    println!(
+                        "note: the running `rocev2 run` (pid {}) was loaded without {names}: `rocev2 reload` will refuse this file; restart `rocev2 run` to apply it (a new run takes over without dropping traffic)",
+                        running.pid
+                    );
+                }
+            }
         }
         Command::Stats { config, pin_dir, json, watch, interval } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
@@ -357,6 +425,19 @@ fn real_main(cli: Cli) -> Result<()> {
             privileges::require("demo", Need::LoadXdp)?;
             rocev2_user::testbed::ecmp_lab::demo(qps, packets_per_qp, uplinks)?;
         }
+        Command::Detach { config, pin_dir } => {
+            let pin_dir = running_pin_dir(config, pin_dir)?;
+            privileges::require("detach", Need::PinnedMaps(&pin_dir))?;
+            let detached = rocev2_user::control::detach::detach(&pin_dir)?;
+            if let Some(counters) = &detached.counters {
+                println!("rocev2: final counters:\n{}", counters.render());
+            }
+            let ports = match detached.ports.as_slice() {
+                [] => "no port had it attached".to_string(),
+                ports => format!("detached from {}", ports.join(", ")),
+            };
+            println!("rocev2: {ports}; removed {} and its state", pin_dir.display());
+        }
         Command::Reload { config, pin_dir } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("reload", Need::PinnedMaps(&pin_dir))?;
@@ -369,7 +450,11 @@ fn real_main(cli: Cli) -> Result<()> {
             rocev2_user::control::upgrade::upgrade(&pin_dir, unit, std::time::Duration::from_secs(30))?;
         }
         Command::Lab { command } => {
-            privileges::require(command.as_typed(), Need::Namespaces)?;
+            let need = match command {
+                LabCommand::Status(_) | LabCommand::Stats(_) => Need::InspectNamespaces,
+                _ => Need::Namespaces,
+            };
+            privileges::require(command.as_typed(), need)?;
             lab::run(&command)?
         }
         Command::Gen(args) => {

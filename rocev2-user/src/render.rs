@@ -57,12 +57,63 @@ impl Table {
     }
 }
 
+/// The terminal's size (columns, rows) when standard output is one.
+pub fn terminal_size() -> Option<(usize, usize)> {
+    use std::io::IsTerminal as _;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // SAFETY: TIOCGWINSZ writes a winsize into `size`.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0).then_some((size.ws_col as usize, size.ws_row as usize))
+}
+
 /// Characters of a bar for a whole (100 %) share.
 pub const BAR_WIDTH: f64 = 30.0;
 
 /// A bar of `#` as long as `share` (0.0 to 1.0) of [`BAR_WIDTH`].
 pub fn share_bar(share: f64) -> String {
     "#".repeat((share.clamp(0.0, 1.0) * BAR_WIDTH).round() as usize)
+}
+
+/// Test helper: fails unless `xml` is well-formed (balanced tags, quoted
+/// attributes, escaped `&`): enough to trust a picture opens.
+#[cfg(test)]
+pub fn assert_well_formed(xml: &str) {
+    for (i, _) in xml.match_indices('&') {
+        let entity = ["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| xml[i..].starts_with(e));
+        assert!(entity, "bare '&' at byte {i}");
+    }
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = xml.trim_start();
+    rest = rest.strip_prefix("<?xml").and_then(|r| r.split_once("?>")).map_or(rest, |(_, r)| r);
+    let mut roots = 0;
+    while let Some(open) = rest.find('<') {
+        let text = &rest[..open];
+        assert!(!text.contains('>'), "stray '>' in {text:?}");
+        if stack.is_empty() {
+            assert!(text.trim().is_empty(), "text outside the root: {text:?}");
+        }
+        let close = rest[open..].find('>').map(|c| open + c).expect("unclosed tag");
+        let tag = &rest[open + 1..close];
+        assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes in <{tag}>");
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(stack.pop().as_deref(), Some(name.trim()), "mismatched </{name}>");
+        } else {
+            let name = tag.split_whitespace().next().expect("empty tag").trim_end_matches('/').to_string();
+            if stack.is_empty() {
+                roots += 1;
+            }
+            if !tag.ends_with('/') {
+                stack.push(name);
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    assert!(stack.is_empty(), "unclosed: {stack:?}");
+    assert!(rest.trim().is_empty());
+    assert_eq!(roots, 1);
 }
 
 /// "200mbit", "1.5gbit": a rate as tc writes it.

@@ -96,6 +96,15 @@ impl Drop for LabGuard {
     }
 }
 
+/// Fails if a namespace of lab `name` (`NAME-...`) is left. Matched by
+/// prefix, not substring: lab `t1` must not see lab `ft1`'s namespaces.
+pub fn assert_lab_namespaces_gone(name: &str) {
+    let left = rocev2_user::sys::netns::ip(&["netns", "list"]).expect("ip netns list");
+    let prefix = format!("{name}-");
+    let ours: Vec<&str> = left.lines().filter(|l| l.starts_with(&prefix)).collect();
+    assert!(ours.is_empty(), "namespaces of lab {name} left: {ours:?}");
+}
+
 /// Fails if the switch lost a frame (sent, never arrived: counted by the
 /// arrival probes where the frames land); a capture that dropped frames
 /// is reported as the observer's loss, not failed. Prints a MEASURED line.

@@ -5,10 +5,15 @@
 //! line rate while capacity next to them goes unused.
 //!
 //! The remedies, and how the detector judges them:
+//! - in a `five-tuple` group, `hash = "qp"`: QPs of one connection share
+//!   the five-tuple, and only the BTH DestQP tells them apart (the fix
+//!   this project exists for);
 //! - a hash seed under which the heavy QPs spread out: found by repeating
 //!   the dataplane's member choice with `explain` for candidate seeds;
-//! - pinning one of the colliding QPs to the idle member (`[[pin]]`);
-//! - more QPs per connection (more hash inputs, the same total traffic);
+//! - pinning one of the colliding QPs to the idle member (`[[pin]]` in a
+//!   `policy = "pinned"` group);
+//! - more QPs per connection (more hash inputs, the same total traffic),
+//!   which helps only a `qp` group;
 //! - flowlets, which re-pick a member at message gaps.
 
 use std::{collections::BTreeMap, net::IpAddr};
@@ -62,14 +67,26 @@ impl Collision {
     }
 }
 
-/// Members by group as the state file lists them (name -> member devices).
-pub type GroupMembers = BTreeMap<String, Vec<String>>;
+/// A group as the state file describes it.
+#[derive(Clone, Debug, Default)]
+pub struct GroupView {
+    /// Member devices in position order.
+    pub members: Vec<String>,
+    /// "qp" or "five-tuple".
+    pub hash: String,
+    /// "hash", "flowlet" or "pinned".
+    pub policy: String,
+}
+
+/// The groups by name.
+pub type GroupMembers = BTreeMap<String, GroupView>;
 
 /// Finds collisions among `rows` (one refresh of `top`). `live` and
 /// `config`, when available, let it try other seeds through `explain`.
 pub fn detect(rows: &[TopRow], groups: &GroupMembers, config: Option<(&Config, &Live)>) -> Vec<Collision> {
     let mut found = Vec::new();
-    for (group, members) in groups {
+    for (group, view) in groups {
+        let members = &view.members;
         if members.len() < 2 {
             continue;
         }
@@ -98,7 +115,7 @@ pub fn detect(rows: &[TopRow], groups: &GroupMembers, config: Option<(&Config, &
                 member: member.clone(),
                 qps: heavy.iter().map(|r| format!("{}/{:#x}", r.dst, r.dest_qp)).collect(),
                 idle_members: idle.clone(),
-                suggestions: suggestions(group, &heavy, &all_heavy, members, &idle, config),
+                suggestions: suggestions(group, view, &heavy, &all_heavy, &idle, config),
             });
         }
     }
@@ -107,13 +124,28 @@ pub fn detect(rows: &[TopRow], groups: &GroupMembers, config: Option<(&Config, &
 
 fn suggestions(
     group: &str,
+    view: &GroupView,
     heavy: &[&TopRow],
     all_heavy: &[&TopRow],
-    members: &[String],
     idle: &[String],
     config: Option<(&Config, &Live)>,
 ) -> Vec<String> {
+    let members = &view.members;
     let mut tips = Vec::new();
+    let five_tuple = view.hash == "five-tuple";
+    // QPs of one connection: same addresses and UDP source port.
+    let one_five_tuple =
+        heavy.iter().all(|r| (r.src, r.dst, r.src_port) == (heavy[0].src, heavy[0].dst, heavy[0].src_port));
+    if five_tuple {
+        let why = if one_five_tuple {
+            "these QPs share one five-tuple, which five-tuple hashing cannot tell apart"
+        } else {
+            "the BTH DestQP gives the hash an input per QP"
+        };
+        tips.push(format!(
+            "hash = \"qp\" in [[group]] {group}: {why}; with the DestQP in the hash they spread (applied by `rocev2 reload`)"
+        ));
+    }
     if let Some((config, live)) = config {
         match spreading_seed(config, live, all_heavy, members.len()) {
             Some(seed) => tips.push(format!(
@@ -124,8 +156,13 @@ fn suggestions(
         }
     }
     let moved = heavy[1];
+    let pinned = if view.policy == "pinned" {
+        String::new()
+    } else {
+        format!(" with `policy = \"pinned\"` in [[group]] {group} (a pin acts only in a pinned group)")
+    };
     tips.push(format!(
-        "pin {}/{:#x} to {} (`[[pin]] prefix = \"{}/{}\", qp = {:#x}, group = \"{group}\", member = \"{}\"`, or `policy = \"pinned\"`)",
+        "pin {}/{:#x} to {}: `[[pin]] prefix = \"{}/{}\", qp = {:#x}, group = \"{group}\", member = \"{}\"`{pinned}",
         moved.dst,
         moved.dest_qp,
         idle[0],
@@ -134,10 +171,12 @@ fn suggestions(
         moved.dest_qp,
         idle[0]
     ));
-    tips.push(
-        "use more QPs per connection (e.g. NCCL_IB_QPS_PER_CONNECTION=4): more DestQPs give the qp hash more inputs"
-            .into(),
-    );
+    if !five_tuple {
+        tips.push(
+            "use more QPs per connection (e.g. NCCL_IB_QPS_PER_CONNECTION=4): more DestQPs give the qp hash more inputs"
+                .into(),
+        );
+    }
     tips.push(format!(
         "or `policy = \"flowlet\"` on group {group}: a flow re-picks its member after an idle gap (at message boundaries with flowlet_boundary)"
     ));
@@ -197,8 +236,13 @@ mod tests {
         }
     }
 
+    fn groups_hashed(hash: &str, policy: &str) -> GroupMembers {
+        let view = GroupView { members: vec!["u1".into(), "u2".into()], hash: hash.into(), policy: policy.into() };
+        [("spines".to_string(), view)].into()
+    }
+
     fn groups() -> GroupMembers {
-        [("spines".to_string(), vec!["u1".to_string(), "u2".to_string()])].into()
+        groups_hashed("qp", "hash")
     }
 
     #[test]
@@ -209,6 +253,21 @@ mod tests {
         assert_eq!((c[0].member.as_str(), c[0].idle_members.as_slice()), ("u1", &["u2".to_string()][..]));
         assert_eq!(c[0].qps, ["10.1.0.1/0x1", "10.1.0.1/0x2"]);
         assert!(c[0].suggestions.iter().any(|s| s.contains("[[pin]]") && s.contains("u2")), "{c:?}");
+        // A pin needs a pinned group: both are named, not one or the other.
+        assert!(c[0].suggestions.iter().any(|s| s.contains("[[pin]]") && s.contains("with `policy = \"pinned\"`")));
+        assert!(c[0].suggestions.iter().any(|s| s.contains("more QPs per connection")), "{c:?}");
+    }
+
+    #[test]
+    fn a_five_tuple_group_is_told_to_hash_the_qp_first() {
+        let rows = [row(1, "u1", 1e9), row(2, "u1", 1e9)];
+        let c = detect(&rows, &groups_hashed("five-tuple", "pinned"), None);
+        let tips = &c[0].suggestions;
+        assert!(tips[0].starts_with("hash = \"qp\" in [[group]] spines: these QPs share one five-tuple"), "{tips:?}");
+        // More QPs on one five-tuple cannot help a five-tuple group.
+        assert!(!tips.iter().any(|s| s.contains("more QPs per connection")), "{tips:?}");
+        // Already pinned: the pin alone.
+        assert!(tips.iter().any(|s| s.contains("[[pin]]") && !s.contains("policy = \"pinned\"")), "{tips:?}");
     }
 
     #[test]

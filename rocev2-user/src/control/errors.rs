@@ -81,11 +81,13 @@ pub enum ReloadError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// It changes settings fixed when the programs were loaded and attached.
-    #[error("{} changed; that needs a restart of `rocev2 run`", .settings.join(", "))]
-    NeedsRestart { settings: Vec<&'static str> },
-    /// It uses load-time features the running programs were loaded without.
-    #[error("the new config uses {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic", .features.join(", "))]
-    FeaturesNotLoaded { features: Vec<&'static str> },
+    /// Each setting says what changed, e.g. `dataplane.xdp_mode changed`.
+    #[error("{}; that needs a restart of `rocev2 run`", .settings.join("; "))]
+    NeedsRestart { settings: Vec<String> },
+    /// It turns on load-time features the running programs were loaded
+    /// without; each named with what in the file asks for it.
+    #[error("the new config turns on {}, which the running programs were loaded without (each feature is compiled in at load time so unused ones cost nothing); restart `rocev2 run` to load it: a new run takes over the attached programs without dropping traffic", .features.join("; "))]
+    FeaturesNotLoaded { features: Vec<String> },
     /// The dataplane's maps could not take it: a [`DataplaneError`], with
     /// where it happened ([`ReloadError::dataplane`] gives the typed one).
     #[error("{0:#}")]

@@ -259,7 +259,7 @@ pub fn step_group(
                 tracing::warn!(
                     group = name,
                     member,
-                    score,
+                    score = round2(*score),
                     "member {member} of group {name} demoted: transport health score {score:.1} above {} (sequence NAKs, retransmissions, CNPs of its QPs); new flowlets avoid it{held}",
                     options.demote_above
                 )
@@ -267,13 +267,18 @@ pub fn step_group(
             Verdict::Restored { score } => tracing::info!(
                 group = name,
                 member,
-                score,
+                score = round2(*score),
                 "member {member} of group {name} restored: transport health score {score:.2} below {}; it gets its buckets back",
                 options.restore_below
             ),
         }
     }
     Ok(!verdicts.is_empty())
+}
+
+/// A score for a log field: two decimals, as the message shows it.
+fn round2(score: f64) -> f64 {
+    (score * 100.0).round() / 100.0
 }
 
 /// The weighted trouble between two readings of one member's sums.

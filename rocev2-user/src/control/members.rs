@@ -75,6 +75,16 @@ pub(crate) fn next_hop_text(n: &NextHop) -> String {
     }
 }
 
+/// A next hop as a log field: the address, the static MAC, or "bridge
+/// port" (an uplink group's member, reached through the bridge).
+fn next_hop_field(n: &NextHop) -> String {
+    match n {
+        NextHop::Via(ip) => ip.to_string(),
+        NextHop::Mac(mac) => format_mac(mac),
+        NextHop::BridgePort => "bridge port".to_string(),
+    }
+}
+
 /// Each configured member's position among the usable ones (its place in
 /// the dataplane's member list and counters), `None` if not usable.
 pub(crate) fn live_positions(members: &[MemberLive]) -> Vec<Option<u32>> {
@@ -86,6 +96,8 @@ pub(crate) fn live_positions(members: &[MemberLive]) -> Vec<Option<u32>> {
 /// neighbour's MAC changes.
 pub(crate) fn log_member_change(group: &str, member: &MemberLive, was_usable: bool, link_down: Option<&str>) {
     let name = format!("{} {}", member.dev, next_hop_text(&member.next_hop));
+    // As fields: the device and the next hop (an address or a static MAC) apart.
+    let (dev, next_hop) = (member.dev.as_str(), next_hop_field(&member.next_hop));
     match (was_usable, member.usable().is_some()) {
         (true, false) => {
             let reason = match (link_down, member.next_hop) {
@@ -94,14 +106,16 @@ pub(crate) fn log_member_change(group: &str, member: &MemberLive, was_usable: bo
                 (None, NextHop::Mac(_)) => "unusable".to_string(),
                 (None, NextHop::BridgePort) => "not a port of the bridge in STP forwarding state".to_string(),
             };
-            tracing::warn!(group, member = name.as_str(), reason, "member {name} left group {group}: {reason}");
+            tracing::warn!(group, member = dev, next_hop, reason, "member {name} left group {group}: {reason}");
         }
-        (false, true) => tracing::info!(group, member = name.as_str(), "member {name} rejoined group {group}"),
+        (false, true) => tracing::info!(group, member = dev, next_hop, "member {name} rejoined group {group}"),
         (true, true) => tracing::info!(
             group,
-            member = name.as_str(),
+            member = dev,
+            next_hop,
             mac = %member.dst_mac.map(|m| format_mac(&m)).unwrap_or_default(),
-            "member {name} of group {group}: neighbour MAC changed"
+            "member {name} of group {group}: neighbour MAC changed to {}",
+            member.dst_mac.map(|m| format_mac(&m)).unwrap_or_default()
         ),
         (false, false) => {
             tracing::debug!(group, member = name.as_str(), "member {name} of group {group} still unusable")

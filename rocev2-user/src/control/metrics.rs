@@ -27,6 +27,15 @@
 //! (gauges), `rocev2_bridge_ageing_refreshes_total{bridge}` and
 //! `rocev2_bridge_messages_total{bridge}`.
 //!
+//! The service itself: `rocev2_build_info{version,commit}` (always 1),
+//! `rocev2_config_reloads_total`, `rocev2_config_reload_failures_total`,
+//! `rocev2_config_last_reload_successful`,
+//! `rocev2_config_last_reload_success_timestamp_seconds`,
+//! `rocev2_member_up{group,member,next_hop}` (every configured member, 1 or
+//! 0) and the usual `process_*` (start time, CPU, resident memory, fds).
+//! `packaging/grafana-dashboard.json` graphs them (a test checks it names
+//! only these metrics).
+//!
 //! Every scrape reads the pinned maps afresh and encodes one [`Snapshot`]:
 //! the counters live in the kernel, so the registry holds no state of its
 //! own, only a collector over that snapshot.
@@ -197,9 +206,73 @@ fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
     pairs.into_iter().map(|(key, value)| (key, value.to_owned())).collect()
 }
 
+/// What the service says about itself beside the counters: the build, the
+/// config's reload history, each configured member's state, the process.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceInfo {
+    pub started_at: u64,
+    pub reloads: u64,
+    pub reload_failures: u64,
+    /// Whether the last reload worked (true before any).
+    pub last_reload_ok: bool,
+    /// When the running config was applied (start or last good reload).
+    pub config_loaded_at: u64,
+    /// (group, member device, next hop, up) for every configured member.
+    pub members: Vec<(String, String, String, bool)>,
+    /// From /proc/self: CPU seconds, resident bytes, open file descriptors.
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub open_fds: u64,
+}
+
+impl ServiceInfo {
+    /// From the state file of a running instance; the process metrics are
+    /// those of its `rocev2 run` (its pid), whoever serves them.
+    pub fn of(state: &RunState) -> Self {
+        let (cpu_seconds, resident_bytes) = usage(state.pid);
+        Self {
+            started_at: state.started_at,
+            reloads: state.reloads,
+            reload_failures: state.reload_failures,
+            last_reload_ok: !matches!(state.last_reload, crate::control::state::ReloadOutcome::Refused { .. }),
+            config_loaded_at: state.config_loaded_at,
+            members: state
+                .groups
+                .iter()
+                .flat_map(|g| g.configured.iter().map(|m| (g.name.clone(), m.dev.clone(), m.next_hop.clone(), m.up)))
+                .collect(),
+            cpu_seconds,
+            resident_bytes,
+            open_fds: std::fs::read_dir(format!("/proc/{}/fd", state.pid)).map_or(0, |d| d.count() as u64),
+        }
+    }
+}
+
+/// Process `pid`'s CPU time (user + system, seconds) and resident memory
+/// (bytes), from /proc/PID/stat.
+fn usage(pid: u32) -> (f64, u64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0.0, 0) };
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let number = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let (ticks, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+    // utime and stime are fields 14 and 15, rss 24 (1-based, counting pid and comm).
+    let cpu = (number(11) + number(12)) as f64 / ticks.max(1) as f64;
+    (cpu, number(21) * page.max(1) as u64)
+}
+
 /// The snapshot in the OpenMetrics text format.
 pub fn render_prometheus(snapshot: &Snapshot) -> String {
+    render_prometheus_with(snapshot, None)
+}
+
+/// The snapshot and, when given, the service's own metrics.
+pub fn render_prometheus_with(snapshot: &Snapshot, service: Option<&ServiceInfo>) -> String {
     let mut out = Exposition::default();
+    if let Some(info) = service {
+        render_service(&mut out, info);
+    }
     for &counter in PortCounter::ALL {
         let (metric, reason) = port_metric(counter);
         let help = help_for(&metric, counter);
@@ -447,14 +520,64 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
     out.encode()
 }
 
+/// The build, reload, member and process metrics.
+fn render_service(out: &mut Exposition, info: &ServiceInfo) {
+    out.gauge(
+        "rocev2_build_info",
+        "The rocev2 build serving these metrics (always 1).",
+        [(labels([("version", env!("CARGO_PKG_VERSION")), ("commit", rocev2_version::COMMIT)]), 1)],
+    );
+    out.counter(
+        "rocev2_config_reloads_total",
+        "Reloads (SIGHUP, `rocev2 reload`) handled.",
+        [(Labels::new(), info.reloads)],
+    );
+    out.counter(
+        "rocev2_config_reload_failures_total",
+        "Reloads refused (a mistake in the file or a change that needs a restart); the running config stayed.",
+        [(Labels::new(), info.reload_failures)],
+    );
+    out.gauge(
+        "rocev2_config_last_reload_successful",
+        "1 if the last reload applied the file (or none was asked for), 0 if it was refused.",
+        [(Labels::new(), u64::from(info.last_reload_ok))],
+    );
+    out.gauge(
+        "rocev2_config_last_reload_success_timestamp_seconds",
+        "When the running config was applied: the start or the last good reload (Unix time).",
+        [(Labels::new(), info.config_loaded_at)],
+    );
+    out.gauge(
+        "rocev2_member_up",
+        "1 while a configured group member is in its group (link up, neighbour known), 0 while it is out.",
+        info.members.iter().map(|(group, dev, next_hop, up)| {
+            (labels([("group", group), ("member", dev), ("next_hop", next_hop)]), u64::from(*up))
+        }),
+    );
+    out.gauge(
+        "process_start_time_seconds",
+        "Start time of the process (Unix time).",
+        [(Labels::new(), info.started_at)],
+    );
+    out.add(
+        "process_cpu_seconds_total",
+        MetricType::Counter,
+        "User and system CPU time spent.",
+        [(Labels::new(), Value::Real(info.cpu_seconds))],
+    );
+    out.gauge("process_resident_memory_bytes", "Resident memory size.", [(Labels::new(), info.resident_bytes)]);
+    out.gauge("process_open_fds", "Open file descriptors.", [(Labels::new(), info.open_fds)]);
+}
+
 /// Reads the running instance's state and pinned maps (fresh each scrape,
-/// so the endpoint follows member changes and restarts).
+/// so the endpoint follows member changes and restarts), with the
+/// service's own metrics.
 pub fn scrape(pin_dir: &Path) -> Result<String> {
     let state = RunState::read(pin_dir)?;
     let maps = Maps::open_pinned(pin_dir)?;
     let mut snapshot = Snapshot::collect(&maps, &state)?;
     snapshot.add_transport(pin_dir, &state)?;
-    Ok(render_prometheus(&snapshot))
+    Ok(render_prometheus_with(&snapshot, Some(&ServiceInfo::of(&state))))
 }
 
 /// Status, content type and body for one request.
@@ -463,7 +586,9 @@ pub fn respond(
     path: &str,
     scrape: impl FnOnce() -> Result<String>,
 ) -> (StatusCode, &'static str, String) {
-    if method != Method::GET || path != "/metrics" {
+    // HEAD is GET without the body (hyper leaves it out): what checks of
+    // an endpoint (`curl -I`, load balancers) send.
+    if !(method == Method::GET || method == Method::HEAD) || path != "/metrics" {
         return (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: try GET /metrics\n".into());
     }
     match scrape() {
@@ -690,7 +815,101 @@ mod tests {
             telemetry_qps: Some(12),
             egress_refused: vec![crate::control::stats::RefusedSnapshot { dev: "u1".into(), ifindex: 4, frames: 3 }],
             egress_refused_uncounted: None,
+            unmanaged: None,
         }
+    }
+
+    fn service() -> ServiceInfo {
+        ServiceInfo {
+            started_at: 1_700_000_000,
+            reloads: 3,
+            reload_failures: 1,
+            last_reload_ok: false,
+            config_loaded_at: 1_700_000_100,
+            members: vec![
+                ("spines".into(), "u1".into(), "via 10.0.1.2".into(), true),
+                ("spines".into(), "u3".into(), "via 10.0.3.2".into(), false),
+            ],
+            cpu_seconds: 1.5,
+            resident_bytes: 4096,
+            open_fds: 9,
+        }
+    }
+
+    /// The sample names of an exposition (`rocev2_port_rx_packets_total`,
+    /// not the family name without `_total`).
+    fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.split(['{', ' ']).next().unwrap_or("").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn build_reload_member_and_process_metrics() {
+        let text = render_prometheus_with(&snapshot(), Some(&service()));
+        let commit = rocev2_version::COMMIT;
+        let version = env!("CARGO_PKG_VERSION");
+        for line in [
+            format!("rocev2_build_info{{version=\"{version}\",commit=\"{commit}\"}} 1"),
+            "rocev2_config_reloads_total 3".to_string(),
+            "rocev2_config_reload_failures_total 1".to_string(),
+            "rocev2_config_last_reload_successful 0".to_string(),
+            "rocev2_config_last_reload_success_timestamp_seconds 1700000100".to_string(),
+            "rocev2_member_up{group=\"spines\",member=\"u1\",next_hop=\"via 10.0.1.2\"} 1".to_string(),
+            "rocev2_member_up{group=\"spines\",member=\"u3\",next_hop=\"via 10.0.3.2\"} 0".to_string(),
+            "process_start_time_seconds 1700000000".to_string(),
+            "process_cpu_seconds_total 1.5".to_string(),
+            "process_open_fds 9".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert_eq!(text.matches("# EOF").count(), 1, "one exposition: {text}");
+        // This process's own usage reads as something.
+        let (cpu, rss) = usage(std::process::id());
+        assert!(cpu >= 0.0 && rss > 0, "{cpu} {rss}");
+    }
+
+    /// The Grafana dashboard shipped in packaging/ queries only metrics the
+    /// daemon exports (a renamed metric fails here, not on a dashboard).
+    #[test]
+    fn the_grafana_dashboard_uses_only_exported_metrics() {
+        let exported = sample_names(&render_prometheus_with(&snapshot(), Some(&service())));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/grafana-dashboard.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    for (key, value) in map {
+                        match (key.as_str(), value) {
+                            ("expr" | "query", serde_json::Value::String(e)) => out.push(e.clone()),
+                            _ => exprs(value, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(list) => list.iter().for_each(|x| exprs(x, out)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        exprs(&dashboard, &mut found);
+        assert!(found.len() >= 8, "a dashboard with panels: {found:?}");
+        let mut used = std::collections::BTreeSet::new();
+        for expr in &found {
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+                if word.starts_with("rocev2_") || word.starts_with("process_") {
+                    used.insert(word.to_string());
+                }
+            }
+        }
+        let unknown: Vec<&String> = used.iter().filter(|m| !exported.contains(*m)).collect();
+        assert!(
+            unknown.is_empty(),
+            "the dashboard queries metrics the daemon does not export: {unknown:?}\nexported: {exported:?}"
+        );
+        assert!(used.len() >= 10, "{used:?}");
     }
 
     #[test]
@@ -821,6 +1040,7 @@ mod tests {
         assert_eq!(respond(&Method::GET, "/metrics", ok).1, CONTENT_TYPE);
         assert_eq!(respond(&Method::GET, "/", ok).0, StatusCode::NOT_FOUND);
         assert_eq!(respond(&Method::POST, "/metrics", ok).0, StatusCode::NOT_FOUND);
+        assert_eq!(respond(&Method::HEAD, "/metrics", ok).0, StatusCode::OK);
         let failed = respond(&Method::GET, "/metrics", || anyhow::bail!("no state"));
         assert!(failed.0 == StatusCode::SERVICE_UNAVAILABLE && failed.2.contains("no state"));
     }

@@ -8,6 +8,7 @@ pub mod collisions;
 pub mod config;
 pub mod dataplane;
 pub mod decision;
+pub mod detach;
 pub mod errors;
 pub mod groups;
 pub mod health;

@@ -1,7 +1,8 @@
 //! systemd's readiness protocol (`sd_notify`) for `rocev2 run` under a
 //! `Type=notify` unit: `READY=1` once the ports are attached and the maps
 //! filled, `RELOADING=1` / `READY=1` around a reload, `STOPPING=1` at the
-//! end, and `STATUS=` with a one-line summary.
+//! end, `STATUS=` with a one-line summary, and with `WatchdogSec=` in the
+//! unit `WATCHDOG=1` while the control loop is healthy.
 //!
 //! Outside systemd (`NOTIFY_SOCKET` unset) every call does nothing. A
 //! message that cannot be sent is reported once on stderr and otherwise
@@ -37,6 +38,25 @@ pub fn reloading() {
 /// The process is shutting down (stop or handover).
 pub fn stopping(status: &str) {
     send(&[NotifyState::Stopping, NotifyState::Status(status)]);
+}
+
+/// The watchdog period systemd asks for (`WatchdogSec=`, passed as
+/// WATCHDOG_USEC for this process), if any.
+/// As libsystemd's `sd_watchdog_enabled`: WATCHDOG_USEC, for this process
+/// when WATCHDOG_PID names it or is unset.
+pub fn watchdog_period() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok().filter(|u| *u > 0)?;
+    match std::env::var("WATCHDOG_PID") {
+        Ok(pid) if pid.parse() != Ok(std::process::id()) => None,
+        _ => Some(std::time::Duration::from_micros(usec)),
+    }
+}
+
+/// "Still alive": sent only while the control loop is healthy, so a loop
+/// that hangs is restarted by systemd (and the restarted run takes the
+/// dataplane over without dropping traffic).
+pub fn watchdog() {
+    send(&[NotifyState::Watchdog]);
 }
 
 /// A new summary for `systemctl status`.

@@ -157,7 +157,7 @@ pub struct TopRow {
     pub group: String,
     /// The member (device) carrying the QP's data.
     pub member: String,
-    /// Over the last refresh interval (or the QP's lifetime with --once).
+    /// Over the last refresh interval.
     pub pps: f64,
     pub bits_per_sec: f64,
     /// The table's counters for the QP (packets, bytes, PSN jumps, NAKs...).

@@ -114,18 +114,36 @@ struct Runner {
     classes: Option<Vec<rocev2_common::class::ClassEntry>>,
     mode: AyaXdpMode,
     state: RunState,
+    /// Map sizes fixed when the programs were loaded: a reload may use
+    /// less of them, not more.
+    loaded: LoadedSizes,
+}
+
+/// Sizes of the maps as loaded (see [`Runner::check_live_changeable`]).
+#[derive(Clone, Copy, Debug)]
+struct LoadedSizes {
+    flowlet_table_size: u32,
+    flowlet_slots: u32,
+    telemetry_qps: u32,
 }
 
 pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> Result<Ending> {
     let pin_dir = config.dataplane.pin_dir.clone();
     // Say which capability is missing before anything else fails with EPERM.
-    crate::sys::privileges::check()?;
+    crate::sys::privileges::require("run", crate::sys::privileges::Need::LoadXdp)?;
     // Handlers first: a signal that arrives while starting up (or right
     // after `ready`) must still detach and unpin, not kill the process.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    if pin_dir.starts_with(crate::sys::paths::BPFFS) && crate::sys::bpffs::private_view() {
+        bail!(
+            "refusing to pin the dataplane into {}: {}; nothing else could see, reload, upgrade or detach what it pins there. Start it as `rocev2 --netns NAME run --config FILE`, which enters only the network namespace",
+            pin_dir.display(),
+            crate::sys::bpffs::PRIVATE_VIEW
+        );
+    }
     let _lock = RunLock::acquire(&pin_dir)?;
     let mut runner = Runner::start(config, &options, netns).await?;
 
@@ -150,6 +168,11 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
 
     let mut link_tick = tokio::time::interval(LINK_POLL);
     let mut neighbour_tick = tokio::time::interval(runner.config.dataplane.neighbour_refresh);
+    // Under `WatchdogSec=`: ping at half the period, but only while the
+    // link check (every LINK_POLL) keeps completing.
+    let watchdog = crate::control::notify::watchdog_period();
+    let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |p| p / 2));
+    let mut last_refresh = Instant::now();
     let handover = loop {
         tokio::select! {
             _ = sigint.recv() => break false,
@@ -164,8 +187,17 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
                 crate::control::notify::status(&runner.status_line());
                 runner.check_fill();
                 runner.check_refusals();
+                RunState::touch(&pin_dir);
             }
-            _ = link_tick.tick() => runner.refresh(false).await?,
+            _ = link_tick.tick() => {
+                runner.refresh(false).await?;
+                last_refresh = Instant::now();
+            }
+            _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                if last_refresh.elapsed() < watchdog.unwrap_or_default() / 2 {
+                    crate::control::notify::watchdog();
+                }
+            }
             started = async { runner.kernel.as_mut().expect("guarded").next_batch().await }, if runner.kernel.is_some() => {
                 runner.apply_kernel_changes(started?).await?;
             }
@@ -185,6 +217,10 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
     }
     let snapshot = Snapshot::collect(&runner.dataplane.maps, &runner.state)?;
     if handover {
+        runner.state.handed_over_at = Some(crate::control::state::now_epoch());
+        if let Err(e) = runner.state.write(&pin_dir) {
+            tracing::warn!("cannot record the handover in the state file: {e:#}");
+        }
         runner.dataplane.hand_over();
         drop(runner);
         Ok(Ending::HandedOver(snapshot))
@@ -262,6 +298,11 @@ impl Runner {
             pid: std::process::id(),
             config: config.path.clone(),
             netns: netns.clone(),
+            pin_dir: pin_dir.clone(),
+            started_at: crate::control::state::now_epoch(),
+            config_loaded_at: crate::control::state::now_epoch(),
+            netns_cookie: crate::sys::netns::current_cookie().unwrap_or(0),
+            features: dataplane.features().0,
             ..Default::default()
         };
         let mut runner = Runner {
@@ -289,6 +330,11 @@ impl Runner {
             classes: None,
             mode,
             state,
+            loaded: LoadedSizes {
+                flowlet_table_size: config.flowlet_table_size(),
+                flowlet_slots: config.flowlet_slots(),
+                telemetry_qps: config.dataplane.telemetry_qps,
+            },
         };
         if let Some(table) = &config.routing.kernel_table {
             let id = match table {
@@ -341,13 +387,19 @@ impl Runner {
                 s.ageing_s
             );
         }
+        let ports =
+            runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+        let attach = match c.dataplane.attach {
+            Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
+            Attach::Tc => "tc ingress".to_string(),
+        };
         tracing::info!(
-            "forwarding on {} ({}), {} groups, {} routes, maps pinned in {}",
-            runner.ports.iter().chain(&runner.bridge_ports).map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-            match c.dataplane.attach {
-                Attach::Xdp => format!("{} XDP", crate::control::dataplane::mode_name(mode)),
-                Attach::Tc => "tc ingress".to_string(),
-            },
+            ports = ports.as_str(),
+            attach = attach.as_str(),
+            groups = c.groups.len(),
+            routes = c.routes.len(),
+            pin_dir = %pin_dir.display(),
+            "forwarding on {ports} ({attach}), {} groups, {} routes, maps pinned in {}",
             c.groups.len(),
             c.routes.len(),
             pin_dir.display()
@@ -376,7 +428,7 @@ impl Runner {
             fills.push(Fill {
                 table: "flowlet table",
                 used: self.dataplane.maps.flowlet_entries() as u64,
-                capacity: self.config.flowlet_table_size().into(),
+                capacity: self.loaded.flowlet_table_size.into(),
                 hint: "the least recently used flows are evicted and may change path mid-flowlet; raise flowlet_table_size",
             });
         }
@@ -437,12 +489,15 @@ impl Runner {
         match &result {
             Ok(()) => {
                 self.state.last_reload = ReloadOutcome::Applied;
+                self.state.config_loaded_at = crate::control::state::now_epoch();
                 tracing::info!(config = %path.display(), "reloaded {}", path.display());
+                self.report_unused_features();
             }
             Err(e) => {
                 let message = e.to_string();
                 tracing::error!(config = %path.display(), "reload of {} failed, the running config stays: {message}", path.display());
                 self.state.last_reload = ReloadOutcome::Refused { reason: e.reason(), message };
+                self.state.reload_failures += 1;
             }
         }
         if let Err(e) = self.state.write(&self.config.dataplane.pin_dir) {
@@ -450,47 +505,81 @@ impl Runner {
         }
     }
 
-    /// Settings fixed when the programs were loaded and attached.
+    /// Settings fixed when the programs were loaded and attached. A
+    /// reload may turn a feature off or use less of a table (the loaded
+    /// programs and maps hold the smaller config), not turn one on or grow
+    /// a table; a refusal names what in the new file asks for it.
     fn check_live_changeable(&self, new: &Config) -> Result<(), ReloadError> {
         let (old, newd) = (&self.config.dataplane, &new.dataplane);
         let mut fixed = Vec::new();
         if old.pin_dir != newd.pin_dir {
-            fixed.push("dataplane.pin_dir");
+            fixed.push(format!("dataplane.pin_dir changed to {}", newd.pin_dir.display()));
         }
         if old.attach != newd.attach {
-            fixed.push("dataplane.attach");
+            fixed.push("dataplane.attach changed".to_string());
         }
         if old.xdp_mode != newd.xdp_mode {
-            fixed.push("dataplane.xdp_mode");
+            fixed.push("dataplane.xdp_mode changed".to_string());
         }
         if old.cpu_spread != newd.cpu_spread {
-            fixed.push("dataplane.cpu_spread");
+            fixed.push("dataplane.cpu_spread changed".to_string());
         }
         if self.config.routing != new.routing {
-            fixed.push("[routing]");
+            fixed.push("[routing] changed".to_string());
         }
         if self.config.bridge.as_ref().map(|b| &b.name) != new.bridge.as_ref().map(|b| &b.name) {
-            fixed.push("[bridge] (which bridge rocev2 follows)");
+            fixed.push("[bridge] name changed (which bridge rocev2 follows)".to_string());
         }
-        if self.config.flowlet_table_size() != new.flowlet_table_size() {
-            fixed.push("flowlet_table_size (the flowlet table is sized at load time)");
+        let loaded = self.loaded;
+        if new.flowlet_table_size() > loaded.flowlet_table_size {
+            let groups = new.feature_sources(Features::FLOWLET_KEYED).join(", ");
+            fixed.push(format!(
+                "the keyed flowlet groups ({groups}) need a table of {} flows in all (their flowlet_table_size, 65536 each unless set), and the running one was sized for {} when `rocev2 run` loaded it",
+                new.flowlet_table_size(),
+                loaded.flowlet_table_size
+            ));
         }
-        if self.config.flowlet_slots() != new.flowlet_slots() {
-            fixed.push("the keyless flowlet slots (flowlet_table = \"keyless\" and its flowlet_table_size: the slot array is sized at load time)");
+        if new.flowlet_slots() > loaded.flowlet_slots {
+            fixed.push(format!(
+                "a keyless flowlet group needs {} slots (its flowlet_table_size), and the running slot array was sized for {} when `rocev2 run` loaded it",
+                new.flowlet_slots(),
+                loaded.flowlet_slots
+            ));
         }
-        if old.telemetry_qps != newd.telemetry_qps && old.telemetry_qps != 0 {
-            fixed.push("dataplane.telemetry_qps (the QP table is sized at load time)");
+        if newd.telemetry_qps > loaded.telemetry_qps && loaded.telemetry_qps != 0 {
+            fixed.push(format!(
+                "telemetry_qps = {} in [dataplane]: the QP table holds {} QPs, sized when `rocev2 run` loaded it",
+                newd.telemetry_qps, loaded.telemetry_qps
+            ));
         }
         // Features are load-time constants: code for a feature the loaded
         // programs were built without is not there to run.
         let missing = new.features().without(self.dataplane.features());
         if missing != Features::NONE {
-            return Err(ReloadError::FeaturesNotLoaded { features: missing.names().collect() });
+            let features: Vec<String> = Features::NAMED
+                .iter()
+                .filter(|(f, _)| missing.contains(*f))
+                .map(|(f, name)| format!("{name} ({})", new.feature_sources(*f).join(", ")))
+                .collect();
+            return Err(ReloadError::FeaturesNotLoaded { features });
         }
         if !fixed.is_empty() {
             return Err(ReloadError::NeedsRestart { settings: fixed });
         }
         Ok(())
+    }
+
+    /// After a reload: features the loaded programs carry that the config
+    /// no longer uses (they cost a little per packet until a restart).
+    fn report_unused_features(&self) {
+        let unused = self.dataplane.features().without(self.config.features());
+        if unused != Features::NONE {
+            let names = unused.names().collect::<Vec<_>>().join(", ");
+            tracing::info!(
+                features = names.as_str(),
+                "the config no longer uses {names}; the running programs keep that code until `rocev2 run` restarts (a new run takes over without dropping traffic)"
+            );
+        }
     }
 
     /// Makes the dataplane match `config`. Order matters for packets in
@@ -1044,7 +1133,7 @@ impl Runner {
                         mac: m.dst_mac,
                     })
                 });
-                groups::group_state(
+                let mut state = groups::group_state(
                     &group.name,
                     self.slots[&group.name],
                     group.hash,
@@ -1052,7 +1141,16 @@ impl Runner {
                     group.transport_aware.as_ref(),
                     members,
                     self.health.get(&group.name),
-                )
+                );
+                state.configured = self.members[&group.name]
+                    .iter()
+                    .map(|m| crate::control::state::ConfiguredMember {
+                        dev: m.dev.clone(),
+                        next_hop: next_hop_text(&m.next_hop),
+                        up: m.usable().is_some(),
+                    })
+                    .collect();
+                state
             })
             .collect();
         if let Some(kernel) = &self.kernel {
@@ -1144,39 +1242,85 @@ pub struct Links {
     pub egress: Vec<LinkInfo>,
 }
 
-/// Looks up every interface the config names; a missing one is an error
-/// at its place in the file, naming the namespace it looked in.
+/// Looks up every interface the config names. Every missing one is
+/// reported, one line each at its place in the file, with a close name
+/// ("did you mean"), the namespace it looked in and, when they all exist
+/// in one named namespace, the `--netns` to give.
 pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let hint = crate::sys::netns::interface_hint();
+    let mut errors: Vec<String> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut lookup =
+        async |name: &str, loc: &crate::control::config::Location, field: &str| match netlink.link(name).await {
+            Ok(link) => Some(link),
+            Err(e) => {
+                // Interface names are short: only a close name that starts
+                // alike is a likely typo (s1l9 for s1l1, not lo for h1).
+                let names = interface_names();
+                let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == name.chars().next());
+                let close = crate::sys::suggest::closest_match(name, alike)
+                    .map(|c| format!(" (did you mean {c}?)"))
+                    .unwrap_or_default();
+                let kind = crate::control::bridge::missing_device_hint(name);
+                errors.push(config.error_at(loc, field, format!("{e:#}{close}{kind}")).to_string());
+                missing.push(name.to_string());
+                None
+            }
+        };
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
-        let link =
-            netlink.link(&port.name).await.map_err(|e| config.error_at(&port.loc, "name", format!("{e:#}{hint}")))?;
-        links.ports.push(link);
+        links.ports.extend(lookup(&port.name, &port.loc, "name").await);
     }
     for group in &config.groups {
         let mut list = Vec::new();
         for member in &group.members {
             // An uplink group's member is a port name (its place is the name).
             let field = if member.next_hop == NextHop::BridgePort { "" } else { "dev" };
-            let link = netlink.link(&member.dev).await.map_err(|e| {
-                config.error_at(
-                    &member.loc,
-                    field,
-                    format!("{e:#}{}{hint}", crate::control::bridge::missing_device_hint(&member.dev)),
-                )
-            })?;
-            list.push(link);
+            list.extend(lookup(&member.dev, &member.loc, field).await);
         }
         links.members.push(list);
     }
     for e in &config.egress {
-        let link =
-            netlink.link(&e.dev).await.map_err(|err| config.error_at(&e.loc, "dev", format!("{err:#}{hint}")))?;
-        links.egress.push(link);
+        links.egress.extend(lookup(&e.dev, &e.loc, "dev").await);
     }
-    crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
-    Ok(links)
+    if errors.is_empty() {
+        crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
+        return Ok(links);
+    }
+    let found = namespaces_with(&missing);
+    let elsewhere = match found.as_slice() {
+        [] => String::new(),
+        [ns] => format!("; they exist in network namespace {ns:?}: give `rocev2 --netns {ns} ...`"),
+        several => {
+            let listed: Vec<String> = several.iter().take(4).map(|n| format!("{n:?}")).collect();
+            let more = if several.len() > 4 { format!(" and {} more", several.len() - 4) } else { String::new() };
+            format!("; they exist in network namespaces {}{more}: give `rocev2 --netns NAME ...`", listed.join(", "))
+        }
+    };
+    let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
+    bail!("{}{count}{}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
+}
+
+/// The interface names of this thread's network namespace.
+fn interface_names() -> Vec<String> {
+    nix::net::if_::if_nameindex()
+        .map(|list| list.iter().map(|i| i.name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// The named network namespaces (`ip netns list`), other than this one, in
+/// which every one of `names` exists: where a config was meant to run.
+fn namespaces_with(names: &[String]) -> Vec<String> {
+    let here = crate::sys::netns::current_cookie().unwrap_or(0);
+    crate::sys::netns::names()
+        .into_iter()
+        .filter(|ns| {
+            crate::sys::netns::in_netns_scoped(ns, || {
+                let found = interface_names();
+                Ok(crate::sys::netns::current_cookie().unwrap_or(0) != here && names.iter().all(|n| found.contains(n)))
+            })
+            .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// The dataplane's encoding of a configured group's policy.
@@ -1202,6 +1346,9 @@ fn learned_policies(config: &Config) -> (&[crate::control::config::RoutePolicy],
 /// reason): the old config stays.
 pub fn request_reload(pin_dir: &std::path::Path, timeout: Duration) -> Result<PathBuf> {
     let before = RunState::read(pin_dir)?;
+    if let Some(warning) = before.manager().warning(pin_dir) {
+        bail!("nothing to reload: {warning}");
+    }
     if let Err(e) = crate::sys::signal_process(before.pid, nix::sys::signal::Signal::SIGHUP) {
         bail!("cannot signal rocev2 run (pid {}): {e}", before.pid);
     }

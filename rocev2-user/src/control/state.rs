@@ -19,6 +19,26 @@ pub struct RunState {
     pub pid: u32,
     pub config: PathBuf,
     pub netns: Option<String>,
+    /// The pin directory this state describes (empty in a state file
+    /// written before it was recorded).
+    #[serde(default)]
+    pub pin_dir: PathBuf,
+    /// When this `rocev2 run` started (seconds since the epoch).
+    #[serde(default)]
+    pub started_at: u64,
+    /// When it handed over (SIGUSR1) and left the dataplane to the next
+    /// run, if it did (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_over_at: Option<u64>,
+    /// The cookie of the network namespace it forwards in: tells ports
+    /// of the same ifindex in two namespaces apart.
+    #[serde(default)]
+    pub netns_cookie: u64,
+    /// The features the running programs were loaded with (the bits of
+    /// rocev2_common::features::Features), so `check` can tell whether a
+    /// reload can apply a config.
+    #[serde(default)]
+    pub features: u32,
     pub ports: Vec<PortState>,
     pub groups: Vec<GroupState>,
     /// `[[egress]]` ports with a virtual queue, by counter slot.
@@ -33,6 +53,13 @@ pub struct RunState {
     pub reloads: u64,
     #[serde(default)]
     pub last_reload: ReloadOutcome,
+    /// Reloads that failed (the running config stayed).
+    #[serde(default)]
+    pub reload_failures: u64,
+    /// When the running config was applied: the start or the last good
+    /// reload (seconds since the epoch).
+    #[serde(default)]
+    pub config_loaded_at: u64,
     /// The hash seed in use, and whether it was derived (`hash_seed = "auto"`).
     #[serde(default)]
     pub seed: u32,
@@ -211,6 +238,18 @@ pub struct GroupState {
     pub transport_aware: Option<TransportAwareKnobs>,
     /// Members in position order, as live in the dataplane.
     pub members: Vec<MemberState>,
+    /// Every configured member, usable or not, in config order (for
+    /// `rocev2_member_up`: which member left, not only how many are left).
+    #[serde(default)]
+    pub configured: Vec<ConfiguredMember>,
+}
+
+/// A member as configured, and whether it is in its group now.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfiguredMember {
+    pub dev: String,
+    pub next_hop: String,
+    pub up: bool,
 }
 
 /// The `flowlet_*` settings of a flowlet group, as in the config.
@@ -340,22 +379,161 @@ impl RunState {
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
     }
 
+    /// The state of the instance using `pin_dir`. Without one, the error
+    /// says so and lists the instances that do run, with their `--pin-dir`.
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let path = state_path(pin_dir);
-        let text = fs::read(&path).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
-                "permission denied: run it as root".to_string()
-            } else {
-                format!("is `rocev2 run` running with pin_dir {}?", pin_dir.display())
-            };
-            anyhow::Error::new(e).context(format!("cannot read {} ({hint})", path.display()))
-        })?;
-        serde_json::from_slice(&text).with_context(|| format!("{} is not valid rocev2 state", path.display()))
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("cannot read {} (permission denied: run it as root)", path.display())))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("{}", not_running(pin_dir)),
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot read {}", path.display()))),
+        };
+        let mut state: Self =
+            serde_json::from_slice(&text).with_context(|| format!("{} is not valid rocev2 state", path.display()))?;
+        if state.pin_dir.as_os_str().is_empty() {
+            state.pin_dir = pin_dir.to_path_buf();
+        }
+        Ok(state)
     }
 
     pub fn remove(pin_dir: &Path) {
         let _ = fs::remove_file(state_path(pin_dir));
     }
+
+    /// Marks the state file as current (its modification time): `run`
+    /// does this every few seconds, so when it dies unannounced the file
+    /// tells about when.
+    pub fn touch(pin_dir: &Path) {
+        let _ = nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &state_path(pin_dir),
+            &nix::sys::time::TimeSpec::UTIME_NOW,
+            &nix::sys::time::TimeSpec::UTIME_NOW,
+            nix::sys::stat::UtimensatFlags::FollowSymlink,
+        );
+    }
+
+    /// Whether a live `rocev2 run` manages this dataplane, and if not,
+    /// since when nobody has.
+    pub fn manager(&self) -> Manager {
+        if process_is_rocev2(self.pid) && self.handed_over_at.is_none() {
+            return Manager::Running(self.pid);
+        }
+        let since = self.handed_over_at.or_else(|| {
+            fs::metadata(state_path(&self.pin_dir))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+        });
+        Manager::Nobody { pid: self.pid, since, handed_over: self.handed_over_at.is_some() }
+    }
+}
+
+/// Who keeps a dataplane in step with the kernel and the config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Manager {
+    /// A live `rocev2 run` with this pid.
+    Running(u32),
+    /// Nobody: the last run (pid) handed over or died; its programs still
+    /// forward with the last config, but nothing follows link, neighbour
+    /// or route changes. `since`: seconds since the epoch, when known.
+    Nobody { pid: u32, since: Option<u64>, handed_over: bool },
+}
+
+impl Manager {
+    /// None while a run manages it; else the warning to show, e.g. "no
+    /// `rocev2 run` has managed the dataplane in /sys/fs/bpf/rocev2 since
+    /// 10:52:09 (pid 56 handed over) ...".
+    pub fn warning(&self, pin_dir: &Path) -> Option<String> {
+        let Self::Nobody { pid, since, handed_over } = self else { return None };
+        let since = since.map(|s| format!(" since {}", clock_time(s))).unwrap_or_default();
+        let why = if *handed_over { "handed over and no new run took over" } else { "is gone: killed or crashed" };
+        Some(format!(
+            "no `rocev2 run` has managed the dataplane in {}{since} (pid {pid} {why}): its programs still forward with the last config, but nothing follows link, neighbour or route changes. Start `rocev2 run` to take it over without interruption, or `rocev2 detach --pin-dir {}` to remove it",
+            pin_dir.display(),
+            pin_dir.display()
+        ))
+    }
+}
+
+/// `HH:MM:SS` in local time (as the journal and `date` show it).
+pub fn clock_time(epoch_secs: u64) -> String {
+    let t = epoch_secs as libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return format!("{epoch_secs} (epoch)");
+    }
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+/// Seconds since the epoch, now.
+pub fn now_epoch() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Whether `pid` is a live (not zombie) process of this program.
+pub fn process_is_rocev2(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Some((head, rest)) = stat.rsplit_once(')') else { return false };
+    let comm = head.split_once('(').map_or("", |(_, c)| c);
+    comm.starts_with("rocev2") && !rest.trim_start().starts_with('Z')
+}
+
+/// The `rocev2 run` instances that have a state file under /run/rocev2
+/// (live or not), in pin directory order.
+pub fn instances() -> Vec<RunState> {
+    let Ok(dir) = fs::read_dir(RUN_DIR) else { return Vec::new() };
+    let mut found: Vec<RunState> = dir
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        // Labs keep their records beside the instances.
+        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("lab-")))
+        .filter_map(|p| {
+            let mut state = serde_json::from_slice::<RunState>(&fs::read(&p).ok()?).ok()?;
+            if state.pin_dir.as_os_str().is_empty() {
+                // Written before the pin directory was recorded: the file
+                // name is the flattened path, exact for /sys/fs/bpf/NAME.
+                let stem = p.file_stem()?.to_string_lossy().into_owned();
+                state.pin_dir = Path::new(crate::sys::paths::BPFFS).join(stem.strip_prefix("sys_fs_bpf_")?);
+            }
+            Some(state)
+        })
+        .collect();
+    found.sort_by(|a, b| a.pin_dir.cmp(&b.pin_dir));
+    found
+}
+
+/// What to say when no state file exists for `pin_dir`: nothing runs
+/// there; here is what does run.
+fn not_running(pin_dir: &Path) -> String {
+    let running: Vec<RunState> =
+        instances().into_iter().filter(|s| matches!(s.manager(), Manager::Running(_))).collect();
+    let head = format!("no `rocev2 run` is using pin_dir {}", pin_dir.display());
+    if running.is_empty() {
+        return format!("{head}; none is running (start one with `rocev2 run --config FILE`)");
+    }
+    const LISTED: usize = 8;
+    let mut text = format!("{head}; running now (name one with --pin-dir DIR or --config FILE):");
+    for s in running.iter().take(LISTED) {
+        let netns = s.netns.as_ref().map(|n| format!(", --netns {n}")).unwrap_or_default();
+        text.push_str(&format!(
+            "\n  --pin-dir {}  (pid {}, config {}{netns})",
+            s.pin_dir.display(),
+            s.pid,
+            s.config.display()
+        ));
+    }
+    if running.len() > LISTED {
+        text.push_str(&format!("\n  and {} more (state files in {RUN_DIR})", running.len() - LISTED));
+    }
+    text
 }
 
 /// An exclusive lock on a pin directory, held for the life of `rocev2 run`.

@@ -42,6 +42,10 @@ pub struct Snapshot {
     /// Why refused redirects are not counted, if they are not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_refused_uncounted: Option<String>,
+    /// Set when no live `rocev2 run` manages the dataplane (it handed over
+    /// and none took over, or it died): what that means and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged: Option<String>,
 }
 
 /// Frames one egress device refused after the XDP program redirected them.
@@ -243,6 +247,7 @@ impl Snapshot {
             telemetry_qps: None,
             egress_refused,
             egress_refused_uncounted: (!state.refusals_uncounted.is_empty()).then(|| state.refusals_uncounted.clone()),
+            unmanaged: state.manager().warning(&state.pin_dir),
         })
     }
 
@@ -282,7 +287,8 @@ impl Snapshot {
     /// each member's packets and share (the hash distribution at a glance),
     /// then egress queues, classes and the flowlet table.
     pub fn render(&self) -> String {
-        let mut out = self.render_ports_and_groups();
+        let mut out = self.unmanaged.as_ref().map(|w| format!("WARNING: {w}\n")).unwrap_or_default();
+        out.push_str(&self.render_ports_and_groups());
         if !self.egress.is_empty() {
             let mut table = Table::new(&[
                 ("EGRESS", Align::Left),
@@ -405,7 +411,7 @@ impl Snapshot {
                 let mut columns = vec![
                     ("MEMBER", Align::Left),
                     ("PSN GAPS", Align::Right),
-                    ("RETRANSMITS", Align::Right),
+                    ("GO-BACKS", Align::Right),
                     ("SEQ NAKS", Align::Right),
                     ("OTHER NAKS", Align::Right),
                     ("CNPS", Align::Right),

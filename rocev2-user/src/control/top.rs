@@ -10,7 +10,6 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use comfy_table::{presets::NOTHING, Table};
 use serde::Serialize;
 
 use crate::{
@@ -19,6 +18,7 @@ use crate::{
     control::decision::read_live,
     control::qp_telemetry::{self, QpEntry, TopRow},
     control::state::RunState,
+    render::{Align, Table},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -29,8 +29,8 @@ pub struct TopArgs {
     /// Pin directory of the running instance.
     #[arg(long, value_name = "DIR")]
     pub pin_dir: Option<PathBuf>,
-    /// Print one snapshot and exit (rates are averages over each QP's
-    /// lifetime in the table).
+    /// Print one view and exit: rates over one --interval (it waits that
+    /// long), as the live view shows them.
     #[arg(long)]
     pub once: bool,
     /// Machine-readable output (one snapshot per refresh).
@@ -48,6 +48,8 @@ pub struct TopArgs {
 pub struct TopSnapshot {
     /// QPs in the table (at most `telemetry_qps`).
     pub tracked: usize,
+    /// The interval the rates are measured over (0: over each QP's life).
+    pub interval_secs: f64,
     /// Every QP, the unhealthiest first, then the busiest.
     pub qps: Vec<TopRow>,
     /// Heavy QPs sharing a member while another member idles.
@@ -107,13 +109,31 @@ pub fn snapshot(state: &RunState, now: &[QpEntry], before: &[QpEntry], secs: f64
             }
         })
         .collect();
-    qps.sort_by(|a, b| b.trouble().cmp(&a.trouble()).then(b.bits_per_sec.total_cmp(&a.bits_per_sec)));
-    TopSnapshot { tracked: now.len(), qps, collisions: Vec::new() }
+    qps.sort_by(|a, b| b.trouble().cmp(&a.trouble()).then(busier(a, b)));
+    let interval_secs = if before.is_empty() { 0.0 } else { secs };
+    TopSnapshot { tracked: now.len(), interval_secs, qps, collisions: Vec::new() }
+}
+
+/// The busier of two QPs first: by rate over the interval, then the one
+/// that sent most recently (QPs idle over the interval tie at 0).
+fn busier(a: &TopRow, b: &TopRow) -> std::cmp::Ordering {
+    b.bits_per_sec.total_cmp(&a.bits_per_sec).then(a.idle_secs.total_cmp(&b.idle_secs))
 }
 
 /// The groups' member devices, as the state file lists them.
 pub fn group_members(state: &RunState) -> GroupMembers {
-    state.groups.iter().map(|g| (g.name.clone(), g.members.iter().map(|m| m.dev.clone()).collect())).collect()
+    state
+        .groups
+        .iter()
+        .map(|g| {
+            let view = collisions::GroupView {
+                members: g.members.iter().map(|m| m.dev.clone()).collect(),
+                hash: g.hash.clone(),
+                policy: g.policy.clone(),
+            };
+            (g.name.clone(), view)
+        })
+        .collect()
 }
 
 fn rate(bits: f64) -> String {
@@ -125,50 +145,101 @@ fn rate(bits: f64) -> String {
     }
 }
 
-fn table(rows: &[&TopRow]) -> String {
-    let mut t = Table::new();
-    t.load_style(NOTHING).set_header([
-        "DST", "QP", "MEMBER", "RATE b/s", "PPS", "PACKETS", "GAPS", "RETX", "SEQ NAK", "RNR", "CNP", "CE", "MOVES",
-        "IDLE s",
-    ]);
-    for r in rows {
-        t.add_row([
-            r.dst.to_string(),
-            format!("{:#x}", r.dest_qp),
-            format!("{}/{}", r.group, r.member),
-            rate(r.bits_per_sec),
-            format!("{:.0}", r.pps),
-            r.stats.packets.to_string(),
-            r.stats.psn_forward_jumps.to_string(),
-            r.stats.psn_backward_jumps.to_string(),
-            r.stats.naks_sequence.to_string(),
-            r.stats.naks_rnr.to_string(),
-            r.stats.cnps.to_string(),
-            r.stats.ce_marked.to_string(),
-            r.stats.member_changes.to_string(),
-            format!("{:.1}", r.idle_secs),
-        ]);
+/// A column of the QP tables: header, alignment, cell.
+struct Column {
+    header: &'static str,
+    align: Align,
+    cell: fn(&TopRow) -> String,
+}
+
+/// The columns, most important first: on a terminal too narrow for all of
+/// them the last ones are left out (as `top` and `iftop` fit the screen),
+/// never the identity, the rate or the trouble counters.
+const COLUMNS: &[Column] = &[
+    Column { header: "DST", align: Align::Left, cell: |r| r.dst.to_string() },
+    Column { header: "QP", align: Align::Left, cell: |r| format!("{:#x}", r.dest_qp) },
+    Column { header: "MEMBER", align: Align::Left, cell: |r| format!("{}/{}", r.group, r.member) },
+    Column { header: "RATE b/s", align: Align::Right, cell: |r| rate(r.bits_per_sec) },
+    Column { header: "PPS", align: Align::Right, cell: |r| format!("{:.0}", r.pps) },
+    Column { header: "GAPS", align: Align::Right, cell: |r| r.stats.psn_forward_jumps.to_string() },
+    Column { header: "GO-BACKS", align: Align::Right, cell: |r| r.stats.psn_backward_jumps.to_string() },
+    Column { header: "SEQ NAK", align: Align::Right, cell: |r| r.stats.naks_sequence.to_string() },
+    Column { header: "CNP", align: Align::Right, cell: |r| r.stats.cnps.to_string() },
+    Column { header: "CE", align: Align::Right, cell: |r| r.stats.ce_marked.to_string() },
+    Column { header: "RNR", align: Align::Right, cell: |r| r.stats.naks_rnr.to_string() },
+    Column { header: "IDLE s", align: Align::Right, cell: |r| format!("{:.1}", r.idle_secs) },
+    Column { header: "MOVES", align: Align::Right, cell: |r| r.stats.member_changes.to_string() },
+    Column { header: "PACKETS", align: Align::Right, cell: |r| r.stats.packets.to_string() },
+];
+
+/// Columns that always stay, however narrow the terminal.
+const ESSENTIAL_COLUMNS: usize = 8;
+
+/// The rows as a table no wider than `width` (None: every column).
+fn table(rows: &[&TopRow], width: Option<usize>) -> String {
+    let render = |count: usize| {
+        let columns = &COLUMNS[..count];
+        let mut t = Table::new(&columns.iter().map(|c| (c.header, c.align)).collect::<Vec<_>>()).indent(1);
+        for r in rows {
+            t.row(columns.iter().map(|c| (c.cell)(r)));
+        }
+        t.render()
+    };
+    let mut count = COLUMNS.len();
+    let mut text = render(count);
+    while let Some(width) = width {
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        if widest <= width || count <= ESSENTIAL_COLUMNS {
+            break;
+        }
+        count -= 1;
+        text = render(count);
     }
-    t.to_string()
+    text
+}
+
+/// Where the view goes: a terminal's size fits it, anything else gets
+/// every column and `--rows` rows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Screen {
+    pub columns: Option<usize>,
+    pub lines: Option<usize>,
 }
 
 impl TopSnapshot {
-    pub fn render(&self, rows: usize) -> String {
+    /// The view: the busiest QPs, the unhealthiest, the collisions; each
+    /// table at most `rows` long, and on a `screen` no larger than it.
+    pub fn render(&self, rows: usize, screen: Screen) -> String {
+        let collisions: String = self.collisions.iter().map(|c| format!("\n{}", c.render())).collect();
+        // Title, blank, two section titles with their headers, blank: 7
+        // lines besides the rows; the rest is shared by the two tables.
+        let rows = match screen.lines {
+            Some(lines) => rows.min(lines.saturating_sub(7 + collisions.lines().count()).max(2) / 2),
+            None => rows,
+        };
         let mut busiest: Vec<&TopRow> = self.qps.iter().collect();
-        busiest.sort_by(|a, b| b.bits_per_sec.total_cmp(&a.bits_per_sec));
+        busiest.sort_by(|a, b| busier(a, b));
         busiest.truncate(rows);
         let unhealthy: Vec<&TopRow> = self.qps.iter().filter(|r| r.trouble() > 0).take(rows).collect();
-        let mut s =
-            format!("rocev2 top: {} QPs in the telemetry table\n\nBUSIEST\n{}\n", self.tracked, table(&busiest));
-        if unhealthy.is_empty() {
-            s.push_str("\nUNHEALTHIEST: no QP with gaps, retransmissions, NAKs or CNPs\n");
+        let over = if self.interval_secs > 0.0 {
+            format!("rates over the last {:.1} s", self.interval_secs)
         } else {
-            s.push_str(&format!("\nUNHEALTHIEST (gaps + retransmits + NAKs + CNPs)\n{}\n", table(&unhealthy)));
+            "rates over each QP's life in the table".to_string()
+        };
+        let mut s = format!(
+            "rocev2 top: {} QPs in the telemetry table, {over}\n\nBUSIEST\n{}",
+            self.tracked,
+            table(&busiest, screen.columns)
+        );
+        if unhealthy.is_empty() {
+            s.push_str("\nUNHEALTHIEST: no QP with gaps, go-backs, NAKs or CNPs\n");
+        } else {
+            s.push_str(&format!(
+                "\nUNHEALTHIEST (gaps + go-backs + NAKs + CNPs)\n{}",
+                table(&unhealthy, screen.columns)
+            ));
         }
-        for c in &self.collisions {
-            s.push('\n');
-            s.push_str(&c.render());
-        }
+        s.push_str(&collisions);
         s
     }
 }
@@ -177,21 +248,28 @@ pub fn run(pin_dir: &Path, args: &TopArgs) -> Result<()> {
     if !(args.interval > 0.0 && args.interval.is_finite()) {
         bail!("--interval must be a positive number of seconds, not {}", args.interval);
     }
+    // First whether anything runs there at all, then whether it has telemetry.
+    let state = RunState::read(pin_dir)?;
     if !qp_telemetry::is_on(pin_dir) {
         bail!(
-            "the dataplane under {} runs without telemetry: set telemetry_qps (e.g. 4096) in [dataplane] and restart `rocev2 run`",
-            pin_dir.display()
+            "the `rocev2 run` using {} (pid {}, config {}) runs without telemetry: set telemetry_qps (e.g. 4096) in [dataplane] and restart `rocev2 run` (a new run takes over without interrupting traffic)",
+            pin_dir.display(),
+            state.pid,
+            state.config.display()
         );
     }
-    let state = RunState::read(pin_dir)?;
     let groups = group_members(&state);
     // The running config and live member lists let the collision detector
     // try other seeds through `explain`; without them it still reports.
     let config = Config::load(&state.config).ok();
     let live = config.as_ref().and_then(|c| read_live(c).ok());
-    let mut before: Vec<QpEntry> = Vec::new();
+    let interval = Duration::from_secs_f64(args.interval);
+    // Every view shows rates over the last interval, --once too: a QP's
+    // lifetime average would rank QPs idle for minutes as the busiest.
+    let mut before = qp_telemetry::read_qps(pin_dir)?;
     let mut taken = Instant::now();
     loop {
+        std::thread::sleep(interval);
         let now = qp_telemetry::read_qps(pin_dir)?;
         let secs = taken.elapsed().as_secs_f64();
         taken = Instant::now();
@@ -199,16 +277,22 @@ pub fn run(pin_dir: &Path, args: &TopArgs) -> Result<()> {
         snap.collisions = collisions::detect(&snap.qps, &groups, config.as_ref().zip(live.as_ref()));
         if args.json {
             println!("{}", serde_json::to_string_pretty(&snap)?);
+        } else if args.once {
+            print!("{}", snap.render(args.rows, Screen::default()));
         } else {
-            if !args.once {
-                print!("\x1b[2J\x1b[H");
-            }
-            print!("{}", snap.render(args.rows));
+            let size = crate::render::terminal_size();
+            let screen = Screen { columns: size.map(|s| s.0), lines: size.map(|s| s.1.saturating_sub(2)) };
+            let clock = crate::control::state::clock_time(crate::control::state::now_epoch());
+            print!(
+                "\x1b[2J\x1b[Hrocev2 top  {}  every {:.1} s  {clock}  Ctrl-C stops\n{}",
+                pin_dir.display(),
+                args.interval,
+                snap.render(args.rows, screen)
+            );
         }
         if args.once {
             return Ok(());
         }
         before = now;
-        std::thread::sleep(Duration::from_secs_f64(args.interval));
     }
 }

@@ -53,8 +53,8 @@ fn unit_from_cgroup(cgroup: &str) -> Option<String> {
 pub fn upgrade(pin_dir: &Path, unit: Option<String>, timeout: Duration) -> Result<()> {
     let state = RunState::read(pin_dir)?;
     let pid = state.pid;
-    if !crate::sys::process_alive(pid) {
-        bail!("no rocev2 run is running for {} (pid {pid} is gone); start one with `rocev2 run`", pin_dir.display());
+    if let Some(warning) = state.manager().warning(pin_dir) {
+        bail!("nothing to upgrade: {warning}");
     }
     let restart = match unit.or_else(|| systemd_unit_of(pid)) {
         Some(unit) => Restart::Systemd(unit),

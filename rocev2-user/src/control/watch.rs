@@ -37,23 +37,23 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
     if interval.is_zero() {
         bail!("the watch interval must be longer than zero");
     }
-    let mut prev = collect(pin_dir)?;
+    // A `rocev2 run` not started yet, or restarting (e.g. to change the
+    // hash mode), is waited for, whichever terminal was opened first.
+    let mut prev = loop {
+        match collect(pin_dir) {
+            Ok(first) => break first,
+            Err(_) => show_waiting(pin_dir)?,
+        }
+        thread::sleep(interval);
+    };
     let mut at = Instant::now();
     let mut done = 0u64;
     while iterations.is_none_or(|n| done < n) {
         thread::sleep(interval);
-        // A restarting `rocev2 run` (e.g. to change the hash mode) is gone
-        // for a moment: wait for it instead of exiting.
         let now = match collect(pin_dir) {
             Ok(now) => now,
-            Err(e) => {
-                let mut stdout = std::io::stdout().lock();
-                write!(
-                    stdout,
-                    "{CLEAR}rocev2 stats --watch  pin_dir {}\n\nwaiting for `rocev2 run`: {e:#}\n",
-                    pin_dir.display()
-                )?;
-                stdout.flush()?;
+            Err(_) => {
+                show_waiting(pin_dir)?;
                 continue;
             }
         };
@@ -65,9 +65,10 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
         }
         let now_at = Instant::now();
         let mut stdout = std::io::stdout().lock();
+        let warning = now.unmanaged.as_ref().map(|w| format!("WARNING: {w}\n\n")).unwrap_or_default();
         write!(
             stdout,
-            "{CLEAR}rocev2 stats --watch  pin_dir {}  every {:.1} s  (Ctrl-C to stop)\n\n{}",
+            "{CLEAR}rocev2 stats --watch  {}  every {:.1} s  Ctrl-C stops\n\n{warning}{}",
             pin_dir.display(),
             interval.as_secs_f64(),
             render_rates(&prev, &now, now_at - at)
@@ -77,6 +78,18 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
         at = now_at;
         done += 1;
     }
+    Ok(())
+}
+
+/// The screen while no `rocev2 run` uses `pin_dir`.
+fn show_waiting(pin_dir: &Path) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    write!(
+        stdout,
+        "{CLEAR}rocev2 stats --watch  {}  Ctrl-C stops\n\nwaiting for a `rocev2 run` with this pin_dir to start\n",
+        pin_dir.display()
+    )?;
+    stdout.flush()?;
     Ok(())
 }
 
@@ -213,6 +226,7 @@ mod tests {
             telemetry_qps: None,
             egress_refused: Vec::new(),
             egress_refused_uncounted: None,
+            unmanaged: None,
         }
     }
 

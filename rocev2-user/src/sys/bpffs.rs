@@ -1,7 +1,11 @@
 //! The BPF filesystem where maps are pinned so other processes (`rocev2
 //! stats`) can open them while `rocev2 run` keeps the dataplane loaded.
 
-use std::{fs, os::unix::fs::DirBuilderExt as _, path::Path};
+use std::{
+    fs,
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _},
+    path::Path,
+};
 
 use anyhow::{bail, Context as _, Result};
 
@@ -39,7 +43,7 @@ pub fn prepare_pin_dir(dir: &Path, keep: &[&str]) -> Result<()> {
         for entry in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let path = entry?.path();
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if name.starts_with("link-") || keep.contains(&name.as_str()) {
+            if name.starts_with(crate::sys::paths::LINK_PIN_PREFIX) || keep.contains(&name.as_str()) {
                 continue;
             }
             fs::remove_file(&path).with_context(|| format!("cannot remove stale pin {}", path.display()))?;
@@ -52,3 +56,31 @@ pub fn prepare_pin_dir(dir: &Path, keep: &[&str]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether this process sees another /sys/fs/bpf than the rest of the
+/// system: true under `ip netns exec`, which runs the command in a private
+/// mount namespace with a fresh /sys, so whatever it pins there is
+/// invisible to every other process and gone with it. "The rest" is PID 1
+/// (the init of this host or container), or where /proc/1 is out of
+/// reach, the parent process (the shell that ran `ip netns exec`). A
+/// systemd service in its own mount namespace sees the host's bpffs bound
+/// in, the same filesystem: not private. False when it cannot be told.
+pub fn private_view() -> bool {
+    let ppid = nix::unistd::getppid().as_raw().to_string();
+    let other = ["1", ppid.as_str()].into_iter().find(|pid| fs::metadata(format!("/proc/{pid}/ns/mnt")).is_ok());
+    let Some(other) = other else { return false };
+    let mount_ns = |pid: &str| fs::metadata(format!("/proc/{pid}/ns/mnt")).ok().map(|m| m.ino());
+    if mount_ns("self") == mount_ns(other) {
+        return false;
+    }
+    let dev = |path: &str| fs::metadata(path).ok().map(|m| m.dev());
+    match (dev(DEFAULT_BPFFS), dev(&format!("/proc/{other}/root{DEFAULT_BPFFS}"))) {
+        (Some(ours), Some(theirs)) => ours != theirs,
+        // /sys/fs/bpf does not even exist here, while it does there.
+        (None, Some(_)) => true,
+        _ => false,
+    }
+}
+
+/// What a [`private_view`] is, for messages.
+pub const PRIVATE_VIEW: &str = "this process sees its own /sys/fs/bpf, not the host's (it runs in a private mount namespace with a fresh /sys, as `ip netns exec` makes)";

@@ -10,6 +10,7 @@ pub mod privileges;
 pub mod rawsock;
 pub mod signals;
 pub mod suggest;
+pub mod verifier;
 
 /// Sends `signal` to process `pid` (kill(2)).
 /// Whether process `pid` runs (a zombie, left to a parent that does not

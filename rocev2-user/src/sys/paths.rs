@@ -9,6 +9,10 @@ pub const RUN_DIR: &str = "/run/rocev2";
 /// Where the BPF filesystem is mounted, and pin directories live.
 pub const BPFFS: &str = "/sys/fs/bpf";
 
+/// What the file name of an XDP link pin in a pin directory starts with
+/// (`link-eth1`): the pin that keeps a port's program attached.
+pub const LINK_PIN_PREFIX: &str = "link-";
+
 /// The default pin directory (`[dataplane] pin_dir`).
 pub const DEFAULT_PIN_DIR: &str = rocev2_common::maps::PIN_DIR;
 

@@ -11,12 +11,17 @@ const CAP_DAC_OVERRIDE: u32 = 1;
 const CAP_NET_RAW: u32 = 13;
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// What a subcommand is about to do that needs privileges.
 #[derive(Debug, Clone, Copy)]
 pub enum Need<'a> {
-    /// Load and attach XDP programs (`run`, `bench`, `fault`, `gen --mode live-frames`).
+    /// Load and attach XDP programs (`run`, `bench`, `fault`, `gen --mode
+    /// live-frames`): CAP_BPF and CAP_NET_ADMIN, and CAP_PERFMON, without
+    /// which the verifier refuses the programs' pointer arithmetic ("pointer
+    /// arithmetic with it prohibited for !root"). CAP_SYS_ADMIN stands in
+    /// for CAP_BPF and CAP_PERFMON.
     LoadXdp,
     /// Open the maps pinned in this directory (`stats`, `reload`, `explain`
     /// against a live dataplane): the directory is root's, mode 0700.
@@ -24,6 +29,9 @@ pub enum Need<'a> {
     /// Create, enter or remove network namespaces and write under /run
     /// (`lab up`/`down`, `demo`, `--netns`).
     Namespaces,
+    /// Enter existing namespaces and read the state under /run/rocev2
+    /// (`lab status`, `lab stats`): reading, not making.
+    InspectNamespaces,
     /// Enter an existing network namespace (`--netns NAME`).
     EnterNamespace,
     /// Send or receive raw frames (AF_PACKET: `gen`, `sink`).
@@ -54,6 +62,9 @@ fn missing(need: Need<'_>, caps: u64) -> Vec<&'static str> {
             if !has(CAP_NET_ADMIN) {
                 missing.push("CAP_NET_ADMIN");
             }
+            if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+                missing.push("CAP_PERFMON");
+            }
         }
         Need::PinnedMaps(dir) => {
             if !has(CAP_DAC_OVERRIDE) && !owns_path(dir) {
@@ -66,6 +77,14 @@ fn missing(need: Need<'_>, caps: u64) -> Vec<&'static str> {
             }
             if !has(CAP_NET_ADMIN) {
                 missing.push("CAP_NET_ADMIN");
+            }
+            if !has(CAP_DAC_OVERRIDE) && euid() != 0 {
+                missing.push("CAP_DAC_OVERRIDE");
+            }
+        }
+        Need::InspectNamespaces => {
+            if !has(CAP_SYS_ADMIN) {
+                missing.push("CAP_SYS_ADMIN");
             }
             if !has(CAP_DAC_OVERRIDE) && euid() != 0 {
                 missing.push("CAP_DAC_OVERRIDE");
@@ -102,6 +121,9 @@ fn what(need: Need<'_>) -> String {
             format!("to open the maps pinned in {} (root's, mode 0700)", dir.display())
         }
         Need::Namespaces => "to create and enter network namespaces (under /run/netns and /run/rocev2)".to_string(),
+        Need::InspectNamespaces => {
+            "to enter the lab's network namespaces and read its state under /run/rocev2".to_string()
+        }
         Need::EnterNamespace => "to enter a network namespace".to_string(),
         Need::RawSockets => "to send and receive raw frames (AF_PACKET)".to_string(),
     }
@@ -117,7 +139,9 @@ pub fn require(command: &str, need: Need<'_>) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    let setcap = missing.iter().map(|c| c.to_lowercase()).collect::<Vec<_>>().join(",");
+    // setcap replaces the file's whole set: name every capability `need`
+    // calls for, not only the missing ones.
+    let setcap = self::missing(need, 0).iter().map(|c| c.to_lowercase()).collect::<Vec<_>>().join(",");
     let typed = if command.is_empty() { "rocev2".to_string() } else { format!("rocev2 {command}") };
     bail!(
         "`{typed}` needs {} {} (effective capabilities of this process: {caps:#x}); run it as root (`sudo {typed} …`) or grant them, e.g. `sudo setcap {setcap}+ep $(which rocev2)`",
@@ -126,10 +150,16 @@ pub fn require(command: &str, need: Need<'_>) -> Result<()> {
     );
 }
 
-/// Loading and attaching XDP needs CAP_BPF (or CAP_SYS_ADMIN, which
-/// implies it) and CAP_NET_ADMIN.
+/// Loading and attaching XDP needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON
+/// (CAP_SYS_ADMIN implies the first and the last).
 pub fn check() -> Result<()> {
     require("", Need::LoadXdp)
+}
+
+/// Whether this process has CAP_PERFMON (or CAP_SYS_ADMIN, which implies
+/// it); true when that cannot be told.
+pub fn has_perfmon() -> bool {
+    effective_caps().is_none_or(|caps| caps & (1 << CAP_PERFMON | 1 << CAP_SYS_ADMIN) != 0)
 }
 
 /// Whether an error chain is a permission error from the kernel (EACCES,
@@ -147,8 +177,11 @@ mod tests {
 
     #[test]
     fn each_need_names_its_capabilities() {
-        assert_eq!(missing(Need::LoadXdp, 0), ["CAP_BPF", "CAP_NET_ADMIN"]);
+        assert_eq!(missing(Need::LoadXdp, 0), ["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]);
         assert!(missing(Need::LoadXdp, 1 << CAP_SYS_ADMIN | 1 << CAP_NET_ADMIN).is_empty());
+        // What the systemd unit grants, and the walk's setcap line without perfmon.
+        assert!(missing(Need::LoadXdp, 1 << CAP_BPF | 1 << CAP_NET_ADMIN | 1 << CAP_PERFMON).is_empty());
+        assert_eq!(missing(Need::LoadXdp, 1 << CAP_BPF | 1 << CAP_NET_ADMIN), ["CAP_PERFMON"]);
         assert_eq!(missing(Need::RawSockets, 0), ["CAP_NET_RAW"]);
         assert!(missing(Need::RawSockets, 1 << CAP_NET_RAW).is_empty());
         let all = u64::MAX;

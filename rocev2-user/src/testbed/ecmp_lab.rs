@@ -683,10 +683,13 @@ impl DataplaneProcess {
         let lines = output.clone();
         let reader = thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if line == READY_LINE {
+                // Kept before it is announced: `ready` itself is in
+                // `output()` once `spawn` returns.
+                let ready = line == READY_LINE;
+                lines.lock().unwrap().push(line);
+                if ready {
                     ready_tx.send(()).ok();
                 }
-                lines.lock().unwrap().push(line);
             }
         });
         let mut process = Self { child: Some(child), output, reader: Some(reader) };

@@ -35,6 +35,8 @@ use rocev2_common::{
 };
 use serde::Serialize;
 
+pub mod picture;
+
 use crate::{
     control::decision::PacketFields,
     render::{share_bar, Align, Table},
@@ -107,6 +109,17 @@ pub enum Switch {
     Spine(u32),
     /// An aggregation switch (ATSW) joining the zones.
     Agg(u32),
+}
+
+impl Switch {
+    /// "leaf", "spine" or "agg".
+    pub fn role(self) -> &'static str {
+        match self {
+            Switch::Leaf(_) => "leaf",
+            Switch::Spine(_) => "spine",
+            Switch::Agg(_) => "agg",
+        }
+    }
 }
 
 impl fmt::Display for Switch {
@@ -844,6 +857,20 @@ mod tests {
             text.lines().filter_map(|l| l.trim().split(':').next().filter(|_| l.contains("busiest"))).collect();
         assert_eq!(tiers, ["leaf->spine", "spine->leaf", "leaf->host"], "{text}");
         assert!(auto[1].idle < same[1].idle && auto[1].max_over_mean < same[1].max_over_mean, "{auto:?} {same:?}");
+    }
+
+    #[test]
+    fn fabric_picture_draws_every_link_and_marks_the_idle_ones() {
+        let f = fabric(SeedPlan::Same);
+        let loads = f.predict(&spec()).unwrap();
+        let svg = picture::svg(&f, &loads, "lab \"x\" & <y>");
+        crate::render::assert_well_formed(&svg);
+        let lines = svg.matches("<line ").count() - 3; // the legend's three
+        assert_eq!(lines, f.all_links().len(), "one line per directed link");
+        let idle: usize = summarize(&f.all_links(), &loads).iter().map(|t| t.idle).sum();
+        assert!(idle > 0, "the same seed leaves links idle");
+        assert_eq!(svg.matches("(idle)</title>").count(), idle, "each idle link is drawn as idle");
+        assert!(svg.contains("lab \"x\" &amp; &lt;y&gt;") && svg.contains("hash qp, seeds same"), "{svg}");
     }
 
     #[test]

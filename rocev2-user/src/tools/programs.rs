@@ -62,7 +62,7 @@ impl ToolPrograms {
             .try_into()
             .with_context(|| format!("{name} is not an XDP program"))?;
         if program.fd().is_err() {
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+            crate::sys::verifier::load(name, || program.load())?;
         }
         Ok(program)
     }
@@ -76,7 +76,7 @@ impl ToolPrograms {
             .try_into()
             .with_context(|| format!("{name} is not a tc classifier"))?;
         if program.fd().is_err() {
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+            crate::sys::verifier::load(name, || program.load())?;
         }
         Ok(program)
     }

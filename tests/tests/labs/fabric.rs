@@ -60,8 +60,7 @@ fn tier_bytes(o: &TrafficOutcome, tier: Tier) -> Vec<u64> {
 }
 
 fn assert_gone(name: &str, record: &LabRecord) {
-    let left = rocev2_user::sys::netns::ip(&["netns", "list"]).unwrap();
-    assert!(!left.lines().any(|l| l.starts_with(&format!("{name}-"))), "namespaces left: {left}");
+    rocev2_tests::assert_lab_namespaces_gone(name);
     for s in &record.switches {
         assert!(!s.pin_dir.exists(), "{} left pinned", s.pin_dir.display());
         let pid = s.pid.expect("a recorded pid");

@@ -61,7 +61,5 @@ fn the_book_fabric_tutorial_prints_what_the_book_shows() {
         let exact = matches!(args[0].as_str(), "entropy") || args.get(1).is_some_and(|a| a == "traffic");
         assert_shows(&step.command, &expected, &stdout, if exact { timings_masked } else { mask });
     }
-    let left =
-        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
-    assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
+    rocev2_tests::assert_lab_namespaces_gone(&name);
 }

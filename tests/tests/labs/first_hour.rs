@@ -6,6 +6,7 @@
 use std::{
     path::Path,
     process::{Command, Output},
+    time::Duration,
 };
 
 use rocev2_tests::{require_root, rocev2_bin, LabGuard};
@@ -149,4 +150,195 @@ fn stats_shows_each_groups_policy_and_knobs() {
     assert_eq!(group["policy"], "flowlet", "{json}");
     assert_eq!(group["flowlet"]["gap_us"], 500, "{json}");
     assert_eq!(group["flowlet"]["choice"], "rehash", "{json}");
+}
+
+/// What happens around one `rocev2 run`: a second run on its port is told
+/// whose port it is; a pin_dir nothing uses lists the running instances;
+/// a reload may turn flowlets off but not ECN on (naming the line); after
+/// `kill -9` the orphan is reported, reload refuses, and `detach` removes
+/// it; `run` under `ip netns exec` refuses to pin where nobody sees.
+#[test]
+fn a_dataplane_nobody_manages_is_reported_and_detach_removes_it() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = lab.switch.name().to_string();
+    let flowlet = lab
+        .config("qp")
+        .replace("name = \"spines\"\n", "name = \"spines\"\npolicy = \"flowlet\"\nflowlet_gap_us = 500\n");
+    let config = lab.write_config_text("flowlet", &flowlet).unwrap();
+    let cfg = config.to_str().unwrap().to_string();
+    let pin_dir = lab.pin_dir().display().to_string();
+    let first = lab.start_dataplane(&rocev2_bin(), &config).unwrap();
+    let pid = first.pid().expect("run's pid");
+
+    // Another pin_dir, the same port: whose port it is.
+    let other = lab.write_config_text("other", &flowlet.replace(&pin_dir, &format!("{pin_dir}-b"))).unwrap();
+    let out = rocev2(&["--netns", &sw, "run", "--config", other.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "p0 already carries the dataplane of another `rocev2 run` (pid {pid}, pin_dir {pin_dir}"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("driver may lack native XDP"), "{err}");
+
+    // A pin_dir nothing uses: the running instances and their --pin-dir.
+    let out = rocev2(&["stats", "--pin-dir", "/sys/fs/bpf/rocev2-nothing-here"]);
+    let err = text(&out.stderr);
+    assert!(err.contains("no `rocev2 run` is using pin_dir /sys/fs/bpf/rocev2-nothing-here"), "{err}");
+    // Eight are listed (sorted by pin_dir), then how many more: other tests'
+    // runs on a shared machine may push this one past the eighth.
+    let listed = err.lines().filter(|l| l.starts_with("  --pin-dir ")).count();
+    let ours = format!("--pin-dir {pin_dir}  (pid {pid}, config {cfg}, --netns {sw})");
+    assert!(err.contains(&ours) || (listed == 8 && err.contains(" more (state files in /run/rocev2)")), "{err}");
+    assert!(!err.contains(".json"), "no state-file path: {err}");
+
+    // Flowlets off is a subset of what is loaded: applied live.
+    std::fs::write(&config, lab.config("qp")).unwrap();
+    let out = rocev2(&["reload", "--config", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&rocev2(&["stats", "--config", &cfg]).stdout).contains("GROUP spines (hash qp)\n"));
+    // ECN on is not: the refusal names the line that asks for it.
+    let ecn = format!("{}\n[[egress]]\ndev = \"u1\"\nrate = \"1Gbit\"\n", lab.config("qp"));
+    std::fs::write(&config, &ecn).unwrap();
+    let line = ecn.lines().position(|l| l == "[[egress]]").unwrap() + 1;
+    let out = rocev2(&["reload", "--config", &cfg]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("turns on ecn ([[egress]] on u1 (line {line}))")), "{err}");
+    std::fs::write(&config, lab.config("qp")).unwrap();
+
+    // kill -9: nobody manages it now, and everyone says so.
+    // SAFETY: kill(2) on the run this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let _ = first.stop_after_exit(Duration::from_secs(10));
+    let stats = text(&rocev2(&["stats", "--config", &cfg]).stdout);
+    assert!(
+        stats.starts_with(&format!("WARNING: no `rocev2 run` has managed the dataplane in {pin_dir} since ")),
+        "{stats}"
+    );
+    assert!(
+        stats.contains(&format!("(pid {pid} is gone: killed or crashed)")) && stats.contains("rocev2 detach"),
+        "{stats}"
+    );
+    let out = rocev2(&["reload", "--config", &cfg]);
+    assert!(!out.status.success() && text(&out.stderr).contains("nothing to reload"), "{}", text(&out.stderr));
+    assert!(lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "the orphan still forwards");
+
+    // detach: the program off the port, the pins and the state gone.
+    let out = rocev2(&["detach", "--config", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("rocev2: detached from p0; removed {pin_dir} and its state")),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "p0 still has XDP");
+    assert!(!Path::new(&pin_dir).exists());
+    let out = rocev2(&["detach", "--config", &cfg]);
+    assert!(!out.status.success() && text(&out.stderr).contains("nothing to detach"), "{}", text(&out.stderr));
+
+    // Under `ip netns exec`: refused, with the --netns advice, nothing pinned.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &sw])
+        .arg(rocev2_bin())
+        .args(["run", "--config", &cfg])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("refusing to pin the dataplane") && err.contains("rocev2 --netns NAME run"), "{err}");
+    assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "nothing attached");
+}
+
+/// `check` lists every missing interface, not the first.
+#[test]
+fn check_reports_every_missing_interface_with_close_names() {
+    require_root();
+    let lab = EcmpLab::create(2).unwrap();
+    let sw = lab.switch.name();
+    let bad = lab.config("qp").replace("name = \"p0\"", "name = \"p9\"").replace("dev = \"u2\"", "dev = \"u7\"");
+    let bad = lab.write_config_text("two-bad", &bad).unwrap();
+    let out = rocev2(&["--netns", sw, "check", "--config", bad.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("port[0].name: no interface named p9 (did you mean p0?)"), "{err}");
+    assert!(err.contains("group[0].members[1].dev: no interface named u7 (did you mean u"), "{err}");
+    assert!(err.contains("2 interfaces are missing"), "{err}");
+    // From the host: they all exist in the switch's namespace, which is
+    // named. A port name only this lab has (other labs running at the same
+    // time have p0, u1 and u2 too).
+    let only_here = format!("fh{}", std::process::id() % 1_000_000);
+    lab.in_switch(&["ip", "link", "add", &only_here, "type", "veth", "peer", "name", &format!("{only_here}b")])
+        .unwrap();
+    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\""));
+    let good = lab.write_config_text("only-here", &good).unwrap();
+    let out = rocev2(&["check", "--config", good.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("they exist in network namespace \"{sw}\": give `rocev2 --netns {sw} ...`")),
+        "{err}"
+    );
+}
+
+/// A child this test started, killed (by its pid) if the test fails first.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Tools chapter's example, as written: a fabric lab with
+/// `--telemetry`, `sink --rc` and `fault` on a receiving host, `gen --rc`
+/// on a sending one; the receiving leaf's `top` sees the go-back on the
+/// QP that lost a PSN.
+#[test]
+fn the_tools_fault_and_top_example_runs_on_a_fabric_lab_with_telemetry() {
+    require_root();
+    let name = format!("ft{:x}", std::process::id() % 0xFFFFF);
+    #[rustfmt::skip]
+    let out = rocev2(&["lab", "up", "--name", &name, "--racks", "2", "--hosts", "1", "--spines", "1",
+                       "--links-per-spine", "1", "--routing", "static", "--telemetry"]);
+    let _lab = LabGuard(name.clone());
+    let up = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{up}");
+    // The hint for the example: which leaf port MAC a host sends to.
+    let leaf_mac = |rack: u32| -> String {
+        let link = Command::new("ip").args(["-n", &format!("{name}-l{rack}"), "-br", "link", "show", "h1"]).output();
+        text(&link.unwrap().stdout).split_whitespace().nth(2).expect("h1's MAC").to_string()
+    };
+    let (sender, receiver) = (format!("{name}-r1h1"), format!("{name}-r2h1"));
+    let spawn = |args: &[&str]| {
+        Child(Command::new(rocev2_bin()).args(args).stdout(std::process::Stdio::piped()).spawn().expect("spawn"))
+    };
+    let sink = spawn(&["--netns", &receiver, "sink", "--dev", "eth0", "--rc", "--idle-exit", "2", "--duration", "60"]);
+    let fault = spawn(&["--netns", &receiver, "fault", "--dev", "eth0", "--drop", "0x100:5", "--duration", "60"]);
+    // fault is in place once its program is on eth0.
+    let attached = (0..200).any(|_| {
+        let link = Command::new("ip").args(["-n", &receiver, "link", "show", "eth0"]).output().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        text(&link.stdout).contains("xdp")
+    });
+    assert!(attached, "fault did not attach");
+    #[rustfmt::skip]
+    let gen = rocev2(&["--netns", &sender, "gen", "--dev", "eth0", "--dst-mac", &leaf_mac(1), "--src", "10.1.1.1",
+                       "--dst", "10.2.1.1", "--rc", "--qps", "4", "--messages", "8", "--sport", "nic"]);
+    let report = text(&gen.stdout);
+    assert!(gen.status.success(), "{report}{}", text(&gen.stderr));
+    assert!(report.contains("4 QPs complete") && report.contains("1 sequence NAKs"), "{report}");
+    assert!(report.contains("5..=31 (nak)"), "PSNs 5 to 31 resent after the NAK: {report}");
+    let top = rocev2(&["top", "--once", "--json", "--config", &format!("/run/rocev2/lab-{name}/l2.toml")]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&top.stdout).unwrap_or_else(|_| panic!("{}", text(&top.stderr)));
+    let qps = json["qps"].as_array().expect("qps");
+    let lost = qps.iter().find(|q| q["dest_qp"] == 0x100).unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(lost["psn_backward_jumps"], 1, "{json}");
+    let naks: u64 = qps.iter().map(|q| q["naks_sequence"].as_u64().unwrap()).sum();
+    assert_eq!(naks, 1, "{json}");
+    drop((sink, fault));
 }

@@ -14,29 +14,6 @@ use rocev2_tests::{
 };
 use rocev2_user::testbed::ecmp_lab::DataplaneProcess;
 
-struct Step {
-    command: String,
-    expected: Vec<String>,
-}
-
-fn steps() -> Vec<Step> {
-    let text = book::chapter("tutorial-host-bridge.md");
-    let mut steps: Vec<Step> = Vec::new();
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() != "```console" {
-            continue;
-        }
-        for l in lines.by_ref().take_while(|l| l.trim() != "```") {
-            match l.strip_prefix("$ ") {
-                Some(command) => steps.push(Step { command: command.to_string(), expected: Vec::new() }),
-                None => steps.last_mut().expect("a console block starts with a command").expected.push(l.to_string()),
-            }
-        }
-    }
-    steps
-}
-
 /// The book's lab "lab" renamed to ours.
 fn ours(text: &str, name: &str) -> String {
     text.replace("/run/rocev2/lab-lab/", &format!("/run/rocev2/lab-{name}/"))
@@ -61,7 +38,7 @@ fn the_book_host_bridge_tutorial_prints_what_the_book_shows() {
     require_root();
     let name = format!("hb{}", std::process::id() % 100_000);
     let _guard = LabGuard(name.clone());
-    let steps = steps();
+    let steps = book::console_steps("tutorial-host-bridge.md");
     assert!(steps.len() >= 9, "the host bridge tutorial has {} commands", steps.len());
     let mut run = None;
     let mut lab_stats = Vec::new();

@@ -132,6 +132,7 @@ fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
         "./usr/share/fish/vendor_completions.d/rocev2.fish",
         "./usr/share/doc/rocev2/copyright",
         "./usr/share/doc/rocev2/changelog.Debian.gz",
+        "./usr/share/doc/rocev2/grafana-dashboard.json",
     ] {
         assert!(contents.lines().any(|l| l.ends_with(&format!(" {path}"))), "{path} missing:\n{contents}");
     }

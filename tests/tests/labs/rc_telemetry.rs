@@ -312,7 +312,10 @@ fn collision_detector_fires_on_a_collision_and_stays_quiet_when_balanced() {
     assert_ne!(idle[0].as_str().unwrap(), busy);
     let tips: Vec<&str> = c["suggestions"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
     assert!(tips.iter().any(|t| t.contains("[[pin]]") && t.contains(idle[0].as_str().unwrap())), "{tips:?}");
-    assert!(tips.iter().any(|t| t.contains("more QPs")), "{tips:?}");
+    // A five-tuple group: the first advice is the qp hash, which tells QPs
+    // of one five-tuple apart; more QPs on that five-tuple would not help.
+    assert!(tips[0].starts_with("hash = \"qp\" in [[group]] spines: these QPs share one five-tuple"), "{tips:?}");
+    assert!(!tips.iter().any(|t| t.contains("more QPs")), "{tips:?}");
     // One five-tuple: no seed can separate the QPs, and the detector says so.
     assert!(tips.iter().any(|t| t.contains("no hash_seed")), "{tips:?}");
 

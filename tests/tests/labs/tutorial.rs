@@ -332,8 +332,7 @@ fn the_book_tutorial_prints_what_the_book_shows() {
     // 7. Clean up.
     let down = run(&chapter.command("rocev2 lab down"));
     assert_shows("lab down", &chapter.output("is down"), &down, mask);
-    let left = run("ip netns list");
-    assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
+    rocev2_tests::assert_lab_namespaces_gone(&name);
 
     // 8. Routes from BGP: FRR on every switch, rocev2 follows the kernel.
     let up = run(&chapter.command("--routing bgp"));
@@ -358,6 +357,5 @@ fn the_book_tutorial_prints_what_the_book_shows() {
     dataplane.stop(libc::SIGINT);
     let down = run(&chapter.command("rocev2 lab down"));
     assert_shows("lab down, BGP", &chapter.output("(FRR state)"), &down, mask);
-    let left = run("ip netns list");
-    assert!(!left.contains(&format!("{name}-")), "namespaces left: {left}");
+    rocev2_tests::assert_lab_namespaces_gone(&name);
 }

@@ -616,6 +616,49 @@ impl Config {
             .unwrap_or(1)
     }
 
+    /// Where in this config `feature` comes from, for messages: e.g.
+    /// `policy = "flowlet" in [[group]] "spines" (line 12)`.
+    pub fn feature_sources(&self, feature: Features) -> Vec<String> {
+        let mut found = Vec::new();
+        let policies = self
+            .groups
+            .iter()
+            .map(|g| (format!("[[group]] {:?}", g.name), &g.policy, &g.transport_aware, g.loc.line))
+            .chain(
+                self.route_policies
+                    .iter()
+                    .map(|p| (format!("[[route_policy]] {}", p.prefix), &p.policy, &p.transport_aware, p.loc.line)),
+            );
+        for (place, policy, transport, line) in policies {
+            let uses = match policy {
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyed && feature == Features::FLOWLET_KEYED => {
+                    Some("policy = \"flowlet\"")
+                }
+                Policy::Flowlet(f) if f.table == FlowletTable::Keyless && feature == Features::FLOWLET_KEYLESS => {
+                    Some("flowlet_table = \"keyless\"")
+                }
+                Policy::Pinned if feature == Features::PINNED => Some("policy = \"pinned\""),
+                _ if feature == Features::ACKED_REPICK && transport.is_some_and(|t| t.repick_when_acked) => {
+                    Some("transport_aware with repick = \"idle-or-acked\"")
+                }
+                _ => None,
+            };
+            if let Some(uses) = uses {
+                found.push(format!("{uses} in {place} (line {line})"));
+            }
+        }
+        if feature == Features::ECN {
+            found.extend(self.egress.iter().map(|e| format!("[[egress]] on {} (line {})", e.dev, e.loc.line)));
+        }
+        if feature == Features::CLASSES {
+            found.extend(self.classes.iter().map(|c| format!("[[class]] {:?} (line {})", c.name, c.loc.line)));
+        }
+        if feature == Features::TELEMETRY && self.dataplane.telemetry_qps > 0 {
+            found.push(format!("telemetry_qps = {} in [dataplane]", self.dataplane.telemetry_qps));
+        }
+        found
+    }
+
     /// The pipeline features this config uses, for the programs' load-time
     /// constant: code for the others is left out of the loaded programs.
     /// The built-in `control` class counts as a class (`class = []` turns

@@ -42,9 +42,14 @@ fn open_pin<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(dir: &Path,
         let e = anyhow::Error::new(e);
         // A permission error is not a missing `run`: say so.
         let hint = if crate::sys::privileges::is_permission_error(&e) {
-            "permission denied: run it as root"
+            "permission denied: run it as root".to_string()
+        } else if crate::sys::bpffs::private_view() {
+            format!(
+                "{}: the pins of a `rocev2 run` are not visible here; run this command without `ip netns exec` (`rocev2 --netns NAME ...` enters only the network namespace)",
+                crate::sys::bpffs::PRIVATE_VIEW
+            )
         } else {
-            "is `rocev2 run` running?"
+            not_pinned_hint(dir)
         };
         e.context(format!("cannot open pinned map {} ({hint})", path.display()))
     })?;
@@ -799,6 +804,19 @@ fn pin_key(prefix: &Prefix, dest_qp: u32) -> PinKey {
             key[4..].copy_from_slice(&addr.octets());
             PinKey::V6(Key::new(32 + u32::from(len), key))
         }
+    }
+}
+
+/// Why the maps of `dir` are not there, for a reader that expected them:
+/// no state file (nothing runs there: the instances that do), or a state
+/// file of a run whose pins this process cannot see.
+fn not_pinned_hint(dir: &Path) -> String {
+    match crate::control::state::RunState::read(dir) {
+        Err(e) => format!("{e:#}"),
+        Ok(state) => format!(
+            "the state file says `rocev2 run` pid {} uses it, but its pins are not here: was it started in another mount namespace (`ip netns exec`, a container)? Start it with `rocev2 --netns NAME run`",
+            state.pid
+        ),
     }
 }
 

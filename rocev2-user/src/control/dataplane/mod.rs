@@ -33,7 +33,7 @@ use rocev2_common::{
     telemetry,
 };
 
-use crate::{control::config::Prefix, control::errors::DataplaneError};
+use crate::{control::config::Prefix, control::errors::DataplaneError, sys::paths::LINK_PIN_PREFIX};
 
 pub use self::kernel_maps::*;
 
@@ -93,13 +93,15 @@ pub struct Dataplane {
 /// over (or crashed) and its programs still forward.
 pub fn has_pinned_links(pin_dir: &Path) -> bool {
     std::fs::read_dir(pin_dir)
-        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("link-")))
+        .map(|entries| {
+            entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with(LINK_PIN_PREFIX))
+        })
         .unwrap_or(false)
 }
 
 /// File name of an XDP link pin for `ifname`.
 pub fn link_pin_name(ifname: &str) -> String {
-    format!("link-{ifname}")
+    format!("{LINK_PIN_PREFIX}{ifname}")
 }
 
 impl Dataplane {
@@ -257,7 +259,7 @@ impl Dataplane {
             .try_into()
             .with_context(|| format!("{name} is not an XDP program"))?;
         if program.fd().is_err() {
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+            crate::sys::verifier::load(name, || program.load())?;
         }
         Ok(program)
     }
@@ -306,15 +308,7 @@ impl Dataplane {
             return Ok(true);
         }
         let program = self.xdp_program(name)?;
-        let id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
-            let hint = match mode {
-                XdpMode::Driver => {
-                    "; the driver may lack native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP"
-                }
-                _ => "",
-            };
-            anyhow::anyhow!("cannot attach XDP ({}) to {ifname}: {e}{hint}", mode_name(mode))
-        })?;
+        let id = program.attach_to_if_index(ifindex, mode).map_err(|e| attach_error(ifname, ifindex, mode, e))?;
         if let Some(path) = pin_path {
             let link = FdLink::try_from(program.take_link(id)?)
                 .context("the kernel attached XDP without a bpf link (needs Linux 5.9+ for handover)")?;
@@ -357,7 +351,7 @@ impl Dataplane {
         let mut dropped = Vec::new();
         for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let name = entry?.file_name().to_string_lossy().into_owned();
-            if let Some(ifname) = name.strip_prefix("link-") {
+            if let Some(ifname) = name.strip_prefix(LINK_PIN_PREFIX) {
                 if !keep.iter().any(|k| k == ifname) && !self.xdp_links.contains_key(ifname) {
                     std::fs::remove_file(dir.join(&name)).ok();
                     dropped.push(ifname.to_string());
@@ -376,7 +370,7 @@ impl Dataplane {
             .try_into()
             .with_context(|| format!("{name} is not a tc classifier"))?;
         if program.fd().is_err() {
-            program.load().with_context(|| format!("the kernel rejected program {name}"))?;
+            crate::sys::verifier::load(name, || program.load())?;
         }
         Ok(program)
     }
@@ -545,6 +539,52 @@ impl Drop for Dataplane {
         // On a handover the link pins keep the programs attached and the
         // programs keep their maps; dropping our fds changes nothing.
     }
+}
+
+/// Why an XDP program could not be attached to a port, with what to do:
+/// the port already carries one (another `rocev2 run`'s: which, by pid and
+/// pin directory), or the driver lacks native XDP.
+fn attach_error(ifname: &str, ifindex: u32, mode: XdpMode, error: aya::programs::ProgramError) -> anyhow::Error {
+    let error = anyhow::Error::new(error);
+    let errno = error.chain().find_map(|e| e.downcast_ref::<std::io::Error>()).and_then(|io| io.raw_os_error());
+    let hint = match errno {
+        Some(libc::EBUSY | libc::EEXIST) => match port_owner(ifname, ifindex) {
+            Some(owner) => {
+                let gone = match owner.manager() {
+                    crate::control::state::Manager::Running(_) => String::new(),
+                    _ => format!(
+                        "; that run is gone, and `rocev2 detach --pin-dir {}` removes what it left",
+                        owner.pin_dir.display()
+                    ),
+                };
+                format!(
+                    "; {ifname} already carries the dataplane of another `rocev2 run` (pid {}, pin_dir {}, config {}){gone}. A port belongs to one dataplane: stop that run, or remove {ifname} from one of the two configs",
+                    owner.pid,
+                    owner.pin_dir.display(),
+                    owner.config.display()
+                )
+            }
+            None => format!(
+                "; {ifname} already has an XDP program attached (`ip link show {ifname}` shows its id; `bpftool net` names it): remove it first"
+            ),
+        },
+        Some(libc::EOPNOTSUPP) if mode == XdpMode::Driver => {
+            "; the driver lacks native XDP: set xdp_mode = \"skb\" in [dataplane] to use generic XDP".to_string()
+        }
+        _ => String::new(),
+    };
+    anyhow::anyhow!("cannot attach XDP ({}) to {ifname}: {error:#}{hint}", mode_name(mode))
+}
+
+/// The `rocev2 run` (live or not) whose state lists port `ifindex` in
+/// this network namespace.
+fn port_owner(ifname: &str, ifindex: u32) -> Option<crate::control::state::RunState> {
+    let here = crate::sys::netns::current_cookie().unwrap_or(0);
+    crate::control::state::instances().into_iter().find(|s| {
+        s.pid != std::process::id()
+            && s.netns_cookie == here
+            && s.ports.iter().any(|p| p.ifindex == ifindex && p.name == ifname)
+    })
 }
 
 /// The maps a takeover keeps (the table's `Takeover::Kept`: the flowlet

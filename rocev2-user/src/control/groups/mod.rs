@@ -311,6 +311,10 @@ pub fn group_state(
                 health: health.and_then(|h| h.members.get(i).copied()),
             })
             .collect(),
+        // Filled in by the caller for a config group (a learned group is
+        // what the kernel's route says now: a next hop that left it is not
+        // configured anywhere).
+        configured: Vec::new(),
     }
 }
 

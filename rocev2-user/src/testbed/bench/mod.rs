@@ -119,6 +119,11 @@ pub struct BenchArgs {
     /// XDP live frames, without the routed rows' goal).
     #[arg(long)]
     pub bridge_only: bool,
+    /// Instead of the report: print part 1 alone (per-packet cost by
+    /// BPF_PROG_TEST_RUN, rows interleaved in every round), for an A/B of
+    /// one change in a few minutes, e.g. the hash_version rows.
+    #[arg(long)]
+    pub per_packet_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -898,6 +903,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         print!("{}", render_table(&rows));
         return Ok(());
     }
+    if args.per_packet_only {
+        let p1 = part1(args, &mut Vec::new(), &mut Vec::new())?;
+        print!("{}", render_table(&p1.rows));
+        return Ok(());
+    }
     if let Some(name) = &args.profile {
         let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
         print!("{}", p.render(args.profile_rows));
@@ -950,6 +960,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "- Part 2: namespaces sender -> switch -> {UPLINKS} uplinks over veths, native XDP. The generator is `rocev2_user::tools::gen` (64 QPs, NIC-style source ports, 4-packet WRITE messages, 1024-byte payload, IPv4); receivers run `{XDP_DROP_PROGRAM}` and are counted from their rx counters (`ip -s link`). {} s per measurement, median of {} rounds, row order rotated each round. Kernel row: `ip route 10.1.0.0/16 nexthop via 10.0.1.2 nexthop via 10.0.2.2`, `fib_multipath_hash_policy=1`, static neighbours, nothing attached to the switch port.\n",
         args.seconds, args.fwd_rounds
     ));
+    md.push_str("- Every pipeline row hashes with `hash_version = 2`, what new configs write. The `hash_version = 1` row is the qp pipeline with version 1 (the placement of configs without the key), measured in the same rounds: its ratio is the median over rounds of its time over the qp row's time in that round, so the load that drifts between rounds mostly cancels out.\n");
     for n in &notes {
         md.push_str(&format!("- {n}\n"));
     }

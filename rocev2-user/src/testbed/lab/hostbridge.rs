@@ -111,7 +111,7 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
         if fam.v6() {
             r.push(strs(&["-6", "route", "add", "default", "via", GATEWAY_V6, "dev", "eth0"]));
         }
-        namespaces.push(NsPlan { name: h.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: r });
+        namespaces.push(NsPlan { name: h.clone(), sysctls: quiet_sysctls(false), lo_addrs: vec![], routes: r });
         veths.push(VethPlan {
             a_ns: bridge_ns.clone(),
             a_if: format!("h{i}"),
@@ -171,12 +171,12 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
         if fam.v6() {
             r.push(strs(&["-6", "route", "add", DEST_PREFIX_V6, "via", &format!("fdc8:{k}::2"), "dev", "dst"]));
         }
-        namespaces.push(NsPlan { name: t, sysctls: base_sysctls(true), lo_addrs: vec![], routes: r });
+        namespaces.push(NsPlan { name: t, sysctls: quiet_sysctls(true), lo_addrs: vec![], routes: r });
     }
     bridge_cmds.push(strs(&["link", "set", BRIDGE, "up"]));
     namespaces.insert(
         0,
-        NsPlan { name: bridge_ns.clone(), sysctls: base_sysctls(false), lo_addrs: vec![], routes: bridge_cmds },
+        NsPlan { name: bridge_ns.clone(), sysctls: layer2_sysctls(), lo_addrs: vec![], routes: bridge_cmds },
     );
     // The destination: its addresses on lo, the way back through rack switch 1.
     let mut r = Vec::new();
@@ -186,9 +186,16 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     if fam.v6() {
         r.push(strs(&["-6", "route", "add", "fd00:1::/64", "via", "fdc8:1::1", "dev", "r1"]));
     }
+    // The destination answers each burst of RoCE frames with a port
+    // unreachable (no RDMA stack listens), back through rack switch 1:
+    // what teaches the bridge the gateway there, and traffic back to the
+    // host. Without the per-peer limit (one a second), every burst gets
+    // its answer, however soon it follows the last.
+    let mut dst_sysctls = base_sysctls(false);
+    dst_sysctls.extend(["net.ipv4.icmp_ratelimit=0".to_string(), "net.ipv6.icmp.ratelimit=0".to_string()]);
     namespaces.push(NsPlan {
         name: dst,
-        sysctls: base_sysctls(false),
+        sysctls: dst_sysctls,
         lo_addrs: pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
         routes: r,
     });
@@ -221,6 +228,29 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
         bgp: Vec::new(),
         kind: LabKind::HostBridge,
     })
+}
+
+/// [`base_sysctls`] for the hosts and rack switches, with IPv6's start-up
+/// chatter, which the bridge floods over every uplink, over quickly: no
+/// router solicitations (three, 4 s apart), MLD reports repeated after
+/// 10 ms rather than up to 1 s. So `settle` sees it end, and the first
+/// `lab stats` counts the traffic, not the chatter.
+fn quiet_sysctls(forward: bool) -> Vec<String> {
+    let mut s = base_sysctls(forward);
+    for scope in ["all", "default"] {
+        s.push(format!("net.ipv6.conf.{scope}.router_solicitations=0"));
+        s.push(format!("net.ipv6.conf.{scope}.mldv1_unsolicited_report_interval=10"));
+        s.push(format!("net.ipv6.conf.{scope}.mldv2_unsolicited_report_interval=10"));
+    }
+    s
+}
+
+/// The bridge box works at layer 2 only: no IPv6 of its own on the
+/// bridge or its ports (nothing of its own to announce or solicit).
+fn layer2_sysctls() -> Vec<String> {
+    let mut s = base_sysctls(false);
+    s.extend(["net.ipv6.conf.all.disable_ipv6=1".to_string(), "net.ipv6.conf.default.disable_ipv6=1".to_string()]);
+    s
 }
 
 /// What `lab down` and `lab stats` need of a host bridge lab.

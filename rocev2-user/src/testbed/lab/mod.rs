@@ -180,6 +180,10 @@ pub struct LabUpArgs {
     /// and address, which route onward to the destination.
     #[arg(long, conflicts_with_all = ["racks", "routing", "spines", "links_per_spine"])]
     pub host_bridge: bool,
+    /// With `--racks`: per-QP transport telemetry on every switch
+    /// (`telemetry_qps` in its config), for `rocev2 top` and `rocev2 trace`.
+    #[arg(long, requires = "racks")]
+    pub telemetry: bool,
     /// With `--host-bridge`: rack switches (each one bridge port, one
     /// member of the uplink group).
     #[arg(long, default_value_t = 4, requires = "host_bridge")]
@@ -836,7 +840,13 @@ pub fn status(name: &str) -> Result<String> {
         let attached = if xdp.is_empty() {
             "no dataplane".to_owned()
         } else {
-            format!("dataplane attached (XDP on {})", xdp.join(", "))
+            // Attached is not the same as managed: say who keeps it in step.
+            let manager = match crate::control::state::RunState::read(&record.pin_dir).map(|s| s.manager()) {
+                Ok(crate::control::state::Manager::Running(pid)) => format!(", managed by `rocev2 run` pid {pid}"),
+                Ok(nobody) => format!("; WARNING: {}", nobody.warning(&record.pin_dir).unwrap_or_default()),
+                Err(_) => String::new(),
+            };
+            format!("dataplane attached (XDP on {}){manager}", xdp.join(", "))
         };
         let _ = writeln!(out, "{ns}: {attached}");
         let addrs = ip(&["-n", ns, "-br", "addr", "show"]).unwrap_or_default();
@@ -880,6 +890,7 @@ mod tests {
             rdma: Default::default(),
             links: Default::default(),
             host_bridge: false,
+            telemetry: false,
             uplinks: 4,
         }
     }

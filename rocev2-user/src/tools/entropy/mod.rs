@@ -893,41 +893,6 @@ mod tests {
 
     /// A small well-formedness check: every tag closes in order, attributes
     /// are quoted, and only the XML declaration precedes the root.
-    fn assert_well_formed(xml: &str) {
-        for (i, _) in xml.match_indices('&') {
-            let entity = ["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| xml[i..].starts_with(e));
-            assert!(entity, "bare '&' at byte {i}");
-        }
-        let mut stack: Vec<String> = Vec::new();
-        let mut rest = xml.trim_start();
-        rest = rest.strip_prefix("<?xml").and_then(|r| r.split_once("?>")).map_or(rest, |(_, r)| r);
-        let mut roots = 0;
-        while let Some(open) = rest.find('<') {
-            let text = &rest[..open];
-            assert!(!text.contains('>'), "stray '>' in {text:?}");
-            if stack.is_empty() {
-                assert!(text.trim().is_empty(), "text outside the root: {text:?}");
-            }
-            let close = rest[open..].find('>').map(|c| open + c).expect("unclosed tag");
-            let tag = &rest[open + 1..close];
-            assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes in <{tag}>");
-            if let Some(name) = tag.strip_prefix('/') {
-                assert_eq!(stack.pop().as_deref(), Some(name.trim()), "mismatched </{name}>");
-            } else {
-                let name = tag.split_whitespace().next().expect("empty tag").trim_end_matches('/').to_string();
-                if stack.is_empty() {
-                    roots += 1;
-                }
-                if !tag.ends_with('/') {
-                    stack.push(name);
-                }
-            }
-            rest = &rest[close + 1..];
-        }
-        assert!(stack.is_empty(), "unclosed: {stack:?}");
-        assert!(rest.trim().is_empty());
-        assert_eq!(roots, 1);
-    }
 
     #[test]
     fn svgs_are_well_formed() {
@@ -936,17 +901,17 @@ mod tests {
         assert!(single.contains(r#"<svg xmlns="http://www.w3.org/2000/svg""#));
         assert!(single.contains("<title>") && single.contains("share of bytes (%)") && single.contains(">uplink<"));
         assert_eq!(single.matches("<rect ").count(), 1 + 8, "background + one bar per uplink");
-        assert_well_formed(&single);
+        crate::render::assert_well_formed(&single);
         let rows = sweep(&s, &[1, 2, 4, 8]).unwrap();
         let chart = sweep_svg(&s, &rows);
         assert!(chart.contains("QPs per connection") && chart.contains("max/mean"));
         assert_eq!(chart.matches("<polyline").count(), 3);
-        assert_well_formed(&chart);
+        crate::render::assert_well_formed(&chart);
     }
 
     #[test]
     fn svg_check_catches_broken_xml() {
-        let bad = std::panic::catch_unwind(|| assert_well_formed("<svg><g></svg></g>"));
+        let bad = std::panic::catch_unwind(|| crate::render::assert_well_formed("<svg><g></svg></g>"));
         assert!(bad.is_err());
     }
 }

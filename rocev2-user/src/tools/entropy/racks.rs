@@ -6,13 +6,13 @@
 //! table: QPs per connection against five-tuple / qp / flowlet hashing
 //! with one seed on every switch or each switch's own.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use rocev2_common::hash::HashMode;
 
 use super::{parse_sweep, EntropyArgs, SimHash};
 use crate::{
     render::{Align, Table},
-    tools::fabric::{flag, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
+    tools::fabric::{flag, picture, render_loads, summarize, Fabric, SeedPlan, Tier, TierSummary, TrafficSpec},
     tools::gen::SportModel,
 };
 
@@ -59,6 +59,9 @@ pub fn run(args: &EntropyArgs, racks: u32) -> Result<()> {
     }
     let spec = |qps: u32, messages: u32| TrafficSpec { pattern: args.pattern, qps, messages, sport: sport(args) };
     if let Some(text) = &args.sweep {
+        if args.svg.is_some() {
+            bail!("--svg draws one fabric (`entropy --racks N` without --sweep); a sweep over QP counts has no single picture");
+        }
         let qps = parse_sweep(text)?;
         if qps.iter().any(|q| *q > 32) {
             bail!("--sweep QP counts must be at most 32 in fabric mode");
@@ -68,6 +71,13 @@ pub fn run(args: &EntropyArgs, racks: u32) -> Result<()> {
     let f = fabric(args, racks, args.hash, args.seeds)?;
     let s = spec(args.qps, args.messages);
     let loads = f.predict_policy(&s, args.hash == SimHash::Flowlet)?;
+    if let Some(path) = &args.svg {
+        // The same picture `lab stats --svg` draws from the counters.
+        let flowlets = if args.hash == SimHash::Flowlet { " with flowlets" } else { "" };
+        let title = format!("simulated link loads, {} QPs per connection{flowlets}", args.qps);
+        std::fs::write(path, picture::svg(&f, &loads, &title))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if args.json {
         let links: Vec<_> = loads.iter().map(|(l, x)| serde_json::json!({ "link": l.to_string(), "tier": l.tier, "packets": x.packets, "bytes": x.bytes })).collect();
         let json =
@@ -80,6 +90,9 @@ pub fn run(args: &EntropyArgs, racks: u32) -> Result<()> {
         flag(args.pattern), racks, args.hosts, args.spines, args.links_per_spine, args.qps, args.messages, args.hash.name(), flag(args.seeds), flag(s.sport)
     );
     print!("{}", render_loads(&f, &loads));
+    if let Some(path) = &args.svg {
+        println!("picture written to {}", path.display());
+    }
     Ok(())
 }
 

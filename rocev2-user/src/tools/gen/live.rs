@@ -120,7 +120,7 @@ pub(super) fn send_live(
             })
             .with_context(|| {
                 format!(
-                    "BPF_PROG_RUN with live frames on {} (ifindex {ifindex}) failed; it needs kernel 5.18+ and CAP_BPF + CAP_NET_ADMIN",
+                    "BPF_PROG_RUN with live frames on {} (ifindex {ifindex}) failed; it needs kernel 5.18+ and CAP_BPF + CAP_NET_ADMIN + CAP_PERFMON",
                     args.dev
                 )
             })?;

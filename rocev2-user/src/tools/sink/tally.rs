@@ -245,13 +245,19 @@ impl SinkReport {
         if self.bad_ipv4_checksum > 0 {
             s.push_str(&format!("  IPv4 header checksum: {} bad\n", self.bad_ipv4_checksum));
         }
-        s.push_str(&if self.reordered == 0 {
-            "  order: no packet reordered".to_string()
-        } else {
-            format!(
-                "  order: {} packets REORDERED (PSN below the next expected one of their QP): paths changed inside messages, e.g. a flowlet gap shorter than the path delay difference",
-                self.reordered
-            )
+        let packets = |n: u64| if n == 1 { "1 packet".to_string() } else { format!("{n} packets") };
+        s.push_str(&match (self.reordered, self.responder.is_empty()) {
+            (0, _) => "  order: no packet reordered".to_string(),
+            // A responder NAKs a gap and the requester goes back to it
+            // (go-back-N): what arrives below the next PSN is that resend.
+            (n, false) => format!(
+                "  order: {} below the next expected PSN of their QP: go-back-N resends after a loss (see the NAKs below), or, without a loss, paths that changed inside a message",
+                packets(n)
+            ),
+            (n, true) => format!(
+                "  order: {} REORDERED (PSN below the next expected one of their QP): paths changed inside messages, e.g. a flowlet gap shorter than the path delay difference",
+                packets(n)
+            ),
         });
         s.push_str(&format!("; {} gaps ({} PSNs missing), {} duplicates", self.gaps, self.missing, self.duplicates));
         if self.observer_dropped > 0 {
@@ -459,7 +465,7 @@ mod tests {
         assert_eq!((q2.reordered, q2.gaps, q2.missing, q2.duplicates), (0, 0, 0, 1));
         assert!(!r.in_order());
         let text = r.render();
-        assert!(text.contains("1 packets REORDERED"), "{text}");
+        assert!(text.contains("1 packet REORDERED"), "{text}");
         assert!(text.contains("BAD ICRC"), "{text}");
     }
 }

@@ -251,7 +251,8 @@ impl FabricPlan {
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
             let balance = Balance::Hash { hash };
-            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled);
+            let mut text =
+                switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled || args.telemetry);
             if let Some(settings) = &settings {
                 let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
                 text.push_str(&links::switch_config(settings, s, &ports));
@@ -812,8 +813,10 @@ pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -
     }
     let started = Instant::now();
     for s in &record.switches {
-        let rdma_hosts = !record.guests.is_empty();
-        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, rdma_hosts);
+        // Telemetry stays on where `lab up` turned it on (RDMA hosts, --telemetry).
+        let telemetry = !record.guests.is_empty()
+            || std::fs::read_to_string(&s.config).is_ok_and(|t| t.contains("\ntelemetry_qps = "));
+        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, telemetry);
         if let Some(rated) = &record.rated {
             let ports: Vec<String> = f.ports(s.switch).into_iter().map(|(p, _)| p).collect();
             text.push_str(&links::switch_config(&rated.settings, s.switch, &ports));

@@ -1,0 +1,68 @@
+//! `rocev2 detach`: removes what a `rocev2 run` that is gone left behind
+//! (`kill -9`, a crash, a handover no new run took), as `xdp-loader
+//! unload` does for xdp-tools: the XDP links pinned in its pin directory
+//! (which detaches the programs), its maps, its state file and lock.
+//!
+//! A live run is never touched: its lock is taken first, and stopping a
+//! live run is its own business (`systemctl stop`, SIGTERM), which detaches
+//! and prints the final counters too.
+
+use std::{fs, path::Path};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{
+    control::dataplane::Maps,
+    control::state::{Manager, RunLock, RunState},
+    control::stats::Snapshot,
+    sys::paths::LINK_PIN_PREFIX,
+};
+
+/// What `detach` removed.
+pub struct Detached {
+    /// Ports whose XDP program was detached.
+    pub ports: Vec<String>,
+    /// The counters just before, when the maps and state could be read.
+    pub counters: Option<Snapshot>,
+}
+
+pub fn detach(pin_dir: &Path) -> Result<Detached> {
+    let state = RunState::read(pin_dir).ok();
+    if let Some(Manager::Running(pid)) = state.as_ref().map(RunState::manager) {
+        bail!(
+            "`rocev2 run` pid {pid} manages the dataplane in {}: stop it instead (`systemctl stop rocev2` for the service, else `kill {pid}`); a stop detaches and prints the final counters",
+            pin_dir.display()
+        );
+    }
+    if !pin_dir.exists() {
+        if state.is_some() {
+            RunState::remove(pin_dir);
+        }
+        match RunState::read(pin_dir) {
+            Err(e) if state.is_none() => bail!("nothing to detach: {} does not exist; {e:#}", pin_dir.display()),
+            _ => bail!("nothing to detach: {} does not exist (a stale state file was removed)", pin_dir.display()),
+        }
+    }
+    // Fails while a live run holds it, which the check above should have caught.
+    let _lock = RunLock::acquire(pin_dir)?;
+    let counters = state.as_ref().and_then(|s| Snapshot::collect(&Maps::open_pinned(pin_dir).ok()?, s).ok());
+    let mut ports = Vec::new();
+    let entries = fs::read_dir(pin_dir).with_context(|| format!("cannot read {}", pin_dir.display()))?;
+    let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    // Links first: the programs stop forwarding before their maps go.
+    paths.sort_by_key(|p| !is_link_pin(p));
+    for path in paths {
+        fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+        if is_link_pin(&path) {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            ports.push(name.trim_start_matches(LINK_PIN_PREFIX).to_string());
+        }
+    }
+    fs::remove_dir(pin_dir).with_context(|| format!("cannot remove {}", pin_dir.display()))?;
+    RunState::remove(pin_dir);
+    Ok(Detached { ports, counters })
+}
+
+fn is_link_pin(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(LINK_PIN_PREFIX))
+}
