@@ -30,14 +30,15 @@ pub static ARRIVAL_TOTALS: PerCpuArray<ArrivalTotals> = PerCpuArray::with_max_en
 #[map]
 pub static ARRIVAL_EVENTS: RingBuf = RingBuf::with_byte_size(ARRIVAL_EVENT_RING_BYTES, 0);
 
+/// Counts one frame; returns whether it is a RoCEv2 frame.
 #[inline(always)]
-pub fn count(ctx: &XdpContext) {
-    let Some(totals) = ARRIVAL_TOTALS.get_ptr_mut(0) else { return };
+pub fn count(ctx: &XdpContext) -> bool {
+    let Some(totals) = ARRIVAL_TOTALS.get_ptr_mut(0) else { return false };
     // SAFETY: this CPU's entry; one program run at a time per CPU.
     let totals = unsafe { &mut *totals };
     let Some(at) = transport::locate(ctx) else {
         totals.other += 1;
-        return;
+        return false;
     };
     totals.roce += 1;
     let now = unsafe { bpf_ktime_get_ns() };
@@ -59,7 +60,7 @@ pub fn count(ctx: &XdpContext) {
         }
     };
     let (kind, count) = match arrival {
-        Arrival::InOrder => return,
+        Arrival::InOrder => return true,
         Arrival::Gap(n) => (EVENT_GAP, n),
         Arrival::Late => (EVENT_LATE, 1),
         Arrival::Duplicate => (EVENT_DUPLICATE, 1),
@@ -71,4 +72,5 @@ pub fn count(ctx: &XdpContext) {
         }
         None => totals.events_lost += 1,
     }
+    true
 }

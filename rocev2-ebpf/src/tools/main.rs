@@ -106,6 +106,19 @@ pub fn rocev2_xdp_arrival(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// The arrival probe of a receiver no application listens on (the churn
+/// soak's hosts): counts like `rocev2_xdp_arrival`, then drops RoCEv2
+/// frames (no stack answers them) and passes the rest, so the host still
+/// answers ARP and neighbour discovery.
+#[xdp(frags)]
+pub fn rocev2_xdp_arrival_drop(ctx: XdpContext) -> u32 {
+    if arrival::count(&ctx) {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
 /// Benchmark receiver: drops every frame; the device's rx counters count
 /// what arrived. Also gives a veth peer the NAPI that XDP-redirected
 /// frames need to be delivered.

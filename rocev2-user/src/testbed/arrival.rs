@@ -36,7 +36,7 @@ use rocev2_common::arrival::{
 
 use crate::{
     sys::netns::in_netns_scoped,
-    tools::programs::{ToolPrograms, XDP_ARRIVAL_PROGRAM},
+    tools::programs::{ToolPrograms, XDP_ARRIVAL_DROP_PROGRAM, XDP_ARRIVAL_PROGRAM},
 };
 
 /// An arrival probe on one device; detached when dropped.
@@ -50,10 +50,22 @@ impl ArrivalProbe {
     /// Attaches the probe to `dev` in namespace `netns` (native XDP; on a
     /// veth it also gives the device the NAPI that redirected frames need).
     pub fn attach(netns: &str, dev: &str) -> Result<Self> {
+        Self::attach_program(netns, dev, XDP_ARRIVAL_PROGRAM)
+    }
+
+    /// Like [`ArrivalProbe::attach`], but the probe drops the RoCEv2 frames
+    /// after counting them (everything else goes on to the stack, which
+    /// still answers ARP and neighbour discovery): for a receiver no
+    /// application listens on, whose stack need not answer with ICMP.
+    pub fn attach_dropping(netns: &str, dev: &str) -> Result<Self> {
+        Self::attach_program(netns, dev, XDP_ARRIVAL_DROP_PROGRAM)
+    }
+
+    fn attach_program(netns: &str, dev: &str, program: &str) -> Result<Self> {
         let mut programs = ToolPrograms::load()?;
         in_netns_scoped(netns, || {
             programs
-                .xdp(XDP_ARRIVAL_PROGRAM)?
+                .xdp(program)?
                 .attach(dev, XdpMode::Driver)
                 .with_context(|| format!("cannot attach the arrival probe to {dev} in {netns}"))?;
             Ok(())
@@ -114,13 +126,15 @@ pub struct Flow {
     pub dest_qp: u32,
 }
 
+/// An address from the words the probe keys flows by (those of
+/// rocev2_common::hash::ipv4_words / ipv6_words: bytes in memory order).
 fn address(words: [u32; 4], family: u32) -> IpAddr {
     if family == 4 {
-        IpAddr::from(words[0].to_be_bytes())
+        IpAddr::from(words[0].to_le_bytes())
     } else {
         let mut b = [0u8; 16];
         for (i, w) in words.iter().enumerate() {
-            b[4 * i..4 * i + 4].copy_from_slice(&w.to_be_bytes());
+            b[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
         }
         IpAddr::from(b)
     }
@@ -235,6 +249,17 @@ impl LossAccount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flows_read_back_the_addresses_the_probe_keyed_them_by() {
+        use rocev2_common::hash::{ipv4_words, ipv6_words};
+        let v4: std::net::Ipv4Addr = "10.1.2.3".parse().unwrap();
+        let v6: std::net::Ipv6Addr = "fd00:1:2::3".parse().unwrap();
+        let key = ArrivalKey { src: ipv4_words(v4.octets()), dst: ipv4_words([10, 9, 8, 7]), dest_qp: 5, family: 4 };
+        assert_eq!(Flow::from(key).to_string(), "10.1.2.3 -> 10.9.8.7 QP 0x5");
+        let key = ArrivalKey { src: ipv6_words(&v6.octets()), dst: ipv6_words(&v6.octets()), dest_qp: 1, family: 6 };
+        assert_eq!(Flow::from(key).src, IpAddr::from(v6));
+    }
 
     #[test]
     fn the_switch_is_blamed_only_for_frames_that_never_arrived() {

@@ -139,6 +139,25 @@ impl Frr {
     pub fn kill(&self) {
         self.stop();
     }
+
+    /// A handle on the daemons a lab started in `netns` with state
+    /// directory `dir` (they keep running when it goes).
+    pub fn running_in(netns: &str, dir: &Path) -> Self {
+        Self { netns: netns.to_string(), dir: dir.to_path_buf(), owned: false }
+    }
+
+    /// Kills them as a crash would and starts them again with the same
+    /// config (routes learned again from scratch); returns the new handle,
+    /// detached like the old one.
+    pub fn restart_after(self, down: Duration) -> Result<Self> {
+        let config = self.config();
+        self.kill();
+        std::thread::sleep(down);
+        let frr = Self::start_in(&self.netns, &self.dir, &config)?;
+        let detached = Self { netns: frr.netns.clone(), dir: frr.dir.clone(), owned: false };
+        frr.detach();
+        Ok(detached)
+    }
 }
 
 impl Frr {

@@ -29,6 +29,9 @@ pub const XDP_DROP_PROGRAM: &str = "rocev2_xdp_drop";
 /// Counts and sequence-checks the RoCEv2 frames landing on a device, then
 /// passes them on: the lab's arrival probe (testbed::arrival).
 pub const XDP_ARRIVAL_PROGRAM: &str = "rocev2_xdp_arrival";
+/// The same, then drops the RoCEv2 frames and passes the rest (a receiver
+/// no application listens on; it still answers ARP and ND).
+pub const XDP_ARRIVAL_DROP_PROGRAM: &str = "rocev2_xdp_arrival_drop";
 
 /// One loaded instance of the tools object. Programs are verified on first
 /// use, so an instance costs only what it runs.

@@ -282,3 +282,63 @@ fn check_reports_every_missing_interface_with_close_names() {
         "{err}"
     );
 }
+
+/// A child this test started, killed (by its pid) if the test fails first.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Tools chapter's example, as written: a fabric lab with
+/// `--telemetry`, `sink --rc` and `fault` on a receiving host, `gen --rc`
+/// on a sending one; the receiving leaf's `top` sees the go-back on the
+/// QP that lost a PSN.
+#[test]
+fn the_tools_fault_and_top_example_runs_on_a_fabric_lab_with_telemetry() {
+    require_root();
+    let name = format!("ft{:x}", std::process::id() % 0xFFFFF);
+    #[rustfmt::skip]
+    let out = rocev2(&["lab", "up", "--name", &name, "--racks", "2", "--hosts", "1", "--spines", "1",
+                       "--links-per-spine", "1", "--routing", "static", "--telemetry"]);
+    let _lab = LabGuard(name.clone());
+    let up = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{up}");
+    // The hint for the example: which leaf port MAC a host sends to.
+    let leaf_mac = |rack: u32| -> String {
+        let link = Command::new("ip").args(["-n", &format!("{name}-l{rack}"), "-br", "link", "show", "h1"]).output();
+        text(&link.unwrap().stdout).split_whitespace().nth(2).expect("h1's MAC").to_string()
+    };
+    let (sender, receiver) = (format!("{name}-r1h1"), format!("{name}-r2h1"));
+    let spawn = |args: &[&str]| {
+        Child(Command::new(rocev2_bin()).args(args).stdout(std::process::Stdio::piped()).spawn().expect("spawn"))
+    };
+    let sink = spawn(&["--netns", &receiver, "sink", "--dev", "eth0", "--rc", "--idle-exit", "2", "--duration", "60"]);
+    let fault = spawn(&["--netns", &receiver, "fault", "--dev", "eth0", "--drop", "0x100:5", "--duration", "60"]);
+    // fault is in place once its program is on eth0.
+    let attached = (0..200).any(|_| {
+        let link = Command::new("ip").args(["-n", &receiver, "link", "show", "eth0"]).output().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        text(&link.stdout).contains("xdp")
+    });
+    assert!(attached, "fault did not attach");
+    #[rustfmt::skip]
+    let gen = rocev2(&["--netns", &sender, "gen", "--dev", "eth0", "--dst-mac", &leaf_mac(1), "--src", "10.1.1.1",
+                       "--dst", "10.2.1.1", "--rc", "--qps", "4", "--messages", "8", "--sport", "nic"]);
+    let report = text(&gen.stdout);
+    assert!(gen.status.success(), "{report}{}", text(&gen.stderr));
+    assert!(report.contains("4 QPs complete") && report.contains("1 sequence NAKs"), "{report}");
+    assert!(report.contains("5..=31 (nak)"), "PSNs 5 to 31 resent after the NAK: {report}");
+    let top = rocev2(&["top", "--once", "--json", "--config", &format!("/run/rocev2/lab-{name}/l2.toml")]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&top.stdout).unwrap_or_else(|_| panic!("{}", text(&top.stderr)));
+    let qps = json["qps"].as_array().expect("qps");
+    let lost = qps.iter().find(|q| q["dest_qp"] == 0x100).unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(lost["psn_backward_jumps"], 1, "{json}");
+    let naks: u64 = qps.iter().map(|q| q["naks_sequence"].as_u64().unwrap()).sum();
+    assert_eq!(naks, 1, "{json}");
+    drop((sink, fault));
+}

@@ -81,6 +81,7 @@ impl Lab {
             links: Default::default(),
             rdma: Default::default(),
             host_bridge: true,
+            telemetry: false,
             uplinks: UPLINKS as u32,
         };
         let guard = LabGuard(name.clone());

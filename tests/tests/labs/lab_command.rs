@@ -47,6 +47,7 @@ fn up_args(name: &str, hosts: u32, spines: u32, links: u32) -> LabUpArgs {
         rdma: Default::default(),
         links: Default::default(),
         host_bridge: false,
+        telemetry: false,
         uplinks: 4,
     }
 }

@@ -31,6 +31,7 @@ mod rc_telemetry;
 mod rdma_guests;
 mod reliability;
 mod service;
+mod soak;
 mod sys;
 mod takeover;
 mod transport_aware;

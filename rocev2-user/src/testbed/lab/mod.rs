@@ -49,9 +49,11 @@ pub const DEST_PREFIX_V4: &str = "10.1.0.0/16";
 pub const DEST_PREFIX_V6: &str = "fd01::/64";
 
 mod bgp;
+pub mod drop_counters;
 pub mod fabric;
 pub mod hostbridge;
 pub mod rdma_hosts;
+pub mod soak;
 
 use super::topology::{base_sysctls, build_topology, netns_exists, remove_netns, route_args, strs, NamespaceOwner};
 pub use super::topology::{NsPlan, VethPlan};
@@ -87,6 +89,11 @@ pub enum LabCommand {
     Scorecard(fabric::scorecard::LabScorecardArgs),
     /// A fabric's per-link loads by tier from every switch's member counters.
     Stats(fabric::LabStatsArgs),
+    /// Minutes of churn on a fabric of its own under load (withdrawals, link
+    /// cuts, FRR and `rocev2 run` restarts, reloads, upgrades, a busy CPU)
+    /// with a sequence-checked stream between every pair of racks; prints
+    /// the loss, reordering and convergence of every event.
+    Soak(soak::SoakArgs),
     /// Run a command in a host of the lab: in its virtual machine
     /// (`--rdma-hosts`), else in its namespace. Exits with its status.
     Exec(rdma_hosts::LabExecArgs),
@@ -107,6 +114,7 @@ impl LabCommand {
             Self::Mode(_) => "lab mode",
             Self::Te(_) => "lab te",
             Self::Link(_) => "lab link",
+            Self::Soak(_) => "lab soak",
             Self::Scorecard(_) => "lab scorecard",
             Self::Stats(_) => "lab stats",
             Self::Exec(_) => "lab exec",
@@ -180,6 +188,10 @@ pub struct LabUpArgs {
     /// and address, which route onward to the destination.
     #[arg(long, conflicts_with_all = ["racks", "routing", "spines", "links_per_spine"])]
     pub host_bridge: bool,
+    /// With `--racks`: per-QP transport telemetry on every switch
+    /// (`telemetry_qps` in its config), for `rocev2 top` and `rocev2 trace`.
+    #[arg(long, requires = "racks")]
+    pub telemetry: bool,
     /// With `--host-bridge`: rack switches (each one bridge port, one
     /// member of the uplink group).
     #[arg(long, default_value_t = 4, requires = "host_bridge")]
@@ -239,6 +251,7 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
         LabCommand::Mode(args) => fabric::balance::mode(args),
         LabCommand::Te(args) => fabric::te::te(args).map(|_| ()),
         LabCommand::Link(args) => fabric::te::link(args),
+        LabCommand::Soak(args) => soak::soak(args).map(|_| ()),
         LabCommand::Scorecard(args) => fabric::scorecard::scorecard(args).map(|_| ()),
     }
 }
@@ -886,6 +899,7 @@ mod tests {
             rdma: Default::default(),
             links: Default::default(),
             host_bridge: false,
+            telemetry: false,
             uplinks: 4,
         }
     }

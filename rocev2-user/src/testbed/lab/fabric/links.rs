@@ -75,6 +75,12 @@ const MEASURE_FOR: Duration = Duration::from_millis(600);
 /// The options of `lab up` that rate a fabric's links.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LinkArgs {
+    /// Every fabric link through the lab's wire namespace (a bridge per
+    /// link, unshaped; `--link-rate` implies it): `rocev2 lab link L down`
+    /// then fails a link as a cable cut does, both ends losing carrier
+    /// while staying administratively up.
+    #[arg(long, requires = "racks")]
+    pub wires: bool,
     /// Give every fabric link (host-leaf, leaf-spine, spine-aggregation)
     /// this rate and a real queue (tc spelling: 20mbit, 1gbit): frames
     /// queue, wait, get ECN-marked and, when a buffer is full, dropped.
@@ -244,7 +250,8 @@ impl WirePlan {
 
     /// Routes `link` through the wire namespace: returns the two veth pairs
     /// to build instead of it. `a` sends from `link.a_*`, `b` from `link.b_*`.
-    pub fn add(&mut self, link: VethPlan, a: Sender, b: Sender, settings: &LinkSettings) -> [VethPlan; 2] {
+    /// Without `settings` (unrated wires) no queue is planned.
+    pub fn add(&mut self, link: VethPlan, a: Sender, b: Sender, settings: Option<&LinkSettings>) -> [VethPlan; 2] {
         let n = self.bridges.len() as u32 + 1;
         // Each wire device transmits toward its own end's neighbour: the one
         // facing `a` carries what b sends, and is named after that direction.
@@ -279,7 +286,13 @@ impl WirePlan {
 
     /// The wire device carrying what `sender` sends out of `port` (in
     /// `ns`), and the queue that shapes it.
-    fn direction(&mut self, sender: &Sender, ns: &str, port: &str, settings: &LinkSettings) -> String {
+    fn direction(&mut self, sender: &Sender, ns: &str, port: &str, settings: Option<&LinkSettings>) -> String {
+        let Some(settings) = settings else {
+            return match sender {
+                Sender::Switch(s) => format!("{s}-{port}"),
+                Sender::Host(r, i) => format!("r{r}h{i}"),
+            };
+        };
         match sender {
             Sender::Switch(s) => {
                 let dev = format!("{s}-{port}");
@@ -707,7 +720,7 @@ mod tests {
             b_addrs: vec!["172.17.17.2/24".into()],
             gro_b: false,
         };
-        let [x, y] = plan.add(link, Sender::Switch(Switch::Leaf(1)), Sender::Switch(Switch::Spine(1)), &s);
+        let [x, y] = plan.add(link, Sender::Switch(Switch::Leaf(1)), Sender::Switch(Switch::Spine(1)), Some(&s));
         assert_eq!(
             (x.a_ns.as_str(), x.a_if.as_str(), x.b_ns.as_str(), x.b_if.as_str()),
             ("lab-l1", "s1p1", "lab-wire", "s1-l1p1")
@@ -729,7 +742,7 @@ mod tests {
             gro_b: true,
             ..x.clone()
         };
-        let [_, y] = plan.add(host, Sender::Switch(Switch::Leaf(1)), Sender::Host(1, 1), &s);
+        let [_, y] = plan.add(host, Sender::Switch(Switch::Leaf(1)), Sender::Host(1, 1), Some(&s));
         assert!(y.gro_b);
         assert_eq!(plan.bridges[1].1, ["r1h1".to_string(), "l1-h1".to_string()]);
         let nic = &plan.queues[2];

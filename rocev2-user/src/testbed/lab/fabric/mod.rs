@@ -46,7 +46,7 @@ mod view;
 
 pub use collective::{collective, CollectiveReport, LabCollectiveArgs};
 pub use traffic::{traffic, LabTrafficArgs, TrafficOutcome};
-pub use view::{link_loads, stats, LabStatsArgs};
+pub use view::{link_loads, port_sums, stats, LabStatsArgs};
 
 /// ASN of leaf r is LEAF_ASN + r; the spines of zone z share SPINE_ASN +
 /// z - 1 and the aggregation tier AGG_ASN (RFC 7938: a tier, or a cluster's
@@ -81,7 +81,10 @@ pub struct FabricPlan {
     pub bgp: Vec<bgp::BgpSpeaker>,
     /// Rated links (`--link-rate`): their settings and the wire namespace's
     /// bridges and queues.
-    pub rated: Option<(links::LinkSettings, links::WirePlan)>,
+    pub rated: Option<links::LinkSettings>,
+    /// Wired links (`--wires`, or rated ones): the wire namespace's bridges
+    /// (and queues, when rated).
+    pub wires: Option<links::WirePlan>,
     /// `--rdma-hosts`: one virtual machine per host.
     pub guests: Vec<GuestSpec>,
 }
@@ -251,7 +254,8 @@ impl FabricPlan {
             let config = dir.join(format!("{s}.toml"));
             let pin_dir = crate::sys::paths::pin_dir_named(&ns);
             let balance = Balance::Hash { hash };
-            let mut text = switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled);
+            let mut text =
+                switch_config(f, s, &ns, &config, &pin_dir, bgp_mode, &balance, args.rdma.enabled || args.telemetry);
             if let Some(settings) = &settings {
                 let ports: Vec<String> = f.ports(s).into_iter().map(|(p, _)| p).collect();
                 text.push_str(&links::switch_config(settings, s, &ports));
@@ -290,22 +294,33 @@ impl FabricPlan {
         let bgp = if bgp_mode { speakers(&name, f, args.unnumbered) } else { Vec::new() };
         // Rated links: every link through the wire namespace (neighbours
         // above are the link's far ends, which the wire does not change).
-        let (links, rated) = match settings {
-            None => (links, None),
-            Some(settings) => {
-                let mut wires = links::WirePlan::new(&name);
-                namespaces.push(NsPlan {
-                    name: wires.netns.clone(),
-                    sysctls: links::wire_sysctls(),
-                    lo_addrs: vec![],
-                    routes: vec![],
-                });
-                let through: Vec<VethPlan> =
-                    links.into_iter().zip(senders).flat_map(|(l, (a, b))| wires.add(l, a, b, &settings)).collect();
-                (through, Some((settings, wires)))
-            }
+        let (links, wires) = if settings.is_some() || args.links.wires {
+            let mut wires = links::WirePlan::new(&name);
+            namespaces.push(NsPlan {
+                name: wires.netns.clone(),
+                sysctls: links::wire_sysctls(),
+                lo_addrs: vec![],
+                routes: vec![],
+            });
+            let through: Vec<VethPlan> =
+                links.into_iter().zip(senders).flat_map(|(l, (a, b))| wires.add(l, a, b, settings.as_ref())).collect();
+            (through, Some(wires))
+        } else {
+            (links, None)
         };
-        Ok(Self { name, fabric, routing: args.routing, dir, namespaces, links, switches, bgp, rated, guests })
+        Ok(Self {
+            name,
+            fabric,
+            routing: args.routing,
+            dir,
+            namespaces,
+            links,
+            switches,
+            bgp,
+            rated: settings,
+            wires,
+            guests,
+        })
     }
 }
 
@@ -680,7 +695,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
 /// returns the lines to print about BGP and the links.
 fn build(plan: &FabricPlan, record: &mut LabRecord, tree: Option<&Path>) -> Result<Vec<String>> {
     build_topology(&plan.namespaces, &plan.links, record)?;
-    if let Some((_, wires)) = &plan.rated {
+    if let Some(wires) = &plan.wires {
         links::join_wires(wires)?;
     }
     make_dir(&plan.dir, record)?;
@@ -701,7 +716,7 @@ fn build(plan: &FabricPlan, record: &mut LabRecord, tree: Option<&Path>) -> Resu
     };
     start_dataplanes(record)?;
     let mut lines: Vec<String> = bgp_line.into_iter().collect();
-    if let Some((settings, wires)) = &plan.rated {
+    if let (Some(settings), Some(wires)) = (&plan.rated, &plan.wires) {
         lines.extend(rate_links(plan, settings, wires, record)?);
     }
     if let Some(tree) = tree {
@@ -812,8 +827,10 @@ pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -
     }
     let started = Instant::now();
     for s in &record.switches {
-        let rdma_hosts = !record.guests.is_empty();
-        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, rdma_hosts);
+        // Telemetry stays on where `lab up` turned it on (RDMA hosts, --telemetry).
+        let telemetry = !record.guests.is_empty()
+            || std::fs::read_to_string(&s.config).is_ok_and(|t| t.contains("\ntelemetry_qps = "));
+        let mut text = switch_config(&f, s.switch, &s.netns, &s.config, &s.pin_dir, false, balance, telemetry);
         if let Some(rated) = &record.rated {
             let ports: Vec<String> = f.ports(s.switch).into_iter().map(|(p, _)| p).collect();
             text.push_str(&links::switch_config(&rated.settings, s.switch, &ports));

@@ -73,12 +73,27 @@ pub struct ModeRow {
     /// Bytes per second.
     pub busbw: f64,
     pub share_of_ideal: f64,
+    /// The flow-level model's share of the ideal for the same fabric,
+    /// seeds, mode and collective ([`predict`]); absent from a scorecard
+    /// saved before the scorecard asked the model.
+    #[serde(default)]
+    pub model_share: Option<f64>,
     pub worst_link: String,
     pub worst_utilization: f64,
     pub ecn_marked: u64,
     pub drops: u64,
     pub reordered: u64,
     pub retransmitted: u64,
+    /// Go-back-N timeouts (absent from older saved scorecards).
+    #[serde(default)]
+    pub timeouts: u64,
+}
+
+impl ModeRow {
+    /// The lab's share of the ideal over the model's (1.0: they agree).
+    pub fn lab_over_model(&self) -> Option<f64> {
+        self.model_share.filter(|m| *m > 0.0).map(|m| self.share_of_ideal / m)
+    }
 }
 
 /// One transport's incast.
@@ -181,7 +196,7 @@ fn run_args(name: &str, op: Op, size: u64, chunk: u64, qps: u32, transport: Tran
     a
 }
 
-fn mode_row(label: String, qps: u32, r: &CollectiveReport) -> ModeRow {
+fn mode_row(label: String, qps: u32, r: &CollectiveReport, model_share: Option<f64>) -> ModeRow {
     ModeRow {
         mode: label,
         qps,
@@ -189,19 +204,49 @@ fn mode_row(label: String, qps: u32, r: &CollectiveReport) -> ModeRow {
         seconds: r.seconds,
         busbw: r.busbw,
         share_of_ideal: r.share_of_ideal.unwrap_or(0.0),
+        model_share,
         worst_link: r.worst_link.as_ref().map_or("-".into(), |w| w.link.clone()),
         worst_utilization: r.worst_link.as_ref().map_or(0.0, |w| w.utilization),
         ecn_marked: r.ecn_marked,
         drops: r.drops,
         reordered: r.reordered,
         retransmitted: r.retransmitted,
+        timeouts: r.timeouts,
     }
+}
+
+/// One row: puts `balance` on lab `args.name` (unless `current`, what
+/// the previous row left, is it already; TE places its pins for this
+/// collective every time), runs a ring AllReduce of `args.size` with
+/// `qps` QPs per connection and transport `none`, and asks the model
+/// about the same run.
+fn run_mode(
+    args: &LabScorecardArgs,
+    balance: &Balance,
+    qps: u32,
+    current: &mut Option<Balance>,
+) -> Result<(ModeRow, CollectiveReport)> {
+    let mut record = LabRecord::read(&args.name)?;
+    match balance {
+        Balance::Te { .. } => {
+            let plan = te::plan_of(&record, Op::Allreduce, args.size, qps, args.chunk, Placement::Interleaved)?;
+            te::engineer(&mut record, &plan, &[])?;
+        }
+        b if current.as_ref() != Some(b) => {
+            apply_balance(&mut record, b, true)?;
+        }
+        _ => {}
+    }
+    *current = Some(balance.clone());
+    let model = predict(&record, balance, Op::Allreduce, args.size, args.chunk, qps)?;
+    let r = collective::run(&run_args(&args.name, Op::Allreduce, args.size, args.chunk, qps, Transport::None))?;
+    Ok((mode_row(balance.label(), qps, &r, Some(model.share_of_ideal)), r))
 }
 
 /// Runs every row on lab `name` (rated links, static routing).
 pub fn run(args: &LabScorecardArgs) -> Result<Scorecard> {
     let started = Instant::now();
-    let mut record = LabRecord::read(&args.name)?;
+    let record = LabRecord::read(&args.name)?;
     let Some(rated) = record.rated.clone() else {
         bail!("lab {:?} has no rated links; the scorecard compares times, which mean nothing on links as fast as the CPU (lab up --link-rate)", args.name);
     };
@@ -223,24 +268,12 @@ pub fn run(args: &LabScorecardArgs) -> Result<Scorecard> {
     let mut current: Option<Balance> = None;
     let mut ideal = (0.0, 0.0);
     for (balance, qps) in mode_runs(&args.gaps) {
-        let label = balance.label();
-        eprintln!("scorecard: {label}, {qps} QP(s) per connection ...");
-        match &balance {
-            Balance::Te { .. } => {
-                let plan = te::plan_of(&record, Op::Allreduce, args.size, qps, args.chunk, Placement::Interleaved)?;
-                te::engineer(&mut record, &plan, &[])?;
-            }
-            b if current.as_ref() != Some(b) => {
-                apply_balance(&mut record, b, true)?;
-            }
-            _ => {}
-        }
-        current = Some(balance);
-        let r = collective::run(&run_args(&args.name, Op::Allreduce, args.size, args.chunk, qps, Transport::None))?;
+        eprintln!("scorecard: {}, {qps} QP(s) per connection ...", balance.label());
+        let (row, r) = run_mode(args, &balance, qps, &mut current)?;
         ideal = (r.ideal_busbw.unwrap_or(0.0), r.ideal_seconds.unwrap_or(0.0));
-        modes.push(mode_row(label, qps, &r));
-        record = LabRecord::read(&args.name)?;
+        modes.push(row);
     }
+    let mut record = LabRecord::read(&args.name)?;
     apply_balance(&mut record, &Balance::Hash { hash: HashMode::Qp }, true)?;
     let mut transports = Vec::new();
     for t in [Transport::None, Transport::Dcqcn, Transport::Cts] {
@@ -312,6 +345,7 @@ pub fn render(c: &Scorecard) -> String {
         ("QPS", Align::Right),
         ("BUS BW Mbit/s", Align::Right),
         ("OF IDEAL", Align::Right),
+        ("MODEL", Align::Right),
         ("TIME s", Align::Right),
         ("BUSIEST LINK", Align::Left),
         ("ECN MARKS", Align::Right),
@@ -325,6 +359,7 @@ pub fn render(c: &Scorecard) -> String {
             r.qps.to_string(),
             mbit(r.busbw),
             format!("{:.1}%", r.share_of_ideal * 100.0),
+            r.model_share.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
             format!("{:.3}", r.seconds),
             format!("{} {:.0}%", r.worst_link, r.worst_utilization * 100.0),
             r.ecn_marked.to_string(),
@@ -334,6 +369,11 @@ pub fn render(c: &Scorecard) -> String {
         ]);
     }
     out.push_str(&t.render());
+    if c.modes.iter().any(|r| r.model_share.is_some()) {
+        out.push_str(
+            "MODEL: what the flow-level model (rocev2 entropy --collective) predicts for the same fabric, seeds and mode: max-min fair shares of the link rates, no queues, ACKs or resends\n",
+        );
+    }
     let _ = writeln!(
         out,
         "\nIncast of {} into one host from the {} others (hash qp, 1 QP per connection):",
@@ -371,7 +411,7 @@ pub fn render(c: &Scorecard) -> String {
 /// per transport (drops beside the share).
 pub fn svg(c: &Scorecard) -> String {
     let (left, bar_w, row_h) = (230.0, 420.0, 22.0);
-    let rows = c.modes.len() + c.transports.len() + 3;
+    let rows = c.modes.len() + c.transports.len() + 3 + usize::from(c.modes.iter().any(|r| r.model_share.is_some()));
     let height = 60.0 + rows as f64 * row_h;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">Ring AllReduce {} per rank, {} hosts: bus bandwidth as a share of the ideal fabric</text>\n<text x=\"10\" y=\"38\" fill=\"#555\">{}</text>\n",
@@ -399,6 +439,23 @@ pub fn svg(c: &Scorecard) -> String {
         let label = if r.qps > 1 || r.mode == "qp" { format!("{} x{}", r.mode, r.qps) } else { r.mode.clone() };
         let note = if r.reordered > 0 { format!(", {} out of order", r.reordered) } else { String::new() };
         bar(&mut s, y, &label, r.share_of_ideal, &note, "#3a6ea5");
+        if let Some(m) = r.model_share {
+            let x = left + m.clamp(0.0, 1.2) * bar_w;
+            let _ = writeln!(
+                s,
+                "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"black\" stroke-width=\"2\"/>",
+                y,
+                y + row_h
+            );
+        }
+        y += row_h;
+    }
+    if c.modes.iter().any(|r| r.model_share.is_some()) {
+        let _ = writeln!(
+            s,
+            "<text x=\"{left:.0}\" y=\"{:.1}\" fill=\"#555\">black tick: the flow-level model's prediction</text>",
+            y + 14.0
+        );
         y += row_h;
     }
     let _ = writeln!(

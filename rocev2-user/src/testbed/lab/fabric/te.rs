@@ -230,17 +230,18 @@ pub fn parse_link(f: &Fabric, text: &str) -> Result<LinkId> {
 }
 
 /// Takes the link down (`up` false) or brings it back, as a cable cut
-/// would: on a rated fabric its two wire devices go down, so both
-/// switches' ports lose carrier; otherwise both switches' ports go down.
+/// would: on a wired fabric (`--wires`, `--link-rate`) its two wire
+/// devices go down, so both switches' ports lose carrier and stay
+/// administratively up; otherwise both switches' ports go down.
 pub fn set_link(record: &LabRecord, link: &LinkId, up: bool) -> Result<()> {
     let f = record.fabric.as_ref().context("not a fabric")?;
     let (a, b) = link_ends(f, link);
     let state = if up { "up" } else { "down" };
+    let wires = super::links::wire_ns(&record.name);
+    let wired = crate::testbed::topology::netns_exists(&wires);
     for (s, port) in [Some(a), b].into_iter().flatten() {
-        let (ns, dev) = match &record.rated {
-            Some(r) => (r.wire_netns.clone(), format!("{s}-{port}")),
-            None => (switch_ns(&record.name, s), port.clone()),
-        };
+        let (ns, dev) =
+            if wired { (wires.clone(), format!("{s}-{port}")) } else { (switch_ns(&record.name, s), port.clone()) };
         ip(&["-n", &ns, "link", "set", &dev, state]).with_context(|| format!("setting {s}/{port} {state}"))?;
     }
     Ok(())

@@ -35,18 +35,27 @@ pub struct LabStatsArgs {
 /// Counters summed over a switch's ports: forwarded, forwarded_bytes,
 /// to_kernel (every pass_* reason) and dropped (every drop_* reason).
 pub fn port_totals(pin_dir: &std::path::Path) -> Result<BTreeMap<&'static str, u64>> {
+    let mut out = BTreeMap::new();
+    for (name, v) in port_sums(pin_dir)? {
+        let key = match name {
+            "forwarded" | "forwarded_bytes" => name,
+            n if n.starts_with("pass_") => "to_kernel",
+            n if n.starts_with("drop_") => "dropped",
+            _ => continue,
+        };
+        *out.entry(key).or_default() += v;
+    }
+    Ok(out)
+}
+
+/// Every port counter of a switch (`rocev2 stats`' names), summed over its ports.
+pub fn port_sums(pin_dir: &std::path::Path) -> Result<BTreeMap<&'static str, u64>> {
     let state = RunState::read(pin_dir)?;
     let maps = Maps::open_pinned(pin_dir)?;
     let mut out = BTreeMap::new();
     for p in &state.ports {
         for (name, v) in maps.port_counters(p.slot)? {
-            let key = match name {
-                "forwarded" | "forwarded_bytes" => name,
-                n if n.starts_with("pass_") => "to_kernel",
-                n if n.starts_with("drop_") => "dropped",
-                _ => continue,
-            };
-            *out.entry(key).or_default() += v;
+            *out.entry(name).or_default() += v;
         }
     }
     Ok(out)
