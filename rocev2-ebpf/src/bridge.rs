@@ -31,12 +31,12 @@ use crate::{
     class, counters,
     ctx::PacketBuf,
     features::enabled,
-    forward::{self, decide, flow_key_v4, flow_key_v6, new_tos, Decision, FORWARDED},
+    forward::{self, decide, flow_key_v4, flow_key_v6, hand_on, new_tos, Decision, FORWARDED},
     forwarded::Forward,
     maps::{BRIDGE_PORTS, FDB},
     parse::{self, drop, pass, ptr_at, L3Kind, Outcome, Verdict, L4},
     pin::{self, NO_PIN},
-    rewrite, telemetry,
+    rewrite,
 };
 
 /// XDP entry point body on a bridge port.
@@ -149,16 +149,7 @@ fn bridge_v4_call<C: PacketBuf>(
     target: BridgeTarget,
     out: &mut MaybeUninit<Forward>,
 ) -> u32 {
-    match bridge_v4(ctx, slot, l3_off, target) {
-        Ok(f) => {
-            let f = out.write(f);
-            if enabled(Features::TELEMETRY) {
-                telemetry::observe(ctx, f);
-            }
-            FORWARDED
-        }
-        Err(o) => o.encode(),
-    }
+    hand_on(ctx, bridge_v4(ctx, slot, l3_off, target), out)
 }
 
 #[inline(never)]
@@ -169,16 +160,7 @@ fn bridge_v6_call<C: PacketBuf>(
     target: BridgeTarget,
     out: &mut MaybeUninit<Forward>,
 ) -> u32 {
-    match bridge_v6(ctx, slot, l3_off, target) {
-        Ok(f) => {
-            let f = out.write(f);
-            if enabled(Features::TELEMETRY) {
-                telemetry::observe(ctx, f);
-            }
-            FORWARDED
-        }
-        Err(o) => o.encode(),
-    }
+    hand_on(ctx, bridge_v6(ctx, slot, l3_off, target), out)
 }
 
 /// The class of a frame bridged to one port (no member to choose).

@@ -101,21 +101,21 @@ pub const FORWARDED: u32 = u32::MAX;
 
 #[inline(never)]
 fn forward_v4_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v4(ctx, slot, l3_off) {
-        Ok(f) => {
-            let f = out.write(f);
-            if enabled(Features::TELEMETRY) {
-                telemetry::observe(ctx, f);
-            }
-            FORWARDED
-        }
-        Err(o) => o.encode(),
-    }
+    hand_on(ctx, forward_v4(ctx, slot, l3_off), out)
 }
 
 #[inline(never)]
 fn forward_v6_call<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, out: &mut MaybeUninit<Forward>) -> u32 {
-    match forward_v6(ctx, slot, l3_off) {
+    hand_on(ctx, forward_v6(ctx, slot, l3_off), out)
+}
+
+/// What a family's subprogram returns to the program: a forwarded packet's
+/// decision written to `out` (and seen by telemetry) as [`FORWARDED`], or
+/// the encoded outcome. One place for the router's and the bridge's
+/// subprograms.
+#[inline(always)]
+pub fn hand_on<C: PacketBuf>(ctx: &C, decided: Result<Forward, Outcome>, out: &mut MaybeUninit<Forward>) -> u32 {
+    match decided {
         Ok(f) => {
             let f = out.write(f);
             if enabled(Features::TELEMETRY) {

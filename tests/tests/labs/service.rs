@@ -40,7 +40,13 @@ impl NotifySocket {
         while Instant::now() < deadline {
             match self.socket.recv(&mut buf) {
                 Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                // A signal to this test process (another test's child exiting)
+                // interrupts the wait: wait again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => panic!("notify socket: {e}"),
             }
         }
