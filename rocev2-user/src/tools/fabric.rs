@@ -80,6 +80,18 @@ impl Family {
     pub fn v6(self) -> bool {
         self != Family::V4
     }
+
+    /// The items of the families configured: `v4`'s, then `v6`'s.
+    pub fn pick<T>(self, v4: Vec<T>, v6: Vec<T>) -> Vec<T> {
+        let mut out = Vec::new();
+        if self.v4() {
+            out.extend(v4);
+        }
+        if self.v6() {
+            out.extend(v6);
+        }
+        out
+    }
 }
 
 /// Hash seeds of the switches: all equal (polarization) or each switch's own.

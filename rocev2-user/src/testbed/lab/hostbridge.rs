@@ -85,16 +85,6 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     }
     let fam = args.family;
     let ns = |suffix: &str| format!("{name}-{suffix}");
-    let pick = |v4: Vec<String>, v6: Vec<String>| -> Vec<String> {
-        let mut out = Vec::new();
-        if fam.v4() {
-            out.extend(v4);
-        }
-        if fam.v6() {
-            out.extend(v6);
-        }
-        out
-    };
     let (bridge_ns, dst) = (ns("bridge"), ns("dst"));
     let mut namespaces = Vec::new();
     let mut veths = Vec::new();
@@ -120,7 +110,7 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
             b_ns: h,
             b_if: "eth0".into(),
             b_mac: host_mac(i),
-            b_addrs: pick(vec![format!("{}/24", host_v4(i))], vec![format!("{}/64", host_v6(i))]),
+            b_addrs: fam.pick(vec![format!("{}/24", host_v4(i))], vec![format!("{}/64", host_v6(i))]),
             gro_b: true,
         });
         bridge_cmds.push(strs(&["link", "set", &format!("h{i}"), "master", BRIDGE]));
@@ -136,18 +126,18 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
             b_ns: t.clone(),
             b_if: "gw".into(),
             b_mac: GATEWAY_MAC,
-            b_addrs: pick(vec![format!("{GATEWAY_V4}/24")], vec![format!("{GATEWAY_V6}/64")]),
+            b_addrs: fam.pick(vec![format!("{GATEWAY_V4}/24")], vec![format!("{GATEWAY_V6}/64")]),
             gro_b: true,
         });
         veths.push(VethPlan {
             a_ns: t.clone(),
             a_if: "dst".into(),
             a_mac: rtsw_dst_mac(k),
-            a_addrs: pick(vec![format!("10.200.{k}.1/24")], vec![format!("fdc8:{k}::1/64")]),
+            a_addrs: fam.pick(vec![format!("10.200.{k}.1/24")], vec![format!("fdc8:{k}::1/64")]),
             b_ns: dst.clone(),
             b_if: format!("r{k}"),
             b_mac: dst_rtsw_mac(k),
-            b_addrs: pick(vec![format!("10.200.{k}.2/24")], vec![format!("fdc8:{k}::2/64")]),
+            b_addrs: fam.pick(vec![format!("10.200.{k}.2/24")], vec![format!("fdc8:{k}::2/64")]),
             gro_b: false,
         });
         bridge_cmds.push(strs(&["link", "set", &format!("u{k}"), "master", BRIDGE]));
@@ -196,7 +186,7 @@ pub fn plan(args: &LabUpArgs) -> Result<LabPlan> {
     namespaces.push(NsPlan {
         name: dst,
         sysctls: dst_sysctls,
-        lo_addrs: pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
+        lo_addrs: fam.pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
         routes: r,
     });
 

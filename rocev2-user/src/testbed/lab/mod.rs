@@ -430,16 +430,6 @@ impl LabPlan {
         }
         let fam = args.family;
         let ns = |suffix: &str| format!("{name}-{suffix}");
-        let pick = |v4: Vec<String>, v6: Vec<String>| -> Vec<String> {
-            let mut out = Vec::new();
-            if fam.v4() {
-                out.extend(v4);
-            }
-            if fam.v6() {
-                out.extend(v6);
-            }
-            out
-        };
 
         let rtsw = ns("rtsw");
         let dst = ns("dst");
@@ -464,11 +454,11 @@ impl LabPlan {
                 a_ns: rtsw.clone(),
                 a_if: format!("h{i}"),
                 a_mac: rtsw_host_mac(i),
-                a_addrs: pick(vec![format!("10.0.{i}.254/24")], vec![format!("fd00:{i}::fe/64")]),
+                a_addrs: fam.pick(vec![format!("10.0.{i}.254/24")], vec![format!("fd00:{i}::fe/64")]),
                 b_ns: h,
                 b_if: "eth0".into(),
                 b_mac: host_mac(i),
-                b_addrs: pick(vec![format!("10.0.{i}.1/24")], vec![format!("fd00:{i}::1/64")]),
+                b_addrs: fam.pick(vec![format!("10.0.{i}.1/24")], vec![format!("fd00:{i}::1/64")]),
                 gro_b: true,
             });
             ports.push(format!("h{i}"));
@@ -503,11 +493,11 @@ impl LabPlan {
                     a_ns: rtsw.clone(),
                     a_if: rif.clone(),
                     a_mac: rtsw_uplink_mac(j, k),
-                    a_addrs: pick(vec![format!("10.100.{n}.1/24")], vec![format!("fd64:{j}:{k}::1/64")]),
+                    a_addrs: fam.pick(vec![format!("10.100.{n}.1/24")], vec![format!("fd64:{j}:{k}::1/64")]),
                     b_ns: s.clone(),
                     b_if: sif.clone(),
                     b_mac: spine_uplink_mac(j, k),
-                    b_addrs: pick(vec![format!("10.100.{n}.2/24")], vec![format!("fd64:{j}:{k}::2/64")]),
+                    b_addrs: fam.pick(vec![format!("10.100.{n}.2/24")], vec![format!("fd64:{j}:{k}::2/64")]),
                     gro_b: true,
                 });
                 ports.push(rif.clone());
@@ -515,8 +505,8 @@ impl LabPlan {
                 let _ = writeln!(spine_members, "  {{ dev = \"{rif}\", via = \"{via}\" }},");
                 bgp_links.push(bgp::LinkAddrs {
                     spine: j,
-                    rtsw: pick(vec![format!("10.100.{n}.1")], vec![format!("fd64:{j}:{k}::1")]),
-                    far: pick(vec![format!("10.100.{n}.2")], vec![format!("fd64:{j}:{k}::2")]),
+                    rtsw: fam.pick(vec![format!("10.100.{n}.1")], vec![format!("fd64:{j}:{k}::1")]),
+                    far: fam.pick(vec![format!("10.100.{n}.2")], vec![format!("fd64:{j}:{k}::2")]),
                 });
                 back_v4.push((format!("10.100.{n}.1"), sif.clone()));
                 back_v6.push((format!("fd64:{j}:{k}::1"), sif));
@@ -525,11 +515,11 @@ impl LabPlan {
                 a_ns: s.clone(),
                 a_if: "dst".into(),
                 a_mac: spine_dst_mac(j),
-                a_addrs: pick(vec![format!("10.200.{j}.1/24")], vec![format!("fdc8:{j}::1/64")]),
+                a_addrs: fam.pick(vec![format!("10.200.{j}.1/24")], vec![format!("fdc8:{j}::1/64")]),
                 b_ns: dst.clone(),
                 b_if: format!("s{j}"),
                 b_mac: dst_spine_mac(j),
-                b_addrs: pick(vec![format!("10.200.{j}.2/24")], vec![format!("fdc8:{j}::2/64")]),
+                b_addrs: fam.pick(vec![format!("10.200.{j}.2/24")], vec![format!("fdc8:{j}::2/64")]),
                 gro_b: false,
             });
             dst_hops_v4.push((format!("10.200.{j}.1"), format!("s{j}")));
@@ -557,7 +547,7 @@ impl LabPlan {
         namespaces.push(NsPlan {
             name: dst,
             sysctls: base_sysctls(false),
-            lo_addrs: pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
+            lo_addrs: fam.pick(vec![format!("{DEST_V4}/32")], vec![format!("{DEST_V6}/128")]),
             routes: r,
         });
 
