@@ -1,8 +1,8 @@
 //! `rocev2 lab te`: centralized traffic engineering on a fabric lab, as
 //! Meta ran it for its smaller clusters. A controller takes a collective's
-//! traffic matrix (every QP with the share of its host's link it needs),
-//! computes a path per QP with CSPF ([`crate::tools::collective::cspf`])
-//! over the lab's links, and installs the result as `[[pin]]`s on every
+//! traffic matrix (every QP with the share of its busier host link it
+//! needs: [`te_demands`], as the model computes it), computes a path per
+//! QP with CSPF ([`crate::tools::collective::cspf`]) over the lab's links, and installs the result as `[[pin]]`s on every
 //! switch (groups with `policy = "pinned"`): the existing pin mechanism,
 //! written into each switch's config and applied by a reload.
 //!
@@ -28,11 +28,7 @@ use crate::{
     control::config::parse_size_arg,
     sys::netns::ip,
     testbed::lab::LabRecord,
-    tools::collective::{
-        self, cspf,
-        cspf::{Demand, Graph, Node},
-        qp_number, Op, Placement, Plan,
-    },
+    tools::collective::{self, cspf, cspf::Graph, model::te_demands, qp_number, Op, Placement, Plan},
     tools::fabric::{Fabric, LinkId, Switch, Tier},
 };
 
@@ -107,25 +103,11 @@ pub fn engineer(record: &mut LabRecord, plan: &Plan, down: &[LinkId]) -> Result<
         })
         .flatten()
         .collect();
-    // Every QP needs its share of its host's link: the share of the
-    // host's bytes it carries.
-    let mut sent = vec![0u64; plan.n()];
+    // Every QP needs its share of its busier host link (the model's TE
+    // demands, one function for both).
     let matrix = plan.traffic_matrix();
-    for ((src, _, _), bytes) in &matrix {
-        sent[*src] += bytes;
-    }
     let flows: Vec<(usize, usize, u32)> = matrix.keys().copied().collect();
-    let demands: Vec<Demand> = matrix
-        .iter()
-        .map(|(&(src, dst, _), &bytes)| {
-            let ((sr, si), (dr, di)) = (plan.ranks[src], plan.ranks[dst]);
-            Demand {
-                src: Node::Host(sr, si),
-                dst: Node::Host(dr, di),
-                load: capacity * bytes as f64 / sent[src] as f64,
-            }
-        })
-        .collect();
+    let demands = te_demands(&plan.ranks, matrix.into_iter(), capacity);
     let routing = cspf::cspf(&g, &demands, &down_edges);
     let mut pins = Vec::new();
     let mut paths = Vec::new();
