@@ -26,7 +26,8 @@ fn toml_blocks(file: &str, markdown: &str) -> (Vec<Shown>, usize) {
     let mut lines = markdown.lines().enumerate();
     while let Some((n, line)) = lines.next() {
         let Some(info) = line.trim().strip_prefix("```toml") else { continue };
-        let text: String = lines.by_ref().take_while(|(_, l)| l.trim() != "```").map(|(_, l)| format!("{l}\n")).collect();
+        let text: String =
+            lines.by_ref().take_while(|(_, l)| l.trim() != "```").map(|(_, l)| format!("{l}\n")).collect();
         match info.trim() {
             "" => complete.push(Shown { place: format!("{file}:{}", n + 1), text }),
             "partial" => partial += 1,

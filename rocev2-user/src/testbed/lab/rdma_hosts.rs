@@ -136,7 +136,8 @@ pub fn tree_command(args: &LabTreeArgs) -> Result<()> {
     let what = format!("the {:?} Debian tree (recipe digest {})", recipe.name, recipe.digest());
     if args.check {
         let Some(path) = debian_tree::built(recipe, &args.tree_cache) else {
-            let choice = if recipe.name == RDMA_GUEST.name { String::new() } else { format!(" --recipe {}", recipe.name) };
+            let choice =
+                if recipe.name == RDMA_GUEST.name { String::new() } else { format!(" --recipe {}", recipe.name) };
             bail!(
                 "{what} is not built in {}: run `rocev2 lab tree{choice} --tree-cache {}` (or `cargo xtask setup`)",
                 args.tree_cache.display(),
