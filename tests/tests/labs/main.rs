@@ -31,6 +31,7 @@ mod rc_telemetry;
 mod rdma_guests;
 mod reliability;
 mod service;
+mod shown_configs;
 mod soak;
 mod sys;
 mod takeover;
