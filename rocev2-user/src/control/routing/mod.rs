@@ -227,7 +227,8 @@ impl KernelRoutes {
                 }
             }
             Change::Nexthop(id) => self.dirty.extend(self.fib.prefixes_using_object(id)),
-            Change::Link(_) => {
+            Change::Link { flushed, .. } => {
+                self.dirty.extend(flushed);
                 // A link that appears or goes can make routes servable or not.
                 if self.fib.links.len() != links_before {
                     self.all_dirty = true;
