@@ -113,11 +113,9 @@ impl Container {
         let deadline = Instant::now() + Duration::from_secs(30);
         while container.leader == 0 {
             assert!(Instant::now() < deadline, "no container process: {}", container.console());
-            let children = std::fs::read_to_string(format!(
-                "/proc/{pid}/task/{pid}/children",
-                pid = container.nspawn.id()
-            ))
-            .unwrap_or_default();
+            let children =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children", pid = container.nspawn.id()))
+                    .unwrap_or_default();
             container.leader = children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
             std::thread::sleep(Duration::from_millis(100));
         }
