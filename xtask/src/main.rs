@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, man-db, lintian, linux-perf, debootstrap, qemu, cargo-deb, mdbook) and build the RDMA guests' Debian tree.
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, man-db, lintian, linux-perf, debootstrap, qemu, cargo-deb, mdbook) and build the tests' Debian trees (the RDMA guests', the systemd container's).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -346,7 +346,8 @@ const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev"
 /// `lintian` (checks the .deb), `linux-perf` (`rocev2 bench --profile`
 /// samples with `perf record`); for the RDMA guests (`lab up --rdma-hosts`,
 /// the real-RDMA tests): `debootstrap` builds their Debian tree,
-/// `qemu-system-x86` boots them (TCG).
+/// `qemu-system-x86` boots them (TCG); `systemd-container`
+/// (`systemd-nspawn`) boots the service test's Debian container.
 const TOOL_PACKAGES: &[&str] = &[
     "iproute2",
     "ethtool",
@@ -358,6 +359,7 @@ const TOOL_PACKAGES: &[&str] = &[
     "linux-perf",
     "debootstrap",
     "qemu-system-x86",
+    "systemd-container",
 ];
 /// cargo-deb builds the .deb (`cargo xtask package`); 3.8 builds with rustc 1.95.
 const CARGO_DEB_VERSION: &str = "3.8";
@@ -375,28 +377,32 @@ fn setup() -> Result<()> {
     }
     // One line even when nothing was missing, so a reader sees setup ran.
     eprintln!("xtask: setup: prerequisites present ({:.1} s)", start.elapsed().as_secs_f64());
-    rdma_guest_tree()
+    debian_trees()
 }
 
-/// The real-RDMA tests' guests boot a Debian tree that debootstrap builds
-/// from deb.debian.org (minutes on 2 cores): setup builds it, once per
+/// The real-RDMA tests' guests boot a Debian tree, and the service test
+/// boots systemd in a container over another, that debootstrap builds from
+/// deb.debian.org (minutes on 2 cores): setup builds them, once per
 /// recipe, in the lab's default cache outside the clone
 /// (/var/cache/rocev2/trees, or ROCEV2_TREE_CACHE), where the tests look
-/// for it; under CI=true
-/// they fail rather than build it in the suite's time.
-fn rdma_guest_tree() -> Result<()> {
+/// for them; under CI=true they fail rather than build one in the suite's
+/// time.
+fn debian_trees() -> Result<()> {
     if !is_root() {
-        eprintln!("xtask: not root: the RDMA guests' Debian tree is not built (`sudo cargo xtask setup` builds it)");
+        eprintln!("xtask: not root: the tests' Debian trees are not built (`sudo cargo xtask setup` builds them)");
         return Ok(());
     }
     build(false)?;
-    let mut tree = Command::new(workspace().join("target/debug/rocev2"));
-    tree.args(["lab", "tree"]);
-    // The tests' override of the cache, if set, is where they will look.
-    if let Some(cache) = std::env::var_os("ROCEV2_TREE_CACHE") {
-        tree.arg("--tree-cache").arg(cache);
+    for (recipe, what) in [("rdma-guest", "the RDMA guests'"), ("systemd", "the service test's systemd")] {
+        let mut tree = Command::new(workspace().join("target/debug/rocev2"));
+        tree.args(["lab", "tree", "--recipe", recipe]);
+        // The tests' override of the cache, if set, is where they will look.
+        if let Some(cache) = std::env::var_os("ROCEV2_TREE_CACHE") {
+            tree.arg("--tree-cache").arg(cache);
+        }
+        stage(&format!("{what} Debian tree (rocev2 lab tree --recipe {recipe})"), || run(&mut tree))?;
     }
-    stage("the RDMA guests' Debian tree (rocev2 lab tree)", || run(&mut tree))
+    Ok(())
 }
 
 /// What `lint` needs: the toolchain, bpf-linker (the eBPF crate is built

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use rocev2_tests::{require_root, rocev2_bin, LabGuard};
+use rocev2_tests::{book, require_root, rocev2_bin, LabGuard};
 use rocev2_user::testbed::ecmp_lab::EcmpLab;
 
 fn rocev2(args: &[&str]) -> Output {
@@ -293,46 +293,97 @@ impl Drop for Child {
     }
 }
 
-/// The Tools chapter's example, as written: a fabric lab with
+/// The commands of the Tools chapter's `fault`/`top` example, as the book
+/// shows them (the `# ` prompt and trailing comments dropped), split into
+/// words.
+fn tools_example() -> Vec<Vec<String>> {
+    let chapter = book::chapter("tools.md");
+    let block = chapter
+        .split("```console\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains("--telemetry") && block.contains(" fault "))
+        .expect("tools.md shows the fault/top example in a console block");
+    block
+        .lines()
+        .map(|l| {
+            let command = l.strip_prefix("# ").unwrap_or_else(|| panic!("a root command: {l:?}"));
+            command.split(" # ").next().unwrap().split_whitespace().map(str::to_string).collect()
+        })
+        .collect()
+}
+
+/// The Tools chapter's example, replayed from the book: a fabric lab with
 /// `--telemetry`, `sink --rc` and `fault` on a receiving host, `gen --rc`
 /// on a sending one; the receiving leaf's `top` sees the go-back on the
-/// QP that lost a PSN.
+/// QP that lost a PSN, as the text under it says. The test's own lab name
+/// stands for `lab`, the leaf port's MAC the `ip` step printed for `MAC`;
+/// `sink` and `fault` get a `--duration` so that a failure cannot leave
+/// them running, `top` also `--json` to read its numbers.
 #[test]
 fn the_tools_fault_and_top_example_runs_on_a_fabric_lab_with_telemetry() {
     require_root();
     let name = format!("ft{:x}", std::process::id() % 0xFFFFF);
+    let steps = tools_example();
+    let words: Vec<String> = steps.iter().map(|s| s.iter().take(3).cloned().collect::<Vec<_>>().join(" ")).collect();
     #[rustfmt::skip]
-    let out = rocev2(&["lab", "up", "--name", &name, "--racks", "2", "--hosts", "1", "--spines", "1",
-                       "--links-per-spine", "1", "--routing", "static", "--telemetry"]);
+    assert_eq!(words, ["rocev2 lab up", "rocev2 --netns lab-r2h1", "rocev2 --netns lab-r2h1", "ip -n lab-l1",
+                       "rocev2 --netns lab-r1h1", "rocev2 top --once"], "the example's steps changed: {steps:?}");
+    let ours = |step: &[String], mac: &str| -> Vec<String> {
+        step.iter()
+            .map(|w| match (w.strip_prefix("/run/rocev2/lab-lab/"), w.strip_prefix("lab-")) {
+                (Some(file), _) => format!("/run/rocev2/lab-{name}/{file}"),
+                (None, Some(host)) => format!("{name}-{host}"),
+                _ if w == "MAC" => mac.to_string(),
+                _ => w.clone(),
+            })
+            .collect()
+    };
+    let run = |step: &[String], extra: &[&str]| {
+        Command::new(&step[0]).args(&step[1..]).args(extra).output().expect("run the step")
+    };
+    let spawn = |step: &[String], extra: &[&str]| {
+        let mut command = Command::new(&step[0]);
+        command.args(&step[1..]).args(extra).stdout(std::process::Stdio::piped());
+        Child(command.spawn().expect("spawn"))
+    };
+    let rocev2_step = |i: usize, mac: &str| {
+        let mut step = ours(&steps[i], mac);
+        assert_eq!(step[0], "rocev2");
+        step[0] = rocev2_bin().display().to_string();
+        step
+    };
+
+    let out = run(&rocev2_step(0, ""), &["--name", &name]);
     let _lab = LabGuard(name.clone());
     let up = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{up}");
-    // The hint for the example: which leaf port MAC a host sends to.
-    let leaf_mac = |rack: u32| -> String {
-        let link = Command::new("ip").args(["-n", &format!("{name}-l{rack}"), "-br", "link", "show", "h1"]).output();
-        text(&link.unwrap().stdout).split_whitespace().nth(2).expect("h1's MAC").to_string()
-    };
-    let (sender, receiver) = (format!("{name}-r1h1"), format!("{name}-r2h1"));
-    let spawn = |args: &[&str]| {
-        Child(Command::new(rocev2_bin()).args(args).stdout(std::process::Stdio::piped()).spawn().expect("spawn"))
-    };
-    let sink = spawn(&["--netns", &receiver, "sink", "--dev", "eth0", "--rc", "--idle-exit", "2", "--duration", "60"]);
-    let fault = spawn(&["--netns", &receiver, "fault", "--dev", "eth0", "--drop", "0x100:5", "--duration", "60"]);
+    let sink = spawn(&rocev2_step(1, ""), &["--duration", "60"]);
+    let fault = spawn(&rocev2_step(2, ""), &["--duration", "60"]);
     // fault is in place once its program is on eth0.
+    let receiver = format!("{name}-r2h1");
     let attached = (0..200).any(|_| {
         let link = Command::new("ip").args(["-n", &receiver, "link", "show", "eth0"]).output().unwrap();
         std::thread::sleep(Duration::from_millis(50));
         text(&link.stdout).contains("xdp")
     });
     assert!(attached, "fault did not attach");
-    #[rustfmt::skip]
-    let gen = rocev2(&["--netns", &sender, "gen", "--dev", "eth0", "--dst-mac", &leaf_mac(1), "--src", "10.1.1.1",
-                       "--dst", "10.2.1.1", "--rc", "--qps", "4", "--messages", "8", "--sport", "nic"]);
+    // The hint for the example: which leaf port MAC a host sends to.
+    let link = run(&ours(&steps[3], ""), &[]);
+    let mac = text(&link.stdout).split_whitespace().nth(2).expect("h1's MAC").to_string();
+    let gen = run(&rocev2_step(4, &mac), &[]);
     let report = text(&gen.stdout);
     assert!(gen.status.success(), "{report}{}", text(&gen.stderr));
+    // "gen reports QP 0x100 with 27 packets retransmitted (PSNs 5 to 31,
+    // go-back-N after one NAK)"
+    let said = book::section("tools.md", "`gen` reports QP 0x100", "\n\n");
+    assert!(said.contains("27 packets retransmitted (PSNs 5 to 31") && said.contains("one SEQ NAK"), "{said}");
     assert!(report.contains("4 QPs complete") && report.contains("1 sequence NAKs"), "{report}");
     assert!(report.contains("5..=31 (nak)"), "PSNs 5 to 31 resent after the NAK: {report}");
-    let top = rocev2(&["top", "--once", "--json", "--config", &format!("/run/rocev2/lab-{name}/l2.toml")]);
+    let top = run(&rocev2_step(5, ""), &[]);
+    assert!(top.status.success(), "{}", text(&top.stderr));
+    assert!(text(&top.stdout).contains("GO-BACKS"), "{}", text(&top.stdout));
+    let top = run(&rocev2_step(5, ""), &["--json"]);
     let json: serde_json::Value =
         serde_json::from_slice(&top.stdout).unwrap_or_else(|_| panic!("{}", text(&top.stderr)));
     let qps = json["qps"].as_array().expect("qps");

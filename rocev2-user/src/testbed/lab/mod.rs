@@ -98,7 +98,8 @@ pub enum LabCommand {
     /// (`--rdma-hosts`), else in its namespace. Exits with its status.
     Exec(rdma_hosts::LabExecArgs),
     /// Build the RDMA hosts' Debian tree now (`--rdma-hosts` builds it on
-    /// first use) or, with `--check`, say whether it is built.
+    /// first use), or with `--recipe systemd` the service test's; with
+    /// `--check`, say whether it is built.
     Tree(rdma_hosts::LabTreeArgs),
 }
 

@@ -122,16 +122,24 @@ pub struct LabTreeArgs {
     /// Only say whether the tree of today's recipe is built: exit 1 if not.
     #[arg(long)]
     pub check: bool,
+    /// Which tree: "rdma-guest" (the RDMA guests'), or "systemd" (Debian
+    /// booting systemd in a container, for the service test).
+    #[arg(long, default_value = "rdma-guest", value_name = "NAME")]
+    pub recipe: String,
 }
 
-/// `lab tree`: builds the guests' tree if today's recipe has none in the
-/// cache (needs root and deb.debian.org) and prints where it is.
+/// `lab tree`: builds the tree of `--recipe` (the guests' by default) if
+/// today's recipe has none in the cache (needs root and deb.debian.org) and
+/// prints where it is.
 pub fn tree_command(args: &LabTreeArgs) -> Result<()> {
-    let what = format!("the {:?} Debian tree (recipe digest {})", RDMA_GUEST.name, RDMA_GUEST.digest());
+    let recipe = debian_tree::recipe(&args.recipe)?;
+    let what = format!("the {:?} Debian tree (recipe digest {})", recipe.name, recipe.digest());
     if args.check {
-        let Some(path) = debian_tree::built(&RDMA_GUEST, &args.tree_cache) else {
+        let Some(path) = debian_tree::built(recipe, &args.tree_cache) else {
+            let choice =
+                if recipe.name == RDMA_GUEST.name { String::new() } else { format!(" --recipe {}", recipe.name) };
             bail!(
-                "{what} is not built in {}: run `rocev2 lab tree --tree-cache {}` (or `cargo xtask setup`)",
+                "{what} is not built in {}: run `rocev2 lab tree{choice} --tree-cache {}` (or `cargo xtask setup`)",
                 args.tree_cache.display(),
                 args.tree_cache.display()
             );
@@ -139,7 +147,7 @@ pub fn tree_command(args: &LabTreeArgs) -> Result<()> {
         println!("{what} is built: {}", path.display());
         return Ok(());
     }
-    let tree = debian_tree::ensure(&RDMA_GUEST, &args.tree_cache)?;
+    let tree = debian_tree::ensure(recipe, &args.tree_cache)?;
     match tree.built_in {
         Some(took) => println!("{what} built in {:.0} s: {}", took.as_secs_f64(), tree.path.display()),
         None => println!("{what} was already built: {}", tree.path.display()),
