@@ -133,7 +133,7 @@ maps! {
         EGRESS_COUNTERS: PerCpuArray, pin Always, Fresh, "every egress port's counters per CPU";
         EGRESS_REFUSED: PerCpuHashMap, pin Always, Fresh, "frames an egress device refused after a redirect, by ifindex";
         CPUS: CpuMap, pin Never, Scratch, "the CPUs `cpu_spread` hands packets to";
-        QP_TELEMETRY: LruHashMap, pin WithTelemetry, Fresh, "per-QP transport telemetry (telemetry_qps)";
+        QP_TELEMETRY: Array, pin WithTelemetry, Fresh, "per-QP transport telemetry (twice telemetry_qps, a power of two)";
         QP_REPLIES: LruHashMap, pin WithTelemetry, Fresh, "replies to the data QP they answer (telemetry_qps)";
         MEMBER_TRANSPORT: PerCpuArray, pin WithTelemetry, Fresh, "every member's transport sums per CPU";
         TRACE_FILTER: Array, pin WithTelemetry, Fresh, "what `rocev2 trace` follows";

@@ -53,7 +53,6 @@ pub struct QpStats {
     /// Data packets and their frame bytes.
     pub packets: u64,
     pub bytes: u64,
-    pub first_seen_ns: u64,
     pub last_seen_ns: u64,
     /// The group and member position of the last data packet (JSON names
     /// the slot `group_index`: `top` names the group as `group`).
@@ -66,6 +65,10 @@ pub struct QpStats {
     /// The last data PSN seen.
     #[cfg_attr(feature = "user", serde(skip))]
     pub last_psn: u32,
+    /// Above: what an in-order data packet writes (40 bytes, in the slot's
+    /// first cache line with the key, see [`QpSlot`]). Below: written on
+    /// the first packet, on trouble or by replies.
+    pub first_seen_ns: u64,
     /// PSNs ahead of the next expected one (loss upstream) and the PSNs
     /// they skipped.
     pub psn_forward_jumps: u64,
@@ -92,6 +95,62 @@ pub struct QpStats {
     pub src_port: u32,
     #[cfg_attr(feature = "user", serde(skip))]
     pub _pad: u32,
+}
+
+/// One entry of the QP table (`QP_TELEMETRY`, an array): the QP it holds
+/// and its stats, three cache lines. The key and the fields an in-order
+/// data packet writes fill the first line exactly, so the steady state of
+/// a busy QP reads and writes one line (the array is mmapable, which puts
+/// its first value on a page boundary).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpSlot {
+    /// `family` 0: the slot is empty.
+    pub key: QpKey,
+    pub stats: QpStats,
+    pub _pad: [u32; 4],
+}
+
+/// Ways of the QP table: a QP lives in one of the [`QP_WAYS`] slots of the
+/// set its key hashes to ([`qp_set`]); a new QP takes an empty one, else
+/// the one seen least recently (an LRU per set).
+pub const QP_WAYS: u32 = 8;
+
+/// Slots of the QP table for `telemetry_qps` (0 = off, one slot then):
+/// twice that, rounded up to a power of two, at least one set. Twice, so
+/// a set rarely overflows: with the table a quarter full (`telemetry_qps`
+/// QPs or fewer, at most half), a set of 8 holds more than 8 QPs about
+/// once in 4,000 sets.
+pub const fn qp_table_slots(telemetry_qps: u32) -> u32 {
+    if telemetry_qps == 0 {
+        return QP_WAYS;
+    }
+    let want = (telemetry_qps as u64) * 2;
+    let slots = want.next_power_of_two();
+    if slots < QP_WAYS as u64 {
+        QP_WAYS
+    } else {
+        slots as u32
+    }
+}
+
+/// The set (its first slot is `set * QP_WAYS`) of a QP in a table of
+/// `sets_mask + 1` sets (a power of two). Six multiplies: the table is
+/// an array, so this replaces the hash map's jhash and bucket walk. The
+/// eBPF program and the readers' tests share it.
+#[inline(always)]
+pub fn qp_set(key: &QpKey, sets_mask: u32) -> u32 {
+    let mut h = key.dest_qp;
+    for w in key.dst {
+        h = (h ^ w).wrapping_mul(0x9E37_79B1).rotate_left(15);
+    }
+    // MurmurHash3's finaliser: every input bit reaches the low bits.
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^= h >> 16;
+    h & sets_mask
 }
 
 /// Per group member: the transport signals of the QPs it carries. Indexed
@@ -185,6 +244,9 @@ const _: () = {
     assert!(core::mem::size_of::<QpKey>() == 24);
     assert!(core::mem::size_of::<ReplyKey>() == 40);
     assert!(core::mem::size_of::<QpStats>() == 152);
+    assert!(core::mem::size_of::<QpSlot>() == 192);
+    // The key and the in-order data fields: the first 64 bytes.
+    assert!(core::mem::offset_of!(QpSlot, stats) + core::mem::offset_of!(QpStats, first_seen_ns) == 64);
     assert!(core::mem::size_of::<MemberTransport>() == 56);
 };
 
@@ -193,6 +255,7 @@ mod pod {
     unsafe impl aya::Pod for super::QpKey {}
     unsafe impl aya::Pod for super::ReplyKey {}
     unsafe impl aya::Pod for super::QpStats {}
+    unsafe impl aya::Pod for super::QpSlot {}
     unsafe impl aya::Pod for super::MemberTransport {}
     unsafe impl aya::Pod for super::TraceFilter {}
     unsafe impl aya::Pod for super::TraceEvent {}
@@ -266,7 +329,10 @@ impl QpStats {
         self.last_seen_ns = now;
         self.group = group;
         self.position = position;
-        self.ce_marked += u64::from(ce_marked);
+        if ce_marked {
+            // Only then: an unmarked packet leaves this line alone.
+            self.ce_marked += 1;
+        }
         // Against the highest PSN: ahead is a gap (loss upstream). Behind
         // it, a jump back from the last PSN starts a resend (or a late
         // packet); the resend climbing back up in order is not counted again.
@@ -334,6 +400,31 @@ impl MemberTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qp_table_sizes_and_sets() {
+        assert_eq!(qp_table_slots(0), QP_WAYS);
+        assert_eq!(qp_table_slots(1), QP_WAYS);
+        assert_eq!(qp_table_slots(4096), 8192);
+        assert_eq!(qp_table_slots(5000), 16384);
+        assert_eq!(qp_table_slots(1_048_576), 1 << 21);
+        // 1,024 QPs (one destination, consecutive QP numbers, then 1,024
+        // destinations with one QP each) in the default table: a quarter
+        // full, no set over its ways.
+        let sets_mask = qp_table_slots(DEFAULT_QP_TABLE_SIZE) / QP_WAYS - 1;
+        assert_eq!(sets_mask, 1023);
+        let one_dst = |i: u32| QpKey { dst: [0x0a01_0001, 0, 0, 0], dest_qp: 0x100 + i, family: 4 };
+        let many_dsts =
+            |i: u32| QpKey { dst: crate::hash::ipv4_words([10, 1, (i >> 8) as u8, i as u8]), dest_qp: 0x11, family: 4 };
+        let v6 = |i: u32| QpKey { dst: [0xfd01_0000, 0, 0, i.to_be()], dest_qp: 0x100 + (i & 7), family: 6 };
+        for key in [&one_dst as &dyn Fn(u32) -> QpKey, &many_dsts, &v6] {
+            let mut per_set = [0u32; 1024];
+            for i in 0..1024 {
+                per_set[qp_set(&key(i), sets_mask) as usize] += 1;
+            }
+            assert!(per_set.iter().all(|&n| n <= QP_WAYS), "{:?}", per_set.iter().max());
+        }
+    }
 
     #[test]
     fn psn_steps_and_replies() {

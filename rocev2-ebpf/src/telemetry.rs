@@ -15,6 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    Global,
 };
 use rocev2_common::{
     bth::ROCEV2_UDP_PORT,
@@ -22,8 +23,8 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        seen, MemberTransport, PsnStep, QpKey, QpStats, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE,
-        TRACE_RING_BYTES,
+        qp_set, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen, TraceEvent,
+        TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
 
@@ -36,9 +37,18 @@ use crate::{
     transport,
 };
 
-/// The most recently active data QPs; sized at load time.
+/// The most recently active data QPs: sets of QP_WAYS slots, indexed by
+/// [`qp_set`] (an array: no hash-map lookup or update per packet); sized
+/// at load time (`qp_table_slots`). Mmapable: its values start on a page,
+/// so every slot's first 64 bytes are one cache line.
 #[map]
-pub static QP_TELEMETRY: LruHashMap<QpKey, QpStats> = LruHashMap::with_max_entries(DEFAULT_QP_TABLE_SIZE, 0);
+pub static QP_TELEMETRY: Array<QpSlot> = Array::with_max_entries(qp_table_slots(DEFAULT_QP_TABLE_SIZE), BPF_F_MMAPABLE);
+
+/// The QP table's sets less one (a power of two less one), set at load time.
+#[unsafe(no_mangle)]
+static QP_SETS_MASK: Global<u32> = Global::new(qp_table_slots(DEFAULT_QP_TABLE_SIZE) / QP_WAYS - 1);
+
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Reply direction -> the data QP it answers (see ReplyKey).
 #[map]
@@ -62,7 +72,6 @@ pub struct Scratch {
     at: transport::RoceAt,
     qp: QpKey,
     reply: ReplyKey,
-    stats: QpStats,
     /// The member the QP's data took before this packet.
     before_group: u32,
     before_position: u32,
@@ -106,16 +115,26 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                 unsafe { bpf_ktime_get_coarse_ns() }
             };
             (scratch.before_group, scratch.before_position) = (group, position);
-            let step = match QP_TELEMETRY.get_ptr_mut(&scratch.qp) {
+            let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
+            let step = match find(&scratch.qp, set) {
                 // SAFETY: a map value; see the module note on races.
                 Some(s) => unsafe {
-                    (scratch.before_group, scratch.before_position) = ((*s).group, (*s).position);
-                    (*s).data(at.bth.psn, len, group, position, ce_marked, now)
+                    let s = &mut (*s).stats;
+                    (scratch.before_group, scratch.before_position) = (s.group, s.position);
+                    s.data(at.bth.psn, len, group, position, ce_marked, now)
                 },
                 None => {
-                    scratch.stats = QpStats { src: at.src, src_port: u32::from(at.src_port), ..QpStats::default() };
-                    let step = scratch.stats.data(at.bth.psn, len, group, position, ce_marked, now);
-                    let _ = QP_TELEMETRY.insert(&scratch.qp, &scratch.stats, 0);
+                    let Some(slot) = victim(set) else { return };
+                    // SAFETY: as above; the slot is written field by field
+                    // (a struct assignment would be a byte-loop memset).
+                    let step = unsafe {
+                        (*slot).key.family = 0;
+                        fresh(&mut (*slot).stats, at);
+                        (*slot).key.dst = scratch.qp.dst;
+                        (*slot).key.dest_qp = scratch.qp.dest_qp;
+                        (*slot).key.family = scratch.qp.family;
+                        (*slot).stats.data(at.bth.psn, len, group, position, ce_marked, now)
+                    };
                     scratch.reply = ReplyKey {
                         responder: at.dst,
                         requester: at.src,
@@ -156,16 +175,16 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             // SAFETY: map values, copied out.
             let Some(qp) = (unsafe { QP_REPLIES.get(&scratch.reply) }) else { return };
             scratch.qp = *qp;
-            let Some(s) = QP_TELEMETRY.get_ptr_mut(&scratch.qp) else { return };
+            let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
+            let Some(s) = find(&scratch.qp, set) else { return };
             // SAFETY: as above.
-            let (data_group, data_position, data_seen_ns) = unsafe {
-                (*s).reply(reply);
-                ((*s).group, (*s).position, (*s).last_seen_ns)
-            };
+            let s = unsafe { &mut (*s).stats };
+            s.reply(reply);
+            let (data_group, data_position, data_seen_ns) = (s.group, s.position, s.last_seen_ns);
             // SAFETY: as above.
             if enabled(Features::ACKED_REPICK)
                 && matches!(reply, Seen::Ack(syndrome) if rocev2_common::bth::aeth::kind(syndrome) == rocev2_common::bth::aeth::Kind::Ack)
-                && unsafe { (*s).all_acked(at.bth.psn) }
+                && s.all_acked(at.bth.psn)
                 && end_flowlet(scratch, data_group, data_seen_ns)
             {
                 member_add(data_group, data_position, |m| m.acked_repicks += 1);
@@ -181,6 +200,68 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             });
         }
     }
+}
+
+/// The slot of the set starting at `set` that holds `qp`.
+#[inline(always)]
+fn find(qp: &QpKey, set: u32) -> Option<*mut QpSlot> {
+    for way in 0..QP_WAYS {
+        let slot = QP_TELEMETRY.get_ptr_mut(set + way)?;
+        // SAFETY: a map value; a slot being rewritten on another CPU may
+        // match or not, as with any race on this table.
+        let k = unsafe { &(*slot).key };
+        if k.dest_qp == qp.dest_qp && k.dst == qp.dst && k.family == qp.family {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// The slot a new QP takes in the set starting at `set`: an empty one,
+/// else the one whose QP was seen least recently.
+#[inline(always)]
+fn victim(set: u32) -> Option<*mut QpSlot> {
+    let mut oldest: Option<*mut QpSlot> = None;
+    let mut oldest_ns = u64::MAX;
+    for way in 0..QP_WAYS {
+        let slot = QP_TELEMETRY.get_ptr_mut(set + way)?;
+        // SAFETY: a map value.
+        let (family, seen) = unsafe { ((*slot).key.family, (*slot).stats.last_seen_ns) };
+        if family == 0 {
+            return Some(slot);
+        }
+        if seen < oldest_ns {
+            (oldest, oldest_ns) = (Some(slot), seen);
+        }
+    }
+    oldest
+}
+
+/// A slot's stats set to a new QP's (the data source's address and port)
+/// before its first packet.
+#[inline(always)]
+fn fresh(s: &mut QpStats, at: &transport::RoceAt) {
+    s.packets = 0;
+    s.bytes = 0;
+    s.last_seen_ns = 0;
+    s.group = 0;
+    s.position = 0;
+    s.next_psn = 0;
+    s.last_psn = 0;
+    s.first_seen_ns = 0;
+    s.psn_forward_jumps = 0;
+    s.psns_skipped = 0;
+    s.psn_backward_jumps = 0;
+    s.acks = 0;
+    s.naks_sequence = 0;
+    s.naks_rnr = 0;
+    s.naks_other = 0;
+    s.cnps = 0;
+    s.ce_marked = 0;
+    s.member_changes = 0;
+    s.src = at.src;
+    s.src_port = u32::from(at.src_port);
+    s._pad = 0;
 }
 
 /// An ACK of everything the QP in `scratch` sent: in a flowlet group with

@@ -21,6 +21,9 @@ use rocev2_user::{
     tools::sink::{self, SinkArgs},
 };
 
+/// The heading of the options every subcommand takes, listed after its own.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser)]
 #[command(
     name = "rocev2",
@@ -30,18 +33,20 @@ use rocev2_user::{
 )]
 struct Cli {
     /// Run inside this network namespace (a name from `ip netns list`).
-    /// Unlike `ip netns exec`, this keeps the host's /sys/fs/bpf, so pinned
-    /// maps stay visible to `rocev2 stats`.
-    #[arg(long, global = true, value_name = "NAME")]
+    /// Unlike `ip netns exec`, this keeps the host's /sys/fs/bpf, where
+    /// `run` pins the maps the other subcommands read.
+    // Not a file: completions offer none (`ip netns list` names them).
+    #[arg(long, global = true, value_name = "NAME", help_heading = GLOBAL, value_hint = clap::ValueHint::Other)]
     netns: Option<String>,
-    /// Log level of the daemon's events (on stderr): error, warn, info,
-    /// debug or trace. Default: RUST_LOG (a tracing filter such as `warn`
-    /// or `rocev2_user=debug`), else info.
-    #[arg(long, global = true, value_name = "LEVEL")]
+    /// Level of the log lines (on stderr; `run` logs its events, the
+    /// others little): error, warn, info, debug or trace. Default:
+    /// RUST_LOG (a tracing filter such as `warn` or `rocev2_user=debug`),
+    /// else info.
+    #[arg(long, global = true, value_name = "LEVEL", help_heading = GLOBAL)]
     log_level: Option<tracing::Level>,
     /// Log line format: text (timestamps only on a terminal; journald adds
     /// its own) or json (one object per line, for log shippers).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, help_heading = GLOBAL)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -55,6 +60,7 @@ struct Cli {
 enum Command {
     /// Load and attach the dataplane, fill its maps from FILE, run until SIGINT/SIGTERM.
     Run {
+        /// The config file (TOML; every key: `man 5 rocev2.toml`).
         #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Override [dataplane] xdp_mode.
@@ -70,6 +76,7 @@ enum Command {
     /// values, and that every interface it names exists here (in the
     /// namespace given by --netns).
     Check {
+        /// The config file to check.
         #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Check only the file, not the interfaces: for a config meant for another box.
@@ -84,7 +91,7 @@ enum Command {
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         pin_dir: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long, conflicts_with = "watch")]
@@ -95,6 +102,10 @@ enum Command {
         /// Seconds between refreshes with --watch.
         #[arg(long, default_value_t = 1.0, requires = "watch")]
         interval: f64,
+        /// Only the groups whose name is or contains NAME (repeat for
+        /// more), e.g. `--group spines` or, for learned groups, `--group s2l1`.
+        #[arg(long, value_name = "NAME", conflicts_with = "watch")]
+        group: Vec<String>,
     },
     /// The busiest and unhealthiest QPs of a running `rocev2 run`, live
     /// (needs `telemetry_qps` in [dataplane]).
@@ -111,7 +122,7 @@ enum Command {
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         pin_dir: Option<PathBuf>,
     },
     /// Move a running `rocev2 run` onto this binary without losing a packet:
@@ -126,7 +137,7 @@ enum Command {
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the running instance.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         pin_dir: Option<PathBuf>,
         /// systemd unit to start after the handover (default: the rocev2*.service
         /// the running instance belongs to, if any).
@@ -145,7 +156,7 @@ enum Command {
         #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
         config: Option<PathBuf>,
         /// Pin directory of the instance.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         pin_dir: Option<PathBuf>,
     },
     /// Build, inspect or remove a leaf-spine lab of network namespaces.
@@ -264,10 +275,51 @@ impl tracing::field::Visit for Message {
 const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
 
 /// Closing part of `--help` and of the man page.
+/// rocev2(1): clap's sections, then FILES and SIGNALS as roff (the
+/// `--help` text of [`FILES_HELP`] is laid out for a terminal, which roff
+/// would re-wrap).
+fn render_main_man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    man.render_subcommands_section(out)?;
+    out.write_all(FILES_AND_SIGNALS_ROFF.as_bytes())?;
+    man.render_version_section(out)
+}
+
+const FILES_AND_SIGNALS_ROFF: &str = r#".SH FILES
+.TP
+\fI/etc/rocev2/rocev2.toml\fR
+The config \fBrun\fR, \fBcheck\fR, \fBreload\fR, \fBstats\fR and \fBupgrade\fR use without \fB\-\-config\fR (\fBstats\fR, \fBreload\fR and \fBupgrade\fR fall back to the pin directory /sys/fs/bpf/rocev2 when that file does not exist). Every key it takes: \fBrocev2.toml\fR(5).
+.TP
+\fI/sys/fs/bpf/rocev2\fR
+The default pin_dir: the maps and the XDP links of a running \fBrocev2 run\fR.
+.TP
+\fI/run/rocev2\fR
+The state file and run lock of each running instance.
+.SH SIGNALS
+Signals to \fBrocev2 run\fR:
+.TP
+\fBSIGINT\fR, \fBSIGTERM\fR
+Stop: detach the programs and print the final counters.
+.TP
+\fBSIGHUP\fR
+Read the config again and apply it (\fBrocev2 reload\fR).
+.TP
+\fBSIGUSR1\fR
+Exit and leave the dataplane forwarding for the next run (\fBrocev2 upgrade\fR).
+.PP
+What a run killed with SIGKILL left attached: \fBrocev2 detach\fR removes it (or a new \fBrocev2 run\fR takes it over).
+"#;
+
 const FILES_HELP: &str = "Files:
-  /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload` and `stats` use without --config
-                           (`stats` and `reload` fall back to the pin directory /sys/fs/bpf/rocev2
-                           when that file does not exist); every key it takes: `man rocev2.toml`
+  /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload`, `stats` and `upgrade` use without
+                           --config (`stats`, `reload` and `upgrade` fall back to the pin directory
+                           /sys/fs/bpf/rocev2 when that file does not exist); every key it takes:
+                           `man rocev2.toml`
   /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
   /run/rocev2              state file and run lock of each running instance
 
@@ -343,6 +395,9 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Check { config, offline } => {
             let config = Config::load(&config)?;
+            for warning in &config.warnings {
+                eprintln!("rocev2: warning: {warning}");
+            }
             let interfaces = if offline {
                 "interfaces not looked up (--offline)".to_string()
             } else {
@@ -388,7 +443,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Stats { config, pin_dir, json, watch, interval } => {
+        Command::Stats { config, pin_dir, json, watch, interval, group } => {
             let pin_dir = running_pin_dir(config, pin_dir)?;
             privileges::require("stats", Need::PinnedMaps(&pin_dir))?;
             if watch {
@@ -401,6 +456,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let maps = Maps::open_pinned(&pin_dir)?;
             let mut snapshot = Snapshot::collect(&maps, &state)?;
             snapshot.add_transport(&pin_dir, &state)?;
+            snapshot.keep_groups(&group)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?);
                 if let Some(warning) = snapshot.refusal_warning() {
@@ -493,13 +549,17 @@ fn real_main(cli: Cli) -> Result<()> {
             "rocev2",
             &mut std::io::stdout(),
         ),
-        Command::Man { out_dir: None } => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-            .render(&mut std::io::stdout())
-            .context("cannot write the man page")?,
+        Command::Man { out_dir: None } => {
+            render_main_man_page(&mut std::io::stdout()).context("cannot write the man page")?
+        }
         Command::Man { out_dir: Some(dir) } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
                 .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+            // rocev2.1 again, with real FILES and SIGNALS sections.
+            let main = dir.join("rocev2.1");
+            let mut file = std::fs::File::create(&main).with_context(|| format!("cannot write {}", main.display()))?;
+            render_main_man_page(&mut file).with_context(|| format!("cannot write {}", main.display()))?;
             let page = dir.join("rocev2.toml.5");
             let version = env!("CARGO_PKG_VERSION");
             std::fs::write(&page, rocev2_user::control::config::reference::man_page(version))
@@ -512,6 +572,27 @@ fn real_main(cli: Cli) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn global_options_come_after_the_subcommands_own() {
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        cli.build();
+        let help = cli.find_subcommand_mut("run").unwrap().render_help().to_string();
+        let (own, global) = help.split_once("Global options:").expect(&help);
+        assert!(own.contains("--config") && own.contains("--metrics-addr") && !own.contains("--netns"), "{help}");
+        assert!(global.contains("--netns") && global.contains("--log-level") && global.contains("--log-format"));
+    }
+
+    #[test]
+    fn the_man_page_has_files_and_signals_sections_not_an_extra_one() {
+        let mut page = Vec::new();
+        render_main_man_page(&mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS", ".SH FILES", ".SH SIGNALS"] {
+            assert!(page.contains(section), "{section} missing:\n{page}");
+        }
+        assert!(!page.contains("EXTRA"), "{page}");
+    }
 
     #[test]
     fn run_and_check_default_to_the_etc_config() {

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, lintian, debootstrap, qemu, cargo-deb, mdbook) and build the RDMA guests' Debian tree.
+    /// Install missing prerequisites (nightly rust-src, LLVM 22, bpf-linker, iproute2, ethtool, scapy, FRR, systemd, man-db, lintian, linux-perf, debootstrap, qemu, cargo-deb, mdbook) and build the tests' Debian trees (the RDMA guests', the systemd container's).
     Setup,
     /// Build everything, including the eBPF programs.
     Build {
@@ -369,11 +369,14 @@ const CARGO_DEB_VERSION: &str = "3.8";
 const MDBOOK_VERSION: &str = "0.5.4";
 
 fn setup() -> Result<()> {
+    let start = std::time::Instant::now();
     install_prerequisites(TOOL_PACKAGES)?;
     if !cargo_deb_ok() {
         eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
         run(cargo().args(["install", "cargo-deb", "--locked", "--version", &format!("~{CARGO_DEB_VERSION}")]))?;
     }
+    // One line even when nothing was missing, so a reader sees setup ran.
+    eprintln!("xtask: setup: prerequisites present ({:.1} s)", start.elapsed().as_secs_f64());
     debian_trees()
 }
 

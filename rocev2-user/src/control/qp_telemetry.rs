@@ -10,12 +10,12 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{Array, MapData, PerCpuArray},
     Ebpf,
 };
 use rocev2_common::{
     maps::{member_stat_index, Pin, MAPS},
-    telemetry::{names, MemberTransport, QpKey, QpStats},
+    telemetry::{names, MemberTransport, QpSlot, QpStats},
 };
 use serde::Serialize;
 
@@ -79,30 +79,46 @@ pub fn words_addr(words: &[u32; 4], family: u32) -> IpAddr {
     }
 }
 
-/// Every QP in the table (at most its size).
-pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
-    let map: HashMap<_, QpKey, QpStats> =
-        HashMap::try_from(open(dir, names::QP_TELEMETRY)?).context("QP_TELEMETRY has an unexpected type")?;
+/// The QP table's slots in use (a slot's key has a family), as the
+/// dataplane holds them (rocev2_common::telemetry::QpSlot).
+fn used_slots(dir: &Path) -> Result<Vec<QpSlot>> {
+    let map: Array<_, QpSlot> = Array::try_from(open(dir, names::QP_TELEMETRY)?).with_context(|| {
+        format!(
+            "{} under {} has an unexpected type (a dataplane older than this rocev2 pinned it?)",
+            names::QP_TELEMETRY,
+            dir.display()
+        )
+    })?;
     let mut out = Vec::new();
-    for item in map.iter() {
-        // An entry evicted while we walk ends the walk early; take what came.
-        let Ok((k, s)) = item else { break };
-        out.push(QpEntry {
-            src: words_addr(&s.src, k.family),
-            src_port: s.src_port as u16,
-            dst: words_addr(&k.dst, k.family),
-            dest_qp: k.dest_qp,
-            stats: s,
-        });
+    for i in 0..map.len() {
+        let slot = map.get(&i, 0).with_context(|| format!("reading {} slot {i}", names::QP_TELEMETRY))?;
+        if slot.key.family != 0 {
+            out.push(slot);
+        }
     }
     Ok(out)
 }
 
+/// Every QP in the table (at most its size).
+pub fn read_qps(dir: &Path) -> Result<Vec<QpEntry>> {
+    Ok(used_slots(dir)?.into_iter().map(entry).collect())
+}
+
+/// A table slot as a QP.
+pub fn entry(slot: QpSlot) -> QpEntry {
+    let (k, s) = (slot.key, slot.stats);
+    QpEntry {
+        src: words_addr(&s.src, k.family),
+        src_port: s.src_port as u16,
+        dst: words_addr(&k.dst, k.family),
+        dest_qp: k.dest_qp,
+        stats: s,
+    }
+}
+
 /// QPs in the table now.
 pub fn count_qps(dir: &Path) -> Result<usize> {
-    let map: HashMap<_, QpKey, QpStats> =
-        HashMap::try_from(open(dir, names::QP_TELEMETRY)?).context("QP_TELEMETRY has an unexpected type")?;
-    Ok(map.keys().take_while(Result::is_ok).count())
+    Ok(used_slots(dir)?.len())
 }
 
 /// The per-member sums, summed over CPUs, for a group's first `members`

@@ -145,6 +145,9 @@ pub async fn run(config: Config, options: RunOptions, netns: Option<String>) -> 
         );
     }
     let _lock = RunLock::acquire(&pin_dir)?;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let mut runner = Runner::start(config, &options, netns).await?;
 
     let metrics = match options.metrics_addr {
@@ -480,6 +483,9 @@ impl Runner {
         let path = self.config.path.clone();
         let result: Result<(), ReloadError> = async {
             let new = Config::load(&path)?;
+            for warning in &new.warnings {
+                tracing::warn!("{warning}");
+            }
             self.check_live_changeable(&new)?;
             let links = resolve_links(&self.netlink, &new).await.map_err(ReloadError::from_apply)?;
             self.apply(new, links).await.map_err(ReloadError::from_apply)

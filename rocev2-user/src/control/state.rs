@@ -97,7 +97,8 @@ pub struct BridgeStats {
     pub fdb_kernel: usize,
     /// FDB entries of another VLAN than 0 (a VLAN-aware bridge): not served.
     pub other_vlans: usize,
-    /// Netlink messages applied, full re-reads (start, socket overflow).
+    /// Netlink messages applied, full re-reads after the socket
+    /// overflowed (the first read at start is not counted).
     pub messages: u64,
     pub resyncs: u64,
     /// Kernel FDB entries refreshed for hosts XDP forwarded from.
@@ -147,7 +148,8 @@ pub struct LearnedStats {
     pub groups: usize,
     /// Netlink messages applied.
     pub messages: u64,
-    /// Full re-reads of the kernel's tables (start, socket overflow).
+    /// Full re-reads of the kernel's tables after the socket overflowed
+    /// (the first read at start is not counted).
     pub resyncs: u64,
     /// Time the last batch of changes took from its first message read to
     /// the dataplane updated, in microseconds.
@@ -160,6 +162,28 @@ pub struct LearnedStats {
     /// With `[bridge]`: the bridge mirror's counts.
     #[serde(default)]
     pub bridge: Option<BridgeStats>,
+}
+
+impl LearnedStats {
+    /// One line for `stats`.
+    pub fn describe(&self) -> String {
+        let to_kernel: Vec<String> = self.to_kernel.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        format!(
+            "kernel table {}: {} prefixes forwarded ({} host entries), {} learned groups, to the kernel: {}; {} messages, {} resyncs, {}",
+            self.table,
+            self.routes,
+            self.hosts,
+            self.groups,
+            if to_kernel.is_empty() { "none".to_string() } else { to_kernel.join(", ") },
+            self.messages,
+            self.resyncs,
+            if self.apply_samples == 0 {
+                "no changes applied since the start".to_string()
+            } else {
+                format!("apply p50 {} us p99 {} us", self.apply_us_p50, self.apply_us_p99)
+            }
+        )
+    }
 }
 
 /// How the last reload went. Written as `{"outcome": "applied"}` or
@@ -536,6 +560,31 @@ fn not_running(pin_dir: &Path) -> String {
     text
 }
 
+/// Removes the state and lock files under /run/rocev2 that a killed
+/// `rocev2 run` left for `pin_dir` (one that stops removes its own), unless
+/// a `run` still holds the lock. Returns the files removed.
+pub fn remove_leftovers(pin_dir: &Path) -> Result<Vec<PathBuf>> {
+    let (state, lock_path) = (state_path(pin_dir), run_file(pin_dir, "lock"));
+    if !state.exists() && !lock_path.exists() {
+        return Ok(Vec::new());
+    }
+    let had_lock = lock_path.exists();
+    let Ok(lock) = RunLock::acquire(pin_dir) else {
+        return Ok(Vec::new()); // a live run owns them
+    };
+    let mut removed = Vec::new();
+    match fs::remove_file(&state) {
+        Ok(()) => removed.push(state),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot remove {}", state.display()))),
+    }
+    drop(lock); // removes the lock file
+    if had_lock {
+        removed.push(lock_path);
+    }
+    Ok(removed)
+}
+
 /// An exclusive lock on a pin directory, held for the life of `rocev2 run`.
 pub struct RunLock {
     /// Holds the lock until dropped.
@@ -580,6 +629,43 @@ impl Drop for RunLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftovers_of_a_killed_run_go_but_not_those_of_a_live_one() {
+        if fs::create_dir_all(RUN_DIR).is_err() && std::env::var_os("CI").is_none() {
+            return; // not root: /run/rocev2 is out of reach
+        }
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rocev2-leftovers-{}", std::process::id()));
+        let (state, lock) = (state_path(&pin_dir), run_file(&pin_dir, "lock"));
+        // Killed: both files stay behind, nobody holds the lock.
+        fs::write(&state, "{}").unwrap();
+        fs::write(&lock, "4242").unwrap();
+        assert_eq!(remove_leftovers(&pin_dir).unwrap(), vec![state.clone(), lock.clone()]);
+        assert!(!state.exists() && !lock.exists());
+        // Alive: its lock is held, nothing is removed.
+        let held = RunLock::acquire(&pin_dir).unwrap();
+        fs::write(&state, "{}").unwrap();
+        assert_eq!(remove_leftovers(&pin_dir).unwrap(), Vec::<PathBuf>::new());
+        assert!(state.exists() && lock.exists());
+        drop(held);
+        fs::remove_file(&state).unwrap();
+        assert_eq!(remove_leftovers(&pin_dir).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn learned_line_says_when_nothing_was_applied_yet() {
+        let mut learned =
+            LearnedStats { table: 254, routes: 3, hosts: 2, groups: 1, messages: 6, ..Default::default() };
+        learned.to_kernel.insert("connected".into(), 2);
+        assert_eq!(
+            learned.describe(),
+            "kernel table 254: 3 prefixes forwarded (2 host entries), 1 learned groups, to the kernel: connected 2; 6 messages, 0 resyncs, no changes applied since the start"
+        );
+        learned.apply_samples = 4;
+        learned.apply_us_p50 = 412;
+        learned.apply_us_p99 = 1188;
+        assert!(learned.describe().ends_with("; 6 messages, 0 resyncs, apply p50 412 us p99 1188 us"));
+    }
 
     #[test]
     fn reload_outcomes_read_both_forms() {

@@ -98,6 +98,27 @@ pub struct GroupSnapshot {
     pub members: Vec<MemberSnapshot>,
 }
 
+impl Snapshot {
+    /// `stats --group NAME`: keeps the groups whose name is or contains
+    /// one of `names` (a learned group's name lists its next hops, e.g.
+    /// `nh:s1l1+s1l2`); fails, listing the groups, when one matches none.
+    pub fn keep_groups(&mut self, names: &[String]) -> Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let matches = |group: &str, name: &str| group == name || group.contains(name);
+        if let Some(unmatched) = names.iter().find(|n| !self.groups.iter().any(|g| matches(&g.name, n))) {
+            let all: Vec<&str> = self.groups.iter().map(|g| g.name.as_str()).collect();
+            anyhow::bail!(
+                "--group {unmatched}: no group's name contains {unmatched:?}; the groups: {}",
+                all.join(", ")
+            );
+        }
+        self.groups.retain(|g| names.iter().any(|n| matches(&g.name, n)));
+        Ok(())
+    }
+}
+
 impl GroupSnapshot {
     /// `hash qp, flowlet gap 500us`: the policy and its knobs.
     pub fn describe(&self) -> String {
@@ -293,8 +314,8 @@ impl Snapshot {
             let mut table = Table::new(&[
                 ("EGRESS", Align::Left),
                 ("RATE", Align::Right),
-                ("QUEUE", Align::Right),
-                ("HIGH-WATER", Align::Right),
+                ("QUEUE BYTES", Align::Right),
+                ("HIGH-WATER BYTES", Align::Right),
                 ("COUNTERS", Align::Left),
             ]);
             for e in &self.egress {
@@ -302,7 +323,7 @@ impl Snapshot {
                     e.counters.iter().filter(|(_, v)| **v != 0).map(|(k, v)| format!("{k}={v}")).collect();
                 table.row([
                     e.name.clone(),
-                    format!("{:.2} Gbit/s", e.rate_bytes_per_sec as f64 * 8.0 / 1e9),
+                    crate::render::rate_text(e.rate_bytes_per_sec * 8),
                     e.queue_bytes.to_string(),
                     e.queue_high_water_bytes.to_string(),
                     if counters.is_empty() { "(no traffic)".to_string() } else { counters.join(" ") },
@@ -341,19 +362,8 @@ impl Snapshot {
             if self.seed_auto { " (auto: from the port MACs)" } else { "" }
         ));
         if let Some(l) = &self.learned {
-            let to_kernel: Vec<String> = l.to_kernel.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            out.push_str(&format!(
-                "kernel table {}: {} prefixes forwarded ({} host entries), {} learned groups, to the kernel: {}; {} messages, {} resyncs, apply p50 {} us p99 {} us\n",
-                l.table,
-                l.routes,
-                l.hosts,
-                l.groups,
-                if to_kernel.is_empty() { "none".to_string() } else { to_kernel.join(", ") },
-                l.messages,
-                l.resyncs,
-                l.apply_us_p50,
-                l.apply_us_p99
-            ));
+            out.push_str(&l.describe());
+            out.push('\n');
         }
         if let Some(b) = &self.bridge {
             out.push_str(&b.describe());
@@ -455,5 +465,52 @@ impl Snapshot {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(groups: &[&str]) -> Snapshot {
+        Snapshot {
+            ports: Vec::new(),
+            groups: groups
+                .iter()
+                .map(|name| GroupSnapshot {
+                    name: name.to_string(),
+                    hash: "qp".into(),
+                    policy: "hash".into(),
+                    flowlet: None,
+                    transport_aware: None,
+                    members: Vec::new(),
+                })
+                .collect(),
+            egress: Vec::new(),
+            classes: Vec::new(),
+            flowlet_entries: 0,
+            seed: 0,
+            seed_auto: false,
+            learned: None,
+            bridge: None,
+            telemetry_qps: None,
+            egress_refused: Vec::new(),
+            egress_refused_uncounted: None,
+            unmanaged: None,
+        }
+    }
+
+    #[test]
+    fn group_filter_keeps_what_names_contain_and_lists_the_groups_otherwise() {
+        let names = ["nh:h2/10.0.2.1", "nh:s1l1+s1l2+s2l1+s2l2", "nh:s2l1+s2l2"];
+        let mut s = snapshot(&names);
+        s.keep_groups(&["s2l1".into()]).unwrap();
+        let kept: Vec<&str> = s.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(kept, ["nh:s1l1+s1l2+s2l1+s2l2", "nh:s2l1+s2l2"]);
+        let mut s = snapshot(&names);
+        s.keep_groups(&["nh:h2/10.0.2.1".into()]).unwrap();
+        assert_eq!(s.groups.len(), 1);
+        let err = snapshot(&["spines"]).keep_groups(&["spine".into(), "leaves".into()]).unwrap_err();
+        assert_eq!(err.to_string(), "--group leaves: no group's name contains \"leaves\"; the groups: spines");
     }
 }

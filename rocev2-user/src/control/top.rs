@@ -27,7 +27,7 @@ pub struct TopArgs {
     #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
     pub config: Option<PathBuf>,
     /// Pin directory of the running instance.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
     pub pin_dir: Option<PathBuf>,
     /// Print one view and exit: rates over one --interval (it waits that
     /// long), as the live view shows them.
@@ -206,11 +206,45 @@ pub struct Screen {
     pub lines: Option<usize>,
 }
 
+/// QPs whose replies the switch cannot tell apart: a reply (ACK, NAK,
+/// CNP) names the requester's QP, not the data's, so the dataplane links
+/// it to a data QP by addresses and UDP source port; QPs that share all
+/// three get each other's replies, counted on the one that sent last.
+/// One note per such set, when any of them had a reply.
+pub fn shared_replies(qps: &[TopRow]) -> Vec<String> {
+    let mut sets: std::collections::BTreeMap<(String, String, u16), Vec<&TopRow>> = Default::default();
+    for r in qps {
+        if let Some(src) = r.src {
+            sets.entry((src.to_string(), r.dst.to_string(), r.src_port)).or_default().push(r);
+        }
+    }
+    sets.into_iter()
+        .filter(|(_, rows)| rows.len() > 1)
+        .filter(|(_, rows)| {
+            rows.iter().any(|r| r.stats.acks + r.stats.naks_sequence + r.stats.naks_rnr + r.stats.naks_other + r.stats.cnps > 0)
+        })
+        .map(|((src, dst, port), rows)| {
+            let mut names: Vec<u32> = rows.iter().map(|r| r.dest_qp).collect();
+            names.sort_unstable();
+            let names: Vec<String> = names.iter().map(|q| format!("{q:#x}")).collect();
+            format!(
+                "SHARED REPLIES: QPs {} ({src} -> {dst}, UDP source port {port}) cannot be told apart in their replies: their NAKs, CNPs and ACKs are counted on whichever of them sent last\n",
+                names.join(", ")
+            )
+        })
+        .collect()
+}
+
 impl TopSnapshot {
     /// The view: the busiest QPs, the unhealthiest, the collisions; each
     /// table at most `rows` long, and on a `screen` no larger than it.
     pub fn render(&self, rows: usize, screen: Screen) -> String {
-        let collisions: String = self.collisions.iter().map(|c| format!("\n{}", c.render())).collect();
+        let collisions: String = self
+            .collisions
+            .iter()
+            .map(|c| format!("\n{}", c.render()))
+            .chain(shared_replies(&self.qps).into_iter().map(|note| format!("\n{note}")))
+            .collect();
         // Title, blank, two section titles with their headers, blank: 7
         // lines besides the rows; the rest is shared by the two tables.
         let rows = match screen.lines {
@@ -294,5 +328,41 @@ pub fn run(pin_dir: &Path, args: &TopArgs) -> Result<()> {
             return Ok(());
         }
         before = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(qp: u32, src_port: u16, naks: u64) -> TopRow {
+        TopRow {
+            src: Some("10.0.1.1".parse().unwrap()),
+            src_port,
+            dst: "10.1.0.1".parse().unwrap(),
+            dest_qp: qp,
+            group: "spines".into(),
+            member: "s1".into(),
+            pps: 1.0,
+            bits_per_sec: 1e6,
+            stats: QpStats { naks_sequence: naks, ..Default::default() },
+            idle_secs: 0.0,
+        }
+    }
+
+    use rocev2_common::telemetry::QpStats;
+
+    #[test]
+    fn qps_sharing_a_source_port_get_a_note_on_their_replies() {
+        // Two QPs on one five-tuple, one NAK: which of them it answered the
+        // switch cannot know, and says so.
+        let notes = shared_replies(&[row(0x101, 0xC000, 1), row(0x100, 0xC000, 0), row(0x102, 0xC001, 0)]);
+        assert_eq!(
+            notes,
+            ["SHARED REPLIES: QPs 0x100, 0x101 (10.0.1.1 -> 10.1.0.1, UDP source port 49152) cannot be told apart in their replies: their NAKs, CNPs and ACKs are counted on whichever of them sent last\n"]
+        );
+        // Without replies, or with a port each, there is nothing to say.
+        assert!(shared_replies(&[row(0x100, 0xC000, 0), row(0x101, 0xC000, 0)]).is_empty());
+        assert!(shared_replies(&[row(0x100, 0xC000, 1), row(0x101, 0xC001, 1)]).is_empty());
     }
 }

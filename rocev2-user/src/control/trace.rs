@@ -39,7 +39,7 @@ pub struct TraceArgs {
     #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
     pub config: Option<PathBuf>,
     /// Pin directory of the running instance.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
     pub pin_dir: Option<PathBuf>,
     /// Only packets from this address.
     #[arg(long)]

@@ -36,11 +36,11 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
 fn open_netns(name: &str) -> anyhow::Result<File> {
     let path = format!("{NETNS_DIR}/{name}");
     File::open(&path).map_err(|e| {
-        let e = anyhow::Error::new(e);
         if !std::path::Path::new(&path).exists() {
-            return e.context(format!("network namespace {name:?} not found ({path}){}", suggest_netns(name)));
+            // The suggestion ends the message: no "No such file" after it.
+            return anyhow::anyhow!("network namespace {name:?} not found ({path}){}", suggest_netns(name));
         }
-        e.context(format!("cannot open network namespace {name:?} ({path})"))
+        anyhow::Error::new(e).context(format!("cannot open network namespace {name:?} ({path})"))
     })
 }
 
@@ -360,5 +360,13 @@ mod tests {
         let set: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(set.len(), names.len());
         assert!(unique_name("ns").starts_with("ns"));
+    }
+
+    #[test]
+    fn a_missing_namespace_ends_with_the_suggestion_not_an_errno() {
+        let name = unique_name("nosuch");
+        let message = format!("{:#}", open_netns(&name).unwrap_err());
+        assert!(message.starts_with(&format!("network namespace {name:?} not found (/run/netns/{name})")), "{message}");
+        assert!(!message.contains("os error"), "{message}");
     }
 }

@@ -817,7 +817,7 @@ pub fn demo(qps: u32, packets_per_qp: u32, uplinks: u32) -> Result<()> {
     }
     println!("\nQP hashing (Meta's E-ECMP) spreads the QPs that five-tuple hashing piles onto one uplink.");
     println!(
-        "The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (the book's tutorial: docs/src/tutorial-entropy.md)."
+        "The demo's lab is gone; `rocev2 lab up` builds one that stays, with its config (the book's tutorial: docs/src/tutorial-entropy.md; in a source tree, `export PATH=$PWD/target/release:$PATH` first)."
     );
     Ok(())
 }

@@ -16,6 +16,21 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 const ZEBRA: &str = "/usr/lib/frr/zebra";
+
+/// zebra.conf that makes zebra install routes with their next hops inline
+/// instead of on kernel nexthop objects (`ip nexthop`).
+///
+/// When a port loses carrier, the kernel removes the nexthop objects on it
+/// and shrinks the groups that hold them without telling anyone (no
+/// netlink message); a group left empty takes its routes with it. zebra
+/// 8.4 (FRR 8.4.4, what the labs run) does not notice: once the port is
+/// back it believes its routes and groups are installed as it last wrote
+/// them, and the kernel keeps a path fewer, or no route at all, until BGP
+/// happens to change that prefix again. The churn soak saw leaves without
+/// a route to other racks for minutes after link cuts. Inline next hops
+/// stay in the route (marked `linkdown` while the port is down), so zebra
+/// and the kernel agree.
+pub const ZEBRA_NO_KERNEL_NEXTHOPS: &str = "no zebra nexthop kernel enable\n";
 const BGPD: &str = "/usr/lib/frr/bgpd";
 
 /// zebra and bgpd running in one namespace.
@@ -36,6 +51,13 @@ impl Frr {
 
     /// Like [`Frr::start`] with the state directory `dir`.
     pub fn start_in(netns: &str, dir: &Path, bgp_config: &str) -> Result<Self> {
+        Self::start_with(netns, dir, bgp_config, "")
+    }
+
+    /// Like [`Frr::start_in`], zebra reading `zebra_config` (zebra.conf
+    /// syntax; [`ZEBRA_NO_KERNEL_NEXTHOPS`] for a fabric whose links fail).
+    /// A restart ([`Frr::restart_after`]) keeps both configs.
+    pub fn start_with(netns: &str, dir: &Path, bgp_config: &str, zebra_config: &str) -> Result<Self> {
         for daemon in [ZEBRA, BGPD] {
             if !Path::new(daemon).exists() {
                 bail!("{daemon} is missing: install FRR (`cargo xtask setup` does: Debian package frr)");
@@ -50,7 +72,10 @@ impl Frr {
         let conf = frr.dir.join("frr.conf");
         std::fs::write(&conf, bgp_config)?;
         chown_frr(&conf)?;
-        frr.daemon(ZEBRA, "zebra", Path::new("/dev/null"))?;
+        let zebra_conf = frr.dir.join("zebra.conf");
+        std::fs::write(&zebra_conf, zebra_config)?;
+        chown_frr(&zebra_conf)?;
+        frr.daemon(ZEBRA, "zebra", &zebra_conf)?;
         frr.wait_for(&frr.dir.join("zserv.api"))?;
         frr.daemon(BGPD, "bgpd", &conf)?;
         frr.wait_for(&frr.dir.join("bgpd.vty"))?;
@@ -151,9 +176,10 @@ impl Frr {
     /// detached like the old one.
     pub fn restart_after(self, down: Duration) -> Result<Self> {
         let config = self.config();
+        let zebra_config = std::fs::read_to_string(self.dir.join("zebra.conf")).unwrap_or_default();
         self.kill();
         std::thread::sleep(down);
-        let frr = Self::start_in(&self.netns, &self.dir, &config)?;
+        let frr = Self::start_with(&self.netns, &self.dir, &config, &zebra_config)?;
         let detached = Self { netns: frr.netns.clone(), dir: frr.dir.clone(), owned: false };
         frr.detach();
         Ok(detached)

@@ -37,3 +37,4 @@ mod sys;
 mod takeover;
 mod transport_aware;
 mod tutorial;
+mod under_systemd;

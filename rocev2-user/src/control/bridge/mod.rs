@@ -86,7 +86,6 @@ impl BridgeMirror {
                 .with_context(|| format!("cannot read bridge {} over netlink", view.name))?;
         }
         self.view = view;
-        self.stats.resyncs += 1;
         Ok(())
     }
 
@@ -117,6 +116,7 @@ impl BridgeMirror {
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                 tracing::warn!("the kernel's bridge events overflowed the socket; reading the bridge again");
+                self.stats.resyncs += 1;
                 self.resync()?;
                 changed = true;
             }

@@ -91,6 +91,10 @@ pub struct Config {
     pub route_policies: Vec<RoutePolicy>,
     /// `[bridge]` and its `[[uplink_group]]`s: host bridge mode.
     pub bridge: Option<Bridge>,
+    /// Valid but probably not meant (a prefix without a length, a group no
+    /// route uses): complete lines, `file:line:column: key: message`, that
+    /// `check` prints and `run` logs.
+    pub warnings: Vec<String>,
 }
 
 /// `[bridge]`: rocev2 serves every port of this Linux bridge at layer 2.
@@ -504,7 +508,7 @@ pub struct Location {
 pub enum ConfigError {
     /// The file could not be read. (The io error is part of the message
     /// rather than a `source`, so `{:#}` chains do not print it twice.)
-    #[error("{}: cannot read: {error}", path.display())]
+    #[error("{}: cannot read: {error}{}", path.display(), start_hint(error))]
     Read { path: PathBuf, error: std::io::Error },
     /// A problem at a place in the file. `key` may be empty when the
     /// place has no key (e.g. some TOML syntax errors).
@@ -513,6 +517,15 @@ pub enum ConfigError {
     /// A problem with the file as a whole, e.g. no `[[port]]` at all.
     #[error("{}: {}", path.display(), with_key(key, message))]
     File { path: PathBuf, key: String, message: String },
+}
+
+/// For a config file that does not exist: where to start one.
+fn start_hint(error: &std::io::Error) -> &'static str {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        "; start from the example config (packaging/rocev2.toml in the source, /etc/rocev2/rocev2.toml once the package is installed), or let `rocev2 lab up` write one for a lab"
+    } else {
+        ""
+    }
 }
 
 fn with_key(key: &str, message: &str) -> String {

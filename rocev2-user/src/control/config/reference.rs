@@ -165,7 +165,7 @@ pub const TABLES: &[Table] = &[
                 name: "telemetry_qps",
                 ty: "integer, 0 to 1048576",
                 default: "0 (off)",
-                about: "Size of the per-QP transport telemetry table (PSNs, NAKs, resends, CNPs); `top`, `trace` and `transport_aware` need it.",
+                about: "QPs the per-QP transport telemetry table (PSNs, NAKs, resends, CNPs) is sized for: twice as many slots, a power of two; `top`, `trace` and `transport_aware` need it.",
             },
             Key {
                 name: "cpu_spread",

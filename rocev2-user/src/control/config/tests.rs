@@ -177,6 +177,7 @@ fn unreadable_file_names_the_file() {
     };
     assert!(msg.starts_with("/nonexistent/rocev2-test/lab.toml: cannot read: "), "{msg}");
     assert!(msg.contains("No such file"), "{msg}");
+    assert!(msg.ends_with("or let `rocev2 lab up` write one for a lab"), "{msg}");
 }
 
 #[test]
@@ -899,4 +900,20 @@ fn uplink_group_mistakes_are_named() {
     assert_error(&format!("[dataplane]\ncpu_spread = \"qp\"\n{BRIDGE}"), 3, "bridge", &["cpu_spread"]);
     let clash = format!("{BASE}{BRIDGE}").replace("name = \"gateways\"", "name = \"spines\"");
     assert_error(&clash, 11, "uplink_group[0].name", &["already exists"]);
+}
+
+#[test]
+fn odd_but_valid_configs_get_warnings() {
+    assert_eq!(parse_ok(EXAMPLE).warnings, Vec::<String>::new());
+    let config = parse_ok(&format!(
+        "{BASE}\n[[group]]\nname = \"spare\"\nmembers = [{{ dev = \"eth3\", via = \"10.0.3.2\" }}]\n\n[[route]]\nprefix = \"10.1.0.0\"\ngroup = \"spines\"\n\n[[route]]\nprefix = \"::ffff:10.2.0.0/112\"\ngroup = \"spines\"\n"
+    ));
+    assert_eq!(
+        config.warnings,
+        vec![
+            "lab.toml:13:10: route[0].prefix: \"10.1.0.0\" has no length, so it routes that one address; write \"10.1.0.0/32\" if that is meant, or the subnet's length (e.g. \"10.1.0.0/16\")",
+            "lab.toml:17:10: route[1].prefix: \"::ffff:10.2.0.0/112\" is an IPv4-mapped IPv6 prefix, which no packet carries (IPv4 packets are routed by IPv4 prefixes): write an IPv4 prefix, e.g. \"10.2.0.0/16\"",
+            "lab.toml:8:1: group[1]: no [[route]] uses group \"spare\", so it carries no traffic; add a route or remove the group",
+        ]
+    );
 }

@@ -66,6 +66,7 @@ impl Source<'_> {
             None => vec![default_control_class()],
         };
         let route_policies = self.route_policies(raw.route_policy, &dataplane)?;
+        let warnings = self.warnings(&raw.route, &groups, &routes);
         Ok(Config {
             path: self.path.to_path_buf(),
             dataplane,
@@ -80,7 +81,50 @@ impl Source<'_> {
             routing,
             route_policies,
             bridge,
+            warnings,
         })
+    }
+
+    /// What is valid but probably not meant: a route prefix without a
+    /// length, an IPv4-mapped IPv6 prefix, a group no route uses.
+    fn warnings(&self, raw: &[Spanned<RawRoute>], groups: &[Group], routes: &[Route]) -> Vec<String> {
+        let mut out = Vec::new();
+        for (r, route) in raw.iter().zip(routes) {
+            let written = r.get_ref().prefix.get_ref();
+            let key = format!("{}.prefix", route.loc.key);
+            let warn = |message: String| self.err(key.clone(), r.get_ref().prefix.span(), message).to_string();
+            if !written.contains('/') {
+                let example = if written.contains(':') { 48 } else { 16 };
+                out.push(warn(format!(
+                    "{written:?} has no length, so it routes that one address; write \"{route}\" if that is meant, or the subnet's length (e.g. \"{written}/{example}\")",
+                    route = route.prefix
+                )));
+            }
+            if let Prefix::V6 { addr, .. } = route.prefix {
+                if let Some(v4) = addr.to_ipv4_mapped() {
+                    out.push(warn(format!(
+                        "{written:?} is an IPv4-mapped IPv6 prefix, which no packet carries (IPv4 packets are routed by IPv4 prefixes): write an IPv4 prefix, e.g. \"{v4}/{}\"",
+                        match route.prefix {
+                            Prefix::V6 { len, .. } => len.saturating_sub(96),
+                            _ => 32,
+                        }
+                    )));
+                }
+            }
+        }
+        for (i, g) in groups.iter().enumerate() {
+            if !g.is_uplink() && !routes.iter().any(|r| r.group_index as usize == i) {
+                out.push(format!(
+                    "{}:{}:{}: {}: no [[route]] uses group {:?}, so it carries no traffic; add a route or remove the group",
+                    self.path.display(),
+                    g.loc.line,
+                    g.loc.column,
+                    g.loc.key,
+                    g.name
+                ));
+            }
+        }
+        out
     }
 
     pub(super) fn routing(&self, raw: &Spanned<RawRouting>) -> Result<Routing, ConfigError> {

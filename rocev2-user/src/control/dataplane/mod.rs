@@ -151,6 +151,8 @@ impl Dataplane {
         crate::sys::privileges::check()?;
         let telemetry_on = features.contains(Features::TELEMETRY);
         let qp_table = if telemetry_on { telemetry_qps.max(1) } else { 1 };
+        let qp_slots = telemetry::qp_table_slots(if telemetry_on { telemetry_qps } else { 0 });
+        let qp_sets_mask = qp_slots / telemetry::QP_WAYS - 1;
         let kernel_layout = RefusalLayout::find();
         let layout = kernel_layout.as_ref().copied().unwrap_or_default();
         // A takeover keeps the previous run's flowlet state (see Inherited);
@@ -176,7 +178,8 @@ impl Dataplane {
             .override_global("NETNS_COOKIE", &layout.netns_cookie, true)
             .map_max_entries(names::FLOWLETS, flowlet_table_size.max(1))
             .map_max_entries(names::FLOWLET_SLOTS, flowlet_slots.max(1))
-            .map_max_entries(telemetry::names::QP_TELEMETRY, qp_table)
+            .map_max_entries(telemetry::names::QP_TELEMETRY, qp_slots)
+            .override_global("QP_SETS_MASK", &qp_sets_mask, true)
             .map_max_entries(telemetry::names::QP_REPLIES, qp_table)
             .override_global(FEATURES_GLOBAL, &features.0, true)
             .load(crate::EBPF_OBJECT)

@@ -154,13 +154,13 @@ pub struct Fib {
 impl Fib {
     /// Adds or replaces a route.
     pub fn add_route(&mut self, route: KernelRoute) {
-        let key = (route.metric, self.first_oif(&route.hops));
+        let key = Self::key(&route);
         self.routes.entry(route.prefix).or_default().insert(key, route);
     }
 
     /// Removes a route (as RTM_DELROUTE describes it).
     pub fn remove_route(&mut self, route: &KernelRoute) {
-        let key = (route.metric, self.first_oif(&route.hops));
+        let key = Self::key(route);
         if let Some(by_metric) = self.routes.get_mut(&route.prefix) {
             if by_metric.remove(&key).is_none() {
                 // A delete may name the route less precisely than its add
@@ -176,11 +176,17 @@ impl Fib {
         }
     }
 
-    fn first_oif(&self, hops: &Hops) -> u32 {
-        match hops {
-            Hops::Paths(paths) => paths.first().map_or(0, |p| p.oif),
-            Hops::Object(_) => 0,
-        }
+    /// Where a route is kept: IPv4 holds one route per prefix and metric
+    /// (zebra's replace of a multipath route by one with a path fewer
+    /// names another first device, and must not leave the old one beside
+    /// it); IPv6 keeps a route per device apart (see [`Fib::target`]).
+    fn key(route: &KernelRoute) -> (u32, u32) {
+        let first_oif = match (&route.hops, route.prefix) {
+            (_, Prefix::V4 { .. }) => 0,
+            (Hops::Paths(paths), Prefix::V6 { .. }) => paths.first().map_or(0, |p| p.oif),
+            (Hops::Object(_), Prefix::V6 { .. }) => 0,
+        };
+        (route.metric, first_oif)
     }
 
     /// What `prefix` becomes: the lowest-metric routes decide; IPv6 routes
@@ -309,6 +315,66 @@ impl Fib {
         out
     }
 
+    /// What the kernel does, without a netlink message, when link `ifindex`
+    /// goes down or loses carrier (`nexthop_flush_dev` on NETDEV_DOWN,
+    /// NETDEV_CHANGE without carrier, NETDEV_UNREGISTER): every nexthop
+    /// object on it is removed, a group holding one loses that member, a
+    /// group left empty is removed, and routes naming a removed object go
+    /// with it. zebra's next RTM_NEWNEXTHOP/NEWROUTE builds on that state,
+    /// so the mirror must do the same or keep members the kernel no longer
+    /// has. Returns the prefixes whose routes changed.
+    pub fn flush_nexthops_of(&mut self, ifindex: u32) -> BTreeSet<Prefix> {
+        let mut removed: HashSet<u32> = self
+            .nexthops
+            .iter()
+            .filter_map(|(id, object)| match object {
+                NexthopObject::Single { path: Some(p), blackhole: false } if p.oif == ifindex => Some(*id),
+                _ => None,
+            })
+            .collect();
+        if removed.is_empty() {
+            return BTreeSet::new();
+        }
+        let mut shrunk: HashSet<u32> = HashSet::new();
+        // A group emptied by this may itself be a member of another.
+        loop {
+            let mut emptied = Vec::new();
+            for (gid, object) in self.nexthops.iter_mut() {
+                if let NexthopObject::Group { members } = object {
+                    let before = members.len();
+                    members.retain(|(m, _)| !removed.contains(m));
+                    if members.len() != before {
+                        shrunk.insert(*gid);
+                        if members.is_empty() {
+                            emptied.push(*gid);
+                        }
+                    }
+                }
+            }
+            self.nexthops.retain(|id, _| !removed.contains(id));
+            if emptied.is_empty() {
+                break;
+            }
+            removed.extend(emptied);
+        }
+        let mut changed = BTreeSet::new();
+        self.routes.retain(|prefix, by_metric| {
+            by_metric.retain(|_, route| match route.hops {
+                Hops::Object(id) if removed.contains(&id) => {
+                    changed.insert(*prefix);
+                    false
+                }
+                Hops::Object(id) if shrunk.contains(&id) => {
+                    changed.insert(*prefix);
+                    true
+                }
+                _ => true,
+            });
+            !by_metric.is_empty()
+        });
+        changed
+    }
+
     /// Prefixes whose target may change when nexthop object `id` changes:
     /// routes that name it, or name a group that contains it.
     pub fn prefixes_using_object(&self, id: u32) -> Vec<Prefix> {
@@ -388,6 +454,44 @@ mod tests {
         assert_eq!(hops.iter().map(|h| h.weight).collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!(hops[0].neighbour, ip("fe80::1"), "IPv4 over an IPv6 link-local next hop");
         assert_eq!(fib.prefixes_using_object(12), vec![p("10.99.0.1/32")]);
+    }
+
+    /// zebra with inline next hops replaces `10.2.0.0/16 nexthop via
+    /// s1p1 nexthop via s2p1` by `via s2p1` when s1 withdraws: the mirror
+    /// keeps one IPv4 route per prefix and metric, not both side by side.
+    #[test]
+    fn an_ipv4_multipath_route_replaced_by_one_path_fewer_keeps_no_stale_path() {
+        let mut fib = fib_with_links();
+        fib.add_route(unicast("10.2.0.0/16", Hops::Paths(vec![via(1, "10.0.1.2"), via(2, "10.0.2.2")])));
+        fib.add_route(unicast("10.2.0.0/16", Hops::Paths(vec![via(2, "10.0.2.2")])));
+        let Some(Target::Hops(hops)) = fib.target(&p("10.2.0.0/16")) else { panic!() };
+        assert_eq!(hops.iter().map(|h| h.oif).collect::<Vec<_>>(), vec![2]);
+        fib.remove_route(&unicast("10.2.0.0/16", Hops::Paths(vec![via(2, "10.0.2.2")])));
+        assert_eq!(fib.target(&p("10.2.0.0/16")), None);
+    }
+
+    /// A port loses carrier: the kernel drops its nexthop objects from
+    /// their groups and takes routes on an emptied group with them, with
+    /// no netlink message; the mirror does the same (the churn soak's
+    /// leaves otherwise kept sending half their flows into the cut link).
+    #[test]
+    fn a_link_without_carrier_takes_its_nexthop_objects_as_the_kernel_does() {
+        let mut fib = fib_with_links();
+        fib.nexthops.insert(12, NexthopObject::Single { path: Some(via(1, "10.0.1.2")), blackhole: false });
+        fib.nexthops.insert(13, NexthopObject::Single { path: Some(via(2, "10.0.2.2")), blackhole: false });
+        fib.nexthops.insert(14, NexthopObject::Group { members: vec![(12, 1), (13, 1)] });
+        fib.nexthops.insert(15, NexthopObject::Group { members: vec![(12, 1)] });
+        fib.add_route(unicast("10.98.0.0/16", Hops::Object(14)));
+        fib.add_route(unicast("10.99.0.0/16", Hops::Object(15)));
+        fib.add_route(unicast("10.97.0.0/16", Hops::Object(13)));
+        let changed = fib.flush_nexthops_of(1);
+        assert_eq!(changed, BTreeSet::from([p("10.98.0.0/16"), p("10.99.0.0/16")]));
+        assert!(!fib.nexthops.contains_key(&12) && !fib.nexthops.contains_key(&15), "gone: 12 and its emptied group");
+        let Some(Target::Hops(hops)) = fib.target(&p("10.98.0.0/16")) else { panic!() };
+        assert_eq!(hops.iter().map(|h| h.oif).collect::<Vec<_>>(), vec![2], "the group keeps its other member");
+        assert_eq!(fib.target(&p("10.99.0.0/16")), None, "the route on the emptied group is gone");
+        assert!(fib.target(&p("10.97.0.0/16")).is_some(), "a route on the other port stays");
+        assert!(fib.flush_nexthops_of(1).is_empty(), "a second flush changes nothing");
     }
 
     #[test]

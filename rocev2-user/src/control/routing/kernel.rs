@@ -8,6 +8,7 @@
 //! attributes are read here.
 
 use std::{
+    collections::BTreeSet,
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::AsFd,
@@ -74,7 +75,12 @@ pub enum Change {
         deleted: bool,
     },
     Nexthop(u32),
-    Link(u32),
+    /// A link appeared, changed or went; `flushed`: the prefixes whose
+    /// routes lost nexthop objects with it ([`Fib::flush_nexthops_of`]).
+    Link {
+        ifindex: u32,
+        flushed: BTreeSet<Prefix>,
+    },
     Neighbour,
     Address,
     /// A route of another table, or a message of no interest.
@@ -315,12 +321,16 @@ pub fn apply(fib: &mut Fib, table: u32, message_type: u16, message: &[u8]) -> Ch
         }
         RouteNetlinkMessage::NewLink(m) => {
             let ifindex = m.header.index;
-            fib.links.insert(ifindex, link_of(m));
-            Change::Link(ifindex)
+            let link = link_of(m);
+            // Down or without carrier: the kernel has flushed its nexthop objects.
+            let flushed = if link.up { BTreeSet::new() } else { fib.flush_nexthops_of(ifindex) };
+            fib.links.insert(ifindex, link);
+            Change::Link { ifindex, flushed }
         }
         RouteNetlinkMessage::DelLink(m) => {
-            fib.links.remove(&m.header.index);
-            Change::Link(m.header.index)
+            let ifindex = m.header.index;
+            fib.links.remove(&ifindex);
+            Change::Link { ifindex, flushed: fib.flush_nexthops_of(ifindex) }
         }
         RouteNetlinkMessage::NewNeighbour(m) => {
             if let Some((key, mac)) = neighbour_of(&m) {

@@ -64,6 +64,26 @@ struct Planning {
     /// Prefixes to plan again: they cover a prefix that became (or stopped
     /// being) unfit.
     recheck: Vec<Prefix>,
+    /// Routes (not host entries) that moved from one learned group to
+    /// another, for the log: prefix, old group, new group.
+    moved: Vec<(Prefix, String, String)>,
+}
+
+/// Routes moved individually logged per batch; beyond, one line counts them.
+const MOVES_LOGGED: usize = 8;
+
+/// The log lines of a batch's moved routes: one per route up to
+/// [`MOVES_LOGGED`], then one that counts the rest.
+fn moved_lines(moved: &[(Prefix, String, String)]) -> Vec<String> {
+    let mut lines: Vec<String> = moved
+        .iter()
+        .take(MOVES_LOGGED)
+        .map(|(prefix, from, to)| format!("route {prefix} moved to group {to} (was {from})"))
+        .collect();
+    if moved.len() > MOVES_LOGGED {
+        lines.push(format!("and {} more routes moved to other groups", moved.len() - MOVES_LOGGED));
+    }
+    lines
 }
 
 /// 0 for IPv4, 1 for IPv6: the index of per-family counts.
@@ -172,10 +192,9 @@ impl KernelRoutes {
     }
 
     /// Reads every table again (at start, and when the socket overflowed
-    /// and events were lost).
+    /// and events were lost; only the latter counts as a resync).
     pub fn resync(&mut self) -> Result<()> {
         kernel::dump_all(&mut self.fib, self.table).context("cannot read the kernel's routing state")?;
-        self.stats.resyncs += 1;
         self.all_dirty = true;
         self.neighbours_dirty = true;
         Ok(())
@@ -208,6 +227,7 @@ impl KernelRoutes {
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                 tracing::warn!("the kernel's route events overflowed the socket; reading the tables again");
+                self.stats.resyncs += 1;
                 self.resync()?;
             }
             Err(e) => return Err(e).context("cannot read kernel route events"),
@@ -227,7 +247,8 @@ impl KernelRoutes {
                 }
             }
             Change::Nexthop(id) => self.dirty.extend(self.fib.prefixes_using_object(id)),
-            Change::Link(_) => {
+            Change::Link { flushed, .. } => {
+                self.dirty.extend(flushed);
                 // A link that appears or goes can make routes servable or not.
                 if self.fib.links.len() != links_before {
                     self.all_dirty = true;
@@ -265,7 +286,8 @@ impl KernelRoutes {
             todo.extend(self.hosts.keys().filter(|p| !hosts.contains_key(p)).copied());
             self.hosts = hosts;
         }
-        let mut planning = Planning { changes: Vec::new(), fresh_groups: BTreeSet::new(), recheck: Vec::new() };
+        let mut planning =
+            Planning { changes: Vec::new(), fresh_groups: BTreeSet::new(), recheck: Vec::new(), moved: Vec::new() };
         loop {
             for prefix in std::mem::take(&mut todo) {
                 self.plan_prefix(prefix, policies, reserved_slots, &mut planning);
@@ -280,6 +302,9 @@ impl KernelRoutes {
             if todo.is_empty() {
                 break;
             }
+        }
+        for line in moved_lines(&planning.moved) {
+            tracing::info!("{line}");
         }
         let neighbours = std::mem::take(&mut self.neighbours_dirty);
         Plan { changes: planning.changes, fresh_groups: planning.fresh_groups, neighbours }
@@ -320,6 +345,10 @@ impl KernelRoutes {
         if new == old {
             return;
         }
+        let old_group = match &old {
+            Some(Installed::Group(k)) => self.groups.by_key.get(k).map(|g| g.name.clone()),
+            _ => None,
+        };
         let new = match new {
             Some(Installed::Group(key)) => {
                 let inherit = match &old {
@@ -337,6 +366,11 @@ impl KernelRoutes {
                 );
                 match made {
                     Some(group) => {
+                        if let Some(from) = old_group.filter(|from| *from != group.name) {
+                            if !self.hosts.contains_key(&prefix) {
+                                planning.moved.push((prefix, from, group.name.clone()));
+                            }
+                        }
                         group.prefixes += 1;
                         if group.prefixes == 1 {
                             planning.fresh_groups.insert(group.slot);
@@ -791,4 +825,20 @@ pub(crate) fn log_inherited_health(group: &str, health: &crate::control::health:
         group,
         "kept the transport health of group {group} from the previous run: {demoted} member(s) demoted, {scored} with a score"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moved_routes_get_a_line_each_up_to_a_count() {
+        let prefix = Prefix::V4 { addr: "10.1.0.0".parse().unwrap(), len: 16 };
+        let one = vec![(prefix, "nh:s1l1+s2l1".to_string(), "nh:s2l1".to_string())];
+        assert_eq!(moved_lines(&one), ["route 10.1.0.0/16 moved to group nh:s2l1 (was nh:s1l1+s2l1)"]);
+        let many: Vec<_> = std::iter::repeat_n(one[0].clone(), MOVES_LOGGED + 3).collect();
+        let lines = moved_lines(&many);
+        assert_eq!(lines.len(), MOVES_LOGGED + 1);
+        assert_eq!(lines[MOVES_LOGGED], "and 3 more routes moved to other groups");
+    }
 }

@@ -124,6 +124,11 @@ pub struct BenchArgs {
     /// one change in a few minutes, e.g. the hash_version rows.
     #[arg(long)]
     pub per_packet_only: bool,
+    /// Instead of the report: print the telemetry rows alone (telemetry
+    /// off and on, interleaved in every round), for an A/B of a telemetry
+    /// change.
+    #[arg(long)]
+    pub telemetry_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -901,6 +906,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut rows = bridge::per_packet_rows(args)?;
         rows.extend(bridge::forwarding_rows(args, GenMode::LiveFrames, None)?);
         print!("{}", render_table(&rows));
+        return Ok(());
+    }
+    if args.telemetry_only {
+        print!("{}", render_table(&telemetry::telemetry_rows(args)?));
         return Ok(());
     }
     if args.per_packet_only {

@@ -63,7 +63,7 @@ pub enum LabCommand {
     /// Build the lab's namespaces and links and write the RTSW's dataplane config.
     Up(LabUpArgs),
     /// Remove every namespace and file `lab up` made.
-    Down(LabNameArgs),
+    Down(LabDownArgs),
     /// Show the lab's namespaces, links, addresses and whether a dataplane is attached
     /// (a fabric: every switch's dataplane and counters).
     Status(LabNameArgs),
@@ -211,6 +211,15 @@ pub struct LabNameArgs {
     pub name: String,
 }
 
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabDownArgs {
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// List every namespace, process, pin and file removed, not just the counts.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
 /// The address families of a lab (one type with the fabric simulator's).
 pub use crate::tools::fabric::Family as LabFamily;
 
@@ -222,7 +231,8 @@ pub fn run(cmd: &LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Down(args) => {
-            print!("{}", down(&args.name)?);
+            let log = down(&args.name)?;
+            print!("{}", if args.verbose { log } else { summarize_down(&log) });
             Ok(())
         }
         LabCommand::Status(args) => {
@@ -292,6 +302,40 @@ pub struct LabRecord {
     pub balance: Option<fabric::balance::Balance>,
 }
 
+/// The names of the labs whose records are under /run/rocev2, sorted.
+pub fn lab_names() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(RUN_DIR)
+        .map(|dir| {
+            dir.filter_map(|e| {
+                let file = e.ok()?.file_name().into_string().ok()?;
+                Some(file.strip_prefix("lab-")?.strip_suffix(".json")?.to_string())
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The end of a "no lab named X" message: a close name, the labs there
+/// are, or how to start one.
+fn labs_hint(name: &str, labs: &[String]) -> String {
+    let close = crate::sys::suggest::closest_match(name, labs.iter().map(String::as_str))
+        // Two edits turn any short name into another: only one for those.
+        .filter(|close| name.len() >= 5 || crate::sys::suggest::edit_distance(name, close) <= 1);
+    if let Some(close) = close {
+        return format!("; did you mean `--name {close}`?");
+    }
+    match labs {
+        [] => format!("; no lab is up (`rocev2 lab up --name {name}` starts one)"),
+        [only] => format!("; the lab that is up is {only:?} (`--name {only}`)"),
+        _ => format!(
+            "; the labs that are up: {} (pick one with `--name`)",
+            labs.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 pub fn record_path(name: &str) -> PathBuf {
     Path::new(RUN_DIR).join(format!("lab-{name}.json"))
 }
@@ -302,10 +346,7 @@ impl LabRecord {
         let text = match fs::read(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                bail!(
-                    "no lab named {name:?} ({} does not exist); start one with `rocev2 lab up --name {name}`",
-                    path.display()
-                )
+                bail!("no lab named {name:?} ({} does not exist){}", path.display(), labs_hint(name, &lab_names()))
             }
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };
@@ -686,10 +727,7 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     }
     match plan.kind {
         LabKind::Rack => {
-            let _ = writeln!(
-                out,
-                "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {DEST_V4} / {DEST_V6} (in {name}-dst) only while rocev2 runs on it."
-            );
+            let _ = writeln!(out, "{}", rack_note(name, plan.family));
         }
         LabKind::HostBridge => out.push_str(&hostbridge::about(&plan)),
     }
@@ -700,6 +738,15 @@ pub fn up(args: &LabUpArgs) -> Result<String> {
     let _ = writeln!(out, "Next:");
     out.push_str(&plan.next_commands());
     Ok(out)
+}
+
+/// What `lab up` says of a rack lab's RTSW: the destinations of the
+/// families configured.
+fn rack_note(name: &str, family: LabFamily) -> String {
+    let destinations = family.pick(vec![DEST_V4], vec![DEST_V6]).join(" / ");
+    format!(
+        "The RTSW ({name}-rtsw) does not forward in the kernel: traffic from the hosts reaches {destinations} (in {name}-dst) only while rocev2 runs on it."
+    )
 }
 
 /// One end of a link as `lab up` lists it: `name MAC [addresses] <-> peer`.
@@ -760,6 +807,18 @@ fn remove(record: &LabRecord) -> Result<String> {
             Err(e) => errors.push(format!("cannot remove {}: {e}", s.pin_dir.display())),
         }
     }
+    // And its state and lock files under /run/rocev2.
+    let pin_dirs = record.switches.iter().map(|s| &s.pin_dir).chain(record.config.as_ref().map(|_| &record.pin_dir));
+    for pin_dir in pin_dirs {
+        match crate::control::state::remove_leftovers(pin_dir) {
+            Ok(removed) => {
+                for f in removed {
+                    let _ = writeln!(log, "  removed {} (left by a stopped dataplane)", f.display());
+                }
+            }
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
     for d in &record.frr_dirs {
         match fs::remove_dir_all(d) {
             Ok(()) => {
@@ -798,6 +857,57 @@ fn remove(record: &LabRecord) -> Result<String> {
         Err(e) => bail!("cannot remove {}: {e}", record_path(&record.name).display()),
     }
     Ok(log)
+}
+
+/// `lab down` without --verbose: one line of counts from [`down`]'s
+/// list, then any line that is not a plain removal (a namespace already
+/// gone, a directory left in place).
+pub fn summarize_down(log: &str) -> String {
+    let mut lines = log.lines();
+    let head = lines.next().unwrap_or_default().trim_end_matches(':').to_string();
+    let (mut namespaces, mut processes, mut frr, mut pins, mut guests, mut files) = (0, 0, 0, 0, 0, 0);
+    let mut other = String::new();
+    for line in lines {
+        if line.starts_with("  removed namespace ") {
+            namespaces += 1;
+        } else if let Some(rest) = line.strip_prefix("  stopping processes in ") {
+            processes += rest.split_once(": [").map_or(0, |(_, pids)| pids.split(',').count());
+        } else if line.ends_with(" (FRR state)") {
+            frr += 1;
+        } else if line.ends_with(" (left pinned)") {
+            pins += 1;
+        } else if line.contains(" guest ") && line.starts_with("  ") && !line.starts_with("  removed") {
+            guests += 1;
+        } else if line.starts_with("  removed ") {
+            files += 1;
+        } else {
+            other.push_str(line);
+            other.push('\n');
+        }
+    }
+    let counted = |items: &[(usize, &str, &str)]| -> Vec<String> {
+        items
+            .iter()
+            .filter(|(n, ..)| *n > 0)
+            .map(|&(n, one, many)| format!("{n} {}", if n == 1 { one } else { many }))
+            .collect()
+    };
+    let stopped = counted(&[(processes, "process", "processes"), (guests, "guest", "guests")]);
+    let removed = counted(&[
+        (namespaces, "namespace", "namespaces"),
+        (pins, "pinned dataplane", "pinned dataplanes"),
+        (frr, "FRR state directory", "FRR state directories"),
+        (files, "file or directory", "files and directories"),
+    ]);
+    let mut what = Vec::new();
+    if !stopped.is_empty() {
+        what.push(format!("stopped {}", stopped.join(" and ")));
+    }
+    if !removed.is_empty() {
+        what.push(format!("removed {}", removed.join(", ")));
+    }
+    let what = if what.is_empty() { "nothing was left to remove".to_string() } else { what.join("; ") };
+    format!("{head}: {what} (`lab down --verbose` lists them)\n{other}")
 }
 
 /// Removes what `lab up --name NAME` made; returns the text to print.
@@ -869,6 +979,27 @@ fn tests_args(name: &str) -> LabUpArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lab_down_sums_up_what_it_removed() {
+        let log = "Lab \"lab\" is down:\n  stopping processes in lab-l1: [23401, 23406, 23625]\n  removed namespace lab-l1\n  namespace lab-h1 was already gone\n  removed /run/rocev2/lab-lab/frr-lab-l1/ (FRR state)\n  removed /run/rocev2/lab-lab/l1.toml\n  removed /run/rocev2/lab-lab/\n";
+        assert_eq!(
+            summarize_down(log),
+            "Lab \"lab\" is down: stopped 3 processes; removed 1 namespace, 1 FRR state directory, 2 files and directories (`lab down --verbose` lists them)\n  namespace lab-h1 was already gone\n"
+        );
+    }
+
+    #[test]
+    fn a_missing_lab_names_the_labs_that_are_up() {
+        let labs = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(labs_hint("tb", &labs(&["ri", "ta"])), "; did you mean `--name ta`?");
+        assert_eq!(
+            labs_hint("lab", &labs(&["ri", "ta"])),
+            "; the labs that are up: \"ri\", \"ta\" (pick one with `--name`)"
+        );
+        assert_eq!(labs_hint("lab", &labs(&["rdma"])), "; the lab that is up is \"rdma\" (`--name rdma`)");
+        assert_eq!(labs_hint("nosuch", &[]), "; no lab is up (`rocev2 lab up --name nosuch` starts one)");
+    }
     use crate::control::config::{Config, NextHop};
 
     pub(super) fn args(name: &str, hosts: u32, spines: u32, links: u32, family: LabFamily) -> LabUpArgs {
@@ -949,6 +1080,9 @@ mod tests {
         assert!(!plan.config_text.contains("fd0"), "{}", plan.config_text);
         Config::parse(&plan.config_text, &plan.config_path).unwrap();
         assert!(plan.next_commands().contains("--dst 10.1.0.1"));
+        assert!(rack_note("ta", LabFamily::V4).contains("reaches 10.1.0.1 (in ta-dst)"));
+        assert!(rack_note("ta", LabFamily::V6).contains("reaches fd01::1 (in ta-dst)"));
+        assert!(rack_note("ta", LabFamily::Both).contains("reaches 10.1.0.1 / fd01::1 (in ta-dst)"));
     }
 
     #[test]

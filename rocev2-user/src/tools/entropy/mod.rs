@@ -98,7 +98,8 @@ pub struct EntropyArgs {
     /// Uplinks (ECMP group members) of the leaf.
     #[arg(long, default_value_t = 8)]
     pub uplinks: u32,
-    /// How the leaf hashes.
+    /// How the leaf hashes. The default is what a plain ECMP switch does
+    /// (the problem rocev2 solves), not the dataplane's default (`qp`).
     #[arg(long, value_enum, default_value = "five-tuple")]
     pub hash: SimHash,
     /// Hash seed (also seeds `--sport random`).

@@ -93,7 +93,7 @@ const LIVE_BATCH: u32 = 64;
 pub enum SportModel {
     /// Every QP uses `--sport-value`: the worst case for five-tuple ECMP.
     Fixed,
-    /// The Linux/NIC formula from the QP numbers (see [`nic_sport`]).
+    /// The Linux/NIC formula: a port per QP, from the QP numbers.
     Nic,
     /// A seeded pseudo-random port per QP in 0xC000-0xFFFF.
     Random,
@@ -119,9 +119,13 @@ pub enum TrafficKind {
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EcnArg {
+    /// 00: not ECN-capable (never marked).
     NotEct,
+    /// 10: ECN-capable, as RoCE NICs send.
     Ect0,
+    /// 01: ECN-capable.
     Ect1,
+    /// 11: congestion experienced (already marked).
     Ce,
 }
 
@@ -158,8 +162,10 @@ pub struct GenArgs {
     /// Source MAC; default: the device's own.
     #[arg(long)]
     pub src_mac: Option<String>,
+    /// Source IP address (IPv4 or IPv6) of the packets.
     #[arg(long)]
     pub src: IpAddr,
+    /// Destination IP address, of the same family as --src.
     #[arg(long)]
     pub dst: IpAddr,
     /// Number of QPs; packets go round-robin over them.
@@ -187,10 +193,13 @@ pub struct GenArgs {
     /// First PSN of every QP (24 bits; PSNs wrap).
     #[arg(long, default_value_t = 0)]
     pub first_psn: u32,
+    /// What each QP sends per pass.
     #[arg(long, value_enum, default_value = "write")]
     pub traffic: TrafficKind,
+    /// The ECN codepoint of every packet.
     #[arg(long, value_enum, default_value = "ect0")]
     pub ecn: EcnArg,
+    /// The DSCP of every packet (26 is the usual RoCE class).
     #[arg(long, default_value_t = 26)]
     pub dscp: u8,
     /// 802.1Q VLAN id.
@@ -206,6 +215,7 @@ pub struct GenArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
+    /// How frames are sent.
     #[arg(long, value_enum, default_value = "packet")]
     pub mode: GenMode,
     /// live-frames: how many times each BPF_PROG_RUN call transmits its

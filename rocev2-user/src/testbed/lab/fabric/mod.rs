@@ -775,7 +775,14 @@ fn rate_links(
 fn start_bgp(plan: &FabricPlan) -> Result<String> {
     let started = Instant::now();
     for s in &plan.bgp {
-        crate::testbed::frr::Frr::start_in(&s.netns, &bgp::state_dir(&plan.dir, &s.netns), &s.config)?.detach();
+        // Links of a fabric fail (`lab link`, the soak): see ZEBRA_NO_KERNEL_NEXTHOPS.
+        crate::testbed::frr::Frr::start_with(
+            &s.netns,
+            &bgp::state_dir(&plan.dir, &s.netns),
+            &s.config,
+            crate::testbed::frr::ZEBRA_NO_KERNEL_NEXTHOPS,
+        )?
+        .detach();
     }
     let f = &plan.fabric;
     let deadline = started + Duration::from_secs(90);
