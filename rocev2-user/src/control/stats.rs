@@ -13,7 +13,8 @@ use crate::{
     render::{share_bar, Align, Table},
 };
 
-#[derive(Clone, Debug, Serialize)]
+/// `Default` is the snapshot of a dataplane with nothing configured.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Snapshot {
     pub ports: Vec<PortSnapshot>,
     pub groups: Vec<GroupSnapshot>,
@@ -486,17 +487,7 @@ mod tests {
                     members: Vec::new(),
                 })
                 .collect(),
-            egress: Vec::new(),
-            classes: Vec::new(),
-            flowlet_entries: 0,
-            seed: 0,
-            seed_auto: false,
-            learned: None,
-            bridge: None,
-            telemetry_qps: None,
-            egress_refused: Vec::new(),
-            egress_refused_uncounted: None,
-            unmanaged: None,
+            ..Snapshot::default()
         }
     }
 

@@ -216,17 +216,7 @@ mod tests {
                 transport_aware: None,
                 members: members.iter().map(|(d, p)| member(d, *p)).collect(),
             }],
-            egress: Vec::new(),
-            classes: Vec::new(),
-            flowlet_entries: 0,
-            seed: 0,
-            seed_auto: false,
-            learned: None,
-            bridge: None,
-            telemetry_qps: None,
-            egress_refused: Vec::new(),
-            egress_refused_uncounted: None,
-            unmanaged: None,
+            ..Snapshot::default()
         }
     }
 
