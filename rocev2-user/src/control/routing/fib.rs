@@ -182,9 +182,8 @@ impl Fib {
     /// it); IPv6 keeps a route per device apart (see [`Fib::target`]).
     fn key(route: &KernelRoute) -> (u32, u32) {
         let first_oif = match (&route.hops, route.prefix) {
-            (_, Prefix::V4 { .. }) => 0,
             (Hops::Paths(paths), Prefix::V6 { .. }) => paths.first().map_or(0, |p| p.oif),
-            (Hops::Object(_), Prefix::V6 { .. }) => 0,
+            _ => 0,
         };
         (route.metric, first_oif)
     }
