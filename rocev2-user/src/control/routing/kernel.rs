@@ -146,6 +146,48 @@ impl EventSocket {
     }
 }
 
+/// A subscription to link, route and nexthop object changes read by a
+/// thread that waits on it itself (no async runtime): the churn soak
+/// follows each switch's kernel paths with it, change by change.
+pub struct WaitingEventSocket {
+    socket: Socket,
+    buffer: Vec<u8>,
+}
+
+impl WaitingEventSocket {
+    /// Subscribes in the current network namespace; [`Self::receive`]
+    /// waits at most `timeout` for a message.
+    pub fn open(timeout: std::time::Duration) -> Result<Self> {
+        use nix::sys::{socket::sockopt, time::TimeVal};
+        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
+        socket.bind_auto().context("cannot bind the netlink socket")?;
+        force_receive_buffer(&socket, RECEIVE_BUFFER);
+        for group in [RTNLGRP_LINK, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP] {
+            socket.add_membership(group).with_context(|| format!("cannot join netlink group {group}"))?;
+        }
+        let wait = TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
+        nix::sys::socket::setsockopt(&socket, sockopt::ReceiveTimeout, &wait)
+            .context("cannot set the netlink socket's receive timeout")?;
+        Ok(Self { socket, buffer: vec![0; 1 << 20] })
+    }
+
+    /// Waits for the next datagram (at most the timeout) and returns it
+    /// with every other one already waiting; none when the wait timed out.
+    /// `Err` with ENOBUFS: messages were lost, dump the tables again.
+    pub fn receive(&mut self) -> io::Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let mut flags = 0;
+        loop {
+            match self.socket.recv(&mut &mut self.buffer[..], flags) {
+                Ok(n) => out.push(self.buffer[..n].to_vec()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(out),
+                Err(e) => return Err(e),
+            }
+            flags = libc::MSG_DONTWAIT;
+        }
+    }
+}
+
 /// Datagrams one batch holds at most, so a long burst is applied in steps.
 const BATCH: usize = 4096;
 

@@ -24,12 +24,15 @@
 //!
 //! Every loss gets a cause, two ways:
 //!
-//! - route state: through every event's window (up to 8 s), the kernel
-//!   routes of every switch are sampled every 100 ms; an interval in which a
-//!   switch had no route to a rack, or routed into a link without carrier
-//!   (the kernel keeps using such a next hop, `ignore_routes_with_linkdown`
-//!   = 0, until the routing daemon removes it), is one in which the kernel
-//!   itself forwards into nothing;
+//! - route state: every switch's kernel paths are followed change by
+//!   change for the whole run (a netlink subscription applied to a
+//!   [`Fib`] of the soak's own, as the route mirror reads the kernel);
+//!   while a switch had no route to a rack, or routed into a link without
+//!   carrier (the kernel keeps using such a next hop,
+//!   `ignore_routes_with_linkdown` = 0, until the routing daemon removes
+//!   it), the kernel itself forwards into nothing. A cable the soak cuts
+//!   takes the carrier at the instant it is cut, not when the soak reads
+//!   the kernel's message about it;
 //! - drop counters (`testbed::lab::drop_counters`), read at every event: each
 //!   switch kernel's no-route, discard and TTL counters and its devices'
 //!   drops, the wire's devices (a cut cable) and `rocev2`'s own `drop_*`
@@ -61,8 +64,15 @@ use rocev2_common::bth::{opcode, Bth};
 use serde::Serialize;
 
 use crate::{
+    control::{
+        config::Prefix,
+        routing::{
+            fib::{Fib, Hop, Target},
+            kernel::{self, Change, WaitingEventSocket},
+        },
+    },
     render::{Align, Table},
-    sys::{netns::spawn_in_netns, rawsock::PacketSocket, signal_process},
+    sys::{netlink::RT_TABLE_MAIN, netns::spawn_in_netns, rawsock::PacketSocket, signal_process},
     testbed::{
         arrival::{monotonic_ns, ArrivalProbe, Flow, SeqEvent, SeqKind},
         frr::Frr,
@@ -210,17 +220,28 @@ struct Done {
     planned: Planned,
     /// When it started (monotonic ns).
     at_ns: u64,
-    /// How long the action took and a note, or why it failed.
-    outcome: Result<(Duration, String)>,
-    /// Every switch's kernel routes through its window.
-    samples: Vec<RouteSample>,
+    /// What the action did, or why it failed.
+    outcome: Result<Acted>,
     /// The lab's drop counters just before it.
     drops_before: DropCounts,
+}
+
+/// What an event's action did.
+struct Acted {
+    /// How long it took.
+    took: Duration,
+    note: String,
+    /// A link cut: the instant the soak began to cut the cable (monotonic ns).
+    cut_ns: Option<u64>,
 }
 
 /// What the soak read once the traffic was over.
 struct Finish {
     t0: u64,
+    /// When the traffic stopped (monotonic ns).
+    t_end: u64,
+    /// Every switch's kernel paths through the run ([`watch_paths`]).
+    paths: Vec<Vec<PathState>>,
     seconds: f64,
     probe_events_lost: u64,
     /// The drop counters when the traffic started and when it was over.
@@ -246,8 +267,8 @@ pub struct EventRow {
     /// `lost`).
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
-    /// Lost packets sent while a switch's kernel routes (sampled every
-    /// 100 ms) had no path.
+    /// Lost packets sent while a switch's kernel had no path (followed
+    /// change by change).
     pub sent_without_path: u64,
     /// Frames the lab's drop counters counted in the window (any frames,
     /// not only the soak's).
@@ -258,11 +279,12 @@ pub struct EventRow {
     /// Late packets and duplicates that arrived in the window.
     pub reordered: u64,
     pub duplicated: u64,
-    /// From the event to the last change of the sampled kernel routes, the
+    /// From the event to the last change of a switch's kernel paths, the
     /// action's end (a run ready, FRR up) or the last anomaly of the
     /// traffic, whichever is last.
     pub converged_ms: Option<u64>,
-    /// How long the sampled kernel routes had no path or a dead next hop.
+    /// How long, in the event's window, a switch's kernel had no path or a
+    /// dead next hop.
     pub kernel_degraded_ms: u64,
     pub note: String,
 }
@@ -298,7 +320,7 @@ pub struct SoakReport {
     pub lost: u64,
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
-    /// Lost packets sent while a kernel had no path (route samples).
+    /// Lost packets sent while a kernel had no path.
     pub sent_without_path: u64,
     /// Drops the lab's counters counted (any frames).
     pub counted: u64,
@@ -385,7 +407,7 @@ impl SoakReport {
         causes.row(["hosts".to_string(), "lost (never arrived)".into(), self.lost.to_string()]);
         causes.row([
             "routes".to_string(),
-            "lost, sent while a kernel had no path (sampled every 100 ms)".into(),
+            "lost, sent while a kernel had no path".into(),
             self.sent_without_path.to_string(),
         ]);
         for d in &self.drops {
@@ -684,132 +706,148 @@ impl Drop for LabGuard {
     }
 }
 
-/// The kernel's routes on one switch, as far as the soak cares: for each
-/// rack prefix, the devices its next hops leave through (`None`: no route).
-type RouteView = BTreeMap<String, Option<BTreeSet<String>>>;
+/// A switch's kernel paths to the racks, as far as the soak cares: for each
+/// rack prefix, the devices its best route's next hops leave through and
+/// whether each has carrier (`None`: no route, or one the kernel answers
+/// itself, such as a blackhole).
+type PathView = BTreeMap<Prefix, Option<BTreeSet<(String, bool)>>>;
 
-/// One sample of every switch's kernel routes.
-#[derive(Clone, Debug)]
-struct RouteSample {
-    ns: u64,
-    /// A rack prefix without a route, or a next hop through a port without carrier.
-    degraded: bool,
-    views: Vec<RouteView>,
-}
-
-/// Reads `ns`'s routes to the rack prefixes and which of its ports have carrier.
-fn route_view(ns: &str, prefixes: &[String]) -> Result<(RouteView, BTreeSet<String>)> {
-    let batch = |family: &str, commands: &str| -> Result<Vec<serde_json::Value>> {
-        let mut child = Command::new("ip")
-            .args(["-n", ns, family, "-j", "-batch", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot run ip")?;
-        use std::io::Write as _;
-        child.stdin.take().context("ip's stdin")?.write_all(commands.as_bytes())?;
-        let out = child.wait_with_output()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).context("ip's JSON"))
+/// The paths to `prefixes` in `fib`, read as the route mirror reads them.
+fn path_view(fib: &Fib, prefixes: &[Prefix]) -> PathView {
+    let view = |hops: &[Hop]| -> BTreeSet<(String, bool)> {
+        hops.iter()
+            .map(|h| {
+                let link = fib.links.get(&h.oif);
+                (link.map_or_else(|| format!("if{}", h.oif), |l| l.name.clone()), link.is_some_and(|l| l.up))
+            })
             .collect()
     };
-    let v4 = batch("-4", "route show\nnexthop show\nlink show\n")?;
-    let v6 = batch("-6", "route show\n")?;
-    let (routes4, nexthops, links) = match v4.as_slice() {
-        [r, n, l, ..] => (r, n, l),
-        _ => bail!("ip printed {} JSON documents for {ns}, not 3", v4.len()),
-    };
-    let empty = serde_json::Value::Array(vec![]);
-    let routes6 = v6.first().unwrap_or(&empty);
-    let carrier: BTreeSet<String> = links
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|l| l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "LOWER_UP")))
-        .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
-        .collect();
-    let nh_by_id: BTreeMap<u64, &serde_json::Value> =
-        nexthops.as_array().into_iter().flatten().filter_map(|n| Some((n["id"].as_u64()?, n))).collect();
-    fn devs_of(
-        nh: &serde_json::Value,
-        by_id: &BTreeMap<u64, &serde_json::Value>,
-        out: &mut BTreeSet<String>,
-        depth: u32,
-    ) {
-        if let Some(d) = nh["dev"].as_str() {
-            out.insert(d.to_owned());
-        }
-        for m in nh["group"].as_array().into_iter().flatten() {
-            if let (Some(id), true) = (m["id"].as_u64(), depth < 4) {
-                if let Some(n) = by_id.get(&id) {
-                    devs_of(n, by_id, out, depth + 1);
-                }
-            }
-        }
-    }
-    let mut view = RouteView::new();
-    for prefix in prefixes {
-        let routes = if prefix.contains(':') { routes6 } else { routes4 };
-        let found = routes.as_array().into_iter().flatten().find(|r| r["dst"].as_str() == Some(prefix.as_str()));
-        let devs = found.map(|r| {
-            let mut devs = BTreeSet::new();
-            devs_of(r, &nh_by_id, &mut devs, 0);
-            for hop in r["nexthops"].as_array().into_iter().flatten() {
-                devs_of(hop, &nh_by_id, &mut devs, 0);
-            }
-            if let Some(n) = r["nhid"].as_u64().and_then(|id| nh_by_id.get(&id)) {
-                devs_of(n, &nh_by_id, &mut devs, 0);
-            }
-            devs
-        });
-        view.insert(prefix.clone(), devs);
-    }
-    Ok((view, carrier))
+    prefixes
+        .iter()
+        .map(|p| {
+            let devs = match fib.target(p) {
+                Some(Target::Hops(hops)) => Some(view(&hops)),
+                _ => None,
+            };
+            (*p, devs)
+        })
+        .collect()
 }
 
-/// Samples the kernel routes of `switches` every 100 ms from now until
-/// `until` (or `stop`), on a thread of its own.
-fn sample_routes(
-    lab: String,
-    f: Fabric,
-    switches: Vec<Switch>,
-    until: Instant,
+/// Whether a switch's kernel forwards into nothing: a rack without a
+/// route, or a next hop through a port without carrier (the kernel keeps
+/// using such a next hop, `ignore_routes_with_linkdown` = 0, until the
+/// routing daemon removes it).
+fn no_path(view: &PathView) -> bool {
+    view.values().any(|devs| match devs {
+        None => true,
+        Some(d) => d.is_empty() || d.iter().any(|(_, carrier)| !carrier),
+    })
+}
+
+/// A switch's kernel paths from one change to the next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PathState {
+    /// When the soak read the change (monotonic ns).
+    ns: u64,
+    /// Some rack had no path ([`no_path`]).
+    no_path: bool,
+    /// The change came with a port losing its carrier (a cut cable).
+    carrier_lost: bool,
+}
+
+/// Follows one switch's kernel paths to `prefixes` until `stop`, change by
+/// change: a netlink subscription applied to a [`Fib`] of its own (the
+/// route mirror's reading of the kernel's table), a state whenever the
+/// paths change. Returns the states, the first one as they were at the
+/// start.
+fn watch_paths(
+    ns: &str,
+    prefixes: Vec<Prefix>,
     stop: Arc<AtomicBool>,
-) -> thread::JoinHandle<Vec<RouteSample>> {
-    thread::spawn(move || {
-        let mut samples = Vec::new();
-        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
-            let ns_now = monotonic_ns();
-            let mut degraded = false;
-            let mut views = Vec::new();
-            for s in &switches {
-                let own = match s {
-                    Switch::Leaf(r) => Some(*r),
-                    _ => None,
-                };
-                let prefixes: Vec<String> = (1..=f.racks)
-                    .filter(|r| Some(*r) != own)
-                    .flat_map(|r| [Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r)])
-                    .collect();
-                match route_view(&switch_ns(&lab, *s), &prefixes) {
-                    Ok((view, carrier)) => {
-                        degraded |= view.values().any(|devs| match devs {
-                            None => true,
-                            Some(d) => d.is_empty() || d.iter().any(|dev| !carrier.contains(dev)),
-                        });
-                        views.push(view);
+) -> Result<thread::JoinHandle<Result<Vec<PathState>>>> {
+    spawn_in_netns(ns, move || {
+        // Subscribed before the dump, so no change between them is missed.
+        let mut socket = WaitingEventSocket::open(Duration::from_millis(100))?;
+        let mut fib = Fib::default();
+        kernel::dump_all(&mut fib, RT_TABLE_MAIN)?;
+        let mut view = path_view(&fib, &prefixes);
+        let mut states = vec![PathState { ns: monotonic_ns(), no_path: no_path(&view), carrier_lost: false }];
+        while !stop.load(Ordering::Relaxed) {
+            let datagrams = match socket.receive() {
+                Ok(d) => d,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    kernel::dump_all(&mut fib, RT_TABLE_MAIN)?;
+                    Vec::new()
+                }
+                Err(e) => return Err(e).context("cannot read the kernel's route events"),
+            };
+            let at = monotonic_ns();
+            let mut carrier_lost = false;
+            for datagram in &datagrams {
+                for (message_type, message) in kernel::messages(datagram) {
+                    if let Change::Link { ifindex, .. } = kernel::apply(&mut fib, RT_TABLE_MAIN, message_type, message)
+                    {
+                        carrier_lost |= !fib.links.get(&ifindex).is_some_and(|l| l.up);
                     }
-                    Err(_) => views.push(RouteView::new()),
                 }
             }
-            samples.push(RouteSample { ns: ns_now, degraded, views });
-            thread::sleep(Duration::from_millis(100));
+            let now = path_view(&fib, &prefixes);
+            if now != view {
+                states.push(PathState { ns: at, no_path: no_path(&now), carrier_lost });
+                view = now;
+            }
         }
-        samples
+        Ok(states)
     })
+}
+
+/// The intervals in which some switch's kernel had no path, from every
+/// switch's path states, up to `end`. A change read with a carrier loss
+/// right after a cable cut (the first change since the cut) starts at the
+/// cut (`cuts`): the kernel's paths died with the carrier, not when the
+/// soak read the message.
+fn no_path_intervals(paths: &[Vec<PathState>], cuts: &[u64], end: u64) -> Vec<(u64, u64)> {
+    let mut changes: Vec<(u64, usize, bool)> = Vec::new();
+    for (switch, states) in paths.iter().enumerate() {
+        let mut previous = 0;
+        for s in states {
+            let mut at = s.ns;
+            if s.carrier_lost && s.no_path {
+                if let Some(cut) = cuts.iter().copied().filter(|c| (previous..=s.ns).contains(c)).max() {
+                    at = cut;
+                }
+            }
+            changes.push((at, switch, s.no_path));
+            previous = s.ns;
+        }
+    }
+    changes.sort();
+    let mut without: BTreeSet<usize> = BTreeSet::new();
+    let mut out = Vec::new();
+    let mut since = None;
+    for (at, switch, no_path) in changes {
+        if at >= end {
+            break;
+        }
+        if no_path {
+            without.insert(switch);
+        } else {
+            without.remove(&switch);
+        }
+        match (since, without.is_empty()) {
+            (None, false) => since = Some(at),
+            (Some(from), true) => {
+                out.push((from, at));
+                since = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = since {
+        out.push((from, end));
+    }
+    out
 }
 
 /// Counts "rocev2: ready" lines in a log: a run that became ready since.
@@ -845,9 +883,10 @@ fn spawn_rocev2(args: &[&str], log: &Path) -> Result<u32> {
     Ok(child.id())
 }
 
-/// Carries out one event; returns how long it took and a note.
-fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
+/// Carries out one event.
+fn act(name: &str, f: &Fabric, e: &Planned) -> Result<Acted> {
     let started = Instant::now();
+    let mut cut_ns = None;
     let mut record = LabRecord::read(name)?;
     let index = record.switches.iter().position(|s| s.switch == e.switch).context("no such switch")?;
     let sw = record.switches[index].clone();
@@ -884,6 +923,9 @@ fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
         EventKind::LinkDown | EventKind::LinkUp => {
             let port = e.port.as_deref().context("a link event names its port")?;
             let link = te::parse_link(f, &format!("{}/{port}", e.switch))?;
+            if e.kind == EventKind::LinkDown {
+                cut_ns = Some(monotonic_ns());
+            }
             te::set_link(&record, &link, e.kind == EventKind::LinkUp)?;
             String::new()
         }
@@ -928,7 +970,7 @@ fn act(name: &str, f: &Fabric, e: &Planned) -> Result<(Duration, String)> {
             format!("new run pid {pid}")
         }
     };
-    Ok((started.elapsed(), note))
+    Ok(Acted { took: started.elapsed(), note, cut_ns })
 }
 
 /// Runs a soak; the lab is built first and removed at the end.
@@ -988,6 +1030,20 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
         sent: vec![0; specs.len()],
         not_sent: 0,
     }));
+    // Every switch's kernel paths, change by change, for the whole run.
+    let mut watchers = Vec::new();
+    for s in &every_switch {
+        let own = match s {
+            Switch::Leaf(r) => Some(*r),
+            _ => None,
+        };
+        let prefixes = (1..=f.racks)
+            .filter(|r| Some(*r) != own)
+            .flat_map(|r| [Fabric::rack_prefix_v4(r), Fabric::rack_prefix_v6(r)])
+            .map(|p| p.parse::<Prefix>().map_err(|e| anyhow::anyhow!("rack prefix {p}: {e}")))
+            .collect::<Result<Vec<_>>>()?;
+        watchers.push(watch_paths(&switch_ns(&args.name, *s), prefixes, stop.clone())?);
+    }
     let drops_at_start = drop_counters::read(&record);
     let mut senders = Vec::new();
     for r in 1..=f.racks {
@@ -1012,16 +1068,6 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
             let drops_before = drop_counters::read(&record);
             let at = monotonic_ns();
             eprintln!("soak: {:>6.1} s  {} {}", started.elapsed().as_secs_f64(), e.kind.name(), e.target());
-            let window = schedule.get(next).map_or(total, |n| n.at).saturating_sub(e.at).min(Duration::from_secs(8));
-            // Every switch's routes through the whole window: an earlier
-            // event's convergence can still be going on.
-            let sampler = sample_routes(
-                args.name.clone(),
-                f.clone(),
-                every_switch.clone(),
-                Instant::now() + window,
-                stop.clone(),
-            );
             let (name, fabric, planned) = (args.name.clone(), f.clone(), e.clone());
             let action = thread::spawn(move || act(&name, &fabric, &planned));
             // Keep draining the probes while the action runs.
@@ -1035,21 +1081,19 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
             if let Err(err) = &result {
                 eprintln!("soak: the event failed: {err:#}");
             }
-            while !sampler.is_finished() {
-                for p in &mut probes {
-                    seq_events.extend(p.drain_events()?);
-                }
-                thread::sleep(Duration::from_millis(50));
-            }
-            let samples = sampler.join().unwrap_or_default();
-            done.push(Done { planned: e, at_ns: at, outcome: result, samples, drops_before });
+            done.push(Done { planned: e, at_ns: at, outcome: result, drops_before });
         }
         thread::sleep(Duration::from_millis(50));
     }
     drop(interrupted);
     stop.store(true, Ordering::Relaxed);
+    let t_end = monotonic_ns();
     for s in senders {
         s.join().map_err(|_| anyhow::anyhow!("a sender panicked"))??;
+    }
+    let mut paths = Vec::new();
+    for w in watchers {
+        paths.push(w.join().map_err(|_| anyhow::anyhow!("a path watcher panicked"))??);
     }
     // In flight: let the last frames land, then read everything.
     thread::sleep(Duration::from_secs(2));
@@ -1069,12 +1113,20 @@ pub fn run(args: &SoakArgs) -> Result<SoakReport> {
             bail!("event {} {} failed: {err:#}", d.planned.kind.name(), d.planned.target());
         }
     }
-    let finish = Finish { t0, seconds, probe_events_lost, drops_at_start, drops_at_end: drop_counters::read(&record) };
+    let finish = Finish {
+        t0,
+        t_end,
+        paths,
+        seconds,
+        probe_events_lost,
+        drops_at_start,
+        drops_at_end: drop_counters::read(&record),
+    };
     Ok(account(args, seed, &f, &specs, &sent, &flows_arrived, &seq_events, &done, &finish))
 }
 
 /// From the senders' counts and checkpoints, the probes' per-flow state and
-/// anomaly reports, and the events with their route samples: the report.
+/// anomaly reports, the events and every switch's kernel paths: the report.
 #[allow(clippy::too_many_arguments, reason = "everything the soak measured, in one place")]
 fn account(
     args: &SoakArgs,
@@ -1090,9 +1142,10 @@ fn account(
     let t0 = finish.t0;
     // Event windows: [start_i, start_{i+1}); row 0 is the steady time before the first.
     let starts: Vec<u64> = std::iter::once(t0).chain(done.iter().map(|d| d.at_ns)).collect();
+    let ends: Vec<u64> = starts.iter().skip(1).copied().chain([finish.t_end]).collect();
     let window_of = |ns: u64| starts.iter().rposition(|s| *s <= ns).unwrap_or(0);
-    let degraded: Vec<(u64, u64)> =
-        done.iter().flat_map(|d| d.samples.windows(2).filter(|w| w[0].degraded).map(|w| (w[0].ns, w[1].ns))).collect();
+    let cuts: Vec<u64> = done.iter().filter_map(|d| d.outcome.as_ref().ok()?.cut_ns).collect();
+    let degraded = no_path_intervals(&finish.paths, &cuts, finish.t_end);
     let in_degraded = |ns: u64| degraded.iter().any(|(a, b)| (*a..*b).contains(&ns));
     let mut rows: Vec<EventRow> = starts
         .iter()
@@ -1115,7 +1168,7 @@ fn account(
             note: if i == 0 {
                 String::new()
             } else {
-                done[i - 1].outcome.as_ref().map(|r| r.1.clone()).unwrap_or_default()
+                done[i - 1].outcome.as_ref().map(|r| r.note.clone()).unwrap_or_default()
             },
         })
         .collect();
@@ -1196,21 +1249,22 @@ fn account(
             *by_cause.entry(k).or_default() += n;
         }
     }
-    for (i, d) in done.iter().enumerate() {
-        let row = &mut rows[i + 1];
-        let start = d.at_ns;
-        let action_end = d.outcome.as_ref().map(|r| r.0.as_nanos() as u64).unwrap_or(0);
-        let last_route_change = d
-            .samples
-            .windows(2)
-            .filter(|w| w[0].views != w[1].views)
-            .map(|w| w[1].ns.saturating_sub(start))
+    for (i, row) in rows.iter_mut().enumerate() {
+        let (start, end) = (starts[i], ends[i]);
+        row.kernel_degraded_ms =
+            degraded.iter().map(|(a, b)| (*b).min(end).saturating_sub((*a).max(start))).sum::<u64>() / 1_000_000;
+        let Some(d) = i.checked_sub(1).map(|k| &done[k]) else { continue };
+        let action_end = d.outcome.as_ref().map(|r| r.took.as_nanos() as u64).unwrap_or(0);
+        let last_route_change = finish
+            .paths
+            .iter()
+            .flatten()
+            .filter(|p| (start..end).contains(&p.ns))
+            .map(|p| p.ns - start)
             .max()
             .unwrap_or(0);
-        let anomaly = last_anomaly[i + 1].saturating_sub(start);
+        let anomaly = last_anomaly[i].saturating_sub(start);
         row.converged_ms = Some(action_end.max(last_route_change).max(anomaly) / 1_000_000);
-        row.kernel_degraded_ms =
-            d.samples.windows(2).filter(|w| w[0].degraded).map(|w| w[1].ns - w[0].ns).sum::<u64>() / 1_000_000;
     }
     let kinds: BTreeSet<EventKind> = done.iter().filter(|d| d.outcome.is_ok()).map(|d| d.planned.kind).collect();
     let expected: BTreeSet<EventKind> = args.events.iter().flat_map(|e| e.kinds()).copied().collect();
@@ -1336,12 +1390,10 @@ mod tests {
         // A withdraw at 300 ms; the kernel had no path from 400 to 450 ms.
         let withdraw =
             Planned { at: Duration::from_millis(300), kind: EventKind::Withdraw, switch: Switch::Spine(1), port: None };
-        let sample = |at: u64, degraded: bool| RouteSample { ns: ms(at), degraded, views: Vec::new() };
         let done = vec![Done {
             planned: withdraw,
             at_ns: ms(300),
-            outcome: Ok((Duration::from_millis(20), String::new())),
-            samples: vec![sample(350, false), sample(400, true), sample(450, false), sample(500, false)],
+            outcome: Ok(Acted { took: Duration::from_millis(20), note: String::new(), cut_ns: None }),
             drops_before: DropCounts::new(),
         }];
         let seq = [
@@ -1356,8 +1408,11 @@ mod tests {
             rocev2_common::arrival::FlowArrival { packets: 981, next_psn: 995, started: 1, ..Default::default() };
         let arrived = BTreeMap::from([(flow, arrival)]);
         let cause = |place: &str, cause: &str| drop_counters::DropCause { place: place.into(), cause: cause.into() };
+        let state = |at: u64, no_path: bool| PathState { ns: ms(at), no_path, carrier_lost: false };
         let mut finish = Finish {
             t0: ms(0),
+            t_end: ms(1000),
+            paths: vec![vec![state(0, false), state(400, true), state(450, false)], vec![state(0, false)]],
             seconds: 1.0,
             probe_events_lost: 0,
             drops_at_start: DropCounts::new(),
@@ -1385,5 +1440,53 @@ mod tests {
         let text = report.render();
         assert!(text.contains("kernel: no route"), "{text}");
         assert!(text.contains("rocev2 drop_runt"), "{text}");
+    }
+
+    fn link(name: &str, index: u8) -> crate::control::routing::fib::Link {
+        crate::control::routing::fib::Link { name: name.into(), mac: Some([2, 0, 0, 0, 0, index]), up: true }
+    }
+
+    /// The soak's first 30-minute run charged the switch with up to 94
+    /// packets of a cable cut: its 100 ms samples (slower under load) saw
+    /// the dead next hop only a sample after the cut. Now the paths follow
+    /// every kernel change, and a cut's carrier loss starts at the cut.
+    #[test]
+    fn a_cut_cable_kills_the_kernels_paths_at_the_cut_not_when_its_message_is_read() {
+        use crate::control::routing::fib::{Hops, KernelRoute, Path, RouteKind};
+        let prefix: Prefix = "10.2.0.0/16".parse().unwrap();
+        let via = |oif: u32, gw: &str| Path { oif, gateway: Some(gw.parse().unwrap()), weight: 1, encap: false };
+        let mut fib = Fib::default();
+        fib.links.insert(1, link("s1p1", 1));
+        fib.links.insert(2, link("s2p1", 2));
+        let route = |paths| KernelRoute { prefix, metric: 20, kind: RouteKind::Unicast, hops: Hops::Paths(paths) };
+        fib.add_route(route(vec![via(1, "10.0.1.2"), via(2, "10.0.2.2")]));
+        assert!(!no_path(&path_view(&fib, &[prefix])));
+        fib.links.get_mut(&1).unwrap().up = false;
+        assert!(no_path(&path_view(&fib, &[prefix])), "the kernel keeps routing into the port without carrier");
+        fib.add_route(route(vec![via(2, "10.0.2.2")]));
+        assert!(!no_path(&path_view(&fib, &[prefix])), "zebra took the dead next hop out");
+        fib.remove_route(&route(vec![via(2, "10.0.2.2")]));
+        assert!(no_path(&path_view(&fib, &[prefix])), "no route");
+
+        // Cut at 300 ms; the leaf's carrier loss read at 420 ms, zebra
+        // fixes its route at 900 ms; the spine has no route 450..2000 ms.
+        let ms = |m: u64| 1_000_000_000 + m * 1_000_000;
+        let state = |at: u64, no_path: bool, carrier_lost: bool| PathState { ns: ms(at), no_path, carrier_lost };
+        let leaf = vec![state(0, false, false), state(420, true, true), state(900, false, false)];
+        let spine = vec![state(0, false, false), state(450, true, false), state(2000, false, false)];
+        let both = [leaf.clone(), spine];
+        assert_eq!(no_path_intervals(&both, &[ms(300)], ms(5000)), vec![(ms(300), ms(2000))]);
+        assert_eq!(no_path_intervals(&both, &[], ms(5000)), vec![(ms(420), ms(2000))], "no cut: from the message");
+        assert_eq!(
+            no_path_intervals(&[leaf], &[ms(300)], ms(600)),
+            vec![(ms(300), ms(600))],
+            "still without a path when the traffic stopped"
+        );
+        let late = [vec![state(0, false, false), state(100, false, false), state(420, true, true)]];
+        assert_eq!(
+            no_path_intervals(&late, &[ms(50)], ms(5000)),
+            vec![(ms(420), ms(5000))],
+            "a cut before the switch's previous change is not this carrier loss's"
+        );
     }
 }
