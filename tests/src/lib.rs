@@ -6,9 +6,10 @@
 
 pub mod book;
 pub mod fixture;
+pub mod package;
 pub mod rdma;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use aya::{TestRun as _, TestRunOptions};
@@ -36,6 +37,30 @@ pub fn rocev2_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A directory removed, with everything in it, when the guard drops: at
+/// the end of the test, and when it fails.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl RemoveOnDrop {
+    /// A fresh, empty scratch directory `/tmp/rocev2-<what>-<pid>`.
+    pub fn scratch(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("rocev2-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The result of one BPF_PROG_TEST_RUN.

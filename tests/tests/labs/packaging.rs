@@ -6,29 +6,11 @@ use std::{
     process::Command,
 };
 
-use rocev2_tests::rocev2_bin;
+use rocev2_tests::{package::debug_package, rocev2_bin, RemoveOnDrop};
 use rocev2_user::control::config::Config;
 
 fn packaging(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging").join(file)
-}
-
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("rocev2-{what}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Parsed as `run` and `check` parse it. (Not `rocev2 check` itself: that
@@ -53,14 +35,14 @@ fn the_example_config_is_valid() {
 /// Documentation=man:rocev2(1) too). Any complaint on stderr fails.
 #[test]
 fn the_systemd_unit_passes_systemd_analyze_verify() {
-    let dir = TempDir::new("unit-verify");
+    let dir = RemoveOnDrop::scratch("unit-verify");
     let unit = std::fs::read_to_string(packaging("rocev2.service")).unwrap();
     assert!(unit.contains("\nType=notify\n") && unit.contains("\nExecStart=/usr/bin/rocev2 run\n"), "{unit}");
     assert!(unit.contains("\nExecReload=/usr/bin/rocev2 reload\n") && unit.contains("\nRestart=on-failure\n"));
     let bin = rocev2_bin().canonicalize().unwrap();
-    let copy = dir.0.join("rocev2.service");
+    let copy = dir.path().join("rocev2.service");
     std::fs::write(&copy, unit.replace("/usr/bin/rocev2", bin.to_str().unwrap())).unwrap();
-    let man = dir.0.join("man");
+    let man = dir.path().join("man");
     let out = Command::new(&bin).args(["man", "--out-dir"]).arg(man.join("man1")).output().unwrap();
     assert!(out.status.success(), "rocev2 man: {}", String::from_utf8_lossy(&out.stderr));
 
@@ -89,27 +71,11 @@ fn dpkg_deb(args: &[&str], deb: &Path) -> String {
 /// release package is built the same way) and what the .deb holds.
 #[test]
 fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
-    let dir = TempDir::new("deb");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let mut xtask = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    xtask.current_dir(workspace).args(["run", "-q", "-p", "xtask", "--", "package", "--debug", "--output"]).arg(&dir.0);
-    // This process's CARGO_* variables describe the test crate, not the build to run.
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CARGO_") && key != "CARGO_HOME" {
-            xtask.env_remove(key);
-        }
-    }
-    let out = xtask.output().expect("cargo xtask package");
-    let log = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "cargo xtask package --debug failed:\n{log}");
-    assert!(log.contains("xtask: lintian: no errors"), "{log}");
-    let debs: Vec<PathBuf> = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
-        .collect();
-    assert_eq!(debs.len(), 1, "{debs:?}");
-    let deb = &debs[0];
+    let built = debug_package();
+    // xtask ran lintian on it and fails on any error ("E: ") it reports.
+    assert!(built.log.contains("xtask: lintian: no errors"), "{}", built.log);
+    let deb = &built.deb;
+    let dir = RemoveOnDrop::scratch("deb");
 
     let info = dpkg_deb(&["--info"], deb);
     assert!(info.contains(" Package: rocev2\n") && info.contains(" Section: net\n"), "{info}");
@@ -138,7 +104,7 @@ fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
     }
 
     // Control files: the config is a conffile; the upgrade path is wired in.
-    let control = dir.0.join("control");
+    let control = dir.path().join("control");
     let out = Command::new("dpkg-deb").arg("--control").arg(deb).arg(&control).output().unwrap();
     assert!(out.status.success());
     assert_eq!(std::fs::read_to_string(control.join("conffiles")).unwrap().trim(), "/etc/rocev2/rocev2.toml");
@@ -149,7 +115,7 @@ fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
 
     // The files themselves: unit and config as in packaging/, a binary that
     // runs, names its commit and carries the eBPF object.
-    let root = dir.0.join("root");
+    let root = dir.path().join("root");
     let out = Command::new("dpkg-deb").arg("-x").arg(deb).arg(&root).output().unwrap();
     assert!(out.status.success());
     for (installed, source) in
@@ -170,8 +136,4 @@ fn the_debian_package_holds_binary_unit_conffile_man_pages_and_completions() {
     assert!(elf_headers >= 2, "the eBPF object (an ELF file) is embedded in the binary");
     let out = Command::new(&bin).args(["completions", "bash"]).output().unwrap();
     assert!(out.status.success() && out.stdout.starts_with(b"_rocev2()"), "{}", String::from_utf8_lossy(&out.stderr));
-
-    let lint = Command::new("lintian").arg(deb).output().expect("lintian (`cargo xtask setup` installs it)");
-    let report = String::from_utf8_lossy(&lint.stdout);
-    assert!(!report.lines().any(|l| l.starts_with("E: ")), "lintian errors:\n{report}");
 }

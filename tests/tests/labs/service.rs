@@ -252,13 +252,7 @@ fn a_config_error_never_says_ready_and_exits_non_zero() {
     let notify = NotifySocket::bind(&tag);
     let dir = PathBuf::from(format!("/tmp/rocev2-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
-    struct RemoveDir(PathBuf);
-    impl Drop for RemoveDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _cleanup = RemoveDir(dir.clone());
+    let _cleanup = rocev2_tests::RemoveOnDrop(dir.clone());
     let cases = [
         // Valid TOML, but the port does not exist: fails while resolving.
         (

@@ -6,17 +6,7 @@
 
 use std::process::Command;
 
-use rocev2_tests::{require_root, rocev2_bin};
-
-/// Takes the lab down if the soak left it behind (it was killed, or the
-/// test failed before it ended).
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        let _ = Command::new(rocev2_bin()).args(["lab", "down", "--name", &self.0]).output();
-    }
-}
+use rocev2_tests::{require_root, rocev2_bin, LabGuard};
 
 #[test]
 fn a_two_minute_churn_soak_loses_nothing_the_kernel_would_not() {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use rocev2_common::bth::{opcode, Bth};
-use rocev2_tests::{rdma::tree_cache, require_root};
+use rocev2_tests::{package::debug_package, rdma::tree_cache, require_root, RemoveOnDrop};
 use rocev2_user::testbed::{
     debian_tree::{self, SYSTEMD},
     ecmp_lab::{lab_frame, EcmpLab, Family},
@@ -40,28 +40,17 @@ fn systemd_tree() -> PathBuf {
     debian_tree::ensure(&SYSTEMD, &cache).expect("build the systemd tree").path
 }
 
-/// The .deb of `cargo xtask package --debug`, and the same package as
-/// version VERSION+upgrade (a newer build to upgrade to), in `dir`.
+/// The .deb of `cargo xtask package --debug` (copied), and the same package
+/// as version VERSION+upgrade (a newer build to upgrade to), in `dir`.
 fn debs(dir: &Path) -> (PathBuf, PathBuf) {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(env!("CARGO"))
-        .current_dir(&workspace)
-        .args(["run", "-q", "-p", "xtask", "--", "package", "--debug", "--output"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cargo xtask package --debug: {}", text(&out));
-    let deb = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .expect("a .deb");
+    let old = dir.join("rocev2-old.deb");
+    std::fs::copy(&debug_package().deb, &old).unwrap();
     let unpacked = dir.join("unpacked");
     let run = |args: &[&str]| {
         let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
         assert!(out.status.success(), "{args:?}: {}", text(&out));
     };
-    run(&["dpkg-deb", "-R", deb.to_str().unwrap(), unpacked.to_str().unwrap()]);
+    run(&["dpkg-deb", "-R", old.to_str().unwrap(), unpacked.to_str().unwrap()]);
     let control = unpacked.join("DEBIAN/control");
     let fields = std::fs::read_to_string(&control).unwrap();
     let version = fields.lines().find_map(|l| l.strip_prefix("Version: ")).expect("Version").to_string();
@@ -70,8 +59,6 @@ fn debs(dir: &Path) -> (PathBuf, PathBuf) {
     let newer = dir.join("rocev2-newer.deb");
     run(&["dpkg-deb", "-Zgzip", "-z1", "-b", unpacked.to_str().unwrap(), newer.to_str().unwrap()]);
     std::fs::remove_dir_all(&unpacked).unwrap();
-    let old = dir.join("rocev2-old.deb");
-    std::fs::rename(&deb, &old).unwrap();
     (old, newer)
 }
 
@@ -197,17 +184,9 @@ fn the_package_under_systemd_starts_reloads_upgrades_and_stops_without_losing_a_
     require_root();
     let tree = systemd_tree();
     let name = format!("rocev2-sd{}", std::process::id());
-    let shared = std::env::temp_dir().join(&name);
-    let _ = std::fs::remove_dir_all(&shared);
-    std::fs::create_dir_all(&shared).unwrap();
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _shared = Remove(shared.clone());
-    let (old, newer) = debs(&shared);
+    let shared_dir = RemoveOnDrop::scratch("systemd");
+    let shared = shared_dir.path();
+    let (old, newer) = debs(shared);
     let lab = EcmpLab::create(2).unwrap();
     let switch = lab.switch.name().to_string();
     let good = lab.config("qp").replace(&lab.pin_dir().display().to_string(), "/sys/fs/bpf/rocev2");
@@ -218,7 +197,7 @@ fn the_package_under_systemd_starts_reloads_upgrades_and_stops_without_losing_a_
         .unwrap();
 
     let started = Instant::now();
-    let container = Container::boot(&tree, &switch, &shared, &name);
+    let container = Container::boot(&tree, &switch, shared, &name);
     println!("MEASURED: boot {:.1} s", started.elapsed().as_secs_f64());
     let installed = container.ok(&format!("dpkg -i /mnt/rocev2/{}", old.file_name().unwrap().to_str().unwrap()));
     assert!(container.sh("systemctl is-active rocev2").stdout.starts_with(b"inactive"), "{installed}");

@@ -343,6 +343,17 @@ pub fn wire_sysctls() -> Vec<String> {
 
 /// Joins each link's two wire devices with a bridge. Every wire device
 /// receives frames redirected by XDP into its peer, so it needs NAPI (GRO).
+///
+/// Every wire device also sends with TSO off, so that what it sends
+/// always goes into its peer's NAPI ring: a veth with TSO on hands a
+/// forwarded frame to a peer without XDP (a host's eth0) through
+/// `netif_rx`, into the backlog of whichever CPU is dequeuing its qdisc.
+/// A shaped queue is dequeued on both CPUs in turn (the sender's, the
+/// HTB timer's), and when one CPU's backlog waits (ksoftirqd under load)
+/// the next frame, queued on the other, overtakes it: one QP's PSNs
+/// arrive swapped with nothing dropped. The kernel already turns TSO off
+/// on a veth whose peer runs XDP (every switch port), which is why only
+/// the last hop into a host swapped frames.
 pub fn join_wires(plan: &WirePlan) -> Result<()> {
     let ns = plan.netns.as_str();
     for (bridge, [x, y]) in &plan.bridges {
@@ -350,8 +361,8 @@ pub fn join_wires(plan: &WirePlan) -> Result<()> {
             .with_context(|| format!("creating bridge {bridge} in {ns}"))?;
         for dev in [x, y] {
             ip(&["-n", ns, "link", "set", dev, "master", bridge])?;
-            ip(&["netns", "exec", ns, "ethtool", "-K", dev, "gro", "on"])
-                .with_context(|| format!("turning GRO on for {ns}/{dev}"))?;
+            ip(&["netns", "exec", ns, "ethtool", "-K", dev, "gro", "on", "tso", "off"])
+                .with_context(|| format!("turning GRO on and TSO off for {ns}/{dev}"))?;
         }
         ip(&["-n", ns, "link", "set", bridge, "up"])?;
     }
