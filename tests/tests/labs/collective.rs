@@ -251,6 +251,51 @@ fn incast_with_cts_admission_drops_less_than_without() {
     assert_eq!(cts.cts_sent, 18);
 }
 
+/// TE under a link failure: the controller places every QP, a leaf-spine
+/// link that carries one of them is cut a second into the ring, the
+/// controller re-plans without it, and the AllReduce completes with
+/// every frame counted: received, dropped by a queue, or lost at the
+/// failed link as its own and its switches' counters show.
+#[test]
+fn te_replans_around_a_failed_link_and_the_allreduce_completes() {
+    use rocev2_user::testbed::lab::fabric::balance::{Balance, TePin};
+    use rocev2_user::tools::fabric::Switch;
+    require_root();
+    let name = lab_name('t');
+    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"]);
+    let mut args = LabCollectiveArgs::new(&name, Op::Allreduce, 2 << 20);
+    args.chunk = 64 << 10;
+    // The first install restarts the dataplanes: the binary does that.
+    let out = Command::new(rocev2_bin())
+        .args(["lab", "te", "--name", &name, "--size", "2m", "--chunk", "64k"])
+        .output()
+        .unwrap();
+    let placed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "lab te:\n{placed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(placed.contains(": l1/s1p1 "), "a QP crosses l1/s1p1:\n{placed}");
+
+    args.fail = Some("l1/s1p1".into());
+    args.fail_after = 1.0;
+    let r = run(&args);
+    let f = r.failure.as_ref().expect("the link failed");
+    let (compute, install) = (f.te_compute_ms.expect("TE recomputed"), f.te_install_ms.expect("and installed"));
+    eprintln!(
+        "re-plan: CSPF {compute:.1} ms, pins installed {install:.0} ms after the cut; lost {} frames ({} in the link, {} refused by its ports, {} by a kernel), {} resent after {} timeouts",
+        f.lost_frames, f.in_link_frames, f.refused_frames, f.kernel_frames, r.retransmitted, r.timeouts
+    );
+    assert!(f.at_secs >= 1.0 && f.at_secs < r.seconds, "cut mid-run: at {:.2} s of {:.2} s", f.at_secs, r.seconds);
+    assert!(f.lost_frames > 0, "a loaded link was cut: what it held is lost");
+    assert!(r.retransmitted > 0, "and go-back-N sent it again");
+    // The new pins avoid the cut link in both directions.
+    let Some(Balance::Te { pins }) = LabRecord::read(&name).unwrap().balance else {
+        panic!("the fabric is in TE mode")
+    };
+    let on_link = |p: &&TePin| {
+        (p.switch == Switch::Leaf(1) && p.port == "s1p1") || (p.switch == Switch::Spine(1) && p.port == "l1p1")
+    };
+    assert!(!pins.is_empty() && !pins.iter().any(|p| on_link(&p)), "pins still on the cut link: {pins:?}");
+}
+
 /// `rocev2 lab scorecard --json` on lab `name`, small: 1m per rank.
 fn small_scorecard(name: &str) -> scorecard::Scorecard {
     let out = Command::new(rocev2_bin())

@@ -141,9 +141,26 @@ pub struct FailureReport {
     /// TE mode: the controller's recomputation and the pins' installation.
     pub te_compute_ms: Option<f64>,
     pub te_install_ms: Option<f64>,
-    /// Frames sent that neither arrived nor were dropped by a queue: lost
-    /// at the failed link (in flight to it, or redirected to its port).
+    /// Frames sent that neither arrived nor were dropped by a queue.
     pub lost_frames: u64,
+    /// Of those, what the link's own counters show: frames its ports
+    /// handed to it that it never passed on (in its queues or rings when
+    /// it was cut), and frames its ports refused while it was down (XDP
+    /// redirects and the kernel's sends before the switches moved off it).
+    /// Both directions; a switch's own frames (ARP) count too.
+    pub in_link_frames: u64,
+    pub refused_frames: u64,
+    /// Frames a switch at either end passed to its kernel meanwhile, which
+    /// dropped them as unreachable (its ICMP unreachables, sent or
+    /// rate-limited).
+    pub kernel_frames: u64,
+}
+
+impl FailureReport {
+    /// The frames the link's and the switches' counters explain.
+    pub fn explained(&self) -> u64 {
+        self.in_link_frames + self.refused_frames + self.kernel_frames
+    }
 }
 
 /// Everything `lab collective` measured.
@@ -188,8 +205,9 @@ pub struct CollectiveReport {
     pub rate_cuts: u64,
     pub cts_sent: u64,
     pub drops: u64,
-    /// Every frame sent was received or dropped by a queue (or, with a
-    /// failure, lost at the failed link).
+    /// Every frame sent was received or dropped by a queue (with a
+    /// failure: or lost in the cut link or refused by its ports, as its
+    /// counters show).
     pub accounted: bool,
     pub failure: Option<FailureReport>,
     /// Why the numbers may mean less than they seem (unrated links, a box near its limit).
@@ -324,6 +342,10 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
         Some(r) => Some(links::queue_stats(r, &record.switches)?),
         None => None,
     };
+    let link_before = match &fail {
+        Some(link) => Some(te::link_counters(&record, link)?),
+        None => None,
+    };
     let _sigint = SigintGuard::install();
     let mut handles = Vec::new();
     for rank in 0..shared.plan.n() {
@@ -375,6 +397,10 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     for h in handles {
         results.push(h.join().map_err(|_| anyhow::anyhow!("a rank's thread panicked"))??);
     }
+    let link_after = match &fail {
+        Some(link) => Some(te::link_counters(&record, link)?),
+        None => None,
+    };
     if let Some(link) = &fail {
         te::set_link(&record, link, true)?;
     }
@@ -386,9 +412,32 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     let observed = Observed { balance, rate, ideal, start, before, after };
     let mut report = summarize(&shared, args, &observed, results);
     if let Some(mut f) = failure {
-        f.lost_frames =
-            (report.data_frames + report.control_frames).saturating_sub(report.received_frames + report.drops);
-        report.accounted = true;
+        let sent = report.data_frames + report.control_frames;
+        f.lost_frames = sent.saturating_sub(report.received_frames + report.drops);
+        if let (Some(b), Some(a)) = (&link_before, &link_after) {
+            for (b, a) in b.iter().zip(a) {
+                // What the queue of this direction dropped is in `drops` already.
+                let queue_drops = match (&observed.before, &observed.after) {
+                    (Some(qb), Some(qa)) => qa
+                        .iter()
+                        .zip(qb)
+                        .find(|(q, _)| q.link == a.direction)
+                        .map_or(0, |(qa, qb)| qa.drops.saturating_sub(qb.drops)),
+                    _ => 0,
+                };
+                if let (Some(wb), Some(wa)) = (b.wire_tx, a.wire_tx) {
+                    let handed = a.port_tx.saturating_sub(b.port_tx);
+                    f.in_link_frames += handed.saturating_sub(wa.saturating_sub(wb) + queue_drops);
+                }
+                f.refused_frames += a.port_tx_dropped.saturating_sub(b.port_tx_dropped);
+                f.kernel_frames += a.kernel_unreachable.saturating_sub(b.kernel_unreachable);
+            }
+        }
+        // Accounted only if the counters explain every frame lost. They
+        // may explain a few more: the switches' own frames (ARP, ICMP)
+        // cross the same ports and are not in `sent`.
+        report.accounted = report.accounted
+            || (observed.after.is_some() && sent <= report.received_frames + report.drops + f.explained());
         report.failure = Some(f);
     }
     report.warnings = warnings;
@@ -405,8 +454,16 @@ fn fail_link(
 ) -> Result<FailureReport> {
     let at_secs = start.elapsed().as_secs_f64();
     te::set_link(record, link, false)?;
-    let mut report =
-        FailureReport { link: link.to_string(), at_secs, te_compute_ms: None, te_install_ms: None, lost_frames: 0 };
+    let mut report = FailureReport {
+        link: link.to_string(),
+        at_secs,
+        te_compute_ms: None,
+        te_install_ms: None,
+        lost_frames: 0,
+        in_link_frames: 0,
+        refused_frames: 0,
+        kernel_frames: 0,
+    };
     let mut current = LabRecord::read(&record.name)?;
     if matches!(current.balance, Some(super::balance::Balance::Te { .. })) {
         let o = te::engineer(&mut current, plan, std::slice::from_ref(link))?;
@@ -721,14 +778,22 @@ pub fn render(o: &CollectiveReport) -> String {
     if let Some(f) = &o.failure {
         let _ = writeln!(
             out,
-            "  link {} failed at {:.2} s{}; {} frames lost at it",
+            "  link {} failed at {:.2} s{}; {} frames lost: {} in the cut link, {} refused by its ports while down, {} dropped by a switch's kernel as unreachable{}",
             f.link,
             f.at_secs,
             match (f.te_compute_ms, f.te_install_ms) {
                 (Some(c), Some(i)) => format!(", TE recomputed in {c:.1} ms and installed new pins in {i:.0} ms"),
                 _ => String::new(),
             },
-            f.lost_frames
+            f.lost_frames,
+            f.in_link_frames,
+            f.refused_frames,
+            f.kernel_frames,
+            match f.lost_frames.checked_sub(f.explained()) {
+                Some(0) => String::new(),
+                Some(n) => format!("; {n} NOT SEEN by these counters"),
+                None => format!(" (of these, {} were the switches' own frames: ARP, ICMP)", f.explained() - f.lost_frames),
+            }
         );
     }
     let _ = writeln!(
@@ -736,7 +801,7 @@ pub fn render(o: &CollectiveReport) -> String {
         "  {}",
         if o.accounted && o.failure.is_some() {
             format!(
-                "every frame accounted for: {} sent = {} received + {} dropped by queues + {} lost at the failed link",
+                "every frame accounted for: {} sent = {} received + {} dropped by queues + {} lost at the failed link (counted there)",
                 o.data_frames + o.control_frames,
                 o.received_frames,
                 o.drops,

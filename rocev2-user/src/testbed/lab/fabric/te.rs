@@ -321,3 +321,82 @@ pub fn render(name: &str, r: &TeReport) -> String {
 pub fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
+
+/// Packet counters of one end of a link: the switch's port, and on a
+/// wired fabric the wire device that carries what the switch sends on it.
+#[derive(Clone, Debug, Default)]
+pub struct EndCounters {
+    /// `l1/s1p1`: the direction, as `lab stats` names it.
+    pub direction: String,
+    /// Frames the port handed to the link, and those it refused (the
+    /// link was down: XDP redirects and the kernel's sends alike).
+    pub port_tx: u64,
+    pub port_tx_dropped: u64,
+    /// Frames the wire passed on to the far switch (None: not wired).
+    pub wire_tx: Option<u64>,
+    /// Packets the switch's kernel forwarded toward no usable way out
+    /// and dropped with an ICMP unreachable (sent or rate-limited): what
+    /// its dataplane passed to it while the link was down.
+    pub kernel_unreachable: u64,
+}
+
+/// ICMP and ICMPv6 unreachables the kernel of `ns` sent or rate-limited.
+fn unreachables(ns: &str) -> Result<u64> {
+    let read = |file: &str| -> Result<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "cat", file])
+            .output()
+            .with_context(|| format!("reading {file} in {ns}"))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mut total = 0;
+    // /proc/net/snmp: a line of names, then one of values, per protocol.
+    let snmp = read("/proc/net/snmp")?;
+    let icmp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Icmp:")).collect();
+    if let [names, values] = icmp[..] {
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if matches!(n, "OutDestUnreachs" | "OutRateLimitGlobal" | "OutRateLimitHost") {
+                total += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    for line in read("/proc/net/snmp6")?.lines() {
+        let mut it = line.split_whitespace();
+        if let (Some(n), Some(v)) = (it.next(), it.next()) {
+            if matches!(n, "Icmp6OutDestUnreachs" | "Icmp6OutRateLimitHost") {
+                total += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Both ends' counters of `link`, read now.
+pub fn link_counters(record: &LabRecord, link: &LinkId) -> Result<Vec<EndCounters>> {
+    let f = record.fabric.as_ref().context("not a fabric")?;
+    let (a, b) = link_ends(f, link);
+    let wires = super::links::wire_ns(&record.name);
+    let wired = crate::testbed::topology::netns_exists(&wires);
+    let stats = |ns: &str, dev: &str| -> Result<(u64, u64)> {
+        let text = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("`ip -s -j link show dev {dev}` in {ns}"))?;
+        let tx = &v[0]["stats64"]["tx"];
+        Ok((tx["packets"].as_u64().unwrap_or(0), tx["dropped"].as_u64().unwrap_or(0)))
+    };
+    let mut out = Vec::new();
+    for (s, port) in [Some(a), b].into_iter().flatten() {
+        let (port_tx, port_tx_dropped) = stats(&switch_ns(&record.name, s), &port)?;
+        // The wire device named after this direction transmits it.
+        let wire_tx = if wired { Some(stats(&wires, &format!("{s}-{port}"))?.0) } else { None };
+        let kernel_unreachable = unreachables(&switch_ns(&record.name, s))?;
+        out.push(EndCounters {
+            direction: format!("{s}/{port}"),
+            port_tx,
+            port_tx_dropped,
+            wire_tx,
+            kernel_unreachable,
+        });
+    }
+    Ok(out)
+}
