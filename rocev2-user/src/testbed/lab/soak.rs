@@ -261,14 +261,14 @@ pub struct EventRow {
     /// Packets sent in this event's window that never arrived.
     pub lost: u64,
     /// Of them, those the kernel itself would have lost: as many as were
-    /// sent while a switch's kernel had no route or routed into a
-    /// failed link (`sent_without_path`), or as many as the kernels and
+    /// sent while a switch's kernel had no route to their rack or routed
+    /// them into a failed link (`sent_without_path`), or as many as the kernels and
     /// devices counted dropped in the window, whichever is more (up to
     /// `lost`).
     pub kernel_would_lose: u64,
     pub beyond_kernel: u64,
-    /// Lost packets sent while a switch's kernel had no path (followed
-    /// change by change).
+    /// Lost packets sent while a switch's kernel had no path to their
+    /// rack (followed change by change).
     pub sent_without_path: u64,
     /// Frames the lab's drop counters counted in the window (any frames,
     /// not only the soak's).
@@ -407,7 +407,7 @@ impl SoakReport {
         causes.row(["hosts".to_string(), "lost (never arrived)".into(), self.lost.to_string()]);
         causes.row([
             "routes".to_string(),
-            "lost, sent while a kernel had no path".into(),
+            "lost, sent while a kernel had no path to their rack".into(),
             self.sent_without_path.to_string(),
         ]);
         for d in &self.drops {
@@ -734,15 +734,18 @@ fn path_view(fib: &Fib, prefixes: &[Prefix]) -> PathView {
         .collect()
 }
 
-/// Whether a switch's kernel forwards into nothing: a rack without a
-/// route, or a next hop through a port without carrier (the kernel keeps
-/// using such a next hop, `ignore_routes_with_linkdown` = 0, until the
-/// routing daemon removes it).
-fn no_path(view: &PathView) -> bool {
-    view.values().any(|devs| match devs {
-        None => true,
-        Some(d) => d.is_empty() || d.iter().any(|(_, carrier)| !carrier),
-    })
+/// The racks to which a switch's kernel forwards (partly) into nothing:
+/// no route, or a next hop through a port without carrier (the kernel
+/// keeps using such a next hop, `ignore_routes_with_linkdown` = 0, until
+/// the routing daemon removes it).
+fn no_path(view: &PathView) -> BTreeSet<Prefix> {
+    view.iter()
+        .filter(|(_, devs)| match devs {
+            None => true,
+            Some(d) => d.is_empty() || d.iter().any(|(_, carrier)| !carrier),
+        })
+        .map(|(p, _)| *p)
+        .collect()
 }
 
 /// A switch's kernel paths from one change to the next.
@@ -750,8 +753,8 @@ fn no_path(view: &PathView) -> bool {
 struct PathState {
     /// When the soak read the change (monotonic ns).
     ns: u64,
-    /// Some rack had no path ([`no_path`]).
-    no_path: bool,
+    /// The racks it had no path to ([`no_path`]).
+    no_path: BTreeSet<Prefix>,
     /// The change came with a port losing its carrier (a cut cable).
     carrier_lost: bool,
 }
@@ -802,50 +805,70 @@ fn watch_paths(
     })
 }
 
-/// The intervals in which some switch's kernel had no path, from every
-/// switch's path states, up to `end`. A change read with a carrier loss
-/// right after a cable cut (the first change since the cut) starts at the
-/// cut (`cuts`): the kernel's paths died with the carrier, not when the
-/// soak read the message.
-fn no_path_intervals(paths: &[Vec<PathState>], cuts: &[u64], end: u64) -> Vec<(u64, u64)> {
-    let mut changes: Vec<(u64, usize, bool)> = Vec::new();
+/// For each rack prefix, the intervals in which some switch's kernel had
+/// no path to it, from every switch's path states, up to `end`. A change
+/// read with a carrier loss right after a cable cut (the first change
+/// since the cut) starts at the cut (`cuts`): the kernel's paths died with
+/// the carrier, not when the soak read the message.
+fn no_path_intervals(paths: &[Vec<PathState>], cuts: &[u64], end: u64) -> BTreeMap<Prefix, Vec<(u64, u64)>> {
+    let mut changes: Vec<(u64, usize, &BTreeSet<Prefix>)> = Vec::new();
     for (switch, states) in paths.iter().enumerate() {
         let mut previous = 0;
         for s in states {
             let mut at = s.ns;
-            if s.carrier_lost && s.no_path {
+            if s.carrier_lost && !s.no_path.is_empty() {
                 if let Some(cut) = cuts.iter().copied().filter(|c| (previous..=s.ns).contains(c)).max() {
                     at = cut;
                 }
             }
-            changes.push((at, switch, s.no_path));
+            changes.push((at, switch, &s.no_path));
             previous = s.ns;
         }
     }
-    changes.sort();
-    let mut without: BTreeSet<usize> = BTreeSet::new();
-    let mut out = Vec::new();
-    let mut since = None;
-    for (at, switch, no_path) in changes {
-        if at >= end {
-            break;
-        }
-        if no_path {
-            without.insert(switch);
-        } else {
-            without.remove(&switch);
-        }
-        match (since, without.is_empty()) {
-            (None, false) => since = Some(at),
-            (Some(from), true) => {
-                out.push((from, at));
-                since = None;
+    // A switch's back-dated change stays after its previous one (the cut
+    // came after it), so a stable sort by time keeps each switch in order.
+    changes.sort_by_key(|c| c.0);
+    let prefixes: BTreeSet<Prefix> = changes.iter().flat_map(|c| c.2.iter().copied()).collect();
+    let mut out = BTreeMap::new();
+    for prefix in prefixes {
+        let mut without: BTreeSet<usize> = BTreeSet::new();
+        let mut intervals = Vec::new();
+        let mut since = None;
+        for &(at, switch, no_path) in changes.iter().take_while(|c| c.0 < end) {
+            if no_path.contains(&prefix) {
+                without.insert(switch);
+            } else {
+                without.remove(&switch);
             }
-            _ => {}
+            match (since, without.is_empty()) {
+                (None, false) => since = Some(at),
+                (Some(from), true) => {
+                    intervals.push((from, at));
+                    since = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(from) = since {
+            intervals.push((from, end));
+        }
+        if !intervals.is_empty() {
+            out.insert(prefix, intervals);
         }
     }
-    if let Some(from) = since {
-        out.push((from, end));
+    out
+}
+
+/// The union of intervals: when any of them held.
+fn union(intervals: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = intervals.into_iter().collect();
+    all.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in all {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
     }
     out
 }
@@ -1145,8 +1168,13 @@ fn account(
     let ends: Vec<u64> = starts.iter().skip(1).copied().chain([finish.t_end]).collect();
     let window_of = |ns: u64| starts.iter().rposition(|s| *s <= ns).unwrap_or(0);
     let cuts: Vec<u64> = done.iter().filter_map(|d| d.outcome.as_ref().ok()?.cut_ns).collect();
-    let degraded = no_path_intervals(&finish.paths, &cuts, finish.t_end);
-    let in_degraded = |ns: u64| degraded.iter().any(|(a, b)| (*a..*b).contains(&ns));
+    let no_path = no_path_intervals(&finish.paths, &cuts, finish.t_end);
+    let degraded = union(no_path.values().flatten().copied());
+    // A lost packet is the kernel's when it was sent while some switch's
+    // kernel had no path to its destination's rack.
+    let without_path = |flow: &Flow, ns: u64| {
+        no_path.iter().any(|(p, spans)| p.contains(flow.dst) && spans.iter().any(|(a, b)| (*a..*b).contains(&ns)))
+    };
     let mut rows: Vec<EventRow> = starts
         .iter()
         .enumerate()
@@ -1225,7 +1253,7 @@ fn account(
             };
             let w = window_of(at);
             rows[w].lost += 1;
-            if in_degraded(at) {
+            if without_path(&specs[i].flow, at) {
                 rows[w].sent_without_path += 1;
             }
         }
@@ -1408,11 +1436,21 @@ mod tests {
             rocev2_common::arrival::FlowArrival { packets: 981, next_psn: 995, started: 1, ..Default::default() };
         let arrived = BTreeMap::from([(flow, arrival)]);
         let cause = |place: &str, cause: &str| drop_counters::DropCause { place: place.into(), cause: cause.into() };
-        let state = |at: u64, no_path: bool| PathState { ns: ms(at), no_path, carrier_lost: false };
+        // The destination's rack, and another.
+        let (rack2, rack3): (Prefix, Prefix) = ("10.2.0.0/16".parse().unwrap(), "10.3.0.0/16".parse().unwrap());
+        let state = |at: u64, no_path: &[Prefix]| PathState {
+            ns: ms(at),
+            no_path: no_path.iter().copied().collect(),
+            carrier_lost: false,
+        };
         let mut finish = Finish {
             t0: ms(0),
             t_end: ms(1000),
-            paths: vec![vec![state(0, false), state(400, true), state(450, false)], vec![state(0, false)]],
+            paths: vec![
+                vec![state(0, &[]), state(400, &[rack2]), state(450, &[])],
+                // Another switch without a path to another rack: not these packets' loss.
+                vec![state(0, &[]), state(590, &[rack3]), state(610, &[])],
+            ],
             seconds: 1.0,
             probe_events_lost: 0,
             drops_at_start: DropCounts::new(),
@@ -1423,7 +1461,7 @@ mod tests {
         assert_eq!((report.kernel_would_lose, report.beyond_kernel, report.reordered), (10, 9, 1));
         assert_eq!((report.counted, report.unexplained), (0, 9), "no counter counted any");
         let row = &report.events[1];
-        assert_eq!((row.lost, row.kernel_would_lose, row.kernel_degraded_ms), (19, 10, 50));
+        assert_eq!((row.lost, row.kernel_would_lose, row.kernel_degraded_ms), (19, 10, 70));
         assert_eq!(report.events[0].lost, 0, "nothing before the withdraw");
         assert_eq!(report.flows_with_loss[0].first_psn, 410);
         assert!(!report.passed(), "9 lost beyond the kernel");
@@ -1460,32 +1498,51 @@ mod tests {
         fib.links.insert(2, link("s2p1", 2));
         let route = |paths| KernelRoute { prefix, metric: 20, kind: RouteKind::Unicast, hops: Hops::Paths(paths) };
         fib.add_route(route(vec![via(1, "10.0.1.2"), via(2, "10.0.2.2")]));
-        assert!(!no_path(&path_view(&fib, &[prefix])));
+        let without = |fib: &Fib| no_path(&path_view(fib, &[prefix]));
+        assert!(without(&fib).is_empty());
         fib.links.get_mut(&1).unwrap().up = false;
-        assert!(no_path(&path_view(&fib, &[prefix])), "the kernel keeps routing into the port without carrier");
+        assert_eq!(without(&fib), BTreeSet::from([prefix]), "the kernel keeps routing into the port without carrier");
         fib.add_route(route(vec![via(2, "10.0.2.2")]));
-        assert!(!no_path(&path_view(&fib, &[prefix])), "zebra took the dead next hop out");
+        assert!(without(&fib).is_empty(), "zebra took the dead next hop out");
         fib.remove_route(&route(vec![via(2, "10.0.2.2")]));
-        assert!(no_path(&path_view(&fib, &[prefix])), "no route");
+        assert_eq!(without(&fib), BTreeSet::from([prefix]), "no route");
 
         // Cut at 300 ms; the leaf's carrier loss read at 420 ms, zebra
         // fixes its route at 900 ms; the spine has no route 450..2000 ms.
         let ms = |m: u64| 1_000_000_000 + m * 1_000_000;
-        let state = |at: u64, no_path: bool, carrier_lost: bool| PathState { ns: ms(at), no_path, carrier_lost };
-        let leaf = vec![state(0, false, false), state(420, true, true), state(900, false, false)];
-        let spine = vec![state(0, false, false), state(450, true, false), state(2000, false, false)];
+        let rack1: Prefix = "10.1.0.0/16".parse().unwrap();
+        let state = |at: u64, no_path: &[Prefix], carrier_lost: bool| PathState {
+            ns: ms(at),
+            no_path: no_path.iter().copied().collect(),
+            carrier_lost,
+        };
+        let leaf = vec![state(0, &[], false), state(420, &[prefix], true), state(900, &[], false)];
+        let spine = vec![state(0, &[], false), state(450, &[rack1], false), state(2000, &[], false)];
         let both = [leaf.clone(), spine];
-        assert_eq!(no_path_intervals(&both, &[ms(300)], ms(5000)), vec![(ms(300), ms(2000))]);
-        assert_eq!(no_path_intervals(&both, &[], ms(5000)), vec![(ms(420), ms(2000))], "no cut: from the message");
+        let intervals = |spans: &[(u64, u64)]| spans.iter().map(|(a, b)| (ms(*a), ms(*b))).collect::<Vec<_>>();
         assert_eq!(
-            no_path_intervals(&[leaf], &[ms(300)], ms(600)),
-            vec![(ms(300), ms(600))],
+            no_path_intervals(&both, &[ms(300)], ms(5000)),
+            BTreeMap::from([(prefix, intervals(&[(300, 900)])), (rack1, intervals(&[(450, 2000)]))])
+        );
+        assert_eq!(
+            no_path_intervals(&both, &[], ms(5000))[&prefix],
+            intervals(&[(420, 900)]),
+            "no cut: from the message"
+        );
+        assert_eq!(
+            union(no_path_intervals(&both, &[ms(300)], ms(5000)).into_values().flatten()),
+            intervals(&[(300, 2000)]),
+            "NO PATH: some switch without a path to some rack"
+        );
+        assert_eq!(
+            no_path_intervals(&[leaf], &[ms(300)], ms(600))[&prefix],
+            intervals(&[(300, 600)]),
             "still without a path when the traffic stopped"
         );
-        let late = [vec![state(0, false, false), state(100, false, false), state(420, true, true)]];
+        let late = [vec![state(0, &[], false), state(100, &[rack1], false), state(420, &[prefix], true)]];
         assert_eq!(
-            no_path_intervals(&late, &[ms(50)], ms(5000)),
-            vec![(ms(420), ms(5000))],
+            no_path_intervals(&late, &[ms(50)], ms(5000))[&prefix],
+            intervals(&[(420, 5000)]),
             "a cut before the switch's previous change is not this carrier loss's"
         );
     }
