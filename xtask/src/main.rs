@@ -62,7 +62,10 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Task::Setup => setup(),
+        Task::Setup => {
+            setup()?;
+            debian_trees()
+        }
         Task::Build { release } => {
             setup()?;
             build(release)
@@ -79,6 +82,7 @@ fn main() -> Result<()> {
         }
         Task::Test { args } => {
             setup()?;
+            debian_trees()?;
             test(&args)
         }
         Task::Demo => {
@@ -377,7 +381,7 @@ fn setup() -> Result<()> {
     }
     // One line even when nothing was missing, so a reader sees setup ran.
     eprintln!("xtask: setup: prerequisites present ({:.1} s)", start.elapsed().as_secs_f64());
-    debian_trees()
+    Ok(())
 }
 
 /// The real-RDMA tests' guests boot a Debian tree, and the service test
@@ -386,7 +390,9 @@ fn setup() -> Result<()> {
 /// recipe, in the lab's default cache outside the clone
 /// (/var/cache/rocev2/trees, or ROCEV2_TREE_CACHE), where the tests look
 /// for them; under CI=true they fail rather than build one in the suite's
-/// time.
+/// time. Only `setup` and `test` build them: `demo`, `build`, `bench` and
+/// `package` need neither the trees nor the debug build that makes them (a
+/// fresh clone's demo compiled everything twice).
 fn debian_trees() -> Result<()> {
     if !is_root() {
         eprintln!("xtask: not root: the tests' Debian trees are not built (`sudo cargo xtask setup` builds them)");

@@ -38,10 +38,8 @@ pub fn detach(pin_dir: &Path) -> Result<Detached> {
         if state.is_some() {
             RunState::remove(pin_dir);
         }
-        match RunState::read(pin_dir) {
-            Err(e) if state.is_none() => bail!("nothing to detach: {} does not exist; {e:#}", pin_dir.display()),
-            _ => bail!("nothing to detach: {} does not exist (a stale state file was removed)", pin_dir.display()),
-        }
+        let stale = if state.is_some() { " (a stale state file was removed)" } else { "" };
+        bail!("nothing to detach: {} does not exist{stale}{}", pin_dir.display(), elsewhere(pin_dir));
     }
     // Fails while a live run holds it, which the check above should have caught.
     let _lock = RunLock::acquire(pin_dir)?;
@@ -61,6 +59,40 @@ pub fn detach(pin_dir: &Path) -> Result<Detached> {
     fs::remove_dir(pin_dir).with_context(|| format!("cannot remove {}", pin_dir.display()))?;
     RunState::remove(pin_dir);
     Ok(Detached { ports, counters })
+}
+
+/// After "nothing to detach" in `pin_dir`: the dataplanes pinned
+/// elsewhere, those a gone run left first (what `detach --pin-dir` removes),
+/// then those a live run manages (stopping that run detaches them), or that
+/// there are none. Someone removing things is not told to start a run.
+fn elsewhere(pin_dir: &Path) -> String {
+    let (mut left, mut managed) = (Vec::new(), Vec::new());
+    for s in crate::control::state::instances().into_iter().filter(|s| s.pin_dir != pin_dir) {
+        let netns = s.netns.as_ref().map(|n| format!(", --netns {n}")).unwrap_or_default();
+        match s.manager() {
+            Manager::Running(pid) => managed.push(format!("\n  --pin-dir {}  (pid {pid}{netns})", s.pin_dir.display())),
+            Manager::Nobody { pid, since, handed_over } => {
+                let how = if handed_over { "handed over" } else { "gone" };
+                let since =
+                    since.map(|t| format!(" since {}", crate::control::state::clock_time(t))).unwrap_or_default();
+                left.push(format!("\n  --pin-dir {}  (pid {pid} {how}{since}{netns})", s.pin_dir.display()));
+            }
+        }
+    }
+    if left.is_empty() && managed.is_empty() {
+        return "; no other dataplane is pinned either (nothing is left attached)".to_string();
+    }
+    let mut text = String::new();
+    if !left.is_empty() {
+        text.push_str("; left by a run that is gone (remove one with `rocev2 detach --pin-dir DIR`):");
+        text.push_str(&left.concat());
+    }
+    if !managed.is_empty() {
+        let head = if left.is_empty() { "; " } else { "\n" };
+        text.push_str(&format!("{head}managed by a live `rocev2 run` (stopping it detaches them):"));
+        text.push_str(&managed.concat());
+    }
+    text
 }
 
 fn is_link_pin(path: &Path) -> bool {

@@ -1248,30 +1248,43 @@ pub struct Links {
     pub egress: Vec<LinkInfo>,
 }
 
+/// One interface the config names that is not there.
+struct MissingLink {
+    loc: crate::control::config::Location,
+    field: &'static str,
+    /// The lookup's error.
+    error: String,
+    /// What kind of device the name suggests (a bond, a VLAN), if any.
+    kind: &'static str,
+    /// A close name that exists ("did you mean").
+    close: Option<String>,
+}
+
 /// Looks up every interface the config names. Every missing one is
 /// reported, one line each at its place in the file, with a close name
-/// ("did you mean"), the namespace it looked in and, when they all exist
-/// in one named namespace, the `--netns` to give.
+/// ("did you mean") when only that one is close to it, the namespace it
+/// looked in and, when they all exist in one named namespace, the
+/// `--netns` to give.
 pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let mut errors: Vec<String> = Vec::new();
+    let names = interface_names();
+    let mut absent: Vec<MissingLink> = Vec::new();
     let mut missing: Vec<String> = Vec::new();
-    let mut lookup =
-        async |name: &str, loc: &crate::control::config::Location, field: &str| match netlink.link(name).await {
-            Ok(link) => Some(link),
-            Err(e) => {
-                // Interface names are short: only a close name that starts
-                // alike is a likely typo (s1l9 for s1l1, not lo for h1).
-                let names = interface_names();
-                let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == name.chars().next());
-                let close = crate::sys::suggest::closest_match(name, alike)
-                    .map(|c| format!(" (did you mean {c}?)"))
-                    .unwrap_or_default();
-                let kind = crate::control::bridge::missing_device_hint(name);
-                errors.push(config.error_at(loc, field, format!("{e:#}{close}{kind}")).to_string());
-                missing.push(name.to_string());
-                None
-            }
-        };
+    let mut lookup = async |name: &str, loc: &crate::control::config::Location, field: &'static str| match netlink
+        .link(name)
+        .await
+    {
+        Ok(link) => Some(link),
+        Err(e) => {
+            // Interface names are short: only a close name that starts
+            // alike is a likely typo (s1l9 for s1l1, not lo for h1).
+            let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == name.chars().next());
+            let close = crate::sys::suggest::closest_match(name, alike).map(str::to_string);
+            let kind = crate::control::bridge::missing_device_hint(name);
+            absent.push(MissingLink { loc: loc.clone(), field, error: format!("{e:#}"), kind, close });
+            missing.push(name.to_string());
+            None
+        }
+    };
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
     for port in &config.ports {
         links.ports.extend(lookup(&port.name, &port.loc, "name").await);
@@ -1288,10 +1301,39 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     for e in &config.egress {
         links.egress.extend(lookup(&e.dev, &e.loc, "dev").await);
     }
-    if errors.is_empty() {
+    if absent.is_empty() {
         crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
         return Ok(links);
     }
+    // A name close to several missing ones (eth0 for eth1, eth2 and eth3)
+    // is no typo: the interfaces are not here at all. Then the lines say
+    // no "did you mean", and the end lists what is here, once.
+    let suggested = |c: &String| absent.iter().filter(|m| m.close.as_ref() == Some(c)).count();
+    let mut not_typos = false;
+    let errors: Vec<String> = absent
+        .iter()
+        .map(|m| {
+            let close = match &m.close {
+                Some(c) if suggested(c) == 1 => format!(" (did you mean {c}?)"),
+                Some(_) => {
+                    not_typos = true;
+                    String::new()
+                }
+                None => String::new(),
+            };
+            config.error_at(&m.loc, m.field, format!("{}{close}{}", m.error, m.kind)).to_string()
+        })
+        .collect();
+    let here = if not_typos {
+        const LISTED: usize = 8;
+        let mut listed: Vec<&str> = names.iter().map(String::as_str).take(LISTED).collect();
+        if names.len() > LISTED {
+            listed.push("…");
+        }
+        format!("; the interfaces here are {}", listed.join(", "))
+    } else {
+        String::new()
+    };
     let found = namespaces_with(&missing);
     let elsewhere = match found.as_slice() {
         [] => String::new(),
@@ -1303,7 +1345,7 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
         }
     };
     let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
-    bail!("{}{count}{}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
+    bail!("{}{count}{}{here}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
 }
 
 /// The interface names of this thread's network namespace.
