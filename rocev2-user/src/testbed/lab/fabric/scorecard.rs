@@ -96,54 +96,6 @@ impl ModeRow {
     }
 }
 
-impl ModeRow {
-    /// A mode whose QPs change paths during the run (flowlets, and
-    /// transport-aware flowlets), when their packets say so.
-    pub fn paths_move(&self) -> bool {
-        self.mode.starts_with("flowlet") || self.mode.starts_with("transport-aware")
-    }
-
-    /// The run's packets arrived out of order, or were resent with nothing
-    /// dropped and no timeout: a flowlet re-hashed a QP in the middle of a
-    /// message and its newer packets overtook the older ones.
-    pub fn reordered_by_flowlets(&self) -> bool {
-        self.paths_move() && (self.reordered > 0 || (self.retransmitted > 0 && self.drops == 0 && self.timeouts == 0))
-    }
-}
-
-/// The least share of the ideal a row whose flowlets reordered can have
-/// on `record`'s fabric: a flow-level model has no packets, so it cannot
-/// say when a sender's ACK-clocked bursts leave gaps longer than the
-/// flowlet gap, where each burst goes, or what the receivers' NAKs cost;
-/// what it can bound is the worst the paths can be (every connection
-/// leaving or entering one rack on one link: 1/k of the ideal with k such
-/// connections, all of one step's bytes alike; with aggregation switches,
-/// every connection on one link) and the link time the
-/// resent frames took from the planned ones (all of it on the busiest
-/// link): `1/k x planned / (planned + resent)`.
-pub fn reordering_floor(record: &LabRecord, card: &Scorecard, row: &ModeRow) -> Result<f64> {
-    let f = record.fabric.as_ref().context("not a fabric")?;
-    let plan = crate::tools::collective::Plan::new(
-        Op::Allreduce,
-        card.size,
-        crate::tools::collective::place(f.racks, f.hosts, Placement::Interleaved),
-        row.qps,
-        card.chunk,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let rack = |k: usize| plan.ranks[k].0;
-    // Two tiers: a rack's connections meet only on its own links. With
-    // aggregation switches any link may carry them all.
-    let mut k = if f.aggs > 0 { plan.connections().len() as u64 } else { 1 };
-    for r in 1..=f.racks {
-        let out = plan.connections().iter().filter(|&&(a, b)| rack(a) == r && rack(b) != r).count() as u64;
-        let inn = plan.connections().iter().filter(|&&(a, b)| rack(b) == r && rack(a) != r).count() as u64;
-        k = k.max(out).max(inn);
-    }
-    let planned = plan.packets() as f64;
-    Ok(planned / (planned + row.retransmitted as f64) / k as f64)
-}
-
 /// One transport's incast.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TransportRow {
