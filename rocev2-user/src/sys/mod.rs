@@ -9,6 +9,7 @@ pub mod paths;
 pub mod privileges;
 pub mod rawsock;
 pub mod signals;
+pub mod snmp;
 pub mod suggest;
 pub mod verifier;
 

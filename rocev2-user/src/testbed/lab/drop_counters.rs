@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result};
 
 use crate::{
-    sys::netns::in_netns_scoped,
+    sys::{netns::in_netns_scoped, snmp},
     testbed::lab::{
         fabric::{links::wire_ns, port_sums},
         LabRecord,
@@ -77,39 +77,15 @@ pub fn growth(before: &DropCounts, after: &DropCounts) -> DropCounts {
 
 /// This thread's network namespace's IP drop counters and device drops.
 fn kernel_counters() -> Result<Vec<(&'static str, u64)>> {
-    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").context("reading snmp")?;
-    let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap_or_default();
-    let ip = |k: &str| snmp_value(&snmp, "Ip", k);
-    let ip6 = |k: &str| snmp6_value(&snmp6, k);
+    let (snmp, snmp6) = snmp::read()?;
+    let ip = |k: &str| snmp::value(&snmp, "Ip", k);
+    let ip6 = |k: &str| snmp::value6(&snmp6, k);
     Ok(vec![
         ("kernel: no route", ip("InNoRoutes") + ip("OutNoRoutes") + ip6("Ip6InNoRoutes") + ip6("Ip6OutNoRoutes")),
         ("kernel: TTL or header error", ip("InHdrErrors") + ip6("Ip6InHdrErrors")),
         ("kernel: discarded", ip("InDiscards") + ip("OutDiscards") + ip6("Ip6InDiscards") + ip6("Ip6OutDiscards")),
         ("devices dropped", device_drops()?),
     ])
-}
-
-/// One value of /proc/net/snmp: a header line and a value line per protocol.
-fn snmp_value(text: &str, proto: &str, key: &str) -> u64 {
-    let prefix = format!("{proto}:");
-    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
-    let (Some(header), Some(values)) = (lines.next(), lines.next()) else { return 0 };
-    header
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// One value of /proc/net/snmp6: a name and a value per line.
-fn snmp6_value(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some(key)).then(|| words.next()?.parse().ok()).flatten()
-        })
-        .unwrap_or(0)
 }
 
 /// Received and transmitted frames this thread's namespace's devices
@@ -132,15 +108,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_kernels_counters_are_read_by_name() {
-        let snmp = "Ip: Forwarding DefaultTTL InReceives InHdrErrors InAddrErrors ForwDatagrams InUnknownProtos InDiscards InDelivers OutRequests OutDiscards OutNoRoutes\n\
-                    Ip: 1 64 100 3 0 90 0 2 8 10 1 4\n\
-                    Icmp: InMsgs\nIcmp: 5\n";
-        assert_eq!(snmp_value(snmp, "Ip", "InHdrErrors"), 3);
-        assert_eq!(snmp_value(snmp, "Ip", "OutNoRoutes"), 4);
-        assert_eq!(snmp_value(snmp, "Ip", "InNoRoutes"), 0, "a counter this kernel lacks reads 0");
-        let snmp6 = "Ip6InReceives                   \t12\nIp6InNoRoutes                   \t7\n";
-        assert_eq!(snmp6_value(snmp6, "Ip6InNoRoutes"), 7);
+    fn a_devices_rx_and_tx_drops_are_summed() {
         let dev = "  s1p1: 9583654   29772    0    5    0     0          0         0  1425424    4331    0    9    0     0       0          0";
         assert_eq!(device_line_drops(dev), 14);
     }

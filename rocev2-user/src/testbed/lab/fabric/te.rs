@@ -26,7 +26,10 @@ use super::{
 };
 use crate::{
     control::config::parse_size_arg,
-    sys::netns::ip,
+    sys::{
+        netns::{in_netns_scoped, ip},
+        snmp,
+    },
     testbed::lab::LabRecord,
     tools::collective::{self, cspf, cspf::Graph, model::te_demands, qp_number, Op, Placement, Plan},
     tools::fabric::{Fabric, LinkId, Switch, Tier},
@@ -340,37 +343,6 @@ pub struct EndCounters {
     pub kernel_unreachable: u64,
 }
 
-/// ICMP and ICMPv6 unreachables the kernel of `ns` sent or rate-limited.
-fn unreachables(ns: &str) -> Result<u64> {
-    let read = |file: &str| -> Result<String> {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "cat", file])
-            .output()
-            .with_context(|| format!("reading {file} in {ns}"))?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    let mut total = 0;
-    // /proc/net/snmp: a line of names, then one of values, per protocol.
-    let snmp = read("/proc/net/snmp")?;
-    let icmp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Icmp:")).collect();
-    if let [names, values] = icmp[..] {
-        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
-            if matches!(n, "OutDestUnreachs" | "OutRateLimitGlobal" | "OutRateLimitHost") {
-                total += v.parse::<u64>().unwrap_or(0);
-            }
-        }
-    }
-    for line in read("/proc/net/snmp6")?.lines() {
-        let mut it = line.split_whitespace();
-        if let (Some(n), Some(v)) = (it.next(), it.next()) {
-            if matches!(n, "Icmp6OutDestUnreachs" | "Icmp6OutRateLimitHost") {
-                total += v.parse::<u64>().unwrap_or(0);
-            }
-        }
-    }
-    Ok(total)
-}
-
 /// Both ends' counters of `link`, read now.
 pub fn link_counters(record: &LabRecord, link: &LinkId) -> Result<Vec<EndCounters>> {
     let f = record.fabric.as_ref().context("not a fabric")?;
@@ -389,7 +361,9 @@ pub fn link_counters(record: &LabRecord, link: &LinkId) -> Result<Vec<EndCounter
         let (port_tx, port_tx_dropped) = stats(&switch_ns(&record.name, s), &port)?;
         // The wire device named after this direction transmits it.
         let wire_tx = if wired { Some(stats(&wires, &format!("{s}-{port}"))?.0) } else { None };
-        let kernel_unreachable = unreachables(&switch_ns(&record.name, s))?;
+        let ns = switch_ns(&record.name, s);
+        let kernel_unreachable = in_netns_scoped(&ns, snmp::icmp_unreachables)
+            .with_context(|| format!("reading the ICMP counters of {ns}"))?;
         out.push(EndCounters {
             direction: format!("{s}/{port}"),
             port_tx,
