@@ -1250,14 +1250,13 @@ pub struct Links {
 
 /// One interface the config names that is not there.
 struct MissingLink {
+    name: String,
     loc: crate::control::config::Location,
     field: &'static str,
     /// The lookup's error.
     error: String,
     /// What kind of device the name suggests (a bond, a VLAN), if any.
     kind: &'static str,
-    /// A close name that exists ("did you mean").
-    close: Option<String>,
 }
 
 /// Looks up every interface the config names. Every missing one is
@@ -1266,22 +1265,15 @@ struct MissingLink {
 /// looked in and, when they all exist in one named namespace, the
 /// `--netns` to give.
 pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> {
-    let names = interface_names();
     let mut absent: Vec<MissingLink> = Vec::new();
-    let mut missing: Vec<String> = Vec::new();
     let mut lookup = async |name: &str, loc: &crate::control::config::Location, field: &'static str| match netlink
         .link(name)
         .await
     {
         Ok(link) => Some(link),
         Err(e) => {
-            // Interface names are short: only a close name that starts
-            // alike is a likely typo (s1l9 for s1l1, not lo for h1).
-            let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == name.chars().next());
-            let close = crate::sys::suggest::closest_match(name, alike).map(str::to_string);
             let kind = crate::control::bridge::missing_device_hint(name);
-            absent.push(MissingLink { loc: loc.clone(), field, error: format!("{e:#}"), kind, close });
-            missing.push(name.to_string());
+            absent.push(MissingLink { name: name.to_string(), loc: loc.clone(), field, error: format!("{e:#}"), kind });
             None
         }
     };
@@ -1305,15 +1297,26 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
         crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
         return Ok(links);
     }
+    // Interface names are short: only a close name that starts alike is a
+    // likely typo (s1l9 for s1l1, not lo for h1).
+    let names = interface_names();
+    let closes: Vec<Option<&str>> = absent
+        .iter()
+        .map(|m| {
+            let alike = names.iter().map(String::as_str).filter(|c| c.chars().next() == m.name.chars().next());
+            crate::sys::suggest::closest_match(&m.name, alike)
+        })
+        .collect();
     // A name close to several missing ones (eth0 for eth1, eth2 and eth3)
     // is no typo: the interfaces are not here at all. Then the lines say
     // no "did you mean", and the end lists what is here, once.
-    let suggested = |c: &String| absent.iter().filter(|m| m.close.as_ref() == Some(c)).count();
+    let suggested = |c: &str| closes.iter().filter(|close| **close == Some(c)).count();
     let mut not_typos = false;
     let errors: Vec<String> = absent
         .iter()
-        .map(|m| {
-            let close = match &m.close {
+        .zip(&closes)
+        .map(|(m, close)| {
+            let close = match close {
                 Some(c) if suggested(c) == 1 => format!(" (did you mean {c}?)"),
                 Some(_) => {
                     not_typos = true;
@@ -1334,6 +1337,7 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     } else {
         String::new()
     };
+    let missing: Vec<String> = absent.into_iter().map(|m| m.name).collect();
     let found = namespaces_with(&missing);
     let elsewhere = match found.as_slice() {
         [] => String::new(),
