@@ -68,14 +68,13 @@ pub fn detach(pin_dir: &Path) -> Result<Detached> {
 fn elsewhere(pin_dir: &Path) -> String {
     let (mut left, mut managed) = (Vec::new(), Vec::new());
     for s in crate::control::state::instances().into_iter().filter(|s| s.pin_dir != pin_dir) {
-        let netns = s.netns.as_ref().map(|n| format!(", --netns {n}")).unwrap_or_default();
         match s.manager() {
-            Manager::Running(pid) => managed.push(format!("\n  --pin-dir {}  (pid {pid}{netns})", s.pin_dir.display())),
-            Manager::Nobody { pid, since, handed_over } => {
+            Manager::Running(_) => managed.push(s.listing_line("")),
+            Manager::Nobody { since, handed_over, .. } => {
                 let how = if handed_over { "handed over" } else { "gone" };
                 let since =
                     since.map(|t| format!(" since {}", crate::control::state::clock_time(t))).unwrap_or_default();
-                left.push(format!("\n  --pin-dir {}  (pid {pid} {how}{since}{netns})", s.pin_dir.display()));
+                left.push(s.listing_line(&format!(" {how}{since}")));
             }
         }
     }

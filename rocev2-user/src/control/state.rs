@@ -441,6 +441,13 @@ impl RunState {
         );
     }
 
+    /// One line of a list of instances, starting with its newline:
+    /// `"  --pin-dir DIR  (pid N{detail}, --netns NS)"`.
+    pub fn listing_line(&self, detail: &str) -> String {
+        let netns = self.netns.as_ref().map(|n| format!(", --netns {n}")).unwrap_or_default();
+        format!("\n  --pin-dir {}  (pid {}{detail}{netns})", self.pin_dir.display(), self.pid)
+    }
+
     /// Whether a live `rocev2 run` manages this dataplane, and if not,
     /// since when nobody has.
     pub fn manager(&self) -> Manager {
@@ -546,13 +553,7 @@ fn not_running(pin_dir: &Path) -> String {
     const LISTED: usize = 8;
     let mut text = format!("{head}; running now (name one with --pin-dir DIR or --config FILE):");
     for s in running.iter().take(LISTED) {
-        let netns = s.netns.as_ref().map(|n| format!(", --netns {n}")).unwrap_or_default();
-        text.push_str(&format!(
-            "\n  --pin-dir {}  (pid {}, config {}{netns})",
-            s.pin_dir.display(),
-            s.pid,
-            s.config.display()
-        ));
+        text.push_str(&s.listing_line(&format!(", config {}", s.config.display())));
     }
     if running.len() > LISTED {
         text.push_str(&format!("\n  and {} more (state files in {RUN_DIR})", running.len() - LISTED));
