@@ -134,7 +134,7 @@ pub struct LinkUse {
 }
 
 /// A link failed during the run, and what the fabric did.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct FailureReport {
     pub link: String,
     pub at_secs: f64,
@@ -454,16 +454,8 @@ fn fail_link(
 ) -> Result<FailureReport> {
     let at_secs = start.elapsed().as_secs_f64();
     te::set_link(record, link, false)?;
-    let mut report = FailureReport {
-        link: link.to_string(),
-        at_secs,
-        te_compute_ms: None,
-        te_install_ms: None,
-        lost_frames: 0,
-        in_link_frames: 0,
-        refused_frames: 0,
-        kernel_frames: 0,
-    };
+    // What was lost is counted after the run, from the link's counters.
+    let mut report = FailureReport { link: link.to_string(), at_secs, ..Default::default() };
     let mut current = LabRecord::read(&record.name)?;
     if matches!(current.balance, Some(super::balance::Balance::Te { .. })) {
         let o = te::engineer(&mut current, plan, std::slice::from_ref(link))?;
