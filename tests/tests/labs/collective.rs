@@ -32,6 +32,17 @@ fn lab_name(tag: char) -> String {
     format!("c{tag}{:x}", std::process::id() % 0xFFFFF)
 }
 
+/// Rated links with buffers deep enough that an AllReduce drops nothing:
+/// what differs between modes is where the traffic goes.
+const DEEP_BUFFERS: &[&str] = &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"];
+
+/// A ring AllReduce of 2 MiB per rank in 64 KiB chunks on lab `name`.
+fn allreduce_2m(name: &str) -> LabCollectiveArgs {
+    let mut args = LabCollectiveArgs::new(name, Op::Allreduce, 2 << 20);
+    args.chunk = 64 << 10;
+    args
+}
+
 fn lab_up(name: &str, extra: &[&str]) -> LabGuard {
     #[rustfmt::skip]
     let out = Command::new(rocev2_bin())
@@ -162,10 +173,8 @@ fn rated_links_queue_mark_and_drop_and_every_packet_is_accounted_for() {
 fn allreduce_with_qp_hashing_over_4_qps_beats_five_tuple_over_one_where_five_tuple_collides() {
     require_root();
     let name = lab_name('a');
-    // Deep buffers: nothing drops, so what differs is where the traffic goes.
-    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"]);
-    let mut args = LabCollectiveArgs::new(&name, Op::Allreduce, 2 << 20);
-    args.chunk = 64 << 10;
+    let _lab = lab_up(&name, DEEP_BUFFERS);
+    let mut args = allreduce_2m(&name);
 
     mode(&name, "five-tuple");
     args.qps = 1;
@@ -262,9 +271,8 @@ fn te_replans_around_a_failed_link_and_the_allreduce_completes() {
     use rocev2_user::tools::fabric::Switch;
     require_root();
     let name = lab_name('t');
-    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"]);
-    let mut args = LabCollectiveArgs::new(&name, Op::Allreduce, 2 << 20);
-    args.chunk = 64 << 10;
+    let _lab = lab_up(&name, DEEP_BUFFERS);
+    let mut args = allreduce_2m(&name);
     // The first install restarts the dataplanes: the binary does that.
     let out = Command::new(rocev2_bin())
         .args(["lab", "te", "--name", &name, "--size", "2m", "--chunk", "64k"])
@@ -325,7 +333,7 @@ fn fixed_paths(row: &scorecard::ModeRow) -> bool {
 fn scorecard_modes_with_fixed_paths_are_within_15_percent_of_the_model_on_a_small_fabric() {
     require_root();
     let name = lab_name('s');
-    let _lab = lab_up(&name, &["--link-rate", "10mbit", "--leaf-buffer", "512k", "--spine-buffer", "1m"]);
+    let _lab = lab_up(&name, DEEP_BUFFERS);
     let off = |card: &scorecard::Scorecard| -> Vec<scorecard::ModeRow> {
         card.modes
             .iter()
