@@ -110,12 +110,7 @@ impl EventSocket {
 
     /// Subscribes in the current network namespace to `groups`.
     pub fn open_groups(groups: &[u32]) -> Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
-        socket.bind_auto().context("cannot bind the netlink socket")?;
-        force_receive_buffer(&socket, RECEIVE_BUFFER);
-        for &group in groups {
-            socket.add_membership(group).with_context(|| format!("cannot join netlink group {group}"))?;
-        }
+        let socket = subscribe(groups)?;
         socket.set_non_blocking(true)?;
         // SAFETY: the socket is owned by the AsyncFd from here on and its
         // fd stays open (and registered) exactly as long as the AsyncFd.
@@ -130,7 +125,7 @@ impl EventSocket {
     pub async fn receive(&mut self) -> io::Result<Vec<Vec<u8>>> {
         loop {
             let mut guard = self.fd.readable().await?;
-            let (out, emptied) = drain(guard.get_inner(), &mut self.buffer, BATCH)?;
+            let (out, emptied) = drain(guard.get_inner(), &mut self.buffer, BATCH, 0)?;
             if emptied {
                 guard.clear_ready();
             }
@@ -142,7 +137,7 @@ impl EventSocket {
 
     /// Every datagram that is waiting now (none: an empty list).
     pub fn ready_now(&mut self) -> io::Result<Vec<Vec<u8>>> {
-        drain(self.fd.get_ref(), &mut self.buffer, usize::MAX).map(|(out, _)| out)
+        drain(self.fd.get_ref(), &mut self.buffer, usize::MAX, 0).map(|(out, _)| out)
     }
 }
 
@@ -159,12 +154,7 @@ impl WaitingEventSocket {
     /// waits at most `timeout` for a message.
     pub fn open(timeout: std::time::Duration) -> Result<Self> {
         use nix::sys::{socket::sockopt, time::TimeVal};
-        let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
-        socket.bind_auto().context("cannot bind the netlink socket")?;
-        force_receive_buffer(&socket, RECEIVE_BUFFER);
-        for group in [RTNLGRP_LINK, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP] {
-            socket.add_membership(group).with_context(|| format!("cannot join netlink group {group}"))?;
-        }
+        let socket = subscribe(&[RTNLGRP_LINK, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP])?;
         let wait = TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
         nix::sys::socket::setsockopt(&socket, sockopt::ReceiveTimeout, &wait)
             .context("cannot set the netlink socket's receive timeout")?;
@@ -175,34 +165,45 @@ impl WaitingEventSocket {
     /// with every other one already waiting; none when the wait timed out.
     /// `Err` with ENOBUFS: messages were lost, dump the tables again.
     pub fn receive(&mut self) -> io::Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        let mut flags = 0;
-        loop {
-            match self.socket.recv(&mut &mut self.buffer[..], flags) {
-                Ok(n) => out.push(self.buffer[..n].to_vec()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(out),
-                Err(e) => return Err(e),
-            }
-            flags = libc::MSG_DONTWAIT;
-        }
+        let first = match self.socket.recv(&mut &mut self.buffer[..], 0) {
+            Ok(n) => self.buffer[..n].to_vec(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let (mut out, _) = drain(&self.socket, &mut self.buffer, usize::MAX, libc::MSG_DONTWAIT)?;
+        out.insert(0, first);
+        Ok(out)
     }
 }
 
 /// Datagrams one batch holds at most, so a long burst is applied in steps.
 const BATCH: usize = 4096;
 
-/// Reads the datagrams waiting on the (non-blocking) socket, up to
-/// `limit`; says whether it read until none was left.
-fn drain(socket: &Socket, buffer: &mut [u8], limit: usize) -> io::Result<(Vec<Vec<u8>>, bool)> {
+/// Reads the datagrams waiting on the socket (non-blocking, or read with
+/// `flags` MSG_DONTWAIT), up to `limit`; says whether it read until none
+/// was left.
+fn drain(socket: &Socket, buffer: &mut [u8], limit: usize, flags: libc::c_int) -> io::Result<(Vec<Vec<u8>>, bool)> {
     let mut out = Vec::new();
     while out.len() < limit {
-        match socket.recv(&mut &mut buffer[..], 0) {
+        match socket.recv(&mut &mut buffer[..], flags) {
             Ok(n) => out.push(buffer[..n].to_vec()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((out, true)),
             Err(e) => return Err(e),
         }
     }
     Ok((out, false))
+}
+
+/// A netlink route socket bound and subscribed to `groups`, with the
+/// large receive buffer a burst of changes needs.
+fn subscribe(groups: &[u32]) -> Result<Socket> {
+    let mut socket = Socket::new(NETLINK_ROUTE).context("cannot open a netlink socket")?;
+    socket.bind_auto().context("cannot bind the netlink socket")?;
+    force_receive_buffer(&socket, RECEIVE_BUFFER);
+    for &group in groups {
+        socket.add_membership(group).with_context(|| format!("cannot join netlink group {group}"))?;
+    }
+    Ok(socket)
 }
 
 /// SO_RCVBUFFORCE (we run privileged), else SO_RCVBUF up to the sysctl cap.
