@@ -33,6 +33,35 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     String::from_utf8(out.stdout).with_context(|| format!("`{cmdline}` printed non-UTF-8"))
 }
 
+/// One direction of a device's kernel counters, as `ip -s link` shows them.
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+pub struct DirectionCounts {
+    pub packets: u64,
+    pub dropped: u64,
+    pub errors: u64,
+}
+
+/// A device's kernel counters: every frame it sent or received, whoever
+/// handled it (XDP's redirects and the kernel's own stack alike), so a lab
+/// counts arrivals and drops where the frames land.
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+pub struct DeviceCounts {
+    pub rx: DirectionCounts,
+    pub tx: DirectionCounts,
+}
+
+/// Device `dev`'s counters in network namespace `ns` (`ip -s -j link`).
+pub fn device_counts(ns: &str, dev: &str) -> anyhow::Result<DeviceCounts> {
+    #[derive(serde::Deserialize)]
+    struct Link {
+        stats64: DeviceCounts,
+    }
+    let text = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
+    let links: Vec<Link> = serde_json::from_str(&text)
+        .with_context(|| format!("reading the counters of {dev} in {ns} from `ip -s -j link`"))?;
+    links.into_iter().next().map(|l| l.stats64).with_context(|| format!("`ip -s -j link` in {ns} shows no {dev}"))
+}
+
 fn open_netns(name: &str) -> anyhow::Result<File> {
     let path = format!("{NETNS_DIR}/{name}");
     File::open(&path).map_err(|e| {

@@ -161,11 +161,8 @@ impl EcmpLab {
         places.extend(self.uplinks.iter().map(|u| (u, "up0".to_string())));
         let mut out = Vec::new();
         for (ns, dev) in places {
-            let Ok(json) = ns.exec(&["ip", "-s", "-j", "link", "show", "dev", &dev]) else { continue };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { continue };
-            let stats = &v[0]["stats64"];
-            for (dir, key) in [("rx", "rx"), ("tx", "tx")] {
-                let dropped = stats[key]["dropped"].as_u64().unwrap_or(0);
+            let Ok(counts) = crate::sys::netns::device_counts(ns.name(), &dev) else { continue };
+            for (dir, dropped) in [("rx", counts.rx.dropped), ("tx", counts.tx.dropped)] {
                 if dropped > 0 {
                     out.push(format!("{}/{dev} {dir} dropped {dropped}", ns.name()));
                 }

@@ -41,7 +41,7 @@ use rocev2_user::{
     control::dataplane::Maps,
     control::state::RunState,
     sys::format_mac,
-    sys::netns::{in_netns, in_netns_scoped, Netns},
+    sys::netns::{device_counts, in_netns, in_netns_scoped, Netns},
     testbed::ecmp_lab::{uplink_mac, EcmpLab, DEST_V4},
     tools::gen::{allowed_cpus, generate, CpuPin, GenArgs, GenMode, GenReport},
     tools::programs::{ToolPrograms, XDP_DROP_PROGRAM},
@@ -78,11 +78,10 @@ fn link_counters(ns: &Netns, dev: &str, tag: &str, out: &mut Counters) {
             out.insert(format!("{tag}.{k}"), v.trim().parse().unwrap());
         }
     }
-    let json = ns.exec(&["ip", "-s", "-j", "link", "show", dev]).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    for dir in ["rx", "tx"] {
-        for key in ["packets", "dropped", "errors"] {
-            out.insert(format!("{tag}.{dir}_{key}"), v[0]["stats64"][dir][key].as_i64().unwrap());
+    let counts = device_counts(ns.name(), dev).unwrap();
+    for (dir, c) in [("rx", counts.rx), ("tx", counts.tx)] {
+        for (key, value) in [("packets", c.packets), ("dropped", c.dropped), ("errors", c.errors)] {
+            out.insert(format!("{tag}.{dir}_{key}"), value as i64);
         }
     }
 }

@@ -616,14 +616,9 @@ fn fdb_port(ns: &str, mac: &[u8; 6]) -> Option<String> {
 /// Waits until no frame has reached the bridge from a rack switch for a
 /// second (at most 10 s).
 fn wait_quiet(lab: &Lab) {
-    let received = || -> u64 {
-        let links: serde_json::Value = serde_json::from_str(&lab.ip("bridge", &["-j", "-s", "link", "show"])).unwrap();
-        let links = links.as_array().unwrap().iter();
-        links
-            .filter(|l| l["ifname"].as_str().is_some_and(|n| n.starts_with('u')))
-            .map(|l| l["stats64"]["rx"]["packets"].as_u64().unwrap())
-            .sum()
-    };
+    let bridge = lab.ns("bridge");
+    let received =
+        || -> u64 { (1..=UPLINKS).map(|i| netns::device_counts(&bridge, &format!("u{i}")).unwrap().rx.packets).sum() };
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = received();
     let mut quiet_since = Instant::now();

@@ -31,9 +31,7 @@ pub(super) fn ifindex_in(ns: &str, dev: &str) -> Result<u32> {
 }
 
 pub(super) fn rx_packets(ns: &str, dev: &str) -> Result<u64> {
-    let out = netns::ip(&["-n", ns, "-s", "-j", "link", "show", dev])?;
-    let v: serde_json::Value = serde_json::from_str(&out)?;
-    v[0]["stats64"]["rx"]["packets"].as_u64().context("no rx packets in `ip -s -j link`")
+    Ok(netns::device_counts(ns, dev)?.rx.packets)
 }
 
 pub(super) struct Lab {

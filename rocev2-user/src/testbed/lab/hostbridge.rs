@@ -21,17 +21,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{
     base_sysctls, fabric::LabStatsArgs, strs, validate_name, LabKind, LabPlan, LabRecord, LabUpArgs, NsPlan, VethPlan,
     DEST_PREFIX_V4, DEST_PREFIX_V6, DEST_V4, DEST_V6, MAX_PORTS, RUN_DIR,
 };
-use crate::{
-    render::{share_bar, Align, Table},
-    sys::netns::ip,
-};
+use crate::render::{share_bar, Align, Table};
 
 /// The anycast gateway every rack switch answers as.
 pub const GATEWAY_MAC: [u8; 6] = [0x02, 0x52, 0x32, 0xFE, 0x00, 0x01];
@@ -256,9 +253,7 @@ pub struct HostBridgeRecord {
 /// kernel bridge's frames and XDP's alike).
 fn received(lab: &str, k: u32) -> Result<u64> {
     let ns = format!("{lab}-rtsw{k}");
-    let text = ip(&["-n", &ns, "-j", "-s", "link", "show", "dev", "gw"])?;
-    let links: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("`ip -j` in {ns}"))?;
-    links[0]["stats64"]["rx"]["packets"].as_u64().with_context(|| format!("no rx counter for gw in {ns}"))
+    Ok(crate::sys::netns::device_counts(&ns, "gw")?.rx.packets)
 }
 
 fn all_received(lab: &str, uplinks: u32) -> Result<Vec<u64>> {

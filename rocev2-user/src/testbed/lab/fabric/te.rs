@@ -350,11 +350,8 @@ pub fn link_counters(record: &LabRecord, link: &LinkId) -> Result<Vec<EndCounter
     let wires = super::links::wire_ns(&record.name);
     let wired = crate::testbed::topology::netns_exists(&wires);
     let stats = |ns: &str, dev: &str| -> Result<(u64, u64)> {
-        let text = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("`ip -s -j link show dev {dev}` in {ns}"))?;
-        let tx = &v[0]["stats64"]["tx"];
-        Ok((tx["packets"].as_u64().unwrap_or(0), tx["dropped"].as_u64().unwrap_or(0)))
+        let tx = crate::sys::netns::device_counts(ns, dev)?.tx;
+        Ok((tx.packets, tx.dropped))
     };
     let mut out = Vec::new();
     for (s, port) in [Some(a), b].into_iter().flatten() {
