@@ -235,6 +235,8 @@ fn a_dataplane_nobody_manages_is_reported_and_detach_removes_it() {
         "{}",
         text(&out.stdout)
     );
+    // Its final counters do not tell the user to run the detach they ran.
+    assert!(!text(&out.stdout).contains("WARNING"), "{}", text(&out.stdout));
     assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "p0 still has XDP");
     assert!(!Path::new(&pin_dir).exists());
     let out = rocev2(&["detach", "--config", &cfg]);
