@@ -141,6 +141,7 @@ maps! {
         TELEMETRY_SCRATCH: PerCpuArray, pin Never, Scratch, "a packet's telemetry step";
         FDB: HashMap, pin Always, Refilled, "host bridge mode: the mirrored forwarding database (MAX_FDB_ENTRIES)";
         BRIDGE_PORTS: Array, pin Always, Refilled, "host bridge mode: the bridge's ports and their STP state (MAX_PORTS)";
+        FDB_CACHE: PerCpuArray, pin Always, Fresh, "host bridge mode: recent FDB decisions per CPU (FDB_CACHE_SLOTS)";
     }
     others {
         /// The tools object's maps (rocev2-tools; never pinned).
@@ -401,6 +402,10 @@ pub struct DataplaneConfig {
     /// stage hash with; read by [`crate::hash::HashVersion::from_config`]
     /// (0, a CONFIG that never set it, is version 1).
     pub hash_version: u32,
+    /// Bumped by the control program after every change of FDB or
+    /// BRIDGE_PORTS (and after it clears FDB activity bits); an FDB_CACHE
+    /// slot from an older generation is ignored.
+    pub fdb_generation: u32,
 }
 
 /// Entries FDB holds at most (allocated as they are added).
@@ -440,7 +445,8 @@ pub struct FdbEntry {
     /// arrive on that slot (else the kernel sees it and learns the move).
     pub port_slot: u32,
     /// Set by the XDP program when a frame from this MAC arrives on its
-    /// port; the control program refreshes the kernel's ageing of such
+    /// port (the first such frame of each FDB_CACHE generation: clearing
+    /// the bits bumps it); the control program refreshes the kernel's ageing of such
     /// entries (frames forwarded in XDP never reach the kernel bridge) and
     /// clears it. A hit bit, as switch ASICs keep for their FDBs.
     pub active: u32,
@@ -458,6 +464,38 @@ pub struct BridgePort {
     /// The slot + 1 of the uplink group this port belongs to (0: none). A
     /// frame from one of that group's MACs may arrive on any of its ports.
     pub uplink: u32,
+}
+
+/// Slots per CPU of the cache in front of the bridge program's two FDB
+/// lookups.
+pub const FDB_CACHE_SLOTS: u32 = 256;
+
+/// One slot of FDB_CACHE: where a frame from `src` to `dst` arriving on
+/// port slot `port_slot` goes (an FDB entry's kind and target, once the
+/// source was found learned there), valid while CONFIG's fdb_generation
+/// still equals `fdb_generation`. The FDB is a hash map: its two lookups
+/// per frame (destination, then source) cost more than the whole member
+/// choice, and a bridge port's traffic is between few MAC pairs.
+/// Direct-mapped as ROUTE_CACHE: a colliding pair replaces the slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdbCacheEntry {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub port_slot: u32,
+    pub fdb_generation: u32,
+    /// FDB_PORT or FDB_UPLINK; 0 = empty.
+    pub kind: u32,
+    /// As FdbEntry's target.
+    pub target: u32,
+}
+
+/// The FDB_CACHE slot of a frame (Fibonacci hashing of the folded MACs'
+/// low four bytes and the ingress port slot).
+#[inline(always)]
+pub fn fdb_cache_slot(dst: &[u8; 6], src: &[u8; 6], port_slot: u32) -> u32 {
+    let low = |m: &[u8; 6]| u32::from_le_bytes([m[2], m[3], m[4], m[5]]);
+    (low(dst) ^ low(src).rotate_left(16) ^ port_slot).wrapping_mul(0x9E37_79B1) >> 24
 }
 
 /// The `group` of a frame bridged to the one port its FDB entry names:
@@ -498,13 +536,15 @@ const _: () = {
     assert!(core::mem::size_of::<MemberEntry>() == 20);
     assert!(core::mem::size_of::<PortEntry>() == 8);
     assert!(core::mem::size_of::<IfindexSlots>() == 8);
-    assert!(core::mem::size_of::<DataplaneConfig>() == 20);
+    assert!(core::mem::size_of::<DataplaneConfig>() == 24);
     assert!(core::mem::size_of::<RouteCacheEntry>() == 32);
     assert!(ROUTE_CACHE_SLOTS == 256, "route_cache_slot keeps 8 bits");
     assert!(core::mem::size_of::<MemberStats>() == 16);
     assert!(core::mem::size_of::<FdbKey>() == 8);
     assert!(core::mem::size_of::<FdbEntry>() == 16);
     assert!(core::mem::size_of::<BridgePort>() == 8);
+    assert!(core::mem::size_of::<FdbCacheEntry>() == 28);
+    assert!(FDB_CACHE_SLOTS == 256, "fdb_cache_slot keeps 8 bits");
     assert!(member_stat_index(BRIDGE_PORT_GROUP, 0) >= MEMBER_STAT_ENTRIES);
     assert!(core::mem::size_of::<PortCounters>() == 8 * PortCounter::COUNT as usize);
     assert!(core::mem::size_of::<EgressCounters>() == 8 * crate::counters::EgressCounter::COUNT as usize);

@@ -23,7 +23,10 @@ use network_types::eth::EthHdr;
 use rocev2_common::{
     counters::PortCounter,
     features::Features,
-    maps::{FdbKey, BRIDGE_PORT_FORWARDING, BRIDGE_PORT_GROUP, FDB_LOCAL, FDB_PORT, FDB_UPLINK},
+    maps::{
+        fdb_cache_slot, FdbCacheEntry, FdbKey, BRIDGE_PORT_FORWARDING, BRIDGE_PORT_GROUP, FDB_LOCAL, FDB_PORT,
+        FDB_UPLINK,
+    },
 };
 
 use crate::{
@@ -33,7 +36,7 @@ use crate::{
     features::enabled,
     forward::{self, decide, flow_key_v4, flow_key_v6, hand_on, new_tos, Decision, FORWARDED},
     forwarded::Forward,
-    maps::{BRIDGE_PORTS, FDB},
+    maps::{BRIDGE_PORTS, CONFIG, FDB, FDB_CACHE},
     parse::{self, drop, pass, ptr_at, L3Kind, Outcome, Verdict, L4},
     pin::{self, NO_PIN},
     rewrite,
@@ -103,10 +106,45 @@ fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome>
     if port.flags & BRIDGE_PORT_FORWARDING == 0 {
         return Err(pass(PortCounter::PassBridgePortBlocked));
     }
+    // The generation is read before the FDB: a result stored under it is
+    // discarded by the bump that follows any FDB or port change.
+    let generation = CONFIG.get(0).map_or(0, |c| c.fdb_generation);
+    let Some(cached) = FDB_CACHE.get_ptr_mut(fdb_cache_slot(&dst, &src, slot)) else {
+        return fdb_entries(dst, src, slot, port.uplink);
+    };
+    // SAFETY: this CPU's own slot; nothing else runs on it meanwhile.
+    let cached = unsafe { &mut *cached };
+    let hit = cached.port_slot == slot && cached.fdb_generation == generation && cached.dst == dst && cached.src == src;
+    // Each kind returned as its constant: the verifier then knows a hit is
+    // never NO_TARGET (with the kind as read from the slot it follows the
+    // NO_TARGET branch into the outcome decoder with an unbounded index).
+    if hit && cached.kind == FDB_UPLINK {
+        return Ok(BridgeTarget::new(FDB_UPLINK, cached.target));
+    }
+    if hit && cached.kind == FDB_PORT {
+        return Ok(BridgeTarget::new(FDB_PORT, cached.target));
+    }
+    let target = fdb_entries(dst, src, slot, port.uplink)?;
+    *cached = FdbCacheEntry {
+        dst,
+        src,
+        port_slot: slot,
+        fdb_generation: generation,
+        kind: target.kind(),
+        target: target.id(),
+    };
+    Ok(target)
+}
+
+/// The FDB's own answer for a frame from `src` to `dst` on port `slot`
+/// (whose uplink group is `uplink`): the destination's entry, once the
+/// source is found learned where the frame came from.
+#[inline(always)]
+fn fdb_entries(dst: [u8; 6], src: [u8; 6], slot: u32, uplink: u32) -> Result<BridgeTarget, Outcome> {
     // SAFETY: a map value, only read.
     let to = unsafe { FDB.get(FdbKey { mac: dst, vlan: 0 }) }.ok_or(pass(PortCounter::PassBridgeUnknownUnicast))?;
     let (kind, id, port_slot) = (to.kind, to.target, to.port_slot);
-    learned_here(src, slot, port.uplink)?;
+    learned_here(src, slot, uplink)?;
     match kind {
         FDB_PORT if port_slot == slot => Err(pass(PortCounter::PassBridgeSamePort)),
         FDB_PORT | FDB_UPLINK => Ok(BridgeTarget::new(kind, id)),

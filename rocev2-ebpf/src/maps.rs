@@ -160,3 +160,8 @@ pub static FDB: HashMap<FdbKey, FdbEntry> = HashMap::with_max_entries(MAX_FDB_EN
 /// port counter slot (the slot the packet's counters use anyway).
 #[map]
 pub static BRIDGE_PORTS: Array<BridgePort> = Array::with_max_entries(MAX_PORTS, 0);
+
+/// Host bridge mode: per-CPU cache in front of the two FDB lookups of a
+/// frame (see FdbCacheEntry); per CPU so it needs no locking.
+#[map]
+pub static FDB_CACHE: PerCpuArray<FdbCacheEntry> = PerCpuArray::with_max_entries(FDB_CACHE_SLOTS, 0);

@@ -325,6 +325,15 @@ impl Maps {
         self.config.set(0, config, 0).context("cannot write CONFIG")
     }
 
+    /// Invalidates every CPU's FDB cache: called after each write of FDB
+    /// or BRIDGE_PORTS, so the next frame of every MAC pair reads them
+    /// (and marks its source active) again.
+    fn bump_fdb_generation(&mut self) -> Result<()> {
+        let config = self.dataplane_config()?;
+        let config = DataplaneConfig { fdb_generation: config.fdb_generation.wrapping_add(1), ..config };
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
     /// The seed and version of the flow hash, in one CONFIG write: a
     /// packet never hashes with a new seed under the old version.
     pub fn set_hash(&mut self, seed: u32, version: HashVersion) -> Result<()> {
@@ -732,13 +741,14 @@ impl Maps {
                 crate::sys::format_mac(&key.mac),
                 rocev2_common::maps::MAX_FDB_ENTRIES
             )
-        })
+        })?;
+        self.bump_fdb_generation()
     }
 
     /// Removes an FDB entry (aged out, deleted, or its port left the bridge).
     pub fn remove_fdb(&mut self, key: &FdbKey) -> Result<()> {
         match self.fdb_mut()?.remove(key) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => self.bump_fdb_generation(),
             Err(e) => {
                 Err(e).with_context(|| format!("cannot remove the FDB entry of {}", crate::sys::format_mac(&key.mac)))
             }
@@ -762,7 +772,8 @@ impl Maps {
         }
         let missing = DataplaneError::MissingMap { map: names::BRIDGE_PORTS, feature: "host bridge mode" };
         let ports = self.bridge_ports.as_mut().ok_or(missing)?;
-        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")
+        ports.set(slot, port, 0).context("cannot write BRIDGE_PORTS")?;
+        self.bump_fdb_generation()
     }
 
     pub fn bridge_port(&self, slot: u32) -> Result<BridgePort> {

@@ -394,8 +394,21 @@ pub fn shaper_commands(dev: &str, rate_bps: u64, buffer: u64) -> Vec<Vec<String>
 }
 
 /// Sets up every queue of `queues` at `rate_bps`.
+///
+/// A host's NIC (eth0) also sends with TSO off, for the reason
+/// [`join_wires`] gives for the wire devices: its peer in the wire
+/// namespace runs no XDP, so with TSO on every frame a host sent reached
+/// that peer through `netif_rx`, into the backlog of whichever CPU was
+/// dequeuing the NIC's HTB queue (the sender's or the HTB timer's), and a
+/// QP's frames could swap on the first hop. Seen as `ethtool -S l1-h2` in
+/// the wire namespace counting 0 `rx_queue_0_xdp_packets` (frames through
+/// its NAPI ring) for 1971 received after an AllReduce.
 pub fn install_queues(queues: &[QueueRecord], rate_bps: u64) -> Result<()> {
     for q in queues {
+        if q.switch.is_none() {
+            ip(&["netns", "exec", &q.netns, "ethtool", "-K", &q.dev, "tso", "off"])
+                .with_context(|| format!("turning TSO off for {}/{}", q.netns, q.dev))?;
+        }
         for args in shaper_commands(&q.dev, rate_bps, q.buffer) {
             let mut full = vec!["-n".to_owned(), q.netns.clone()];
             full.extend(args);
