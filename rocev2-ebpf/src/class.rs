@@ -33,10 +33,15 @@ pub fn fields(roce: &Roce, dest_qp: u32, dscp: u8) -> ClassFields {
     }
 }
 
-/// The first class that matches, with its index.
+/// Live classes (CONFIG's class_count).
 #[inline(always)]
-fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
-    let count = CONFIG.get(0).map_or(0, |c| c.class_count);
+fn class_count() -> u32 {
+    CONFIG.get(0).map_or(0, |c| c.class_count)
+}
+
+/// The first of the `count` live classes that matches, with its index.
+#[inline(always)]
+fn classify(fields: &ClassFields, count: u32) -> Option<(u32, ClassAction)> {
     for i in 0..MAX_CLASSES {
         if i >= count {
             break;
@@ -52,15 +57,21 @@ fn classify(fields: &ClassFields) -> Option<(u32, ClassAction)> {
 /// [`classify`] as its own BPF function (keeps the class loop's state out
 /// of the caller's stack frame); returns the class index or NO_CLASS.
 #[inline(never)]
-pub fn classify_index(fields: &ClassFields) -> u32 {
-    classify(fields).map_or(NO_CLASS, |(i, _)| i)
+pub fn classify_index(fields: &ClassFields, count: u32) -> u32 {
+    classify(fields, count).map_or(NO_CLASS, |(i, _)| i)
 }
 
 /// The matching class's action, counted against the class; NO_ACTION
-/// when none matches.
+/// when none matches. A config without classes (the feature loaded, the
+/// table empty) makes no call: a BPF-to-BPF call and its return cost
+/// several ns here.
 #[inline(always)]
 pub fn matched(fields: &ClassFields, len: u64) -> ClassAction {
-    match classify_index(fields) {
+    let count = class_count();
+    if count == 0 {
+        return NO_ACTION;
+    }
+    match classify_index(fields, count) {
         NO_CLASS => NO_ACTION,
         index => {
             counters::class_matched(index, len);

@@ -4,7 +4,7 @@ use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use rocev2_common::{
     class::{ClassAction, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE},
     counters::{EgressCounter, PortCounter},
-    ecn::{self, Congestion, NO_PROFILE, PROFILE_DROP_NOT_ECT},
+    ecn::{self, Congestion, EgressEntry, NO_PROFILE, PROFILE_DROP_NOT_ECT},
 };
 
 use crate::{
@@ -19,7 +19,14 @@ use crate::{
 /// drop for Not-ECT traffic when the profile asks for it.
 #[inline(always)]
 pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
-    let Some(egress) = egress_entry(ifindex).copied() else { return Ok(tos) };
+    let Some(egress) = egress_entry(ifindex) else { return Ok(tos) };
+    mark_on(egress, tos, len, class, now)
+}
+
+/// [`mark`] on the port's virtual queue settings, found by the caller.
+#[inline(always)]
+fn mark_on(egress: &EgressEntry, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
+    let egress = *egress;
     let mut tally = EgressTally::of(egress.slot);
     tally.add(EgressCounter::TxPackets, 1);
     tally.add(EgressCounter::TxBytes, len);
@@ -66,22 +73,26 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> R
 /// Returned by [`mark_code`] for "drop this packet".
 pub const ECN_DROP: u32 = 0x100;
 
-/// [`mark`] as its own BPF function with scalar arguments (at most five);
+/// [`mark_on`] as its own BPF function with at most five arguments;
 /// `now` is the packet's clock reading, 0 if not read yet. Returns the new
 /// TOS byte, or ECN_DROP.
 #[inline(never)]
-pub fn mark_code(ifindex: u32, tos: u32, len: u64, class: ClassEcn, now: u64) -> u32 {
+pub fn mark_code(egress: &EgressEntry, tos: u32, len: u64, class: ClassEcn, now: u64) -> u32 {
     let action = ClassAction { flags: class.flags(), set_dscp: 0, priority: 0, profile: class.profile() };
-    match mark(ifindex, tos as u8, len, &action, now) {
+    match mark_on(egress, tos as u8, len, &action, now) {
         Ok(t) => u32::from(t),
         Err(_) => ECN_DROP,
     }
 }
 
-/// The TOS byte to send after marking, or the drop.
+/// The TOS byte to send after marking, or the drop. A port without a
+/// virtual queue (the feature loaded, this port not configured) is found
+/// here and makes no call: a BPF-to-BPF call and its return cost several
+/// ns here.
 #[inline(always)]
 pub fn mark_forwarded(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
-    match mark_code(ifindex, u32::from(tos), len, ClassEcn::new(class.flags, class.profile), now) {
+    let Some(egress) = egress_entry(ifindex) else { return Ok(tos) };
+    match mark_code(egress, u32::from(tos), len, ClassEcn::new(class.flags, class.profile), now) {
         ECN_DROP => Err(drop(PortCounter::DropNotEct)),
         t => Ok(t as u8),
     }
