@@ -1359,7 +1359,15 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
             format!("; they exist in network namespaces {}{more}: give `rocev2 --netns NAME ...`", listed.join(", "))
         }
     };
-    let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
+    // An interface can be named in several places (a port that is also a
+    // member): the count is of interfaces, the lines are of places.
+    let distinct = missing.iter().collect::<std::collections::BTreeSet<_>>().len();
+    let count = match (errors.len(), distinct) {
+        (1, _) => String::new(),
+        (places, 1) => format!("\n1 interface is missing (named in {places} places)"),
+        (places, n) if places == n => format!("\n{n} interfaces are missing"),
+        (places, n) => format!("\n{n} interfaces are missing (named in {places} places)"),
+    };
     bail!("{}{count}{}{here}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
 }
 

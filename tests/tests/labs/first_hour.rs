@@ -313,7 +313,8 @@ fn check_reports_every_missing_interface_with_close_names() {
     let only_here = format!("fh{}", std::process::id() % 1_000_000);
     lab.in_switch(&["ip", "link", "add", &only_here, "type", "veth", "peer", "name", &format!("{only_here}b")])
         .unwrap();
-    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\""));
+    // u1 a port as well as a member: one interface, two places.
+    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\"\n\n[[port]]\nname = \"u1\""));
     let good = lab.write_config_text("only-here", &good).unwrap();
     let out = rocev2(&["check", "--config", good.to_str().unwrap()]);
     let err = text(&out.stderr);
@@ -321,6 +322,7 @@ fn check_reports_every_missing_interface_with_close_names() {
         err.contains(&format!("they exist in network namespace \"{sw}\": give `rocev2 --netns {sw} ...`")),
         "{err}"
     );
+    assert!(err.contains("3 interfaces are missing (named in 4 places)"), "{err}");
 }
 
 /// A child this test started, killed (by its pid) if the test fails first.
