@@ -601,7 +601,7 @@ mod tests {
     fn run_check_and_explain_default_to_the_etc_config() {
         for sub in ["run", "check", "explain"] {
             let cli = Cli::try_parse_from(
-                ["rocev2", sub, "--src", "10.0.0.1", "--dst", "10.1.0.1"][..if sub == "explain" { 6 } else { 2 }],
+                &["rocev2", sub, "--src", "10.0.0.1", "--dst", "10.1.0.1"][..if sub == "explain" { 6 } else { 2 }],
             )
             .unwrap();
             let config = match cli.command {
