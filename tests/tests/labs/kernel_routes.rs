@@ -637,7 +637,7 @@ fn the_mirror_follows_ipv6_multipath_routes_replaced_in_place_as_the_kernel_does
                 _ => 0,
             };
             assert_eq!(count, *paths, "after `ip -6 {step}`: {now:?}; the kernel has: {kernel_has}");
-            assert_eq!(now, dumped.target(&prefix), "after `ip -6 {}`; the kernel has: {kernel_has}", step);
+            assert_eq!(now, dumped.target(&prefix), "after `ip -6 {step}`; the kernel has: {kernel_has}");
         }
         Ok(())
     })
