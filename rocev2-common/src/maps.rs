@@ -141,7 +141,7 @@ maps! {
         TELEMETRY_SCRATCH: PerCpuArray, pin Never, Scratch, "a packet's telemetry step";
         FDB: HashMap, pin Always, Refilled, "host bridge mode: the mirrored forwarding database (MAX_FDB_ENTRIES)";
         BRIDGE_PORTS: Array, pin Always, Refilled, "host bridge mode: the bridge's ports and their STP state (MAX_PORTS)";
-        FDB_CACHE: PerCpuArray, pin Always, Fresh, "host bridge mode: recent FDB decisions per CPU (FDB_CACHE_SLOTS)";
+        FDB_CACHE: PerCpuArray, pin Never, Fresh, "host bridge mode: recent FDB decisions per CPU (FDB_CACHE_SLOTS); nothing outside the programs reads it";
     }
     others {
         /// The tools object's maps (rocev2-tools; never pinned).

@@ -293,7 +293,7 @@ fn render_main_man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
 const FILES_AND_SIGNALS_ROFF: &str = r#".SH FILES
 .TP
 \fI/etc/rocev2/rocev2.toml\fR
-The config \fBrun\fR, \fBcheck\fR, \fBreload\fR, \fBstats\fR and \fBupgrade\fR use without \fB\-\-config\fR (\fBstats\fR, \fBreload\fR and \fBupgrade\fR fall back to the pin directory /sys/fs/bpf/rocev2 when that file does not exist). Every key it takes: \fBrocev2.toml\fR(5).
+The config \fBrun\fR and \fBcheck\fR use without \fB\-\-config\fR, and so do the commands that find a running instance without \fB\-\-config\fR or \fB\-\-pin\-dir\fR (\fBstats\fR, \fBtop\fR, \fBtrace\fR, \fBreload\fR, \fBupgrade\fR, \fBdetach\fR), which fall back to the pin directory /sys/fs/bpf/rocev2 when that file does not exist. Every key it takes: \fBrocev2.toml\fR(5).
 .TP
 \fI/sys/fs/bpf/rocev2\fR
 The default pin_dir: the maps and the XDP links of a running \fBrocev2 run\fR.
@@ -316,10 +316,11 @@ What a run killed with SIGKILL left attached: \fBrocev2 detach\fR removes it (or
 "#;
 
 const FILES_HELP: &str = "Files:
-  /etc/rocev2/rocev2.toml  the config `run`, `check`, `reload`, `stats` and `upgrade` use without
-                           --config (`stats`, `reload` and `upgrade` fall back to the pin directory
-                           /sys/fs/bpf/rocev2 when that file does not exist); every key it takes:
-                           `man rocev2.toml`
+  /etc/rocev2/rocev2.toml  the config `run` and `check` use without --config, and so do the
+                           commands that find a running instance without --config or --pin-dir
+                           (`stats`, `top`, `trace`, `reload`, `upgrade`, `detach`), which fall
+                           back to the pin directory /sys/fs/bpf/rocev2 when that file does not
+                           exist; every key it takes: `man rocev2.toml`
   /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
   /run/rocev2              state file and run lock of each running instance
 

@@ -43,7 +43,15 @@ pub fn detach(pin_dir: &Path) -> Result<Detached> {
     }
     // Fails while a live run holds it, which the check above should have caught.
     let _lock = RunLock::acquire(pin_dir)?;
-    let counters = state.as_ref().and_then(|s| Snapshot::collect(&Maps::open_pinned(pin_dir).ok()?, s).ok());
+    // Without the "nobody manages this ... `rocev2 detach` removes it"
+    // warning the counters of an unmanaged dataplane carry: this is that
+    // detach.
+    let counters = state.as_ref().and_then(|s| Snapshot::collect(&Maps::open_pinned(pin_dir).ok()?, s).ok()).map(
+        |mut snapshot| {
+            snapshot.unmanaged = None;
+            snapshot
+        },
+    );
     let mut ports = Vec::new();
     let entries = fs::read_dir(pin_dir).with_context(|| format!("cannot read {}", pin_dir.display()))?;
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
@@ -81,14 +89,15 @@ fn elsewhere(pin_dir: &Path) -> String {
     if left.is_empty() && managed.is_empty() {
         return "; no other dataplane is pinned either (nothing is left attached)".to_string();
     }
-    let mut text = String::new();
+    // One heading, so the lists read as the other pin directories, not as
+    // more about the one that does not exist.
+    let mut text = "; the dataplanes pinned elsewhere:".to_string();
     if !left.is_empty() {
-        text.push_str("; left by a run that is gone (remove one with `rocev2 detach --pin-dir DIR`):");
+        text.push_str("\nleft by a run that is gone (remove one with `rocev2 detach --pin-dir DIR`):");
         text.push_str(&left.concat());
     }
     if !managed.is_empty() {
-        let head = if left.is_empty() { "; " } else { "\n" };
-        text.push_str(&format!("{head}managed by a live `rocev2 run` (stopping it detaches them):"));
+        text.push_str("\nmanaged by a live `rocev2 run` (stopping that run detaches it):");
         text.push_str(&managed.concat());
     }
     text

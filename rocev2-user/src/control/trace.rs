@@ -35,7 +35,9 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {
-    /// Config of the running instance (to find its pin_dir).
+    /// Config of the running instance (to find its pin_dir). Without
+    /// --config or --pin-dir: /etc/rocev2/rocev2.toml if it exists,
+    /// else the default pin directory /sys/fs/bpf/rocev2.
     #[arg(long, short, value_name = "FILE", conflicts_with = "pin_dir")]
     pub config: Option<PathBuf>,
     /// Pin directory of the running instance.

@@ -224,6 +224,15 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
             }
             (Some(l), None)
         }
+        // No run on this config's pin_dir: say that, not the list of other
+        // instances with `--pin-dir` advice `explain` has no option for.
+        Err(_) if !crate::control::state::state_path(&config.dataplane.pin_dir).exists() => (
+            None,
+            Some(format!(
+                "no `rocev2 run` uses this config's pin_dir {} (explain follows the run started with this config)",
+                config.dataplane.pin_dir.display()
+            )),
+        ),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
     let mut explanation = match args.dst_mac {

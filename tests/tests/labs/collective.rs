@@ -192,10 +192,11 @@ fn allreduce_with_qp_hashing_over_4_qps_beats_five_tuple_over_one_where_five_tup
     for r in [&five, &qp] {
         assert_eq!(r.drops, 0, "deep buffers: nothing dropped");
         // One path per QP, so the switches never reorder a QP. The lab's
-        // veths still swap a pair of frames now and then under load: the
-        // last hop into a host did (see links::join_wires), and a CI run
-        // after that fix still saw five-tuple with 1 frame reordered, 2
-        // sequence NAKs and 18 resent, nothing dropped. Such a swap costs
+        // veths swapped a pair of frames now and then under load: the last
+        // hop into a host (links::join_wires) and the first hop out of one
+        // (links::install_queues) handed frames to two CPUs' backlogs
+        // until both sent with TSO off. The bound stays until fresh-clone
+        // CI runs show 0 with both fixes in. Such a swap costs
         // a go-back-N resend (a swap whose late frame comes after the
         // resend NAKs without counting as reordered), which the comparison
         // with the model below bounds; more than a couple would be a fault.

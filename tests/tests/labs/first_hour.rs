@@ -235,10 +235,19 @@ fn a_dataplane_nobody_manages_is_reported_and_detach_removes_it() {
         "{}",
         text(&out.stdout)
     );
+    // Its final counters do not tell the user to run the detach they ran.
+    assert!(!text(&out.stdout).contains("WARNING"), "{}", text(&out.stdout));
     assert!(!lab.in_switch(&["ip", "link", "show", "p0"]).unwrap().contains("xdp"), "p0 still has XDP");
     assert!(!Path::new(&pin_dir).exists());
     let out = rocev2(&["detach", "--config", &cfg]);
     assert!(!out.status.success() && text(&out.stderr).contains("nothing to detach"), "{}", text(&out.stderr));
+    // explain, with nothing on the config's pin_dir, says so (it has no
+    // --pin-dir to pick another instance with).
+    let out = rocev2(&["explain", "--config", &cfg, "--src", "10.0.0.1", "--dst", "10.1.0.1", "--qp", "256"]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.contains(&format!("why not live: no `rocev2 run` uses this config's pin_dir {pin_dir}")), "{said}");
+    assert!(!said.contains("--pin-dir DIR"), "{said}");
 
     // Under `ip netns exec`: refused, with the --netns advice, nothing pinned.
     let out = Command::new("ip")

@@ -317,34 +317,36 @@ impl Maps {
         self.config.get(&0, 0).context("cannot read CONFIG")
     }
 
+    /// Reads CONFIG, applies `change` and writes it back in one write (the
+    /// programs only read CONFIG, so nothing changes it in between).
+    fn update_config(&mut self, change: impl FnOnce(&mut DataplaneConfig)) -> Result<()> {
+        let mut config = self.dataplane_config()?;
+        change(&mut config);
+        self.config.set(0, config, 0).context("cannot write CONFIG")
+    }
+
     /// Invalidates every CPU's route cache: called after each change of
     /// the route tables.
     pub(super) fn bump_route_generation(&mut self) -> Result<()> {
-        let config = self.dataplane_config()?;
-        let config = DataplaneConfig { route_generation: config.route_generation.wrapping_add(1), ..config };
-        self.config.set(0, config, 0).context("cannot write CONFIG")
+        self.update_config(|c| c.route_generation = c.route_generation.wrapping_add(1))
     }
 
     /// Invalidates every CPU's FDB cache: called after each write of FDB
     /// or BRIDGE_PORTS, so the next frame of every MAC pair reads them
     /// (and marks its source active) again.
     fn bump_fdb_generation(&mut self) -> Result<()> {
-        let config = self.dataplane_config()?;
-        let config = DataplaneConfig { fdb_generation: config.fdb_generation.wrapping_add(1), ..config };
-        self.config.set(0, config, 0).context("cannot write CONFIG")
+        self.update_config(|c| c.fdb_generation = c.fdb_generation.wrapping_add(1))
     }
 
     /// The seed and version of the flow hash, in one CONFIG write: a
     /// packet never hashes with a new seed under the old version.
     pub fn set_hash(&mut self, seed: u32, version: HashVersion) -> Result<()> {
-        let config = DataplaneConfig { hash_seed: seed, hash_version: version.number(), ..self.dataplane_config()? };
-        self.config.set(0, config, 0).context("cannot write CONFIG")
+        self.update_config(|c| (c.hash_seed, c.hash_version) = (seed, version.number()))
     }
 
     /// How many CPUs (CPUS entries 0..n) the spreading stage uses; 0 = off.
     pub fn set_spread_cpus(&mut self, n: u32) -> Result<()> {
-        let config = DataplaneConfig { spread_cpus: n, ..self.dataplane_config()? };
-        self.config.set(0, config, 0).context("cannot write CONFIG")
+        self.update_config(|c| c.spread_cpus = n)
     }
 
     /// Installs the priority classes, in match order.
@@ -353,13 +355,11 @@ impl Maps {
             return Err(DataplaneError::TooManyClasses { classes: classes.len(), capacity: MAX_CLASSES });
         }
         // Shrink the live count first so no packet sees a half-written list.
-        let config = self.dataplane_config()?;
-        self.config.set(0, DataplaneConfig { class_count: 0, ..config }, 0).context("cannot write CONFIG")?;
+        self.update_config(|c| c.class_count = 0)?;
         for (i, c) in classes.iter().enumerate() {
             self.classes.set(i as u32, c, 0).context("cannot write CLASSES")?;
         }
-        let config = DataplaneConfig { class_count: classes.len() as u32, ..config };
-        self.config.set(0, config, 0).context("cannot write CONFIG")
+        self.update_config(|c| c.class_count = classes.len() as u32)
     }
 
     pub fn set_ecn_profile(&mut self, id: u32, profile: EcnProfile) -> Result<()> {

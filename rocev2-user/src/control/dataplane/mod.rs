@@ -158,7 +158,7 @@ impl Dataplane {
         // A takeover keeps the previous run's flowlet state (see Inherited);
         // everything else in the pin directory is the old run's and goes.
         let inherited = match pin_dir {
-            Some(dir) if has_pinned_links(dir) => Inherited::read(dir, flowlet_table_size, flowlet_slots),
+            Some(dir) if has_pinned_links(dir) => Inherited::read(dir, flowlet_table_size, flowlet_slots, features),
             _ => Inherited::default(),
         };
         if let Some(dir) = pin_dir {
@@ -614,7 +614,9 @@ struct Inherited {
 }
 
 impl Inherited {
-    fn read(dir: &Path, flowlet_table_size: u32, flowlet_slots: u32) -> Self {
+    /// `features` are the new run's: a table it does not use (kept, at its
+    /// one-entry placeholder size) is not worth a line in the log.
+    fn read(dir: &Path, flowlet_table_size: u32, flowlet_slots: u32, features: Features) -> Self {
         let mut out = Self::default();
         let expected = [
             (
@@ -623,6 +625,7 @@ impl Inherited {
                 size_of::<rocev2_common::maps::FlowletKey>(),
                 size_of::<rocev2_common::flowlet::FlowletEntry>(),
                 flowlet_table_size.max(1),
+                Features::FLOWLET_KEYED,
             ),
             (
                 names::FLOWLET_SLOTS,
@@ -630,23 +633,28 @@ impl Inherited {
                 size_of::<u32>(),
                 size_of::<rocev2_common::flowlet::FlowletSlot>(),
                 flowlet_slots.max(1),
+                Features::FLOWLET_KEYLESS,
             ),
         ];
         debug_assert!(
             kept_by_takeover().all(|m| expected.iter().any(|e| e.0 == m.name)),
             "a kept map whose size is not checked"
         );
-        for (name, what, key_size, value_size, entries) in expected {
+        for (name, what, key_size, value_size, entries, feature) in expected {
             let path = dir.join(name);
             if !path.exists() {
                 continue;
             }
+            let used = features.contains(feature);
             let info = MapData::from_pin(&path).map_err(anyhow::Error::from).and_then(|m| Ok(m.info()?));
             match info {
                 Ok(i) if (i.key_size(), i.value_size(), i.max_entries()) == (key_size as u32, value_size as u32, entries) => {
                     out.reused.push(name);
-                    out.notes.push(format!("took over the previous run's {what} ({entries} entries): running flowlets keep their members"));
+                    if used {
+                        out.notes.push(format!("took over the previous run's {what} ({entries} entries): running flowlets keep their members"));
+                    }
                 }
+                Ok(_) if !used => {}
                 Ok(i) => out.notes.push(format!(
                     "the previous run's {what} held {} entries of {} bytes, this config wants {entries} of {value_size}: it starts empty and running flowlets start over",
                     i.max_entries(),

@@ -162,12 +162,17 @@ impl WaitingEventSocket {
     }
 
     /// Waits for the next datagram (at most the timeout) and returns it
-    /// with every other one already waiting; none when the wait timed out.
+    /// with every other one already waiting; none when the wait timed out
+    /// or a signal interrupted it.
     /// `Err` with ENOBUFS: messages were lost, dump the tables again.
     pub fn receive(&mut self) -> io::Result<Vec<Vec<u8>>> {
         let first = match self.socket.recv(&mut &mut self.buffer[..], 0) {
             Ok(n) => self.buffer[..n].to_vec(),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Vec::new()),
+            // A signal interrupted the wait (a socket with a receive
+            // timeout is never restarted): the caller waits again.
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+                return Ok(Vec::new())
+            }
             Err(e) => return Err(e),
         };
         let (mut out, _) = drain(&self.socket, &mut self.buffer, usize::MAX, libc::MSG_DONTWAIT)?;

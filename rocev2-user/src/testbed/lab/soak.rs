@@ -573,8 +573,39 @@ fn flows(f: &Fabric, qps: u32) -> Vec<FlowSpec> {
     out
 }
 
+/// The most a frame's send time may differ from the one [`send_time`]
+/// gives it from the checkpoint before it: a frame sent earlier or later
+/// (after a stall, or in the burst that catches up) is a checkpoint itself.
+/// Above the sender's own jitter (it wakes every millisecond), so paced
+/// frames need none.
+const SLIP_NS: u64 = 2_000_000;
+
+/// When PSN `p` was sent, from its flow's checkpoints (sorted by PSN): the
+/// last checkpoint at or before it plus one pacing interval a frame, or
+/// `t0` before the first. The senders keep a checkpoint wherever this
+/// would be more than [`SLIP_NS`] off, so it is that close.
+fn send_time(checkpoints: &[(u32, u64)], p: u32, rate: u64, t0: u64) -> u64 {
+    match checkpoints.partition_point(|(q, _)| *q <= p) {
+        0 => t0,
+        k => {
+            let (q0, t) = checkpoints[k - 1];
+            let per = 1e9 / rate as f64;
+            t + ((p - q0) as f64 * per) as u64
+        }
+    }
+}
+
+/// Records PSN `p`, sent at `now`, as a checkpoint when it is every
+/// CHECKPOINT-th or [`send_time`] would put it more than [`SLIP_NS`] off.
+fn checkpoint(checkpoints: &mut Vec<(u32, u64)>, p: u32, rate: u64, now: u64) {
+    if p.is_multiple_of(CHECKPOINT) || send_time(checkpoints, p, rate, now).abs_diff(now) > SLIP_NS {
+        checkpoints.push((p, now));
+    }
+}
+
 /// What a sender recorded of each of its flows: PSN checkpoints (every
-/// CHECKPOINT frames: the PSN and when it was sent).
+/// CHECKPOINT frames, and every frame sent more than [`SLIP_NS`] away from
+/// the time [`send_time`] gives it: the PSN and when it was sent).
 #[derive(Default)]
 struct Sent {
     /// Per flow index: (psn, monotonic ns).
@@ -629,9 +660,7 @@ fn sender(
                     });
                     match socket.send(&frame) {
                         Ok(()) => {
-                            if p.is_multiple_of(CHECKPOINT) {
-                                checkpoints[i].push((p, monotonic_ns()));
-                            }
+                            checkpoint(&mut checkpoints[i], p, rate, monotonic_ns());
                             psn[i] += 1;
                         }
                         // The host's own egress refused it: not sent (the
@@ -1243,14 +1272,7 @@ fn account(
         }
         let cps = &sent.checkpoints[i];
         for &p in lost {
-            let at = match cps.partition_point(|(q, _)| *q <= p) {
-                0 => t0,
-                k => {
-                    let (q0, t) = cps[k - 1];
-                    let per = 1e9 / args.rate as f64;
-                    t + ((p - q0) as f64 * per) as u64
-                }
-            };
+            let at = send_time(cps, p, args.rate, t0);
             let w = window_of(at);
             rows[w].lost += 1;
             if without_path(&specs[i].flow, at) {
@@ -1399,6 +1421,34 @@ mod tests {
             }
         }
         assert_eq!(plan(&args(2.0), &f, 7).len(), plan(&args(2.0), &f, 7).len(), "a seed repeats its schedule");
+    }
+
+    #[test]
+    fn every_frame_s_send_time_is_known_within_two_milliseconds_across_a_stall() {
+        // 200 pps (5 ms a frame); the sender stalls 33 ms after PSN 16 and
+        // then sends the 7 frames it owes back to back, 0.1 ms apart.
+        let rate = 200;
+        let mut sent_at = Vec::new();
+        let mut t = 1_000_000_000u64;
+        for p in 0..64u32 {
+            t += match p {
+                0 => 0,
+                17 => 33_000_000,
+                18..=23 => 100_000,
+                24 => 5_000_000 - 600_000,
+                _ => 5_000_000,
+            };
+            sent_at.push(t);
+        }
+        let mut cps = Vec::new();
+        for (p, at) in sent_at.iter().enumerate() {
+            checkpoint(&mut cps, p as u32, rate, *at);
+        }
+        for (p, at) in sent_at.iter().enumerate() {
+            let estimate = send_time(&cps, p as u32, rate, 0);
+            assert!(estimate.abs_diff(*at) <= SLIP_NS, "PSN {p}: sent at {at}, estimated {estimate}");
+        }
+        assert!(cps.len() < sent_at.len() / 2, "paced frames need no checkpoint of their own: {cps:?}");
     }
 
     #[test]

@@ -355,10 +355,10 @@ pub fn link_counters(record: &LabRecord, link: &LinkId) -> Result<Vec<EndCounter
     };
     let mut out = Vec::new();
     for (s, port) in [Some(a), b].into_iter().flatten() {
-        let (port_tx, port_tx_dropped) = stats(&switch_ns(&record.name, s), &port)?;
+        let ns = switch_ns(&record.name, s);
+        let (port_tx, port_tx_dropped) = stats(&ns, &port)?;
         // The wire device named after this direction transmits it.
         let wire_tx = if wired { Some(stats(&wires, &format!("{s}-{port}"))?.0) } else { None };
-        let ns = switch_ns(&record.name, s);
         let kernel_unreachable = in_netns_scoped(&ns, snmp::icmp_unreachables)
             .with_context(|| format!("reading the ICMP counters of {ns}"))?;
         out.push(EndCounters {
