@@ -480,8 +480,9 @@ pub const FDB_CACHE_SLOTS: u32 = 256;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FdbCacheEntry {
-    pub dst: [u8; 6],
-    pub src: [u8; 6],
+    /// The frame's first 12 bytes (destination, then source MAC) as three
+    /// words ([`frame_mac_words`]), so a hit is three word compares.
+    pub macs: [u32; 3],
     pub port_slot: u32,
     pub fdb_generation: u32,
     /// FDB_PORT or FDB_UPLINK; 0 = empty.
@@ -490,12 +491,34 @@ pub struct FdbCacheEntry {
     pub target: u32,
 }
 
-/// The FDB_CACHE slot of a frame (Fibonacci hashing of the folded MACs'
-/// low four bytes and the ingress port slot).
+/// A frame's destination and source MACs as the three little-endian words
+/// its first 12 bytes hold (what the bridge program loads: three word
+/// loads instead of twelve byte loads).
 #[inline(always)]
-pub fn fdb_cache_slot(dst: &[u8; 6], src: &[u8; 6], port_slot: u32) -> u32 {
-    let low = |m: &[u8; 6]| u32::from_le_bytes([m[2], m[3], m[4], m[5]]);
-    (low(dst) ^ low(src).rotate_left(16) ^ port_slot).wrapping_mul(0x9E37_79B1) >> 24
+pub fn frame_mac_words(dst: &[u8; 6], src: &[u8; 6]) -> [u32; 3] {
+    [
+        u32::from_le_bytes([dst[0], dst[1], dst[2], dst[3]]),
+        u32::from_le_bytes([dst[4], dst[5], src[0], src[1]]),
+        u32::from_le_bytes([src[2], src[3], src[4], src[5]]),
+    ]
+}
+
+/// The FDB keys (VLAN 0) of the destination and the source MAC of a
+/// frame's [`frame_mac_words`], as the little-endian u64 an [`FdbKey`] is.
+#[inline(always)]
+pub fn fdb_key_words(macs: &[u32; 3]) -> (u64, u64) {
+    let dst = u64::from(macs[0]) | (u64::from(macs[1] & 0xFFFF) << 32);
+    let src = u64::from(macs[1] >> 16) | (u64::from(macs[2]) << 16);
+    (dst, src)
+}
+
+/// The FDB_CACHE slot of a frame (Fibonacci hashing of the folded MACs'
+/// low four bytes and the ingress port slot), from its [`frame_mac_words`].
+#[inline(always)]
+pub fn fdb_cache_slot(macs: &[u32; 3], port_slot: u32) -> u32 {
+    let dst_low = (macs[0] >> 16) | (macs[1] << 16);
+    let src_low = macs[2];
+    (dst_low ^ src_low.rotate_left(16) ^ port_slot).wrapping_mul(0x9E37_79B1) >> 24
 }
 
 /// The `group` of a frame bridged to the one port its FDB entry names:
@@ -569,4 +592,37 @@ mod pod {
     unsafe impl aya::Pod for FdbKey {}
     unsafe impl aya::Pod for FdbEntry {}
     unsafe impl aya::Pod for BridgePort {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bridge program's word forms of a frame's MACs mean the FDB keys
+    /// and the cache slot they replaced (byte arrays, VLAN 0).
+    #[test]
+    fn fdb_words_match_the_byte_forms() {
+        let dst = [0x02, 0x42, 0x0A, 0x00, 0x00, 0x01];
+        let src = [0x02, 0x00, 0x00, 0x00, 0x00, 0x22];
+        let macs = frame_mac_words(&dst, &src);
+        let mut frame = [0u8; 12];
+        frame[..6].copy_from_slice(&dst);
+        frame[6..].copy_from_slice(&src);
+        let word = |i: usize| u32::from_le_bytes([frame[i], frame[i + 1], frame[i + 2], frame[i + 3]]);
+        assert_eq!(macs, [word(0), word(4), word(8)]);
+        let key = |k: FdbKey| {
+            let mut b = [0u8; 8];
+            b[..6].copy_from_slice(&k.mac);
+            b[6..].copy_from_slice(&k.vlan.to_le_bytes());
+            u64::from_le_bytes(b)
+        };
+        let (d, s) = fdb_key_words(&macs);
+        assert_eq!(d, key(FdbKey { mac: dst, vlan: 0 }));
+        assert_eq!(s, key(FdbKey { mac: src, vlan: 0 }));
+        let low = |m: &[u8; 6]| u32::from_le_bytes([m[2], m[3], m[4], m[5]]);
+        for slot in [0, 1, 7, 255] {
+            let bytes = (low(&dst) ^ low(&src).rotate_left(16) ^ slot).wrapping_mul(0x9E37_79B1) >> 24;
+            assert_eq!(fdb_cache_slot(&macs, slot), bytes);
+        }
+    }
 }

@@ -24,8 +24,8 @@ use rocev2_common::{
     counters::PortCounter,
     features::Features,
     maps::{
-        fdb_cache_slot, FdbCacheEntry, FdbKey, BRIDGE_PORT_FORWARDING, BRIDGE_PORT_GROUP, FDB_LOCAL, FDB_PORT,
-        FDB_UPLINK,
+        fdb_cache_slot, fdb_key_words, FdbCacheEntry, FdbKey, BRIDGE_PORT_FORWARDING, BRIDGE_PORT_GROUP, FDB_LOCAL,
+        FDB_PORT, FDB_UPLINK,
     },
 };
 
@@ -96,10 +96,13 @@ fn fdb_target<C: PacketBuf>(ctx: &C, slot: u32) -> BridgeTarget {
 #[inline(always)]
 fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome> {
     let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(drop(PortCounter::DropRunt))?;
-    // SAFETY: bounds checked by ptr_at.
-    let (dst, src) = unsafe { ((*eth).dst_addr, (*eth).src_addr) };
+    // The two MACs as three word loads (frame_mac_words), not twelve byte
+    // loads reassembled into keys (LLVM split the [u8; 6] reads). SAFETY:
+    // bounds checked by ptr_at; the verifier allows packet loads at any
+    // alignment on CPUs with efficient unaligned access (x86, arm64).
+    let macs: [u32; 3] = unsafe { core::ptr::read(eth.cast::<[u32; 3]>()) };
     // Group bit: broadcast, multicast, STP and the other link-local frames.
-    if dst[0] & 1 != 0 {
+    if macs[0] & 1 != 0 {
         return Err(pass(PortCounter::PassL2Multicast));
     }
     let port = BRIDGE_PORTS.get(slot).ok_or(pass(PortCounter::PassBridgePortBlocked))?;
@@ -109,12 +112,16 @@ fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome>
     // The generation is read before the FDB: a result stored under it is
     // discarded by the bump that follows any FDB or port change.
     let generation = CONFIG.get(0).map_or(0, |c| c.fdb_generation);
-    let Some(cached) = FDB_CACHE.get_ptr_mut(fdb_cache_slot(&dst, &src, slot)) else {
-        return fdb_entries(dst, src, slot, port.uplink);
+    let Some(cached) = FDB_CACHE.get_ptr_mut(fdb_cache_slot(&macs, slot)) else {
+        return fdb_entries(&macs, slot, port.uplink);
     };
     // SAFETY: this CPU's own slot; nothing else runs on it meanwhile.
     let cached = unsafe { &mut *cached };
-    let hit = cached.port_slot == slot && cached.fdb_generation == generation && cached.dst == dst && cached.src == src;
+    let hit = cached.port_slot == slot
+        && cached.fdb_generation == generation
+        && cached.macs[0] == macs[0]
+        && cached.macs[1] == macs[1]
+        && cached.macs[2] == macs[2];
     // Each kind returned as its constant: the verifier then knows a hit is
     // never NO_TARGET (with the kind as read from the slot it follows the
     // NO_TARGET branch into the outcome decoder with an unbounded index).
@@ -124,25 +131,27 @@ fn fdb_lookup<C: PacketBuf>(ctx: &C, slot: u32) -> Result<BridgeTarget, Outcome>
     if hit && cached.kind == FDB_PORT {
         return Ok(BridgeTarget::new(FDB_PORT, cached.target));
     }
-    let target = fdb_entries(dst, src, slot, port.uplink)?;
-    *cached = FdbCacheEntry {
-        dst,
-        src,
-        port_slot: slot,
-        fdb_generation: generation,
-        kind: target.kind(),
-        target: target.id(),
-    };
+    let target = fdb_entries(&macs, slot, port.uplink)?;
+    *cached =
+        FdbCacheEntry { macs, port_slot: slot, fdb_generation: generation, kind: target.kind(), target: target.id() };
     Ok(target)
 }
 
-/// The FDB's own answer for a frame from `src` to `dst` on port `slot`
+/// An FDB key (VLAN 0) from its little-endian u64 ([`fdb_key_words`]).
+#[inline(always)]
+fn fdb_key(word: u64) -> FdbKey {
+    // SAFETY: FdbKey is 8 bytes of plain data (mac, vlan), any bits valid.
+    unsafe { core::mem::transmute::<u64, FdbKey>(word) }
+}
+
+/// The FDB's own answer for a frame with MACs `macs` on port `slot`
 /// (whose uplink group is `uplink`): the destination's entry, once the
 /// source is found learned where the frame came from.
 #[inline(always)]
-fn fdb_entries(dst: [u8; 6], src: [u8; 6], slot: u32, uplink: u32) -> Result<BridgeTarget, Outcome> {
+fn fdb_entries(macs: &[u32; 3], slot: u32, uplink: u32) -> Result<BridgeTarget, Outcome> {
+    let (dst, src) = fdb_key_words(macs);
     // SAFETY: a map value, only read.
-    let to = unsafe { FDB.get(FdbKey { mac: dst, vlan: 0 }) }.ok_or(pass(PortCounter::PassBridgeUnknownUnicast))?;
+    let to = unsafe { FDB.get(fdb_key(dst)) }.ok_or(pass(PortCounter::PassBridgeUnknownUnicast))?;
     let (kind, id, port_slot) = (to.kind, to.target, to.port_slot);
     learned_here(src, slot, uplink)?;
     match kind {
@@ -160,9 +169,9 @@ fn fdb_entries(dst: [u8; 6], src: [u8; 6], slot: u32, uplink: u32) -> Result<Bri
 /// active, so its ageing in the kernel is refreshed while XDP forwards its
 /// frames.
 #[inline(always)]
-fn learned_here(src: [u8; 6], slot: u32, uplink: u32) -> Result<(), Outcome> {
+fn learned_here(src: u64, slot: u32, uplink: u32) -> Result<(), Outcome> {
     let learn = pass(PortCounter::PassBridgeLearn);
-    let from = FDB.get_ptr_mut(FdbKey { mac: src, vlan: 0 }).ok_or(learn)?;
+    let from = FDB.get_ptr_mut(fdb_key(src)).ok_or(learn)?;
     // SAFETY: a map value. The activity bit is one aligned store; the
     // control program clearing it at the same time only delays a refresh.
     unsafe {

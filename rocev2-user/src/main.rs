@@ -13,6 +13,7 @@ use rocev2_user::{
     control::stats::Snapshot,
     control::watch,
     sys::netns,
+    sys::paths::DEFAULT_CONFIG,
     sys::privileges::{self, Need},
     testbed::lab::{self, LabCommand},
     tools::entropy::{self, EntropyArgs},
@@ -159,7 +160,11 @@ enum Command {
         #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         pin_dir: Option<PathBuf>,
     },
-    /// Build, inspect or remove a leaf-spine lab of network namespaces.
+    /// Labs of network namespaces to try rocev2 in: one rack switch with
+    /// its spines, a fabric of racks and spines (`--racks`; optional
+    /// aggregation tier; static routes or FRR/BGP) with rocev2 on every
+    /// switch, or a host bridge (`--host-bridge`); traffic, collectives,
+    /// link failures and churn on them.
     Lab {
         #[command(subcommand)]
         command: LabCommand,
@@ -271,9 +276,6 @@ impl tracing::field::Visit for Message {
     }
 }
 
-/// The config `run`, `check`, `reload` and `stats` use without `--config`.
-const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
-
 /// Closing part of `--help` and of the man page.
 /// rocev2(1): clap's sections, then FILES and SIGNALS as roff (the
 /// `--help` text of [`FILES_HELP`] is laid out for a terminal, which roff
@@ -293,7 +295,7 @@ fn render_main_man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
 const FILES_AND_SIGNALS_ROFF: &str = r#".SH FILES
 .TP
 \fI/etc/rocev2/rocev2.toml\fR
-The config \fBrun\fR and \fBcheck\fR use without \fB\-\-config\fR, and so do the commands that find a running instance without \fB\-\-config\fR or \fB\-\-pin\-dir\fR (\fBstats\fR, \fBtop\fR, \fBtrace\fR, \fBreload\fR, \fBupgrade\fR, \fBdetach\fR), which fall back to the pin directory /sys/fs/bpf/rocev2 when that file does not exist. Every key it takes: \fBrocev2.toml\fR(5).
+The config \fBrun\fR, \fBcheck\fR and \fBexplain\fR use without \fB\-\-config\fR, and so do the commands that find a running instance without \fB\-\-config\fR or \fB\-\-pin\-dir\fR (\fBstats\fR, \fBtop\fR, \fBtrace\fR, \fBreload\fR, \fBupgrade\fR, \fBdetach\fR), which fall back to the pin directory /sys/fs/bpf/rocev2 when that file does not exist. Every key it takes: \fBrocev2.toml\fR(5).
 .TP
 \fI/sys/fs/bpf/rocev2\fR
 The default pin_dir: the maps and the XDP links of a running \fBrocev2 run\fR.
@@ -316,11 +318,11 @@ What a run killed with SIGKILL left attached: \fBrocev2 detach\fR removes it (or
 "#;
 
 const FILES_HELP: &str = "Files:
-  /etc/rocev2/rocev2.toml  the config `run` and `check` use without --config, and so do the
-                           commands that find a running instance without --config or --pin-dir
-                           (`stats`, `top`, `trace`, `reload`, `upgrade`, `detach`), which fall
-                           back to the pin directory /sys/fs/bpf/rocev2 when that file does not
-                           exist; every key it takes: `man rocev2.toml`
+  /etc/rocev2/rocev2.toml  the config `run`, `check` and `explain` use without --config, and so
+                           do the commands that find a running instance without --config or
+                           --pin-dir (`stats`, `top`, `trace`, `reload`, `upgrade`, `detach`),
+                           which fall back to the pin directory /sys/fs/bpf/rocev2 when that file
+                           does not exist; every key it takes: `man rocev2.toml`
   /sys/fs/bpf/rocev2       default pin_dir: the maps and the XDP links of a running `rocev2 run`
   /run/rocev2              state file and run lock of each running instance
 
@@ -596,11 +598,15 @@ mod tests {
     }
 
     #[test]
-    fn run_and_check_default_to_the_etc_config() {
-        for sub in ["run", "check"] {
-            let cli = Cli::try_parse_from(["rocev2", sub]).unwrap();
+    fn run_check_and_explain_default_to_the_etc_config() {
+        for sub in ["run", "check", "explain"] {
+            let cli = Cli::try_parse_from(
+                &["rocev2", sub, "--src", "10.0.0.1", "--dst", "10.1.0.1"][..if sub == "explain" { 6 } else { 2 }],
+            )
+            .unwrap();
             let config = match cli.command {
                 Command::Run { config, .. } | Command::Check { config, .. } => config,
+                Command::Explain(args) => args.config,
                 _ => unreachable!(),
             };
             assert_eq!(config, PathBuf::from("/etc/rocev2/rocev2.toml"), "{sub}");

@@ -55,8 +55,9 @@ pub fn detach(pin_dir: &Path) -> Result<Detached> {
     let mut ports = Vec::new();
     let entries = fs::read_dir(pin_dir).with_context(|| format!("cannot read {}", pin_dir.display()))?;
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    // Links first: the programs stop forwarding before their maps go.
-    paths.sort_by_key(|p| !is_link_pin(p));
+    // Links first: the programs stop forwarding before their maps go; by
+    // name, so the ports are reported in order (not directory order).
+    paths.sort_by(|a, b| (!is_link_pin(a), a).cmp(&(!is_link_pin(b), b)));
     for path in paths {
         fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
         if is_link_pin(&path) {

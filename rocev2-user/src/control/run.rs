@@ -1255,8 +1255,9 @@ struct MissingLink {
     field: &'static str,
     /// The lookup's error.
     error: String,
-    /// What kind of device the name suggests (a bond, a VLAN), if any.
-    kind: &'static str,
+    /// What kind of device the name suggests (a bond, a VLAN) or how to
+    /// make it (the bridge), if anything.
+    kind: String,
 }
 
 /// Looks up every interface the config names. Every missing one is
@@ -1272,12 +1273,17 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     {
         Ok(link) => Some(link),
         Err(e) => {
-            let kind = crate::control::bridge::missing_device_hint(name);
+            let kind = crate::control::bridge::missing_device_hint(name).to_string();
             absent.push(MissingLink { name: name.to_string(), loc: loc.clone(), field, error: format!("{e:#}"), kind });
             None
         }
     };
     let mut links = Links { ports: Vec::new(), members: Vec::new(), egress: Vec::new() };
+    // The bridge too, so that a box without it (or a namespace) hears of
+    // the bridge with its ports, not only once they are all there.
+    if let Some(bridge) = &config.bridge {
+        let _ = lookup(&bridge.name, &bridge.loc, "").await;
+    }
     for port in &config.ports {
         links.ports.extend(lookup(&port.name, &port.loc, "name").await);
     }
@@ -1292,6 +1298,11 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     }
     for e in &config.egress {
         links.egress.extend(lookup(&e.dev, &e.loc, "dev").await);
+    }
+    if let Some(bridge) = &config.bridge {
+        for missing in absent.iter_mut().filter(|m| m.loc.key == bridge.loc.key) {
+            missing.kind = format!("; make it with `ip link add {} type bridge`", bridge.name);
+        }
     }
     if absent.is_empty() {
         crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
@@ -1348,7 +1359,15 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
             format!("; they exist in network namespaces {}{more}: give `rocev2 --netns NAME ...`", listed.join(", "))
         }
     };
-    let count = if errors.len() > 1 { format!("\n{} interfaces are missing", errors.len()) } else { String::new() };
+    // An interface can be named in several places (a port that is also a
+    // member): the count is of interfaces, the lines are of places.
+    let distinct = missing.iter().collect::<std::collections::BTreeSet<_>>().len();
+    let count = match (errors.len(), distinct) {
+        (1, _) => String::new(),
+        (places, 1) => format!("\n1 interface is missing (named in {places} places)"),
+        (places, n) if places == n => format!("\n{n} interfaces are missing"),
+        (places, n) => format!("\n{n} interfaces are missing (named in {places} places)"),
+    };
     bail!("{}{count}{}{here}{elsewhere}", errors.join("\n"), crate::sys::netns::interface_hint())
 }
 

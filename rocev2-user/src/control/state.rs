@@ -544,14 +544,21 @@ pub fn instances() -> Vec<RunState> {
 /// What to say when no state file exists for `pin_dir`: nothing runs
 /// there; here is what does run.
 fn not_running(pin_dir: &Path) -> String {
+    let head = format!("no `rocev2 run` is using pin_dir {}", pin_dir.display());
+    match running_list() {
+        list if list.is_empty() => format!("{head}; none is running (start one with `rocev2 run --config FILE`)"),
+        list => format!("{head}; running now (name one with --pin-dir DIR or --config FILE):{list}"),
+    }
+}
+
+/// The live `rocev2 run` instances, a line each (`\n  --pin-dir DIR  (pid,
+/// config, --netns)`), the first eight and then how many more; empty
+/// when none runs.
+pub fn running_list() -> String {
     let running: Vec<RunState> =
         instances().into_iter().filter(|s| matches!(s.manager(), Manager::Running(_))).collect();
-    let head = format!("no `rocev2 run` is using pin_dir {}", pin_dir.display());
-    if running.is_empty() {
-        return format!("{head}; none is running (start one with `rocev2 run --config FILE`)");
-    }
     const LISTED: usize = 8;
-    let mut text = format!("{head}; running now (name one with --pin-dir DIR or --config FILE):");
+    let mut text = String::new();
     for s in running.iter().take(LISTED) {
         text.push_str(&s.listing_line(&format!(", config {}", s.config.display())));
     }

@@ -81,12 +81,17 @@ pub fn watch(pin_dir: &Path, interval: Duration, iterations: Option<u64>) -> Res
     Ok(())
 }
 
-/// The screen while no `rocev2 run` uses `pin_dir`.
+/// The screen while no `rocev2 run` uses `pin_dir`, with the instances
+/// that do run (a mistyped pin_dir waits for nothing).
 fn show_waiting(pin_dir: &Path) -> Result<()> {
+    let others = match crate::control::state::running_list() {
+        list if list.is_empty() => String::new(),
+        list => format!("\nrunning now (watch one with --pin-dir DIR or --config FILE):{list}\n"),
+    };
     let mut stdout = std::io::stdout().lock();
     write!(
         stdout,
-        "{CLEAR}rocev2 stats --watch  {}  Ctrl-C stops\n\nwaiting for a `rocev2 run` with this pin_dir to start\n",
+        "{CLEAR}rocev2 stats --watch  {}  Ctrl-C stops\n\nwaiting for a `rocev2 run` with this pin_dir to start\n{others}",
         pin_dir.display()
     )?;
     stdout.flush()?;

@@ -13,6 +13,9 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 /// (`link-eth1`): the pin that keeps a port's program attached.
 pub const LINK_PIN_PREFIX: &str = "link-";
 
+/// The config file the commands read without `--config`.
+pub const DEFAULT_CONFIG: &str = "/etc/rocev2/rocev2.toml";
+
 /// The default pin directory (`[dataplane] pin_dir`).
 pub const DEFAULT_PIN_DIR: &str = rocev2_common::maps::PIN_DIR;
 

@@ -33,6 +33,14 @@ const ZEBRA: &str = "/usr/lib/frr/zebra";
 pub const ZEBRA_NO_KERNEL_NEXTHOPS: &str = "no zebra nexthop kernel enable\n";
 const BGPD: &str = "/usr/lib/frr/bgpd";
 
+/// zebra's option to change an IPv6 route in place (RTM_NEWROUTE with
+/// NLM_F_REPLACE), as it always does IPv4 routes. Without it zebra 8.4
+/// deletes the route and adds it anew at every change of its paths (a
+/// spine withdrawing or coming back): between the two the kernel has no
+/// route, and `rocev2`'s mirror, which may read the delete before the add,
+/// takes the prefix out of the dataplane meanwhile.
+pub const ZEBRA_V6_REPLACE: &str = "--v6-rr-semantics";
+
 /// zebra and bgpd running in one namespace.
 pub struct Frr {
     netns: String,
@@ -89,6 +97,9 @@ impl Frr {
         let config = config.display().to_string();
         let mut args: Vec<&str> = vec!["netns", "exec", &self.netns, program, "-d", "-N", &self.netns];
         args.extend(["-i", &pid, "-z", &zserv, "--vty_socket", &dir, "-u", "frr", "-g", "frr", "-f", &config]);
+        if program == ZEBRA {
+            args.push(ZEBRA_V6_REPLACE);
+        }
         let out = Command::new("ip").args(&args).output().context("cannot start FRR")?;
         if !out.status.success() {
             bail!(

@@ -27,8 +27,9 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExplainArgs {
-    /// The configuration file `rocev2 run` uses.
-    #[arg(long, short)]
+    /// The configuration file `rocev2 run` uses (its routes, groups and
+    /// pin_dir, through which a live run's members are read).
+    #[arg(long, short, value_name = "FILE", default_value = crate::sys::paths::DEFAULT_CONFIG)]
     pub config: PathBuf,
     /// Source address of the packet.
     #[arg(long)]
@@ -248,13 +249,32 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
             }
             e
         }
-        None => explain(&config, live.as_ref(), &packet),
+        None => {
+            let mut e = explain(&config, live.as_ref(), &packet);
+            // A frame on a bridge port is decided by its MAC, not a route.
+            if let Some(bridge) = &config.bridge {
+                e.notes.push(bridge_hint(&bridge.name, config.ports.is_empty()));
+            }
+            e
+        }
     };
     if let Some(why) = why_not {
         explanation.notes.push(format!("why not live: {why}"));
     }
     print!("{explanation}");
     Ok(())
+}
+
+/// What `explain` without `--dst-mac` says for a config with a `[bridge]`:
+/// the answer above is the routed one, which frames on the bridge's
+/// ports do not take.
+fn bridge_hint(bridge: &str, no_routed_ports: bool) -> String {
+    let routed = if no_routed_ports {
+        "this config routes on no [[port]], so the route lines above apply to no frame"
+    } else {
+        "the lines above are what its routed [[port]]s do"
+    };
+    format!("bridge: frames on the ports of bridge {bridge} are decided by their destination MAC: give --dst-mac MAC (and --in-port PORT --src-mac MAC) for the bridge program's decision; {routed}")
 }
 
 #[cfg(test)]

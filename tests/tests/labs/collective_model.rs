@@ -87,9 +87,14 @@ fn the_books_model_comparison_is_the_labs_run_and_the_models_prediction() {
             (ratio - 1.0).abs() > 0.15,
         );
         assert_eq!(*shown, expected, "the book's row for {mode} x{qps} (bold: more than 15% apart)");
-        // What the chapter claims: all but the flowlets agree within 15%.
-        if !mode.starts_with("flowlet") {
-            assert!(!expected.4, "{mode} x{qps}: lab {lab_share:.3}, model {model_share:.3}");
+        // What the chapter claims: where a link of the lab was saturated
+        // (it set the pace, as in the model) the two agree within 15%.
+        let busiest = row["worst_utilization"].as_f64().unwrap();
+        if busiest >= 0.99 {
+            assert!(
+                !expected.4,
+                "{mode} x{qps}: lab {lab_share:.3}, model {model_share:.3}, busiest link {busiest:.2}"
+            );
         }
     }
 }

@@ -153,7 +153,8 @@ fn stats_shows_each_groups_policy_and_knobs() {
 }
 
 /// What happens around one `rocev2 run`: a second run on its port is told
-/// whose port it is; a pin_dir nothing uses lists the running instances;
+/// whose port it is; a pin_dir nothing uses lists the running instances
+/// (`stats`, `top`, `trace`: none blames telemetry first);
 /// a reload may turn flowlets off but not ECN on (naming the line); after
 /// `kill -9` the orphan is reported, reload refuses, and `detach` removes
 /// it; `run` under `ip netns exec` refuses to pin where nobody sees.
@@ -194,6 +195,36 @@ fn a_dataplane_nobody_manages_is_reported_and_detach_removes_it() {
     let ours = format!("--pin-dir {pin_dir}  (pid {pid}, config {cfg}, --netns {sw})");
     assert!(err.contains(&ours) || (listed == 8 && err.contains(" more (state files in /run/rocev2)")), "{err}");
     assert!(!err.contains(".json"), "no state-file path: {err}");
+    // `stats --watch` there waits (a run may be about to start) and lists
+    // what runs meanwhile, as a mistyped pin_dir would wait for nothing.
+    let mut watch = Command::new(rocev2_bin())
+        .args(["stats", "--watch", "--interval", "0.2", "--pin-dir", "/sys/fs/bpf/rocev2-nothing-here"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = watch.kill();
+    let screen = text(&watch.wait_with_output().unwrap().stdout);
+    assert!(screen.contains("waiting for a `rocev2 run` with this pin_dir to start"), "{screen}");
+    assert!(screen.contains("running now (watch one with --pin-dir DIR or --config FILE):"), "{screen}");
+    assert!(screen.contains(&ours) || screen.contains(" more (state files in /run/rocev2)"), "{screen}");
+    // `top` and `trace` ask the same first, and only then about telemetry.
+    for tool in ["top", "trace"] {
+        let out = rocev2(&[tool, "--pin-dir", "/sys/fs/bpf/rocev2-nothing-here"]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{tool}: {err}");
+        assert!(err.contains("no `rocev2 run` is using pin_dir /sys/fs/bpf/rocev2-nothing-here"), "{tool}: {err}");
+        assert!(!err.contains("runs without telemetry"), "{tool} blames telemetry where nothing runs: {err}");
+        // This run has no telemetry: that is what they say about it (with
+        // a bound on each, should it not refuse).
+        let bound = if tool == "top" { ["--once", "--interval", "1"] } else { ["--duration", "1", "--json"] };
+        let out = rocev2(&[&[tool, "--config", &cfg][..], &bound[..]].concat());
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("the `rocev2 run` using {pin_dir} (pid {pid}, config {cfg}) runs without telemetry")),
+            "{tool}: {err}"
+        );
+    }
 
     // Flowlets off is a subset of what is loaded: applied live.
     std::fs::write(&config, lab.config("qp")).unwrap();
@@ -282,7 +313,8 @@ fn check_reports_every_missing_interface_with_close_names() {
     let only_here = format!("fh{}", std::process::id() % 1_000_000);
     lab.in_switch(&["ip", "link", "add", &only_here, "type", "veth", "peer", "name", &format!("{only_here}b")])
         .unwrap();
-    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\""));
+    // u1 a port as well as a member: one interface, two places.
+    let good = lab.config("qp").replace("name = \"p0\"", &format!("name = \"{only_here}\"\n\n[[port]]\nname = \"u1\""));
     let good = lab.write_config_text("only-here", &good).unwrap();
     let out = rocev2(&["check", "--config", good.to_str().unwrap()]);
     let err = text(&out.stderr);
@@ -290,6 +322,7 @@ fn check_reports_every_missing_interface_with_close_names() {
         err.contains(&format!("they exist in network namespace \"{sw}\": give `rocev2 --netns {sw} ...`")),
         "{err}"
     );
+    assert!(err.contains("3 interfaces are missing (named in 4 places)"), "{err}");
 }
 
 /// A child this test started, killed (by its pid) if the test fails first.

@@ -880,6 +880,30 @@ fn bridge_config_mistakes_are_named() {
         e.contains(":2:8: bridge.name: no interface named br9") && e.contains("ip link add br9 type bridge"),
         "{e}"
     );
+    // Nothing of it here (the wrong box or namespace): the bridge is named
+    // with its ports, not only once they exist.
+    let e = check(&config("br9", "\"x1\", \"x2\""));
+    assert!(
+        e.contains(":2:8: bridge.name: no interface named br9") && e.contains("ip link add br9 type bridge"),
+        "{e}"
+    );
+    assert!(
+        e.contains("uplink_group[0].ports[1]: no interface named x2") && e.contains("3 interfaces are missing"),
+        "{e}"
+    );
+    // `explain` without --dst-mac on a bridge config: the routed answer,
+    // and where the bridge's answer is.
+    std::fs::write(&path, config("br0", "\"u1\", \"u2\"")).unwrap();
+    let out = std::process::Command::new(rocev2_bin())
+        .args(["explain", "--src", "10.0.1.1", "--dst", "10.1.0.1", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("frames on the ports of bridge br0 are decided by their destination MAC: give --dst-mac MAC"),
+        "{said}"
+    );
     let e = check(&config("u1", "\"u1\", \"u2\""));
     assert!(e.contains("bridge.name: u1 is not a Linux bridge (it is veth)"), "{e}");
     let e = check(&config("br0", "\"u1\", \"eth9\""));

@@ -557,3 +557,90 @@ fn prefixes_beyond_the_route_table_go_to_the_kernel_with_what_covers_them() {
     assert_eq!(target(&host(count - 2001).to_string()), first, "the last /32 left is installed, on the /32s' group");
     dataplane.stop().expect("rocev2 run kept running through the overflow");
 }
+
+/// The route mirror against the kernel itself, for IPv6 multipath routes
+/// changed the ways zebra (with and without `--v6-rr-semantics`) and `ip`
+/// change them: after each change, the mirror that followed the kernel's
+/// messages must give every prefix the same next hops as a fresh dump.
+/// A replace in place (RTM_NEWROUTE with NLM_F_REPLACE) drops the old
+/// set of paths without a delete message; a delete of one path leaves the
+/// others.
+#[test]
+fn the_mirror_follows_ipv6_multipath_routes_replaced_in_place_as_the_kernel_does() {
+    use rocev2_user::{
+        control::routing::{
+            fib::{Fib, Target},
+            kernel,
+        },
+        sys::netlink::RT_TABLE_MAIN,
+        sys::netns::{ip, unique_name, veth_between, Netns},
+    };
+    require_root();
+    let mirror = Netns::create(&unique_name("v6rm")).unwrap();
+    let peer = Netns::create(&unique_name("v6rp")).unwrap();
+    for (i, addr) in [(1u8, "fd00:71::1/64"), (2, "fd00:72::1/64")] {
+        veth_between(
+            &mirror,
+            &format!("u{i}"),
+            [2, 0, 0, 0, 7, i],
+            &[addr],
+            &peer,
+            &format!("d{i}"),
+            [2, 0, 0, 0, 8, i],
+            &[],
+        )
+        .unwrap();
+    }
+    let r = "route add fd00:9::/32 proto bgp metric 20";
+    let two = "nexthop via fe80::1 dev u1 nexthop via fe80::2 dev u2";
+    let steps = [
+        // zebra without --v6-rr-semantics: delete, then add anew.
+        (format!("{r} {two}"), 2),
+        ("route del fd00:9::/32 proto bgp metric 20".into(), 0),
+        (format!("{r} via fe80::2 dev u2"), 1),
+        // zebra with it: replace in place, to one path and back to two.
+        (format!("{r} {two}").replace(" add ", " replace "), 2),
+        (format!("{r} via fe80::2 dev u2").replace(" add ", " replace "), 1),
+        (format!("{r} {two}").replace(" add ", " replace "), 2),
+        (format!("{r} via fe80::1 dev u1").replace(" add ", " replace "), 1),
+        // `ip`: a path appended, then one path of two deleted.
+        (format!("{r} via fe80::2 dev u2").replace(" add ", " append "), 2),
+        (format!("{r} via fe80::1 dev u1").replace(" add ", " del "), 1),
+    ];
+    let name = mirror.name().to_owned();
+    rocev2_user::sys::netns::in_netns(mirror.name(), move || {
+        let mut socket = kernel::WaitingEventSocket::open(Duration::from_millis(100))?;
+        let mut followed = Fib::default();
+        kernel::dump_all(&mut followed, RT_TABLE_MAIN)?;
+        let prefix = "fd00:9::/32".parse().unwrap();
+        for (step, paths) in &steps {
+            let mut args = vec!["-n", name.as_str(), "-6"];
+            args.extend(step.split_whitespace());
+            ip(&args)?;
+            loop {
+                let datagrams = socket.receive()?;
+                if datagrams.is_empty() {
+                    break;
+                }
+                for datagram in &datagrams {
+                    for (kind, message) in kernel::messages(datagram) {
+                        kernel::apply(&mut followed, RT_TABLE_MAIN, kind, message);
+                    }
+                }
+            }
+            let mut dumped = Fib::default();
+            kernel::dump_all(&mut dumped, RT_TABLE_MAIN)?;
+            let kernel_has = ip(&["-n", name.as_str(), "-6", "route", "show", "fd00:9::/32"])?;
+            let now = followed.target(&prefix);
+            let count = match &now {
+                Some(Target::Hops(hops)) => hops.len(),
+                _ => 0,
+            };
+            assert_eq!(count, *paths, "after `ip -6 {step}`: {now:?}; the kernel has: {kernel_has}");
+            assert_eq!(now, dumped.target(&prefix), "after `ip -6 {step}`; the kernel has: {kernel_has}");
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop((mirror, peer));
+}

@@ -95,7 +95,7 @@ const POLICY_KEYS: &[Key] = &[
         name: "flowlet_table_size",
         ty: "integer: keyed 1 to 16777216 flows; keyless 1 to 1048576 slots",
         default: "keyed 65536; keyless 4096",
-        about: "Flowlet groups: the flows a keyed table keeps state for, or a keyless table's slots (rounded up to a power of two). A change needs a restart.",
+        about: "Flowlet groups: the flows a keyed table keeps state for, or a keyless table's slots (rounded up to a power of two). Raising it needs a restart (a reload may lower it).",
     },
     Key {
         name: "rebalance",
@@ -117,7 +117,7 @@ pub const TABLES: &[Table] = &[
         path: "dataplane",
         also: &[],
         form: Form::Table,
-        about: "How the dataplane hashes, attaches and pins. Optional: every key has a default. A change of `pin_dir`, `attach` or `xdp_mode` needs a restart.",
+        about: "How the dataplane hashes, attaches and pins. Optional: every key has a default. A change of `pin_dir`, `attach`, `xdp_mode` or `cpu_spread`, and turning `telemetry_qps` on or raising it, need a restart.",
         keys: &[&[
             Key {
                 name: "hash",
@@ -147,7 +147,7 @@ pub const TABLES: &[Table] = &[
                 name: "pin_dir",
                 ty: "absolute path on the BPF filesystem",
                 default: "\"/sys/fs/bpf/rocev2\"",
-                about: "Where `run` pins its maps and links (mode 0700); one directory per instance, which `stats`, `reload` and `upgrade` find it by.",
+                about: "Where `run` pins its maps and links (mode 0700); one directory per instance, which `stats`, `top`, `trace`, `reload`, `upgrade` and `detach` find it by.",
             },
             Key {
                 name: "neighbour_refresh_ms",
@@ -590,8 +590,8 @@ pub fn man_page(version: &str) -> String {
     out.push_str(".SH SYNOPSIS\n/etc/rocev2/rocev2.toml\n");
     out.push_str(".SH DESCRIPTION\n");
     out.push_str(
-        "A TOML file read by \\fBrocev2 run\\fR, \\fBcheck\\fR, \\fBreload\\fR, \\fBstats\\fR and \\fBupgrade\\fR \
-         (\\fB\\-\\-config\\fR names another). Every error names the file, line, column, key and the fix; \
+        "A TOML file read by \\fBrocev2 run\\fR, \\fBcheck\\fR and \\fBexplain\\fR, and by \\fBstats\\fR, \\fBtop\\fR, \\fBtrace\\fR, \\fBreload\\fR, \\fBupgrade\\fR and \\fBdetach\\fR \
+         to find the running instance (\\fB\\-\\-config\\fR names another). Every error names the file, line, column, key and the fix; \
          a key not listed here is an error. \\fBrocev2 check \\-\\-offline\\fR checks a file without looking up its interfaces.\n",
     );
     for table in TABLES {

@@ -247,7 +247,7 @@ macs = ["02:52:32:fe:00:01"]
             let key = packet(qp).flow_key().unwrap();
             let want = member_for(&even_table(4), member_hash(&key, HashMode::Qp, 7, c.dataplane.hash_version));
             assert_eq!(forwarding.position, want);
-            assert_eq!(forwarding.member, format!("bridge port u{} (frame unchanged)", want + 1));
+            assert_eq!(forwarding.member, format!("dev u{} bridge port", want + 1));
         }
         // Without a live run the listed MAC is still known.
         assert!(matches!(explain_bridged(&c, None, None, &packet(1), &frame(GW)).verdict, Verdict::Uplink { .. }));

@@ -196,7 +196,9 @@ fn member_text(m: &crate::control::config::Member) -> String {
         NextHop::Mac(mac) => {
             format!("dev {} mac {}", m.dev, mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"))
         }
-        NextHop::BridgePort => format!("bridge port {} (frame unchanged)", m.dev),
+        // As a live member reads (`dev u1 bridge port`); the frame-unchanged
+        // line follows the member line.
+        NextHop::BridgePort => format!("dev {} bridge port", m.dev),
     }
 }
 

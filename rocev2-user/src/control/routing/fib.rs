@@ -151,8 +151,12 @@ pub struct Fib {
     pub local: BTreeSet<IpAddr>,
 }
 
+/// The key ([`Fib::key`]) of an IPv6 prefix's set of equal-cost paths
+/// (no interface has this index).
+const V6_ECMP: u32 = u32::MAX;
+
 impl Fib {
-    /// Adds or replaces a route.
+    /// Adds or replaces a route (as RTM_NEWROUTE describes it).
     pub fn add_route(&mut self, route: KernelRoute) {
         let key = Self::key(&route);
         self.routes.entry(route.prefix).or_default().insert(key, route);
@@ -161,6 +165,23 @@ impl Fib {
     /// Removes a route (as RTM_DELROUTE describes it).
     pub fn remove_route(&mut self, route: &KernelRoute) {
         let key = Self::key(route);
+        if key.1 == V6_ECMP {
+            // One path of the set (`ip -6 route del ... via`), or all of
+            // them (zebra's delete): the rest stays in the kernel.
+            let Some(by_metric) = self.routes.get_mut(&route.prefix) else { return };
+            if let Some(set) = by_metric.get_mut(&key) {
+                if let (Hops::Paths(kept), Hops::Paths(gone)) = (&mut set.hops, &route.hops) {
+                    kept.retain(|p| !gone.iter().any(|g| g.oif == p.oif && g.gateway == p.gateway));
+                    if kept.is_empty() {
+                        by_metric.remove(&key);
+                    }
+                }
+            }
+            if by_metric.is_empty() {
+                self.routes.remove(&route.prefix);
+            }
+            return;
+        }
         if let Some(by_metric) = self.routes.get_mut(&route.prefix) {
             if by_metric.remove(&key).is_none() {
                 // A delete may name the route less precisely than its add
@@ -179,13 +200,21 @@ impl Fib {
     /// Where a route is kept: IPv4 holds one route per prefix and metric
     /// (zebra's replace of a multipath route by one with a path fewer
     /// names another first device, and must not leave the old one beside
-    /// it); IPv6 keeps a route per device apart (see [`Fib::target`]).
+    /// it). IPv6 holds, per prefix and metric, one set of equal-cost paths
+    /// (every route with gateways: the kernel makes them siblings of one
+    /// multipath route, and reports the whole set in every RTM_NEWROUTE of
+    /// one of them, a replace included, which takes the old set's place
+    /// without a delete) and apart from it a route per device for the rest
+    /// (connected subnets, rejects, nexthop objects; see [`Fib::target`]).
     fn key(route: &KernelRoute) -> (u32, u32) {
-        let first_oif = match (&route.hops, route.prefix) {
-            (Hops::Paths(paths), Prefix::V6 { .. }) => paths.first().map_or(0, |p| p.oif),
-            _ => 0,
-        };
-        (route.metric, first_oif)
+        let Prefix::V6 { .. } = route.prefix else { return (route.metric, 0) };
+        match &route.hops {
+            Hops::Paths(paths) if !paths.is_empty() && paths.iter().all(|p| p.gateway.is_some()) => {
+                (route.metric, V6_ECMP)
+            }
+            Hops::Paths(paths) => (route.metric, paths.first().map_or(0, |p| p.oif)),
+            Hops::Object(_) => (route.metric, 0),
+        }
     }
 
     /// What `prefix` becomes: the lowest-metric routes decide; IPv6 routes
@@ -467,6 +496,36 @@ mod tests {
         assert_eq!(hops.iter().map(|h| h.oif).collect::<Vec<_>>(), vec![2]);
         fib.remove_route(&unicast("10.2.0.0/16", Hops::Paths(vec![via(2, "10.0.2.2")])));
         assert_eq!(fib.target(&p("10.2.0.0/16")), None);
+    }
+
+    /// zebra with `--v6-rr-semantics` replaces an IPv6 route in place
+    /// (RTM_NEWROUTE with NLM_F_REPLACE, no delete): the kernel drops the
+    /// old set of equal-cost paths and reports the new one whole, one path
+    /// or several. The mirror keeps no path of the old set beside it,
+    /// whichever device comes first; a delete of one path (`ip -6 route del
+    /// ... via`) leaves the others, and connected routes on two devices
+    /// stay apart.
+    #[test]
+    fn an_ipv6_route_replaced_in_place_keeps_no_path_of_the_old_set() {
+        let mut fib = fib_with_links();
+        let oifs = |fib: &Fib, prefix: &str| match fib.target(&p(prefix)) {
+            Some(Target::Hops(hops)) => hops.iter().map(|h| (h.oif, h.weight)).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        fib.add_route(unicast("fd00:2::/32", Hops::Paths(vec![via(1, "fe80::1"), via(2, "fe80::2")])));
+        fib.add_route(unicast("fd00:2::/32", Hops::Paths(vec![via(2, "fe80::2")])));
+        assert_eq!(oifs(&fib, "fd00:2::/32"), vec![(2, 1)], "s1 withdrew");
+        fib.add_route(unicast("fd00:2::/32", Hops::Paths(vec![via(1, "fe80::1"), via(2, "fe80::2")])));
+        assert_eq!(oifs(&fib, "fd00:2::/32"), vec![(1, 1), (2, 1)], "s1 back: one path each, not s2 twice");
+        fib.remove_route(&unicast("fd00:2::/32", Hops::Paths(vec![via(1, "fe80::1")])));
+        assert_eq!(oifs(&fib, "fd00:2::/32"), vec![(2, 1)], "one path deleted, the other kept");
+        fib.remove_route(&unicast("fd00:2::/32", Hops::Paths(vec![via(2, "fe80::2")])));
+        assert_eq!(fib.target(&p("fd00:2::/32")), None);
+        let on = |oif| Path { gateway: None, ..via(oif, "::") };
+        fib.add_route(unicast("fd00:9::/64", Hops::Paths(vec![on(3)])));
+        fib.add_route(unicast("fd00:9::/64", Hops::Paths(vec![on(4)])));
+        fib.remove_route(&unicast("fd00:9::/64", Hops::Paths(vec![on(3)])));
+        assert_eq!(fib.connected(), vec![(p("fd00:9::/64"), 4)], "the other device's connected route stays");
     }
 
     /// A port loses carrier: the kernel drops its nexthop objects from

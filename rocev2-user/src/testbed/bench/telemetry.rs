@@ -67,7 +67,7 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
             format!("{fam}, 10 routes"),
             format!("{ns_on:.1} ns"),
             format!("{:+.1} ns vs off, median of per-round differences", per_round_delta),
-            "",
+            at_most_ns(per_round_delta, TELEMETRY_GOAL_NS),
         ));
         let ns_acked = median(acked_samples[&v6].clone());
         rows.push(row(

@@ -1,5 +1,6 @@
-//! `rocev2 lab up|down|status`: a persistent leaf-spine lab in network
-//! namespaces for trying the dataplane by hand (a class, a demo).
+//! `rocev2 lab up|down|status`: a persistent lab in network namespaces for
+//! trying the dataplane by hand (a class, a demo): the single-rack lab
+//! below; a fabric ([`fabric`]); a host bridge ([`hostbridge`]).
 //!
 //! ```text
 //!  [<name>-h1] eth0 --- h1 [<name>-rtsw] s1l1 --- r1 [<name>-s1] dst --- s1 [<name>-dst]
@@ -60,7 +61,11 @@ pub use super::topology::{NsPlan, VethPlan};
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum LabCommand {
-    /// Build the lab's namespaces and links and write the RTSW's dataplane config.
+    /// Build a lab: without `--racks`, hosts behind one rack switch (RTSW)
+    /// and its spines, writing the RTSW's config for you to `rocev2 run`;
+    /// with `--racks`, a fabric with rocev2 running on every switch; with
+    /// `--host-bridge`, a Linux bridge in front of rack switches, writing
+    /// the bridge's config.
     Up(LabUpArgs),
     /// Remove every namespace and file `lab up` made.
     Down(LabDownArgs),
@@ -129,13 +134,15 @@ pub struct LabUpArgs {
     /// Prefix of every namespace and file the lab makes: 1-8 of [a-z0-9].
     #[arg(long, default_value = "lab")]
     pub name: String,
-    /// Hosts behind the source rack switch (RTSW).
+    /// Hosts behind the rack switch (RTSW); with `--racks`, per rack; with
+    /// `--host-bridge`, behind the bridge.
     #[arg(long, default_value_t = 2)]
     pub hosts: u32,
     /// Spine namespaces.
     #[arg(long, default_value_t = 2)]
     pub spines: u32,
-    /// Parallel links between the RTSW and each spine (each one an ECMP member).
+    /// Parallel links between the RTSW (with `--racks`, each leaf) and each
+    /// spine, each one an ECMP member.
     #[arg(long, default_value_t = 1)]
     pub links_per_spine: u32,
     /// Address families to configure.
@@ -148,12 +155,15 @@ pub struct LabUpArgs {
     /// used by the lab's predictions): 1 or 2.
     #[arg(long, default_value_t = HashVersion::V1)]
     pub hash_version: HashVersion,
-    /// Where to write the RTSW's dataplane config (default `/run/rocev2/lab-<name>/rtsw.toml`).
+    /// Where to write the RTSW's dataplane config (default
+    /// `/run/rocev2/lab-<name>/rtsw.toml`; with `--host-bridge`, the
+    /// bridge's, default `bridge.toml` there). A fabric writes one per switch.
     #[arg(long, value_name = "FILE")]
     pub config_out: Option<PathBuf>,
     /// How the RTSW learns the route to the destination: `static` (a
     /// `[[route]]` in its config) or `bgp` (FRR on the RTSW and every
-    /// spine, eBGP per link; rocev2 follows the kernel routes zebra installs).
+    /// spine, eBGP per link; rocev2 follows the kernel routes zebra
+    /// installs). With `--racks`, the same on every switch.
     #[arg(long, value_enum, default_value = "static")]
     pub routing: LabRouting,
     /// Build a fabric of this many racks (each `--hosts` hosts behind a leaf,
@@ -207,12 +217,14 @@ pub enum LabRouting {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabNameArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
 }
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabDownArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// List every namespace, process, pin and file removed, not just the counts.

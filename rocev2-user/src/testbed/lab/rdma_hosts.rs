@@ -227,6 +227,7 @@ pub fn remove_guests(record: &LabRecord, log: &mut String, errors: &mut Vec<Stri
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabExecArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// The host: rRACKhHOST, e.g. r1h1 (rack 1, host 1).

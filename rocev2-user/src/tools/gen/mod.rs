@@ -91,7 +91,8 @@ const LIVE_BATCH: u32 = 64;
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SportModel {
-    /// Every QP uses `--sport-value`: the worst case for five-tuple ECMP.
+    /// Every QP uses one port (`gen --sport-value`, default 49152): the
+    /// worst case for five-tuple ECMP.
     Fixed,
     /// The Linux/NIC formula: a port per QP, from the QP numbers.
     Nic,

@@ -122,6 +122,7 @@ pub enum ModeArg {
 /// `rocev2 lab mode`: how the fabric's switches spread traffic.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabModeArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// five-tuple or qp hashing, static slices (path pinning), flowlets, or

@@ -46,6 +46,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabCollectiveArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     #[arg(long, value_enum, default_value = "allreduce")]

@@ -37,6 +37,7 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabScorecardArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// AllReduce bytes per rank of every mode's run.

@@ -37,6 +37,7 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabTeArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// The collective whose traffic matrix to engineer (as `lab collective` runs it).
@@ -235,6 +236,7 @@ pub fn set_link(record: &LabRecord, link: &LinkId, up: bool) -> Result<()> {
 /// `rocev2 lab link`: fail a link or bring it back.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabLinkArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// The link, as `lab stats` names one of its directions (l1/s1p1).

@@ -28,6 +28,7 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabTrafficArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// `ring`: host i of rack r to host i of rack r+1; `all-to-all`: every host to every other.

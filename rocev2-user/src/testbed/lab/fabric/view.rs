@@ -17,6 +17,7 @@ use crate::{
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabStatsArgs {
+    /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
     /// Print JSON: every link's counters and the per-tier summary.
@@ -25,6 +26,7 @@ pub struct LabStatsArgs {
     /// Print the loads of the last interval again and again (Ctrl-C stops).
     #[arg(long)]
     pub watch: bool,
+    /// Seconds between refreshes with --watch.
     #[arg(long, default_value_t = 1.0, requires = "watch")]
     pub interval: f64,
     /// Also write an SVG picture of the fabric, each link shaded by its load.
