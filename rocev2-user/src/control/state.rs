@@ -405,6 +405,24 @@ impl RunState {
 
     /// The state of the instance using `pin_dir`. Without one, the error
     /// says so and lists the instances that do run, with their `--pin-dir`.
+    /// [`RunState::read`] of a run that must have telemetry on (what
+    /// `top` and `trace` read): first whether anything runs there at all
+    /// (if not, the error lists what does run), then whether it has
+    /// telemetry; `reads_it` completes the second error's "runs without
+    /// telemetry" (e.g. ", which trace rides on").
+    pub fn read_with_telemetry(pin_dir: &Path, reads_it: &str) -> Result<Self> {
+        let state = Self::read(pin_dir)?;
+        if !crate::control::qp_telemetry::is_on(pin_dir) {
+            bail!(
+                "the `rocev2 run` using {} (pid {}, config {}) runs without telemetry{reads_it}: set telemetry_qps (e.g. 4096) in [dataplane] and restart `rocev2 run` (a new run takes over without interrupting traffic)",
+                pin_dir.display(),
+                state.pid,
+                state.config.display()
+            );
+        }
+        Ok(state)
+    }
+
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let path = state_path(pin_dir);
         let text = match fs::read(&path) {

@@ -284,16 +284,7 @@ pub fn run(pin_dir: &Path, args: &TopArgs) -> Result<()> {
     if !(args.interval > 0.0 && args.interval.is_finite()) {
         bail!("--interval must be a positive number of seconds, not {}", args.interval);
     }
-    // First whether anything runs there at all, then whether it has telemetry.
-    let state = RunState::read(pin_dir)?;
-    if !qp_telemetry::is_on(pin_dir) {
-        bail!(
-            "the `rocev2 run` using {} (pid {}, config {}) runs without telemetry: set telemetry_qps (e.g. 4096) in [dataplane] and restart `rocev2 run` (a new run takes over without interrupting traffic)",
-            pin_dir.display(),
-            state.pid,
-            state.config.display()
-        );
-    }
+    let state = RunState::read_with_telemetry(pin_dir, "")?;
     let groups = group_members(&state);
     // The running config and live member lists let the collision detector
     // try other seeds through `explain`; without them it still reports.

@@ -180,17 +180,7 @@ pub fn run(pin_dir: &Path, args: &TraceArgs) -> Result<u64> {
         anyhow::ensure!(d.is_finite() && d > 0.0, "--duration must be a positive number of seconds");
     }
     let wanted = filter(args)?;
-    // Then whether anything runs there at all (else: what does run), then
-    // whether it has telemetry, as `top` asks.
-    let state = RunState::read(pin_dir)?;
-    if !qp_telemetry::is_on(pin_dir) {
-        bail!(
-            "the `rocev2 run` using {} (pid {}, config {}) runs without telemetry, which trace rides on: set telemetry_qps (e.g. 4096) in [dataplane] and restart `rocev2 run` (a new run takes over without interrupting traffic)",
-            pin_dir.display(),
-            state.pid,
-            state.config.display()
-        );
-    }
+    let state = RunState::read_with_telemetry(pin_dir, ", which trace rides on")?;
     let config = Config::load(&state.config).ok();
     let live = config.as_ref().and_then(|c| read_live(c).ok());
     let mut ring = RingBuf::try_from(qp_telemetry::open(pin_dir, names::TRACE_EVENTS)?).context("TRACE_EVENTS")?;
