@@ -620,7 +620,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(ns) = plan.namespaces.iter().find(|n| netns_exists(&n.name)) {
         bail!("network namespace {:?} already exists but belongs to no lab record; pick another --name", ns.name);
     }
-    // The guests' tree first (built once; a minute and a half): a failure
+    // The guests' tree first (built once; minutes): a failure
     // there leaves nothing to clean up.
     let tree = if args.rdma.enabled { Some(rdma_hosts::tree(&args.rdma)?) } else { None };
     let mut record = LabRecord { name: name.clone(), fabric: Some(plan.fabric.clone()), ..Default::default() };
