@@ -259,7 +259,9 @@ pub enum LinkState {
 
 pub fn link(args: &LabLinkArgs) -> Result<()> {
     let record = LabRecord::read(&args.name)?;
-    let f = record.fabric.clone().with_context(|| format!("lab {:?} is not a fabric", args.name))?;
+    let f = record.fabric.clone().with_context(|| {
+        format!("lab {:?} is not a fabric; `lab link` fails a fabric's links (`lab up --racks N`)", args.name)
+    })?;
     let l = parse_link(&f, &args.link)?;
     set_link(&record, &l, args.state == LinkState::Up)?;
     let (a, b) = link_ends(&f, &l);
