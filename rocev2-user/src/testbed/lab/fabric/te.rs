@@ -93,7 +93,9 @@ pub struct TeReport {
 
 /// The plan a TE request names.
 pub fn plan_of(record: &LabRecord, op: Op, size: u64, qps: u32, chunk: u64, placement: Placement) -> Result<Plan> {
-    let Some(f) = &record.fabric else { bail!("lab {:?} is a single-rack lab; TE needs a fabric", record.name) };
+    let Some(f) = &record.fabric else {
+        bail!("lab {:?} is a single-rack lab; TE needs a fabric (`lab up --racks N --routing static`)", record.name)
+    };
     Plan::new(op, size, collective::place(f.racks, f.hosts, placement), qps, chunk).map_err(anyhow::Error::msg)
 }
 
