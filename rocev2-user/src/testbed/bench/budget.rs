@@ -113,8 +113,8 @@ impl Primitive {
             Primitive::Array => "a bounds check and an address computation the verifier inlines: the least a map access costs; only merging maps (fewer, denser values) removes one",
             Primitive::PerCpuArray => "as an ARRAY lookup plus this CPU's offset; per-CPU so counters and scratch need no atomics",
             Primitive::LruHash => "a kernel helper: jhash of the key, a bucket walk and the LRU reference bit; the keyless table (an ARRAY slot) avoids it",
-            Primitive::Clock => "a helper into the kernel's timekeeping (ktime_get_mono_fast_ns reads the clocksource, a VM's is slower); the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain",
-            Primitive::CoarseClock => "a helper reading the last tick's time",
+            Primitive::Clock => "a helper call (its return through the SRSO thunk) into ktime_get_mono_fast_ns: a fenced TSC read and the fast timekeeper's arithmetic; nothing cheaper gives sub-tick time in BPF, and the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain; one reading per packet is shared by flowlet and ECN",
+            Primitive::CoarseClock => "a helper call reading the last tick's time under a seqcount: mostly the call itself (compare the BPF-to-BPF call)",
             Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
         }
     }
