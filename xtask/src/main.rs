@@ -35,11 +35,11 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Check formatting (cargo fmt), lints (clippy -D warnings), the API docs (cargo doc) and the book (mdbook), warnings denied, links checked; needs no root.
+    /// Check formatting (cargo fmt), the layers (no import points up a layer, no cycle), lints (clippy -D warnings), the API docs (cargo doc) and the book (mdbook), warnings denied, links checked; needs no root.
     Lint,
     /// Build the book (docs/, mdBook) into target/book and check its links; needs no root.
     Docs,
-    /// Run every test: host unit tests, BPF_PROG_TEST_RUN fixtures and netns labs (needs root).
+    /// Run `lint`, then every test: host unit tests, BPF_PROG_TEST_RUN fixtures and netns labs (needs root).
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]

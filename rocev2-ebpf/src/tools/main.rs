@@ -32,6 +32,7 @@ mod maps;
 #[path = "../object.rs"]
 mod object;
 mod peer;
+mod primitives;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT},
@@ -89,6 +90,67 @@ pub fn rocev2_xdp_redirect(_ctx: XdpContext) -> u32 {
     match maps::EGRESS_DEVS_DIRECT.redirect(0, u64::from(xdp_action::XDP_DROP)) {
         Ok(action) | Err(action) => action,
     }
+}
+
+/// Benchmark primitives (primitives.rs): the floor plus REPEAT chained
+/// ARRAY lookups.
+#[xdp]
+pub fn rocev2_prim_array(ctx: XdpContext) -> u32 {
+    primitives::array(&ctx)
+}
+
+/// The floor plus REPEAT chained PERCPU_ARRAY lookups.
+#[xdp]
+pub fn rocev2_prim_percpu(ctx: XdpContext) -> u32 {
+    primitives::percpu(&ctx)
+}
+
+/// The floor plus REPEAT chained LRU hash lookups of a flowlet-table key.
+#[xdp]
+pub fn rocev2_prim_hash(ctx: XdpContext) -> u32 {
+    primitives::hash(&ctx)
+}
+
+/// The floor plus REPEAT reads of the precise clock (`bpf_ktime_get_ns`).
+#[xdp]
+pub fn rocev2_prim_clock(_ctx: XdpContext) -> u32 {
+    primitives::clock()
+}
+
+/// The floor plus REPEAT reads of the coarse clock (`bpf_ktime_get_coarse_ns`).
+#[xdp]
+pub fn rocev2_prim_coarse(_ctx: XdpContext) -> u32 {
+    primitives::coarse_clock()
+}
+
+/// The floor plus REPEAT chained BPF-to-BPF calls.
+#[xdp]
+pub fn rocev2_prim_call(ctx: XdpContext) -> u32 {
+    primitives::call(&ctx)
+}
+
+/// The floor plus the pipeline's parse of Ethernet, IP, UDP and BTH (once).
+#[xdp]
+pub fn rocev2_prim_parse(ctx: XdpContext) -> u32 {
+    primitives::parse(&ctx)
+}
+
+/// The floor plus REPEAT chained hash_version 2 hashes of an IPv4 key.
+#[xdp]
+pub fn rocev2_prim_hash_v2_v4(ctx: XdpContext) -> u32 {
+    primitives::member_hash::<true>(&ctx, rocev2_common::hash::HashVersion::V2)
+}
+
+/// The floor plus REPEAT chained hash_version 2 hashes of an IPv6 key.
+#[xdp]
+pub fn rocev2_prim_hash_v2_v6(ctx: XdpContext) -> u32 {
+    primitives::member_hash::<false>(&ctx, rocev2_common::hash::HashVersion::V2)
+}
+
+/// The floor plus REPEAT chained hash_version 1 hashes (all 11 words).
+#[xdp]
+pub fn rocev2_prim_hash_v1(ctx: XdpContext) -> u32 {
+    primitives::member_hash::<false>(&ctx, rocev2_common::hash::HashVersion::V1)
 }
 
 /// Benchmark peer: forwarding by the kernel FIB (`bpf_fib_lookup`), the

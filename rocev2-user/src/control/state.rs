@@ -570,18 +570,28 @@ fn not_running(pin_dir: &Path) -> String {
 }
 
 /// The live `rocev2 run` instances, a line each (`\n  --pin-dir DIR  (pid,
-/// config, --netns)`), the first eight and then how many more; empty
-/// when none runs.
+/// config, --netns)`); empty when none runs.
 pub fn running_list() -> String {
-    let running: Vec<RunState> =
-        instances().into_iter().filter(|s| matches!(s.manager(), Manager::Running(_))).collect();
+    listing(instances().into_iter().filter(|s| matches!(s.manager(), Manager::Running(_))).collect())
+}
+
+/// `running` (in pin_dir order) as [`running_list`] prints it: past a
+/// screenful, the runs started last (the one just started is likely the
+/// one meant; a fabric lab alone runs eight), then how many more.
+fn listing(mut running: Vec<RunState>) -> String {
     const LISTED: usize = 8;
+    let hidden = if running.len() > LISTED + 1 { running.len() - LISTED } else { 0 };
+    if hidden > 0 {
+        running.sort_by_key(|s| std::cmp::Reverse(s.started_at));
+        running.truncate(LISTED);
+        running.sort_by(|a, b| a.pin_dir.cmp(&b.pin_dir));
+    }
     let mut text = String::new();
-    for s in running.iter().take(LISTED) {
+    for s in &running {
         text.push_str(&s.listing_line(&format!(", config {}", s.config.display())));
     }
-    if running.len() > LISTED {
-        text.push_str(&format!("\n  and {} more (state files in {RUN_DIR})", running.len() - LISTED));
+    if hidden > 0 {
+        text.push_str(&format!("\n  and {hidden} started earlier (a state file each in {RUN_DIR})"));
     }
     text
 }
@@ -676,6 +686,25 @@ mod tests {
         drop(held);
         fs::remove_file(&state).unwrap();
         assert_eq!(remove_leftovers(&pin_dir).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn a_long_list_of_runs_keeps_the_ones_started_last() {
+        let run = |i: u32, started_at: u64| RunState {
+            pid: 100 + i,
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/rocev2-{i:02}")),
+            started_at,
+            ..Default::default()
+        };
+        // Nine fit: no "and 1 more".
+        let nine = listing((0..9).map(|i| run(i, 1)).collect());
+        assert_eq!(nine.lines().count(), 1 + 9, "{nine}");
+        // Ten: the eight started last (2..=9), in pin_dir order, then how many more.
+        let ten = listing((0..10).map(|i| run(i, 1000 + u64::from(i))).collect());
+        let shown: Vec<&str> = ten.lines().skip(1).collect();
+        assert!(shown[0].starts_with("  --pin-dir /sys/fs/bpf/rocev2-02  (pid 102"), "{ten}");
+        assert!(shown[7].starts_with("  --pin-dir /sys/fs/bpf/rocev2-09  (pid 109"), "{ten}");
+        assert_eq!(shown[8], "  and 2 started earlier (a state file each in /run/rocev2)");
     }
 
     #[test]

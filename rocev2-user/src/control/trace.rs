@@ -55,8 +55,9 @@ pub struct TraceArgs {
     /// Only this BTH opcode (e.g. 0x06 for WRITE FIRST, 0x11 for ACK).
     #[arg(long, value_parser = parse_opcode)]
     pub opcode: Option<u8>,
-    /// Only this UDP source port.
-    #[arg(long)]
+    /// Only this UDP source port (a number, as `explain --sport` takes it;
+    /// not an interface).
+    #[arg(long, visible_alias = "sport", value_name = "UDP_SPORT")]
     pub port: Option<u16>,
     /// Stop after this many packets.
     #[arg(long)]

@@ -169,7 +169,7 @@ pub fn ensure(recipe: &Recipe, cache: &Path) -> Result<Tree> {
     remove_tree(&partial)?;
     let log = cache.join(format!("{}-{}.log", recipe.name, recipe.digest()));
     eprintln!(
-        "rocev2: building the {:?} Debian tree in {} (once; about a minute and a half; log {})",
+        "rocev2: building the {:?} Debian tree in {} (once; minutes, from deb.debian.org; log {})",
         recipe.name,
         path.display(),
         log.display()

@@ -193,6 +193,21 @@ fn read_program(prog: BorrowedFd<'_>) -> Result<JitLines> {
     Ok(JitLines::new(functions, lines))
 }
 
+/// A loaded program's xlated instructions (8 bytes each), as
+/// `bpftool prog dump xlated` reads them.
+pub fn xlated_insns(prog: BorrowedFd<'_>) -> Result<Vec<[u8; 8]>> {
+    // SAFETY: a plain C struct; all zero asks only for the counts.
+    let mut counts: bpf_prog_info = unsafe { zeroed() };
+    info_by_fd(prog, &mut counts).context("BPF_OBJ_GET_INFO_BY_FD (program)")?;
+    let mut insns = vec![[0u8; 8]; counts.xlated_prog_len as usize / 8];
+    // SAFETY: as above; the buffer holds xlated_prog_len bytes.
+    let mut info: bpf_prog_info = unsafe { zeroed() };
+    info.xlated_prog_len = (insns.len() * 8) as u32;
+    info.xlated_prog_insns = insns.as_mut_ptr() as u64;
+    info_by_fd(prog, &mut info).context("BPF_OBJ_GET_INFO_BY_FD (xlated instructions)")?;
+    Ok(insns)
+}
+
 /// The string section of the BTF object `id` (what line records point into).
 fn btf_strings(id: u32) -> Result<Vec<u8>> {
     let mut by_id = FdById { id, next_id: 0, open_flags: 0 };

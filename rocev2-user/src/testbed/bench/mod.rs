@@ -13,6 +13,7 @@
 //!    memory of the maps.
 
 mod bridge;
+mod budget;
 mod collective_model;
 mod forwarding;
 mod jit_lines;
@@ -646,21 +647,157 @@ struct Part1 {
     rows: Vec<Row>,
     /// (pipeline, v6, big) -> ns above floor
     above_floor: Vec<(Pipeline, bool, bool, f64)>,
+    /// Each primitive's measured ns per operation (10 routes' rounds).
+    floors: budget::Floors,
+    /// IPv4, 10 routes: each budget row's cost (ns above what it is read
+    /// against), in BUDGET_ROWS order, telemetry's added by the caller.
+    costs: BTreeMap<&'static str, f64>,
 }
+
+/// The rows with a goal that get a budget table: name, the row they are
+/// read against, goal, path, the variant whose verified program the path
+/// is checked against, and what the remainder holds.
+struct BudgetRow {
+    name: &'static str,
+    against: &'static str,
+    goal: f64,
+    steps: fn() -> Vec<budget::Step>,
+    variant: Option<Variant>,
+    remainder: &'static str,
+}
+
+const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
+
+const BUDGET_ROWS: [BudgetRow; 7] = [
+    BudgetRow {
+        name: "rocev2 qp",
+        against: "the floor",
+        goal: 40.0,
+        steps: || budget::QP_PATH.to_vec(),
+        variant: Some(Variant::Pipeline(Pipeline::Qp)),
+        remainder: REST_OF_PATH,
+    },
+    BudgetRow {
+        name: "rocev2 five-tuple",
+        against: "the floor",
+        goal: 45.0,
+        steps: || budget::QP_PATH.to_vec(),
+        variant: Some(Variant::Pipeline(Pipeline::FiveTuple)),
+        remainder: REST_OF_PATH,
+    },
+    BudgetRow {
+        name: "rocev2 flowlet",
+        against: "the floor",
+        goal: 80.0,
+        steps: || budget::FLOWLET_PATH.to_vec(),
+        variant: Some(Variant::Pipeline(Pipeline::Flowlet)),
+        remainder: "as qp's, plus the flowlet decision (gap, generation, message end) and the entry's update in place",
+    },
+    BudgetRow {
+        name: "rocev2 flowlet+ECN+classes",
+        against: "the floor",
+        goal: 100.0,
+        steps: || [budget::FLOWLET_PATH, budget::CLASSES_ECN_STEPS].concat(),
+        variant: Some(Variant::Pipeline(Pipeline::Full)),
+        remainder: "as flowlet's, plus the class match tests, the virtual queue's arithmetic (drain, depth, thresholds) and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+    },
+    BudgetRow {
+        name: "marginal: ECN virtual queue",
+        against: "qp",
+        goal: ECN_GOAL_NS,
+        steps: || budget::ECN_STEPS.to_vec(),
+        variant: Some(Variant::QpEcn),
+        remainder: "the virtual queue's arithmetic (drain since the last packet, depth, thresholds), the egress counter adds, the call's argument packing and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+    },
+    BudgetRow {
+        name: "marginal: every feature loaded, unused",
+        against: "qp",
+        goal: UNUSED_FEATURES_GOAL_NS,
+        steps: || budget::UNUSED_STEPS.to_vec(),
+        variant: Some(Variant::QpAllFeaturesLoaded),
+        remainder: "the feature tests and the branches around the three lookups (each `enabled()` test stays: the load of a frozen global)",
+    },
+    BudgetRow {
+        name: "marginal: telemetry on (4096 QPs)",
+        against: "telemetry off",
+        goal: TELEMETRY_GOAL_NS,
+        steps: || budget::TELEMETRY_STEPS.to_vec(),
+        variant: None,
+        remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare",
+    },
+];
+
+/// The full path a budget row's program runs (a marginal row's steps on
+/// top of the qp path), for the check against its verified program.
+fn checked_path(b: &BudgetRow) -> Vec<budget::Step> {
+    let steps = (b.steps)();
+    if b.against == "the floor" {
+        steps
+    } else {
+        [budget::QP_PATH.to_vec(), steps].concat()
+    }
+}
+
+/// A verified program's map references and calls.
+fn static_counts(programs: &mut impl Programs, program: &str) -> Result<budget::StaticCounts> {
+    let fd = std::os::fd::AsFd::as_fd(programs.program(program)?.fd()?);
+    let insns = jit_lines::xlated_insns(fd)?;
+    Ok(budget::StaticCounts::of_xlated(&insns, |id| {
+        let info = aya::maps::MapInfo::from_id(id).ok()?;
+        let name = info.name_as_str()?;
+        Some(rocev2_common::maps::spec_of(name).map_or(name, |m| m.name).to_owned())
+    }))
+}
+
+/// The primitive rows and every budget table, from one run's numbers.
+fn budget_report(p1: &Part1) -> (Vec<Row>, String) {
+    let mut rows = Vec::new();
+    for p in budget::Primitive::ALL {
+        let each = p1.floors.ns(p);
+        rows.push(row(
+            "1 per-packet",
+            format!("primitive: {}", p.what()),
+            format!("`{}`: the floor + {} x this", p.program(), p.repeat()),
+            format!("{each:.1} ns"),
+            "per operation: median over rounds of (run - floor) / count",
+            "",
+        ));
+    }
+    let mut md = String::from(BUDGET_HEADING);
+    for b in &BUDGET_ROWS {
+        let Some(cost) = p1.costs.get(b.name) else { continue };
+        let s = budget::split(*cost, &(b.steps)(), &p1.floors);
+        md.push_str(&budget::render(b.name, b.against, b.goal, &s, b.remainder));
+    }
+    (rows, md)
+}
+
+const BUDGET_HEADING: &str = "\n## Budgets of the missed goals (IPv4, 10 routes, this run)\n\nEach table splits a row's cost (above the floor, or for a marginal row above the row it is read against) into the primitives its packet's path takes, each at its cost measured in this run (the `primitive:` rows of part 1: a program per primitive, the floor plus 8 chained operations, or one parse, interleaved with the floor in every round). The path is listed step by step in `rocev2-user/src/testbed/bench/budget.rs` (from the source and the IPv4 path traced instruction by instruction), and before measuring the bench checks each listed lookup and call against the program the kernel verified for that row (the map is referenced there at least as often, the program has at least as many BPF-to-BPF calls). The floor itself (one devmap redirect, the test run's own work) is in every row and in no budget. A primitive measured alone is hot in the cache and alone in the pipeline's out-of-order window, so the sum can be above or below what the same steps cost inside the pipeline; the remainder is the rest of the path, and its error.\n\n";
 
 fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) -> Result<Part1> {
     let mut rows = Vec::new();
     let mut above_floor = Vec::new();
+    let mut floors = budget::Floors::default();
+    let mut costs = BTreeMap::new();
     // One instance per row, loaded with that row's features and configured
     // once (set_egress cannot be undone); routes change between the two
     // route sets.
     eprintln!("bench: loading {} dataplanes", VARIANTS.len());
     let mut floor = test_run_floor()?;
+    for p in budget::Primitive::ALL {
+        floor.xdp(p.program())?;
+    }
     let mut instances = Vec::new();
     for v in VARIANTS {
         let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, v.features())?;
         v.configure(&mut dp)?;
         instances.push(dp);
+    }
+    // Each budget's path against the program verified for its row.
+    for b in &BUDGET_ROWS {
+        let Some(v) = b.variant else { continue };
+        let i = VARIANTS.iter().position(|x| *x == v).expect("a variant of the table");
+        budget::check_path(b.name, &checked_path(b), &static_counts(&mut instances[i], XDP_PROGRAM)?)?;
     }
     for big in [false, true] {
         let routes = if big { "100k+100k routes" } else { "10 routes" };
@@ -704,6 +841,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         }
         // Measurements interleave: every round measures every row once.
         let mut samples: BTreeMap<(usize, bool), Vec<f64>> = BTreeMap::new();
+        let mut primitive_samples: BTreeMap<budget::Primitive, Vec<f64>> = BTreeMap::new();
         let frames = [bench_frame(false, 255, [2, 0, 0, 0, 0, 0xFE]), bench_frame(true, 255, [2, 0, 0, 0, 0, 0xFE])];
         let twins = [false, true].map(|v6| bench_frame_to(cache_twin(v6), 255, [2, 0, 0, 0, 0, 0xFE]));
         let qp_index = VARIANTS.iter().position(|v| *v == Variant::Pipeline(Pipeline::Qp)).expect("qp row");
@@ -714,6 +852,14 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             for (v6, frame) in [false, true].into_iter().zip(&frames) {
                 let ns = cost_ns(&mut floor, XDP_REDIRECT_PROGRAM, frame, args.packets)?;
                 samples.entry((0, v6)).or_default().push(ns);
+            }
+            if !big {
+                // The primitives, on the IPv4 frame, against this round's floor.
+                let floor_ns = *samples[&(0, false)].last().expect("measured above");
+                for p in budget::Primitive::ALL {
+                    let ns = cost_ns(&mut floor, p.program(), &frames[0], args.packets)?;
+                    primitive_samples.entry(p).or_default().push((ns - floor_ns) / f64::from(p.repeat()));
+                }
             }
             for (i, (v, dp)) in VARIANTS.iter().zip(instances.iter_mut()).enumerate() {
                 if big && v.marginal() {
@@ -731,11 +877,19 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             }
         }
         eprintln!("bench:   {} rounds in {:.1} s", args.rounds, t_rounds.elapsed().as_secs_f64());
+        for (p, v) in primitive_samples {
+            floors.0.insert(p, median(v));
+        }
         for v6 in [false, true] {
             let fam = if v6 { "IPv6" } else { "IPv4" };
             let floor = median(samples[&(0, v6)].clone());
-            let qp = median(samples[&(qp_index + 1, v6)].clone());
-            let keyed_flowlet = median(samples[&(flowlet_index + 1, v6)].clone());
+            // Row a against row b: the median over rounds of their difference
+            // within a round (the load drifts between rounds; within one,
+            // rows are measured a moment apart).
+            let paired = |a: usize, b: usize| {
+                median(samples[&(a, v6)].iter().zip(&samples[&(b, v6)]).map(|(x, y)| x - y).collect())
+            };
+            let (qp_row, keyed_flowlet_row) = (qp_index + 1, flowlet_index + 1);
             rows.push(row(
                 "1 per-packet",
                 "trivial redirect (floor)",
@@ -746,7 +900,19 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
             ));
             for (i, v) in VARIANTS.iter().enumerate() {
                 let Some(ns) = samples.get(&(i + 1, v6)).map(|s| median(s.clone())) else { continue };
-                let above = ns - floor;
+                let above = paired(i + 1, 0);
+                let against_qp = paired(i + 1, qp_row);
+                if !big && !v6 {
+                    let cost = match v {
+                        Variant::Pipeline(p) => Some((p.name(), above)),
+                        Variant::QpEcn => Some((BUDGET_ROWS[4].name, against_qp)),
+                        Variant::QpAllFeaturesLoaded => Some((BUDGET_ROWS[5].name, against_qp)),
+                        _ => None,
+                    };
+                    if let Some((name, c)) = cost {
+                        costs.insert(name, c);
+                    }
+                }
                 let (relative, target) = match v {
                     Variant::Pipeline(p) => {
                         above_floor.push((*p, v6, big, above));
@@ -754,30 +920,28 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                         (format!("+{above:.1} ns"), at_most_ns(above, t))
                     }
                     Variant::FlowletKeyless => (
-                        format!("+{above:.1} ns ({:+.1} ns against the keyed table)", ns - keyed_flowlet),
+                        format!("+{above:.1} ns ({:+.1} ns against the keyed table)", paired(i + 1, keyed_flowlet_row)),
                         String::new(),
                     ),
-                    Variant::QpNoCounters => (format!("counters cost {:+.1} ns", qp - ns), String::new()),
+                    Variant::QpNoCounters => (format!("counters cost {:+.1} ns", -against_qp), String::new()),
                     Variant::QpHashV1 => {
                         // Paired by round (each round measures both rows), so
                         // the machine's load, which drifts between rounds,
                         // mostly cancels out of the ratio.
-                        let ratios =
-                            samples[&(i + 1, v6)].iter().zip(&samples[&(qp_index + 1, v6)]).map(|(a, b)| a / b);
+                        let ratios = samples[&(i + 1, v6)].iter().zip(&samples[&(qp_row, v6)]).map(|(a, b)| a / b);
                         let ratio = median(ratios.collect());
                         (
                             format!(
-                                "{:+.1} ns against qp (v2); v1/v2 time {ratio:.3}, median of per-round ratios",
-                                ns - qp
+                                "{against_qp:+.1} ns against qp (v2); v1/v2 time {ratio:.3}, median of per-round ratios"
                             ),
                             String::new(),
                         )
                     }
-                    Variant::QpEcn => (format!("{:+.1} ns against qp", ns - qp), at_most_ns(ns - qp, ECN_GOAL_NS)),
+                    Variant::QpEcn => (format!("{against_qp:+.1} ns against qp"), at_most_ns(against_qp, ECN_GOAL_NS)),
                     Variant::QpAllFeaturesLoaded => {
-                        (format!("{:+.1} ns against qp", ns - qp), at_most_ns(ns - qp, UNUSED_FEATURES_GOAL_NS))
+                        (format!("{against_qp:+.1} ns against qp"), at_most_ns(against_qp, UNUSED_FEATURES_GOAL_NS))
                     }
-                    _ => (format!("{:+.1} ns against qp", ns - qp), String::new()),
+                    _ => (format!("{against_qp:+.1} ns against qp"), String::new()),
                 };
                 rows.push(row(
                     "1 per-packet",
@@ -794,7 +958,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 "rocev2 qp, every packet a route-cache miss",
                 format!("{fam}, {routes}"),
                 format!("{ns:.1} ns"),
-                format!("+{:.1} ns ({:+.1} ns against qp)", ns - floor, ns - qp),
+                format!("+{:.1} ns ({:+.1} ns against qp)", paired(CACHE_MISS_ROW, 0), paired(CACHE_MISS_ROW, qp_row)),
                 "",
             ));
         }
@@ -882,7 +1046,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         format!("largest: {}", top(&per_large)),
         String::new(),
     ));
-    Ok(Part1 { rows, above_floor })
+    Ok(Part1 { rows, above_floor, floors, costs })
 }
 
 // ------------------------------------------------------------ report
@@ -923,12 +1087,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     if args.telemetry_only {
-        print!("{}", render_table(&telemetry::telemetry_rows(args)?));
+        print!("{}", render_table(&telemetry::telemetry_rows(args)?.0));
         return Ok(());
     }
     if args.per_packet_only {
-        let p1 = part1(args, &mut Vec::new(), &mut Vec::new())?;
-        print!("{}", render_table(&p1.rows));
+        let mut p1 = part1(args, &mut Vec::new(), &mut Vec::new())?;
+        let (primitives, budgets) = budget_report(&p1);
+        p1.rows.extend(primitives);
+        print!("{}{budgets}", render_table(&p1.rows));
         return Ok(());
     }
     if let Some(name) = &args.profile {
@@ -942,7 +1108,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut reading = Vec::new();
     let mut notes = Vec::new();
     let mut p1 = part1(args, &mut control, &mut reading)?;
-    p1.rows.extend(telemetry::telemetry_rows(args)?);
+    let (telemetry_rows, telemetry_cost) = telemetry::telemetry_rows(args)?;
+    p1.rows.extend(telemetry_rows);
+    p1.costs.insert(BUDGET_ROWS[6].name, telemetry_cost);
+    let (primitive_rows, budgets) = budget_report(&p1);
+    p1.rows.extend(primitive_rows);
     p1.rows.extend(bridge::per_packet_rows(args)?);
     let profiles = [Pipeline::Qp, Pipeline::Full]
         .into_iter()
@@ -974,7 +1144,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     md.push_str(&table);
     md.push_str("\n## How\n\n");
     md.push_str(&format!(
-        "- Part 1: BPF_PROG_TEST_RUN of a 1,106-byte RoCEv2 WRITE_ONLY (QP 0x100) to 10.1.0.1 / fd01::1, a group of 4 members on lo. Each measurement is {} calls with `repeat: 1` (the kernel's per-call time, which includes its two clock reads; the floor pays the same), the median of {} rounds with rows interleaved within a round: {} runs per row in all. Not one call with `repeat: 1_000_000`: the program would decrement the TTL of the one buffer the kernel repeats on (TTL-expired after 254 runs), and every call with repeat > 1 first swaps the program into the XDP dispatcher, so its first runs are cache-cold (five-tuple measured 364 ns per packet at repeat 250 and 950 ns at repeat 10 against about 220 ns at repeat 1). The floor is `{XDP_REDIRECT_PROGRAM}`: one devmap redirect, no parsing. 100k routes = 100,000 random /24 + 100,000 random /64 (seeded) plus the 10.\n",
+        "- Part 1: BPF_PROG_TEST_RUN of a 1,106-byte RoCEv2 WRITE_ONLY (QP 0x100) to 10.1.0.1 / fd01::1, a group of 4 members on lo. Each measurement is {} calls with `repeat: 1` (the kernel's per-call time, which includes its two clock reads; the floor pays the same), the median of {} rounds with rows interleaved within a round: {} runs per row in all; a row's ns above the floor, or against another row, is the median over rounds of the difference within a round (the load drifts between rounds, the rows of one round are measured moments apart). Not one call with `repeat: 1_000_000`: the program would decrement the TTL of the one buffer the kernel repeats on (TTL-expired after 254 runs), and every call with repeat > 1 first swaps the program into the XDP dispatcher, so its first runs are cache-cold (five-tuple measured 364 ns per packet at repeat 250 and 950 ns at repeat 10 against about 220 ns at repeat 1). The floor is `{XDP_REDIRECT_PROGRAM}`: one devmap redirect, no parsing. 100k routes = 100,000 random /24 + 100,000 random /64 (seeded) plus the 10.\n",
         args.packets,
         args.rounds,
         args.packets * args.rounds as u64
@@ -999,6 +1169,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         md.push('\n');
     }
     md.push_str(READING);
+    md.push_str(&budgets);
     md.push_str(profile::HEADING);
     for p in &profiles {
         md.push('\n');

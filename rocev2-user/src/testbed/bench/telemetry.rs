@@ -10,8 +10,9 @@ pub(super) const HOW: &str = "- Telemetry rows: the qp pipeline (10 routes) load
 /// Frames in the telemetry rows' stream.
 const PSNS: u32 = 64;
 
-/// Rows: the qp pipeline with telemetry off and on, per family.
-pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
+/// Rows: the qp pipeline with telemetry off and on, per family; and the
+/// IPv4 cost of telemetry (on against off, median of per-round differences).
+pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
     eprintln!("bench: per-packet cost of per-QP telemetry");
     let qp = Pipeline::Qp.features();
     let mut off = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp)?;
@@ -31,6 +32,8 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
             .collect()
     };
     let streams = [stream(false), stream(true)];
+    let b = &BUDGET_ROWS[6];
+    budget::check_path(b.name, &checked_path(b), &static_counts(&mut on, XDP_PROGRAM)?)?;
     let mut samples: BTreeMap<(bool, bool), Vec<f64>> = BTreeMap::new();
     let mut acked_samples: BTreeMap<bool, Vec<f64>> = BTreeMap::new();
     for _round in 0..args.rounds {
@@ -45,6 +48,7 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
         }
     }
     let mut rows = Vec::new();
+    let mut cost_v4 = f64::NAN;
     for v6 in [false, true] {
         let fam = if v6 { "IPv6" } else { "IPv4" };
         let ns_off = median(samples[&(v6, false)].clone());
@@ -53,6 +57,9 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
         // what the table costs.
         let per_round_delta =
             median(samples[&(v6, true)].iter().zip(&samples[&(v6, false)]).map(|(on, off)| on - off).collect());
+        if !v6 {
+            cost_v4 = per_round_delta;
+        }
         rows.push(row(
             "1 per-packet",
             "rocev2 qp, telemetry off",
@@ -79,5 +86,5 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<Vec<Row>> {
             "",
         ));
     }
-    Ok(rows)
+    Ok((rows, cost_v4))
 }

@@ -92,7 +92,9 @@ pub enum LabCommand {
     /// The collective scorecard: a ring AllReduce under every load-balancing
     /// mode and an incast under every transport, one table (and an SVG chart).
     Scorecard(fabric::scorecard::LabScorecardArgs),
-    /// A fabric's per-link loads by tier from every switch's member counters.
+    /// A fabric's per-link loads by tier from every switch's member
+    /// counters; a host bridge lab's frames per uplink (what each rack
+    /// switch received since the last `lab stats`).
     Stats(fabric::LabStatsArgs),
     /// Minutes of churn on a fabric of its own under load (withdrawals, link
     /// cuts, FRR and `rocev2 run` restarts, reloads, upgrades, a busy CPU)

@@ -102,8 +102,10 @@ pub struct SoakArgs {
     /// run can be repeated).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Racks of the soak's fabric (one host each).
     #[arg(long, default_value_t = 3)]
     pub racks: u32,
+    /// Spines of the soak's fabric.
     #[arg(long, default_value_t = 2)]
     pub spines: u32,
     /// QPs per rack pair and address family.
@@ -112,9 +114,10 @@ pub struct SoakArgs {
     /// Packets per second of each QP.
     #[arg(long, default_value_t = 200)]
     pub rate: u64,
-    /// Shortest and longest pause between two events, in seconds.
+    /// Shortest pause between two events, in seconds.
     #[arg(long, default_value_t = 5.0)]
     pub min_gap: f64,
+    /// Longest pause between two events, in seconds.
     #[arg(long, default_value_t = 9.0)]
     pub max_gap: f64,
     /// Which kinds of episode happen (comma-separated; default all): a

@@ -45,9 +45,12 @@ pub struct SinkArgs {
     /// --rc: the PSN every QP starts at (as agreed at connection setup).
     #[arg(long, default_value_t = 0)]
     pub first_psn: u32,
-    /// --rc: `cts` grants each requester's messages (`gen --rc --transport
-    /// cts`) with a CTS, at most --cts-window bytes outstanding.
-    #[arg(long, value_enum, default_value = "none", requires = "rc")]
+    /// --rc: the requester's transport (`gen --rc --transport`), as far as
+    /// the responder takes part: `cts` grants each message with a CTS, at
+    /// most --cts-window bytes outstanding; `none` and `dcqcn` answer
+    /// alike (a CNP for CE-marked data either way: DCQCN is how the
+    /// requester reacts to it).
+    #[arg(long, value_enum, default_value = "none", requires = "rc", hide_possible_values = true)]
     pub transport: crate::tools::rc::Transport,
     /// --rc --transport cts: bytes granted and not yet received, at most
     /// (a message is granted whole, one at a time at least).

@@ -58,6 +58,7 @@ pub struct LabCollectiveArgs {
     /// The lab: the `--name` it was built with.
     #[arg(long, default_value = "lab")]
     pub name: String,
+    /// The collective.
     #[arg(long, value_enum, default_value = "allreduce")]
     pub op: Op,
     /// Bytes per rank (nccl-tests' size): 64m, 4m, 512k.
@@ -69,6 +70,7 @@ pub struct LabCollectiveArgs {
     /// Message (chunk) size: the unit of a WRITE, a dependency and a grant.
     #[arg(long, value_parser = parse_size_arg, default_value = "128k")]
     pub chunk: u64,
+    /// How every host's RC endpoint reacts to congestion.
     #[arg(long, value_enum, default_value = "none")]
     pub transport: Transport,
     /// How ranks sit on the hosts (the ring follows rank order).
@@ -91,6 +93,7 @@ pub struct LabCollectiveArgs {
     /// the end.
     #[arg(long, value_name = "LINK")]
     pub fail: Option<String>,
+    /// With --fail: seconds into the run when the link fails.
     #[arg(long, default_value_t = 1.0, requires = "fail")]
     pub fail_after: f64,
     /// Run on a lab without rated links anyway (its times then say how fast

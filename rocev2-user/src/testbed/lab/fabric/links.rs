@@ -86,10 +86,10 @@ pub struct LinkArgs {
     /// queue, wait, get ECN-marked and, when a buffer is full, dropped.
     #[arg(long, value_name = "RATE", value_parser = parse_rate_arg, requires = "racks")]
     pub link_rate: Option<u64>,
-    /// Buffer of a leaf's egress queue on each rated link (64k, 1m).
+    /// Buffer of a leaf's egress queue on each rated link (64k, 1m; default 64k).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, requires = "link_rate")]
     pub leaf_buffer: Option<u64>,
-    /// Buffer of a spine's (and aggregation switch's) egress queue: deep, as in the paper.
+    /// Buffer of a spine's (and aggregation switch's) egress queue: deep, as in the paper (default 1m).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, requires = "link_rate")]
     pub spine_buffer: Option<u64>,
     /// Queue depth where ECN marking starts (default: a quarter of each switch's buffer).
@@ -98,7 +98,7 @@ pub struct LinkArgs {
     /// Queue depth above which every ECT packet is marked (default: three quarters of each switch's buffer).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, requires = "link_rate")]
     pub ecn_kmax: Option<u64>,
-    /// Marking probability reached at --ecn-kmax (0-1).
+    /// Marking probability reached at --ecn-kmax (0-1; default 0.2).
     #[arg(long, value_name = "P", requires = "link_rate")]
     pub ecn_pmax: Option<f64>,
 }

@@ -620,7 +620,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
     if let Some(ns) = plan.namespaces.iter().find(|n| netns_exists(&n.name)) {
         bail!("network namespace {:?} already exists but belongs to no lab record; pick another --name", ns.name);
     }
-    // The guests' tree first (built once; a minute and a half): a failure
+    // The guests' tree first (built once; minutes): a failure
     // there leaves nothing to clean up.
     let tree = if args.rdma.enabled { Some(rdma_hosts::tree(&args.rdma)?) } else { None };
     let mut record = LabRecord { name: name.clone(), fabric: Some(plan.fabric.clone()), ..Default::default() };
@@ -669,16 +669,22 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         ]);
     }
     out.push_str(&table.render());
+    // The hosts' addresses, of the families the lab has.
+    let addrs = match (f.v4, f.v6) {
+        (true, true) => "10.<rack>.<host>.1, fd00:<rack>:<host>::1",
+        (true, false) => "10.<rack>.<host>.1",
+        _ => "fd00:<rack>:<host>::1",
+    };
     if record.guests.is_empty() {
         let _ = writeln!(
             out,
-            "  hosts: {}-r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1)\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            "  hosts: {}-r<rack>h<host> ({addrs})\nNext:\n  rocev2 lab traffic --name {name} --pattern ring --qps 8 --messages 16\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
             name
         );
     } else {
         let _ = writeln!(
             out,
-            "RDMA hosts: virtual machines r<rack>h<host> (10.<rack>.<host>.1, fd00:<rack>:<host>::1) with Soft-RoCE rxe0, bridged in namespaces {name}-r<rack>h<host>:"
+            "RDMA hosts: virtual machines r<rack>h<host> ({addrs}) with Soft-RoCE rxe0, bridged in namespaces {name}-r<rack>h<host>:"
         );
         out.push_str(&rdma_hosts::guests_table(&record.guests));
         let (server, client) = ("r2h1", "r1h1");
@@ -825,7 +831,12 @@ fn start_bgp(plan: &FabricPlan) -> Result<String> {
 /// reloads its config (enough when only pins change). Returns how long
 /// applying took.
 pub fn apply_balance(record: &mut LabRecord, balance: &Balance, restart: bool) -> Result<Duration> {
-    let Some(f) = record.fabric.clone() else { bail!("lab {:?} is not a fabric", record.name) };
+    let Some(f) = record.fabric.clone() else {
+        bail!(
+            "lab {:?} is not a fabric; the load-balancing modes and TE need one (`lab up --racks N --routing static`)",
+            record.name
+        )
+    };
     if !record.frr_dirs.is_empty() {
         bail!(
             "lab {:?} routes with BGP: its groups are learned from the kernel, so the load-balancing modes (which rewrite the generated groups and routes) need a lab with --routing static",

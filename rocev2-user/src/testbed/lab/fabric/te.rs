@@ -43,18 +43,23 @@ pub struct LabTeArgs {
     /// The collective whose traffic matrix to engineer (as `lab collective` runs it).
     #[arg(long, value_enum, default_value = "allreduce")]
     pub op: Op,
+    /// Bytes per rank, as `lab collective --size`.
     #[arg(long, value_parser = parse_size_arg, default_value = "4m")]
     pub size: u64,
+    /// QPs per connection, as `lab collective --qps`.
     #[arg(long, default_value_t = 1)]
     pub qps: u32,
+    /// Message (chunk) size, as `lab collective --chunk`.
     #[arg(long, value_parser = parse_size_arg, default_value = "128k")]
     pub chunk: u64,
+    /// How ranks sit on the hosts, as `lab collective --placement`.
     #[arg(long, value_enum, default_value = "interleaved")]
     pub placement: Placement,
     /// After installing, fail this link (both directions; named as `lab
     /// stats` names a direction, e.g. l1/s1p1) and recompute without it.
     #[arg(long, value_name = "LINK")]
     pub fail: Option<String>,
+    /// Print the plan (and the re-plan after --fail) as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -88,7 +93,9 @@ pub struct TeReport {
 
 /// The plan a TE request names.
 pub fn plan_of(record: &LabRecord, op: Op, size: u64, qps: u32, chunk: u64, placement: Placement) -> Result<Plan> {
-    let Some(f) = &record.fabric else { bail!("lab {:?} is a single-rack lab; TE needs a fabric", record.name) };
+    let Some(f) = &record.fabric else {
+        bail!("lab {:?} is a single-rack lab; TE needs a fabric (`lab up --racks N --routing static`)", record.name)
+    };
     Plan::new(op, size, collective::place(f.racks, f.hosts, placement), qps, chunk).map_err(anyhow::Error::msg)
 }
 
@@ -241,6 +248,7 @@ pub struct LabLinkArgs {
     pub name: String,
     /// The link, as `lab stats` names one of its directions (l1/s1p1).
     pub link: String,
+    /// `down` fails both directions of the link, `up` brings them back.
     #[arg(value_enum)]
     pub state: LinkState,
 }
@@ -253,7 +261,9 @@ pub enum LinkState {
 
 pub fn link(args: &LabLinkArgs) -> Result<()> {
     let record = LabRecord::read(&args.name)?;
-    let f = record.fabric.clone().with_context(|| format!("lab {:?} is not a fabric", args.name))?;
+    let f = record.fabric.clone().with_context(|| {
+        format!("lab {:?} is not a fabric; `lab link` fails a fabric's links (`lab up --racks N`)", args.name)
+    })?;
     let l = parse_link(&f, &args.link)?;
     set_link(&record, &l, args.state == LinkState::Up)?;
     let (a, b) = link_ends(&f, &l);

@@ -56,20 +56,20 @@ pub enum Mode {
     /// Enhanced ECMP (`hash = "qp"`): the five-tuple and the BTH DestQP.
     Qp,
     /// Static path pinning by destination slice: every switch sends traffic
-    /// for host i of a rack through member (i-1) mod members
-    /// ([`slice_position`]), as `lab mode slice` configures (named
-    /// `slice` on the command line and in JSON, as the lab names it).
+    /// for host i of a rack through member (i-1) mod members, as `lab mode
+    /// slice` configures (named `slice` on the command line and in JSON,
+    /// as the lab names it).
     #[value(name = "slice")]
     #[serde(rename = "slice")]
     Pinned,
-    /// Centralized TE: CSPF ([`cspf`]) places every QP on the least loaded
-    /// path with the rate it needs ([`te_demands`]), installed as pins.
+    /// Centralized TE: CSPF places every QP on the least loaded path with
+    /// the rate it needs, installed as pins, as `lab te` does.
     Te,
     /// Flowlets with a keyed table: a QP idle longer than the gap before a
-    /// message starts a new flowlet, re-hashed with its flowlet number
-    /// (`rehash_position`); one that is not keeps its path.
+    /// message starts a new flowlet, re-hashed with its flowlet number; one
+    /// that is not keeps its path.
     FlowletKeyed,
-    /// Flowlets with a keyless table of `flowlet_slots` slots per group: a
+    /// Flowlets with a keyless table of `--flowlet-slots` slots per group: a
     /// QP whose slot is live (another QP in it sends, or sent within the
     /// gap) follows that slot's member.
     FlowletKeyless,

@@ -1,0 +1,465 @@
+//! Part 1's floors and budgets: what each primitive the pipeline pays for
+//! costs on this machine (a program per primitive in the tools object,
+//! measured like every part-1 row, interleaved with the floor), and for
+//! each row with a missed goal, its cost above what it is read against
+//! split into those primitives (how many the packet's path takes, times
+//! the measured cost of one) and the remainder.
+//!
+//! A path is listed step by step ([`Step`]: the primitive and the map,
+//! helper or function it is on the path for), from the program's source
+//! and its IPv4 path traced instruction by instruction; the bench checks
+//! each listed map lookup and call against the program the kernel
+//! verified for that row ([`check_path`]): a map the path names must be
+//! referenced there at least as often as the path uses it, and the
+//! program must have at least as many BPF-to-BPF calls.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+
+/// Steps per primitive program (rocev2-ebpf/src/tools/primitives.rs's REPEAT).
+pub const REPEAT: u32 = 8;
+
+/// Something the pipeline pays for, measured by a program of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Primitive {
+    Parse,
+    HashV2Ipv4,
+    HashV2Ipv6,
+    HashV1,
+    Array,
+    PerCpuArray,
+    LruHash,
+    Clock,
+    CoarseClock,
+    Call,
+}
+
+impl Primitive {
+    pub const ALL: [Primitive; 10] = [
+        Primitive::Array,
+        Primitive::PerCpuArray,
+        Primitive::LruHash,
+        Primitive::Clock,
+        Primitive::CoarseClock,
+        Primitive::Call,
+        Primitive::Parse,
+        Primitive::HashV2Ipv4,
+        Primitive::HashV2Ipv6,
+        Primitive::HashV1,
+    ];
+
+    /// The tools object's program that measures it.
+    pub fn program(self) -> &'static str {
+        match self {
+            Primitive::Parse => "rocev2_prim_parse",
+            Primitive::HashV2Ipv4 => "rocev2_prim_hash_v2_v4",
+            Primitive::HashV2Ipv6 => "rocev2_prim_hash_v2_v6",
+            Primitive::HashV1 => "rocev2_prim_hash_v1",
+            Primitive::Array => "rocev2_prim_array",
+            Primitive::PerCpuArray => "rocev2_prim_percpu",
+            Primitive::LruHash => "rocev2_prim_hash",
+            Primitive::Clock => "rocev2_prim_clock",
+            Primitive::CoarseClock => "rocev2_prim_coarse",
+            Primitive::Call => "rocev2_prim_call",
+        }
+    }
+
+    /// How many times its program does it.
+    pub fn repeat(self) -> u32 {
+        match self {
+            Primitive::Parse => 1,
+            _ => REPEAT,
+        }
+    }
+
+    /// What one operation is.
+    pub fn what(self) -> &'static str {
+        match self {
+            Primitive::Parse => "parse of Ethernet + IPv4 (checksum checked) + UDP + BTH, with bounds checks",
+            Primitive::HashV2Ipv4 => "member hash, hash_version 2, IPv4 key (4 words + finalization)",
+            Primitive::HashV2Ipv6 => "member hash, hash_version 2, IPv6 key (10 words + finalization)",
+            Primitive::HashV1 => "member hash, hash_version 1 (11 words + finalization)",
+            Primitive::Array => "ARRAY lookup (inlined by the verifier)",
+            Primitive::PerCpuArray => "PERCPU_ARRAY lookup (inlined by the verifier)",
+            Primitive::LruHash => "LRU_HASH lookup, a 44-byte flowlet-table key",
+            Primitive::Clock => "`bpf_ktime_get_ns` (the precise clock)",
+            Primitive::CoarseClock => "`bpf_ktime_get_coarse_ns` (the coarse clock)",
+            Primitive::Call => "BPF-to-BPF call and return",
+        }
+    }
+
+    /// Short name for a budget line.
+    pub fn short(self) -> &'static str {
+        match self {
+            Primitive::Parse => "parse",
+            Primitive::HashV2Ipv4 => "hash v2 (IPv4)",
+            Primitive::HashV2Ipv6 => "hash v2 (IPv6)",
+            Primitive::HashV1 => "hash v1",
+            Primitive::Array => "ARRAY lookup",
+            Primitive::PerCpuArray => "PERCPU_ARRAY lookup",
+            Primitive::LruHash => "LRU_HASH lookup",
+            Primitive::Clock => "precise clock",
+            Primitive::CoarseClock => "coarse clock",
+            Primitive::Call => "BPF-to-BPF call",
+        }
+    }
+
+    /// Why it cannot go, or what would remove it.
+    pub fn why(self) -> &'static str {
+        match self {
+            Primitive::Parse => "the work itself: every header the decision reads, checked against the packet's end (the verifier demands each bound); a NIC that parses (hardware offload) would take it",
+            Primitive::HashV2Ipv4 | Primitive::HashV2Ipv6 | Primitive::HashV1 => "a chain of dependent multiplies and rotates, one step per word; fewer words or a weaker mix would change placement or spread (hash_version 2 is already the family's words only)",
+            Primitive::Array => "a bounds check and an address computation the verifier inlines: the least a map access costs; only merging maps (fewer, denser values) removes one",
+            Primitive::PerCpuArray => "as an ARRAY lookup plus this CPU's offset; per-CPU so counters and scratch need no atomics",
+            Primitive::LruHash => "a kernel helper: jhash of the key, a bucket walk and the LRU reference bit; the keyless table (an ARRAY slot) avoids it",
+            Primitive::Clock => "a helper call (its return through the SRSO thunk) into ktime_get_mono_fast_ns: a fenced TSC read and the fast timekeeper's arithmetic; nothing cheaper gives sub-tick time in BPF, and the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain; one reading per packet is shared by flowlet and ECN",
+            Primitive::CoarseClock => "a helper call reading the last tick's time under a seqcount: mostly the call itself (compare the BPF-to-BPF call)",
+            Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
+        }
+    }
+}
+
+/// Measured ns per operation of each primitive.
+#[derive(Clone, Debug, Default)]
+pub struct Floors(pub BTreeMap<Primitive, f64>);
+
+impl Floors {
+    /// ns of one operation; NaN if not measured.
+    pub fn ns(&self, p: Primitive) -> f64 {
+        self.0.get(&p).copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// One primitive on a packet's path, and what it is there for (a map's
+/// name as the maps table spells it, a helper, a function).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub primitive: Primitive,
+    pub what: &'static str,
+    /// The map the step looks up, if it is a lookup.
+    pub map: Option<&'static str>,
+}
+
+const fn lookup(primitive: Primitive, map: &'static str) -> Step {
+    Step { primitive, what: map, map: Some(map) }
+}
+
+const fn step(primitive: Primitive, what: &'static str) -> Step {
+    Step { primitive, what, map: None }
+}
+
+use Primitive::{Array, Call, Clock, CoarseClock, LruHash, Parse, PerCpuArray};
+
+/// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
+/// hit, from the program's entry to the redirect (which the floor pays).
+pub const QP_PATH: &[Step] = &[
+    lookup(Array, "IFINDEX_SLOTS"),
+    step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
+    step(Call, "forward_v4_call (the IPv4 function)"),
+    lookup(Array, "CONFIG"),
+    lookup(PerCpuArray, "ROUTE_CACHE"),
+    lookup(PerCpuArray, "FLOW_KEY"),
+    lookup(Array, "GROUPS"),
+    lookup(Array, "CONFIG"),
+    step(Primitive::HashV2Ipv4, "member hash"),
+    step(Call, "member_of (bucket table)"),
+    lookup(Array, "BUCKETS"),
+    lookup(Array, "MEMBERS"),
+    lookup(PerCpuArray, "PORT_COUNTERS"),
+    lookup(PerCpuArray, "MEMBER_STATS"),
+];
+
+/// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
+/// found and kept): no member hash and no bucket table (the flow's entry
+/// names the member), the clock and the flowlet table instead.
+pub const FLOWLET_PATH: &[Step] = &[
+    lookup(Array, "IFINDEX_SLOTS"),
+    step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
+    step(Call, "forward_v4_call (the IPv4 function)"),
+    lookup(Array, "CONFIG"),
+    lookup(PerCpuArray, "ROUTE_CACHE"),
+    lookup(PerCpuArray, "FLOW_KEY"),
+    lookup(Array, "GROUPS"),
+    step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
+    lookup(Array, "CONFIG"),
+    step(Call, "flowlet_position (keyed table)"),
+    lookup(PerCpuArray, "FLOWLET_SCRATCH"),
+    lookup(LruHash, "FLOWLETS"),
+    lookup(Array, "MEMBERS"),
+    lookup(PerCpuArray, "PORT_COUNTERS"),
+    lookup(PerCpuArray, "MEMBER_STATS"),
+];
+
+/// What the full pipeline adds to [`FLOWLET_PATH`]: two classes tried
+/// (neither matches the bench's WRITE_ONLY) and the egress port's virtual
+/// queue, on the flowlet stage's clock reading.
+pub const CLASSES_ECN_STEPS: &[Step] = &[
+    lookup(Array, "CONFIG"),
+    step(Call, "classify_index"),
+    lookup(Array, "CLASSES"),
+    lookup(Array, "CLASSES"),
+    lookup(Array, "IFINDEX_SLOTS"),
+    lookup(Array, "EGRESS_BY_SLOT"),
+    step(Call, "mark_code"),
+    lookup(PerCpuArray, "EGRESS_COUNTERS"),
+    lookup(Array, "VQUEUES"),
+    lookup(Array, "ECN_PROFILES"),
+];
+
+/// What an ECN virtual queue adds to the qp path (its own clock reading:
+/// a hashed group takes none).
+pub const ECN_STEPS: &[Step] = &[
+    lookup(Array, "IFINDEX_SLOTS"),
+    lookup(Array, "EGRESS_BY_SLOT"),
+    step(Call, "mark_code"),
+    lookup(PerCpuArray, "EGRESS_COUNTERS"),
+    lookup(Array, "VQUEUES"),
+    step(Clock, "the packet's clock reading (queue drain)"),
+    lookup(Array, "ECN_PROFILES"),
+];
+
+/// What every feature loaded but unused adds to the qp path: the tests
+/// that find each one unused (a pinned-policy test, an empty class table,
+/// a port without a virtual queue), each a lookup.
+pub const UNUSED_STEPS: &[Step] = &[lookup(Array, "GROUPS"), lookup(Array, "CONFIG"), lookup(Array, "IFINDEX_SLOTS")];
+
+/// What per-QP telemetry adds for a data packet of a QP already in the
+/// table (found in its set's first way, in order, not marked).
+pub const TELEMETRY_STEPS: &[Step] = &[
+    step(Call, "telemetry::observe"),
+    lookup(PerCpuArray, "TELEMETRY_SCRATCH"),
+    step(Parse, "transport::locate_into (the headers read again, counted as one parse)"),
+    lookup(Array, "TRACE_FILTER"),
+    step(CoarseClock, "last seen"),
+    lookup(Array, "QP_TELEMETRY"),
+];
+
+/// One primitive's share of a row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    pub primitive: Primitive,
+    pub count: u32,
+    pub each_ns: f64,
+    pub ns: f64,
+    /// The steps' `what`, in path order, duplicates kept.
+    pub whats: Vec<&'static str>,
+}
+
+/// A row's cost split into its primitives and the remainder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub cost: f64,
+    pub parts: Vec<Part>,
+    pub accounted: f64,
+    pub remainder: f64,
+}
+
+/// Splits `cost` ns by the primitives of `steps` (counted per primitive,
+/// each times its measured floor); the remainder is what they leave.
+pub fn split(cost: f64, steps: &[Step], floors: &Floors) -> Split {
+    let mut by: BTreeMap<Primitive, Vec<&'static str>> = BTreeMap::new();
+    for s in steps {
+        by.entry(s.primitive).or_default().push(s.what);
+    }
+    let parts: Vec<Part> = by
+        .into_iter()
+        .map(|(primitive, whats)| {
+            let each_ns = floors.ns(primitive);
+            let count = whats.len() as u32;
+            Part { primitive, count, each_ns, ns: f64::from(count) * each_ns, whats }
+        })
+        .collect();
+    let accounted = parts.iter().map(|p| p.ns).sum::<f64>();
+    Split { cost, parts, accounted, remainder: cost - accounted }
+}
+
+/// `names` with repeats folded: "CONFIG x2, GROUPS".
+fn folded(names: &[&str]) -> String {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for n in names {
+        match out.iter_mut().find(|(m, _)| m == n) {
+            Some((_, c)) => *c += 1,
+            None => out.push(((*n).to_owned(), 1)),
+        }
+    }
+    out.iter().map(|(n, c)| if *c > 1 { format!("{n} x{c}") } else { n.clone() }).collect::<Vec<_>>().join(", ")
+}
+
+/// A budget table in Markdown: one line per primitive, then the sum and
+/// the remainder. `against` says what the cost is read against.
+pub fn render(title: &str, against: &str, goal: f64, s: &Split, remainder_note: &str) -> String {
+    let mut md = format!(
+        "#### {title}: {:+.1} ns above {against} (goal <= +{goal:.0} ns)\n\n| part | count | ns each (measured) | ns | on the path | why it stays (or what would remove it) |\n|---|---|---|---|---|---|\n",
+        s.cost
+    );
+    for p in &s.parts {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {} | {} |\n",
+            p.primitive.short(),
+            p.count,
+            p.each_ns,
+            p.ns,
+            folded(&p.whats),
+            p.primitive.why()
+        ));
+    }
+    md.push_str(&format!(
+        "| accounted for by measured floors | | | {:.1} | {:.0}% of the cost | |\n| remainder | | | {:.1} | | {remainder_note} |\n\n",
+        s.accounted,
+        if s.cost > 0.0 { 100.0 * s.accounted / s.cost } else { 0.0 },
+        s.remainder
+    ));
+    md
+}
+
+/// What a verified program holds, as its xlated instructions show it:
+/// references to each map (by the maps table's name), BPF-to-BPF calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StaticCounts {
+    pub map_refs: BTreeMap<String, u32>,
+    pub calls: u32,
+}
+
+impl StaticCounts {
+    /// Counts in xlated instructions (8 bytes each, as the kernel dumps
+    /// them: a map reference is a 64-bit immediate load whose source
+    /// register is BPF_PSEUDO_MAP_FD (1) or BPF_PSEUDO_MAP_VALUE (2) and
+    /// whose immediate is the map id; a BPF-to-BPF call is a call whose
+    /// source register is BPF_PSEUDO_CALL (1)). `name_of` names a map id.
+    pub fn of_xlated(insns: &[[u8; 8]], name_of: impl Fn(u32) -> Option<String>) -> Self {
+        let mut counts = StaticCounts::default();
+        let mut i = 0;
+        while i < insns.len() {
+            let insn = insns[i];
+            let (code, src) = (insn[0], insn[1] >> 4);
+            let imm = u32::from_le_bytes([insn[4], insn[5], insn[6], insn[7]]);
+            if code == 0x18 {
+                if src == 1 || src == 2 {
+                    if let Some(name) = name_of(imm) {
+                        *counts.map_refs.entry(name).or_default() += 1;
+                    }
+                }
+                i += 2;
+                continue;
+            }
+            if code == 0x85 && src == 1 {
+                counts.calls += 1;
+            }
+            i += 1;
+        }
+        counts
+    }
+}
+
+/// Checks a path against its row's verified program: every map the path
+/// looks up is referenced at least as often, and the program has at least
+/// as many BPF-to-BPF calls as the path makes.
+pub fn check_path(row: &str, steps: &[Step], counts: &StaticCounts) -> Result<()> {
+    let mut wanted: BTreeMap<&str, u32> = BTreeMap::new();
+    for s in steps {
+        if let Some(m) = s.map {
+            *wanted.entry(m).or_default() += 1;
+        }
+    }
+    for (map, n) in wanted {
+        let have = counts.map_refs.get(map).copied().unwrap_or(0);
+        if have < n {
+            bail!("budget of {row}: the path looks {map} up {n} times, the verified program references it {have} times (the path list in bench/budget.rs is out of date)");
+        }
+    }
+    let calls = steps.iter().filter(|s| s.primitive == Primitive::Call).count() as u32;
+    if counts.calls < calls {
+        bail!(
+            "budget of {row}: the path makes {calls} BPF-to-BPF calls, the verified program has {} (the path list in bench/budget.rs is out of date)",
+            counts.calls
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn floors() -> Floors {
+        Floors(BTreeMap::from([
+            (Primitive::Array, 2.0),
+            (Primitive::PerCpuArray, 3.0),
+            (Primitive::Call, 5.0),
+            (Primitive::Parse, 20.0),
+            (Primitive::HashV2Ipv4, 8.0),
+            (Primitive::Clock, 15.0),
+            (Primitive::LruHash, 25.0),
+            (Primitive::CoarseClock, 4.0),
+        ]))
+    }
+
+    #[test]
+    fn qp_split_counts_each_primitive_once_per_step() {
+        let s = split(100.0, QP_PATH, &floors());
+        let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
+        assert_eq!(count(Primitive::Array), 6);
+        assert_eq!(count(Primitive::PerCpuArray), 4);
+        assert_eq!(count(Primitive::Call), 2);
+        assert_eq!(count(Primitive::Parse), 1);
+        assert_eq!(count(Primitive::HashV2Ipv4), 1);
+        // 6x2 + 4x3 + 2x5 + 20 + 8 = 62
+        assert_eq!(s.accounted, 62.0);
+        assert_eq!(s.remainder, 38.0);
+        let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
+        assert_eq!(array.ns, 12.0);
+        assert_eq!(folded(&array.whats), "IFINDEX_SLOTS, CONFIG x2, GROUPS, BUCKETS, MEMBERS");
+    }
+
+    #[test]
+    fn a_cost_below_its_floors_leaves_a_negative_remainder() {
+        let s = split(10.0, UNUSED_STEPS, &floors());
+        assert_eq!(s.accounted, 6.0);
+        assert_eq!(s.remainder, 4.0);
+        let s = split(3.0, UNUSED_STEPS, &floors());
+        assert_eq!(s.remainder, -3.0);
+    }
+
+    #[test]
+    fn full_pipeline_adds_classes_and_ecn_to_the_flowlet_path() {
+        let full: Vec<Step> = FLOWLET_PATH.iter().chain(CLASSES_ECN_STEPS).copied().collect();
+        let s = split(200.0, &full, &floors());
+        let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
+        assert_eq!(count(Primitive::Call), 4);
+        assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
+        assert_eq!(count(Primitive::LruHash), 1);
+        // Array 5+7=12 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25
+        assert_eq!(s.accounted, 24.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0);
+    }
+
+    #[test]
+    fn xlated_counts_see_map_references_and_pseudo_calls() {
+        let ld_map = |id: u32| {
+            let mut a = [0x18, 0x11, 0, 0, 0, 0, 0, 0];
+            a[4..8].copy_from_slice(&id.to_le_bytes());
+            [a, [0; 8]]
+        };
+        let mut insns = Vec::new();
+        insns.extend(ld_map(7));
+        insns.extend(ld_map(7));
+        insns.extend(ld_map(9));
+        insns.push([0x85, 0x10, 0, 0, 3, 0, 0, 0]); // pseudo call
+        insns.push([0x85, 0x00, 0, 0, 1, 0, 0, 0]); // helper call
+        insns.push([0x18, 0x01, 0, 0, 5, 0, 0, 0]); // a plain 64-bit constant
+        insns.push([0, 0, 0, 0, 0, 0, 0, 0]);
+        let names = |id| match id {
+            7 => Some("CONFIG".to_owned()),
+            9 => Some("GROUPS".to_owned()),
+            _ => None,
+        };
+        let c = StaticCounts::of_xlated(&insns, names);
+        assert_eq!(c.map_refs.get("CONFIG"), Some(&2));
+        assert_eq!(c.map_refs.get("GROUPS"), Some(&1));
+        assert_eq!(c.calls, 1);
+        let path = [lookup(Array, "CONFIG"), lookup(Array, "CONFIG"), step(Call, "f")];
+        assert!(check_path("t", &path, &c).is_ok());
+        let path = [lookup(Array, "CONFIG"), lookup(Array, "GROUPS"), lookup(Array, "GROUPS")];
+        assert!(check_path("t", &path, &c).unwrap_err().to_string().contains("GROUPS up 2 times"));
+    }
+}
