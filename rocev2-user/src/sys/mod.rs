@@ -1,8 +1,10 @@
 //! System interfaces: rtnetlink (links, addresses, neighbours), network
-//! namespaces, the BPF filesystem, privileges, raw packet sockets and signals.
+//! namespaces, the BPF filesystem, privileges, raw packet sockets, signals
+//! and the machine's CPU time.
 
 pub mod bpffs;
 pub mod btf;
+pub mod cpu;
 pub mod netlink;
 pub mod netns;
 pub mod paths;

@@ -43,6 +43,15 @@ use crate::{
 const NIC_QUEUE_BYTES: usize = 64 << 10;
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// Above this share of the machine's CPU time used by other processes
+/// during a run, the report warns that the machine may have set the pace.
+/// Every frame crosses the kernel's stack once per link, so a fabric with
+/// every host at its link rate needs the CPUs to itself: the 4x4x4
+/// scorecard's slices reached 88-97% of the ideal on an idle machine and
+/// 68-83% while niced compilers used 20-36% of it (2026-11-29). Even a
+/// niced program slows it: the forwarding is softirq work, which nice
+/// does not put first.
+pub const BUSY_ELSEWHERE: f64 = 0.05;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LabCollectiveArgs {
@@ -216,6 +225,10 @@ pub struct CollectiveReport {
     pub failure: Option<FailureReport>,
     /// Why the numbers may mean less than they seem (unrated links, a box near its limit).
     pub warnings: Vec<String>,
+    /// The share of this machine's CPU time that processes other than
+    /// this run and the lab's dataplanes used while it ran (0 to 1; see
+    /// [`BUSY_ELSEWHERE`]).
+    pub busy_elsewhere: f64,
     pub worst_link: Option<LinkUse>,
     /// Per host: what its endpoint counted.
     pub endpoints: Vec<EndpointReport>,
@@ -351,6 +364,10 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
         None => None,
     };
     let _sigint = SigintGuard::install();
+    // The lab's own processes: this one and the switches' dataplanes.
+    let ours: Vec<u32> =
+        std::iter::once(std::process::id()).chain(record.switches.iter().filter_map(|s| s.pid)).collect();
+    let cpu_before = crate::sys::cpu::CpuSnapshot::take().context("reading /proc for the machine's CPU time")?;
     let mut handles = Vec::new();
     for rank in 0..shared.plan.n() {
         let (r, i) = shared.plan.ranks[rank];
@@ -401,6 +418,15 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
     for h in handles {
         results.push(h.join().map_err(|_| anyhow::anyhow!("a rank's thread panicked"))??);
     }
+    let busy_elsewhere = crate::sys::cpu::CpuSnapshot::take()
+        .context("reading /proc for the machine's CPU time")?
+        .others_share(&cpu_before, &ours);
+    if busy_elsewhere > BUSY_ELSEWHERE {
+        warnings.push(format!(
+            "warning: other processes used {:.0}% of this machine's CPU time during the run: every frame crosses the kernel once per link, so a fabric at its link rate needs the CPUs to itself, and modes that keep every host at its rate (slice, te) slow down first",
+            busy_elsewhere * 100.0
+        ));
+    }
     let link_after = match &fail {
         Some(link) => Some(te::link_counters(&record, link)?),
         None => None,
@@ -445,6 +471,7 @@ pub fn run(args: &LabCollectiveArgs) -> Result<CollectiveReport> {
         report.failure = Some(f);
     }
     report.warnings = warnings;
+    report.busy_elsewhere = busy_elsewhere;
     Ok(report)
 }
 
@@ -689,6 +716,7 @@ fn summarize(s: &Shared, args: &LabCollectiveArgs, o: &Observed, results: Vec<Ra
         accounted: after.is_none() || data_frames + control_frames == received_frames + drops,
         failure: None,
         warnings: Vec::new(),
+        busy_elsewhere: 0.0,
         worst_link,
         endpoints: results.into_iter().map(|r| r.endpoint).collect(),
     }

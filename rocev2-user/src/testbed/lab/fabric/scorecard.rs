@@ -79,6 +79,13 @@ pub struct ModeRow {
     /// saved before the scorecard asked the model.
     #[serde(default)]
     pub model_share: Option<f64>,
+    /// Whether `model_share` predicts this row: false for flowlet and
+    /// transport-aware rows, where the lab moves a QP on packet gaps (its
+    /// ACK-clocked bursts, go-back-N resends, stalls of the machine) that
+    /// a flow-level model has not; its figure is then for QPs that send
+    /// each message back to back, shown in parentheses.
+    #[serde(default = "predicts")]
+    pub model_predicts: bool,
     pub worst_link: String,
     pub worst_utilization: f64,
     pub ecn_marked: u64,
@@ -88,6 +95,15 @@ pub struct ModeRow {
     /// Go-back-N timeouts (absent from older saved scorecards).
     #[serde(default)]
     pub timeouts: u64,
+    /// The share of the machine's CPU time other processes used during
+    /// the row ([`collective::BUSY_ELSEWHERE`]; absent from older saved
+    /// scorecards).
+    #[serde(default)]
+    pub busy_elsewhere: Option<f64>,
+}
+
+fn predicts() -> bool {
+    true
 }
 
 impl ModeRow {
@@ -109,6 +125,9 @@ pub struct TransportRow {
     pub retransmitted: u64,
     pub timeouts: u64,
     pub cnps: u64,
+    /// As [`ModeRow::busy_elsewhere`].
+    #[serde(default)]
+    pub busy_elsewhere: Option<f64>,
 }
 
 /// A whole scorecard.
@@ -197,7 +216,7 @@ fn run_args(name: &str, op: Op, size: u64, chunk: u64, qps: u32, transport: Tran
     a
 }
 
-fn mode_row(label: String, qps: u32, r: &CollectiveReport, model_share: Option<f64>) -> ModeRow {
+fn mode_row(label: String, qps: u32, r: &CollectiveReport, model: Option<(f64, bool)>) -> ModeRow {
     ModeRow {
         mode: label,
         qps,
@@ -205,7 +224,8 @@ fn mode_row(label: String, qps: u32, r: &CollectiveReport, model_share: Option<f
         seconds: r.seconds,
         busbw: r.busbw,
         share_of_ideal: r.share_of_ideal.unwrap_or(0.0),
-        model_share,
+        model_share: model.map(|m| m.0),
+        model_predicts: model.is_none_or(|m| m.1),
         worst_link: r.worst_link.as_ref().map_or("-".into(), |w| w.link.clone()),
         worst_utilization: r.worst_link.as_ref().map_or(0.0, |w| w.utilization),
         ecn_marked: r.ecn_marked,
@@ -213,6 +233,7 @@ fn mode_row(label: String, qps: u32, r: &CollectiveReport, model_share: Option<f
         reordered: r.reordered,
         retransmitted: r.retransmitted,
         timeouts: r.timeouts,
+        busy_elsewhere: Some(r.busy_elsewhere),
     }
 }
 
@@ -241,7 +262,8 @@ fn run_mode(
     *current = Some(balance.clone());
     let model = predict(&record, balance, Op::Allreduce, args.size, args.chunk, qps)?;
     let r = collective::run(&run_args(&args.name, Op::Allreduce, args.size, args.chunk, qps, Transport::None))?;
-    Ok((mode_row(balance.label(), qps, &r, Some(model.share_of_ideal)), r))
+    let predicts = !model_mode(balance).0.flowlet();
+    Ok((mode_row(balance.label(), qps, &r, Some((model.share_of_ideal, predicts))), r))
 }
 
 /// Runs every row on lab `name` (rated links, static routing).
@@ -290,6 +312,7 @@ pub fn run(args: &LabScorecardArgs) -> Result<Scorecard> {
             retransmitted: r.retransmitted,
             timeouts: r.timeouts,
             cnps: r.cnps,
+            busy_elsewhere: Some(r.busy_elsewhere),
         });
     }
     Ok(Scorecard {
@@ -353,20 +376,27 @@ pub fn render(c: &Scorecard) -> String {
         ("DROPS", Align::Right),
         ("OUT OF ORDER", Align::Right),
         ("RESENT", Align::Right),
+        ("CPU ELSEWHERE", Align::Right),
     ]);
+    let cpu = |share: Option<f64>| share.map_or("-".into(), |s| format!("{:.0}%", s * 100.0));
     for r in &c.modes {
         t.row([
             if r.complete { r.mode.clone() } else { format!("{} (incomplete)", r.mode) },
             r.qps.to_string(),
             mbit(r.busbw),
             format!("{:.1}%", r.share_of_ideal * 100.0),
-            r.model_share.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
+            match (r.model_share, r.model_predicts) {
+                (None, _) => "-".into(),
+                (Some(m), true) => format!("{:.1}%", m * 100.0),
+                (Some(m), false) => format!("({:.1}%)", m * 100.0),
+            },
             format!("{:.3}", r.seconds),
             format!("{} {:.0}%", r.worst_link, r.worst_utilization * 100.0),
             r.ecn_marked.to_string(),
             r.drops.to_string(),
             r.reordered.to_string(),
             r.retransmitted.to_string(),
+            cpu(r.busy_elsewhere),
         ]);
     }
     out.push_str(&t.render());
@@ -375,6 +405,14 @@ pub fn render(c: &Scorecard) -> String {
             "MODEL: what the flow-level model (rocev2 entropy --collective) predicts for the same fabric, seeds and mode: max-min fair shares of the link rates, no queues, ACKs or resends\n",
         );
     }
+    if c.modes.iter().any(|r| r.model_share.is_some() && !r.model_predicts) {
+        out.push_str(
+            "(MODEL): not a prediction: flowlets move a QP on packet gaps (ACK-clocked bursts, resends, stalls) a flow-level model has not; the figure is for QPs that send each message back to back\n",
+        );
+    }
+    out.push_str(
+        "CPU ELSEWHERE: the machine's CPU time other processes used during the row; a fabric at its link rate needs the CPUs to itself\n",
+    );
     let _ = writeln!(
         out,
         "\nIncast of {} into one host from the {} others (hash qp, 1 QP per connection):",
@@ -390,6 +428,7 @@ pub fn render(c: &Scorecard) -> String {
         ("DROPS", Align::Right),
         ("RESENT", Align::Right),
         ("TIMEOUTS", Align::Right),
+        ("CPU ELSEWHERE", Align::Right),
     ]);
     for r in &c.transports {
         t.row([
@@ -401,6 +440,7 @@ pub fn render(c: &Scorecard) -> String {
             r.drops.to_string(),
             r.retransmitted.to_string(),
             r.timeouts.to_string(),
+            cpu(r.busy_elsewhere),
         ]);
     }
     out.push_str(&t.render());
@@ -442,9 +482,10 @@ pub fn svg(c: &Scorecard) -> String {
         bar(&mut s, y, &label, r.share_of_ideal, &note, "#3a6ea5");
         if let Some(m) = r.model_share {
             let x = left + m.clamp(0.0, 1.2) * bar_w;
+            let stroke = if r.model_predicts { "black" } else { "#999\" stroke-dasharray=\"3 2" };
             let _ = writeln!(
                 s,
-                "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"black\" stroke-width=\"2\"/>",
+                "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{stroke}\" stroke-width=\"2\"/>",
                 y,
                 y + row_h
             );
@@ -454,7 +495,7 @@ pub fn svg(c: &Scorecard) -> String {
     if c.modes.iter().any(|r| r.model_share.is_some()) {
         let _ = writeln!(
             s,
-            "<text x=\"{left:.0}\" y=\"{:.1}\" fill=\"#555\">black tick: the flow-level model's prediction</text>",
+            "<text x=\"{left:.0}\" y=\"{:.1}\" fill=\"#555\">black tick: the flow-level model's prediction; grey dashes: its figure where it cannot predict</text>",
             y + 14.0
         );
         y += row_h;
