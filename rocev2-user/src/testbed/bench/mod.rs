@@ -106,15 +106,17 @@ pub struct BenchArgs {
     /// Instead of the report: run one part-1 measurement in a loop for
     /// this many seconds, printing its cost, so `perf record -a` can
     /// profile it (five-tuple, qp, flowlet or full; IPv4 unless --loop-v6).
-    #[arg(long, value_name = "PIPELINE", hide = true)]
+    #[arg(long, value_name = "PIPELINE")]
     pub r#loop: Option<String>,
-    #[arg(long, default_value_t = 10.0, hide = true)]
+    /// Seconds --loop runs.
+    #[arg(long, default_value_t = 10.0)]
     pub loop_seconds: f64,
-    #[arg(long, hide = true)]
+    /// Loop over the IPv6 frame instead of the IPv4 one.
+    #[arg(long)]
     pub loop_v6: bool,
     /// Repetitions per test-run call in --loop (at most 254, see TEST_REPEAT;
     /// shows the cold-start cost of repeat > 1).
-    #[arg(long, default_value_t = TEST_REPEAT, hide = true)]
+    #[arg(long, default_value_t = TEST_REPEAT)]
     pub loop_repeat: u32,
     /// Instead of the report: print host bridge mode's rows alone (fed by
     /// XDP live frames, without the routed rows' goal).

@@ -214,7 +214,17 @@ pub fn parse_link(f: &Fabric, text: &str) -> Result<LinkId> {
         .with_context(|| format!("{text:?} is not a link; write it as lab stats does, e.g. l1/s1p1"))?;
     let link = f.all_links().into_iter().find(|l| l.switch.to_string() == switch && l.port == port);
     let Some(link) = link else {
-        bail!("{text:?} is not a link of this fabric; `rocev2 lab stats` lists them (e.g. l1/s1p1)");
+        // Name real links of this fabric: pointing at `lab stats` would need
+        // the lab's name, which the user may have left out.
+        let links: Vec<String> = f
+            .all_links()
+            .into_iter()
+            .filter(|l| l.tier != Tier::LeafDown)
+            .map(|l| format!("{}/{}", l.switch, l.port))
+            .collect();
+        let shown = links.iter().take(6).cloned().collect::<Vec<_>>().join(", ");
+        let more = if links.len() > 6 { format!(", ... ({} in all)", links.len()) } else { String::new() };
+        bail!("{text:?} is not a link of this fabric; its links are {shown}{more}");
     };
     if link.tier == Tier::LeafDown {
         bail!("{text} leads to a host, which has only that link: fail a leaf-spine or spine-aggregation link");
