@@ -529,6 +529,13 @@ pub fn tier_rank(q: &QueueRecord) -> usize {
     }
 }
 
+/// The columns come from two places that start counting at different
+/// times: the wire namespace's qdiscs (since `lab up`) and each switch's
+/// dataplane counters (since its `rocev2 run` started; `lab mode` and
+/// `lab te` restart them). Said under the table so a zero is not misread.
+const COUNTED_SINCE: &str = "PACKETS, BYTES, DROPPED: since `lab up`; VQ HIGH-WATER, ECN MARKED: since each switch's \
+                             `rocev2 run` started (`lab mode` and `lab te` restart them)";
+
 /// `lab stats`' table of every link's queue.
 pub fn render_queues(rated: &RatedLinks, stats: &[QueueStats]) -> String {
     use crate::render::{Align::*, Table};
@@ -563,10 +570,11 @@ pub fn render_queues(rated: &RatedLinks, stats: &[QueueStats]) -> String {
     }
     let (drops, marks): (u64, u64) = stats.iter().fold((0, 0), |(d, m), s| (d + s.drops, m + s.ecn_marked));
     format!(
-        "Queues: every link {} ({}); {marks} packets ECN-marked, {drops} dropped in all\n{}",
+        "Queues: every link {} ({}); {marks} packets ECN-marked, {drops} dropped in all\n{}{}\n",
         rate_text(rated.settings.rate_bps),
         rated.wire_netns,
-        table.render()
+        table.render(),
+        COUNTED_SINCE
     )
 }
 
