@@ -26,3 +26,8 @@ pub mod maps;
 pub mod rng;
 pub mod telemetry;
 pub mod text;
+
+/// How many chained operations each of `rocev2 bench`'s primitive programs
+/// does (the tools object's `rocev2_prim_*`); the bench divides each
+/// program's time above the floor by it.
+pub const BENCH_PRIMITIVE_REPEAT: u32 = 8;

@@ -24,9 +24,9 @@ use crate::{
     parse::{self, L3Kind, Roce},
 };
 
-/// How many times a primitive program repeats its step (keep in step
-/// with rocev2-user's testbed/bench/budget.rs).
-pub const REPEAT: u32 = 8;
+/// How many times a primitive program repeats its step (the bench divides
+/// by the same constant).
+const REPEAT: u32 = rocev2_common::BENCH_PRIMITIVE_REPEAT;
 
 /// A plain array of one u32 (0): one ARRAY lookup, inlined by the verifier.
 #[map]

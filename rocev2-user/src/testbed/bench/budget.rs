@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 
-/// Steps per primitive program (rocev2-ebpf/src/tools/primitives.rs's REPEAT).
-pub const REPEAT: u32 = 8;
+/// Steps per primitive program (the tools object repeats by the same constant).
+const REPEAT: u32 = rocev2_common::BENCH_PRIMITIVE_REPEAT;
 
 /// Something the pipeline pays for, measured by a program of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
