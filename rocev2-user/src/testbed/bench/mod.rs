@@ -668,6 +668,29 @@ struct BudgetRow {
     remainder: &'static str,
 }
 
+impl BudgetRow {
+    /// A marginal row: its cost and path are what it adds to qp.
+    fn is_marginal(&self) -> bool {
+        self.against != "the floor"
+    }
+}
+
+/// The budget row whose cost is the one of `variant`'s row.
+fn budget_row_of(variant: Variant) -> Option<&'static BudgetRow> {
+    BUDGET_ROWS.iter().find(|b| b.variant == Some(variant))
+}
+
+/// The budget row of per-QP telemetry (its cost comes from the telemetry
+/// rows, which run on instances of their own).
+const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
+    name: "marginal: telemetry on (4096 QPs)",
+    against: "telemetry off",
+    goal: TELEMETRY_GOAL_NS,
+    steps: || budget::TELEMETRY_STEPS.to_vec(),
+    variant: None,
+    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare",
+};
+
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
 
 const BUDGET_ROWS: [BudgetRow; 7] = [
@@ -719,24 +742,17 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         variant: Some(Variant::QpAllFeaturesLoaded),
         remainder: "the feature tests and the branches around the three lookups (each `enabled()` test stays: the load of a frozen global)",
     },
-    BudgetRow {
-        name: "marginal: telemetry on (4096 QPs)",
-        against: "telemetry off",
-        goal: TELEMETRY_GOAL_NS,
-        steps: || budget::TELEMETRY_STEPS.to_vec(),
-        variant: None,
-        remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare",
-    },
+    TELEMETRY_BUDGET,
 ];
 
 /// The full path a budget row's program runs (a marginal row's steps on
 /// top of the qp path), for the check against its verified program.
 fn checked_path(b: &BudgetRow) -> Vec<budget::Step> {
     let steps = (b.steps)();
-    if b.against == "the floor" {
-        steps
-    } else {
+    if b.is_marginal() {
         [budget::QP_PATH.to_vec(), steps].concat()
+    } else {
+        steps
     }
 }
 
@@ -904,16 +920,8 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 let Some(ns) = samples.get(&(i + 1, v6)).map(|s| median(s.clone())) else { continue };
                 let above = paired(i + 1, 0);
                 let against_qp = paired(i + 1, qp_row);
-                if !big && !v6 {
-                    let cost = match v {
-                        Variant::Pipeline(p) => Some((p.name(), above)),
-                        Variant::QpEcn => Some((BUDGET_ROWS[4].name, against_qp)),
-                        Variant::QpAllFeaturesLoaded => Some((BUDGET_ROWS[5].name, against_qp)),
-                        _ => None,
-                    };
-                    if let Some((name, c)) = cost {
-                        costs.insert(name, c);
-                    }
+                if let (false, false, Some(b)) = (big, v6, budget_row_of(*v)) {
+                    costs.insert(b.name, if b.is_marginal() { against_qp } else { above });
                 }
                 let (relative, target) = match v {
                     Variant::Pipeline(p) => {
@@ -1112,7 +1120,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut p1 = part1(args, &mut control, &mut reading)?;
     let (telemetry_rows, telemetry_cost) = telemetry::telemetry_rows(args)?;
     p1.rows.extend(telemetry_rows);
-    p1.costs.insert(BUDGET_ROWS[6].name, telemetry_cost);
+    p1.costs.insert(TELEMETRY_BUDGET.name, telemetry_cost);
     let (primitive_rows, budgets) = budget_report(&p1);
     p1.rows.extend(primitive_rows);
     p1.rows.extend(bridge::per_packet_rows(args)?);

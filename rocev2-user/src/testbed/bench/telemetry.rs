@@ -32,7 +32,7 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
             .collect()
     };
     let streams = [stream(false), stream(true)];
-    let b = &BUDGET_ROWS[6];
+    let b = &TELEMETRY_BUDGET;
     budget::check_path(b.name, &checked_path(b), &static_counts(&mut on, XDP_PROGRAM)?)?;
     let mut samples: BTreeMap<(bool, bool), Vec<f64>> = BTreeMap::new();
     let mut acked_samples: BTreeMap<bool, Vec<f64>> = BTreeMap::new();

@@ -212,16 +212,12 @@ pub fn parse_link(f: &Fabric, text: &str) -> Result<LinkId> {
     let (switch, port) = text
         .split_once('/')
         .with_context(|| format!("{text:?} is not a link; write it as lab stats does, e.g. l1/s1p1"))?;
-    let link = f.all_links().into_iter().find(|l| l.switch.to_string() == switch && l.port == port);
-    let Some(link) = link else {
+    let all = f.all_links();
+    let Some(link) = all.iter().find(|l| l.switch.to_string() == switch && l.port == port).cloned() else {
         // Name real links of this fabric: pointing at `lab stats` would need
         // the lab's name, which the user may have left out.
-        let links: Vec<String> = f
-            .all_links()
-            .into_iter()
-            .filter(|l| l.tier != Tier::LeafDown)
-            .map(|l| format!("{}/{}", l.switch, l.port))
-            .collect();
+        let links: Vec<String> =
+            all.iter().filter(|l| l.tier != Tier::LeafDown).map(|l| format!("{}/{}", l.switch, l.port)).collect();
         let shown = links.iter().take(6).cloned().collect::<Vec<_>>().join(", ");
         let more = if links.len() > 6 { format!(", ... ({} in all)", links.len()) } else { String::new() };
         bail!("{text:?} is not a link of this fabric; its links are {shown}{more}");
