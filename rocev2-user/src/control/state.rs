@@ -403,8 +403,6 @@ impl RunState {
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
     }
 
-    /// The state of the instance using `pin_dir`. Without one, the error
-    /// says so and lists the instances that do run, with their `--pin-dir`.
     /// [`RunState::read`] of a run that must have telemetry on (what
     /// `top` and `trace` read): first whether anything runs there at all
     /// (if not, the error lists what does run), then whether it has
@@ -423,6 +421,8 @@ impl RunState {
         Ok(state)
     }
 
+    /// The state of the instance using `pin_dir`. Without one, the error
+    /// says so and lists the instances that do run, with their `--pin-dir`.
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let path = state_path(pin_dir);
         let text = match fs::read(&path) {
