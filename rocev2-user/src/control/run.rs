@@ -1273,7 +1273,12 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     {
         Ok(link) => Some(link),
         Err(e) => {
-            let kind = crate::control::bridge::missing_device_hint(name).to_string();
+            let kind = match &config.bridge {
+                Some(bridge) if bridge.loc.key == loc.key => {
+                    format!("; make it with `ip link add {} type bridge`", bridge.name)
+                }
+                _ => crate::control::bridge::missing_device_hint(name).to_string(),
+            };
             absent.push(MissingLink { name: name.to_string(), loc: loc.clone(), field, error: format!("{e:#}"), kind });
             None
         }
@@ -1298,11 +1303,6 @@ pub async fn resolve_links(netlink: &Netlink, config: &Config) -> Result<Links> 
     }
     for e in &config.egress {
         links.egress.extend(lookup(&e.dev, &e.loc, "dev").await);
-    }
-    if let Some(bridge) = &config.bridge {
-        for missing in absent.iter_mut().filter(|m| m.loc.key == bridge.loc.key) {
-            missing.kind = format!("; make it with `ip link add {} type bridge`", bridge.name);
-        }
     }
     if absent.is_empty() {
         crate::control::bridge::check_links(netlink, config, &links.ports, &links.members).await?;
