@@ -77,6 +77,14 @@ impl JitLines {
         function.contains(&self.lines[i].addr).then_some(i)
     }
 
+    /// Whether line record `index` is the first of a BPF function other
+    /// than the main program (the kernel lists the main one first): the
+    /// JIT's prologue of the function is at its address.
+    pub fn is_subprogram_entry(&self, index: usize) -> bool {
+        let addr = self.lines[index].addr;
+        self.functions.iter().skip(1).any(|f| f.start == addr)
+    }
+
     pub fn line(&self, index: usize) -> &JitLine {
         &self.lines[index]
     }
@@ -286,6 +294,9 @@ mod tests {
         assert_eq!(table.owner(1), 0, "inlined library code belongs to the rocev2 line before it");
         assert_eq!(table.owner(2), 2, "no rocev2 line before it in its own function: itself");
         assert_eq!(table.owner(3), 3);
+        assert!(table.is_subprogram_entry(2), "the first record of the second function");
+        assert!(!table.is_subprogram_entry(0), "the main program's entry is not a call's");
+        assert!(!table.is_subprogram_entry(3));
     }
 
     #[test]

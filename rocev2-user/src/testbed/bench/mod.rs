@@ -19,6 +19,7 @@ mod forwarding;
 mod jit_lines;
 mod kernel_routes;
 mod lab_build;
+mod placement;
 mod profile;
 mod telemetry;
 
@@ -94,7 +95,9 @@ pub struct BenchArgs {
     /// qp and full pipelines' profiles too.
     #[arg(long, value_name = "PIPELINE")]
     pub profile: Option<String>,
-    /// Seconds each profile samples.
+    /// Seconds each profile samples (the report's budgets profile every
+    /// budget row's program and the one it is read against; 0: none, and
+    /// the budgets leave their remainders unplaced).
     #[arg(long, default_value_t = 4.0)]
     pub profile_seconds: f64,
     /// Profile the IPv6 frame instead of the IPv4 one.
@@ -654,6 +657,11 @@ struct Part1 {
     /// IPv4, 10 routes: each budget row's cost (ns above what it is read
     /// against), in BUDGET_ROWS order, telemetry's added by the caller.
     costs: BTreeMap<&'static str, f64>,
+    /// IPv4, 10 routes: each variant's ns above the floor (by name), the
+    /// floor's ns, and (added by the caller) telemetry off's ns.
+    above_v4: BTreeMap<&'static str, f64>,
+    floor_v4: f64,
+    telemetry_off_v4: f64,
 }
 
 /// The rows with a goal that get a budget table: name, the row they are
@@ -666,6 +674,26 @@ struct BudgetRow {
     steps: fn() -> Vec<budget::Step>,
     variant: Option<Variant>,
     remainder: &'static str,
+    /// The programs whose line profiles place the remainder: the row's,
+    /// and for a marginal row the one it is read against.
+    profiled: (Profiled, Option<Profiled>),
+}
+
+/// A program the budgets' line profiles sample (IPv4, part 1's frame).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Profiled {
+    Variant(Variant),
+    /// The qp pipeline with per-QP telemetry on (true) or off, on the
+    /// telemetry rows' stream of one QP.
+    Telemetry(bool),
+}
+
+/// The qp row, what the marginal rows are read against.
+const QP: Variant = Variant::Pipeline(Pipeline::Qp);
+
+/// A budget row's profiles: its variant's, and for a marginal row qp's.
+const fn variant_profiles(v: Variant, marginal: bool) -> (Profiled, Option<Profiled>) {
+    (Profiled::Variant(v), if marginal { Some(Profiled::Variant(QP)) } else { None })
 }
 
 impl BudgetRow {
@@ -689,6 +717,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     steps: || budget::TELEMETRY_STEPS.to_vec(),
     variant: None,
     remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare",
+    profiled: (Profiled::Telemetry(true), Some(Profiled::Telemetry(false))),
 };
 
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
@@ -701,6 +730,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || budget::QP_PATH.to_vec(),
         variant: Some(Variant::Pipeline(Pipeline::Qp)),
         remainder: REST_OF_PATH,
+        profiled: variant_profiles(Variant::Pipeline(Pipeline::Qp), false),
     },
     BudgetRow {
         name: "rocev2 five-tuple",
@@ -709,6 +739,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || budget::QP_PATH.to_vec(),
         variant: Some(Variant::Pipeline(Pipeline::FiveTuple)),
         remainder: REST_OF_PATH,
+        profiled: variant_profiles(Variant::Pipeline(Pipeline::FiveTuple), false),
     },
     BudgetRow {
         name: "rocev2 flowlet",
@@ -717,6 +748,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || budget::FLOWLET_PATH.to_vec(),
         variant: Some(Variant::Pipeline(Pipeline::Flowlet)),
         remainder: "as qp's, plus the flowlet decision (gap, generation, message end) and the entry's update in place",
+        profiled: variant_profiles(Variant::Pipeline(Pipeline::Flowlet), false),
     },
     BudgetRow {
         name: "rocev2 flowlet+ECN+classes",
@@ -725,6 +757,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || [budget::FLOWLET_PATH, budget::CLASSES_ECN_STEPS].concat(),
         variant: Some(Variant::Pipeline(Pipeline::Full)),
         remainder: "as flowlet's, plus the class match tests, the virtual queue's arithmetic (drain, depth, thresholds) and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+        profiled: variant_profiles(Variant::Pipeline(Pipeline::Full), false),
     },
     BudgetRow {
         name: "marginal: ECN virtual queue",
@@ -733,6 +766,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || budget::ECN_STEPS.to_vec(),
         variant: Some(Variant::QpEcn),
         remainder: "the virtual queue's arithmetic (drain since the last packet, depth, thresholds), the egress counter adds, the call's argument packing and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+        profiled: variant_profiles(Variant::QpEcn, true),
     },
     BudgetRow {
         name: "marginal: every feature loaded, unused",
@@ -741,6 +775,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         steps: || budget::UNUSED_STEPS.to_vec(),
         variant: Some(Variant::QpAllFeaturesLoaded),
         remainder: "the feature tests and the branches around the three lookups (each `enabled()` test stays: the load of a frozen global)",
+        profiled: variant_profiles(Variant::QpAllFeaturesLoaded, true),
     },
     TELEMETRY_BUDGET,
 ];
@@ -767,8 +802,78 @@ fn static_counts(programs: &mut impl Programs, program: &str) -> Result<budget::
     }))
 }
 
-/// The primitive rows and every budget table, from one run's numbers.
-fn budget_report(p1: &Part1) -> (Vec<Row>, String) {
+/// Line profiles of the budget rows' programs, each taken once.
+#[derive(Default)]
+struct Profiles(Vec<(Profiled, profile::Profile)>);
+
+impl Profiles {
+    fn get(&self, p: Profiled) -> Option<&profile::Profile> {
+        self.0.iter().find(|(q, _)| *q == p).map(|(_, profile)| profile)
+    }
+
+    /// Profiles `p` for `seconds` unless it has been.
+    fn take(&mut self, p: Profiled, seconds: f64) -> Result<()> {
+        if self.get(p).is_none() {
+            self.0.push((p, profile_of(p, seconds)?));
+        }
+        Ok(())
+    }
+}
+
+/// The line profile of one program the budgets read.
+fn profile_of(p: Profiled, seconds: f64) -> Result<profile::Profile> {
+    let frame = bench_frame(false, 255, [2, 0, 0, 0, 0, 0xFE]);
+    match p {
+        Profiled::Variant(v) => {
+            let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, v.features())?;
+            v.configure(&mut dp)?;
+            profile::profile_program(&mut dp, XDP_PROGRAM, &[&frame], &format!("{}, IPv4", v.name()), seconds)
+        }
+        Profiled::Telemetry(on) => telemetry::profile(on, seconds),
+    }
+}
+
+/// Each budget row's remainder placed on lines: the profiles of its
+/// program and, for a marginal row, of the one it is read against (each
+/// profiled once), scaled to their costs above the floor in `p1`. No
+/// profiles when `seconds` is 0.
+fn place_budgets(p1: &Part1, seconds: f64) -> Result<(BTreeMap<&'static str, placement::Placement>, Profiles)> {
+    let mut profiles = Profiles::default();
+    let mut placed = BTreeMap::new();
+    if seconds <= 0.0 {
+        return Ok((placed, profiles));
+    }
+    eprintln!("bench: line profiles of the budget rows ({seconds} s each)");
+    // Part 1's ns above the floor of a profiled program (IPv4, 10 routes).
+    let measured = |p: Profiled| match p {
+        Profiled::Variant(v) => p1.above_v4.get(v.name()).copied(),
+        Profiled::Telemetry(on) => {
+            let off = p1.telemetry_off_v4 - p1.floor_v4;
+            Some(if on { off + p1.costs.get(TELEMETRY_BUDGET.name)? } else { off })
+        }
+    };
+    for b in &BUDGET_ROWS {
+        let Some(cost) = p1.costs.get(b.name) else { continue };
+        let (row, against) = b.profiled;
+        let (Some(row_ns), against_ns) = (measured(row), against.map(measured)) else { continue };
+        profiles.take(row, seconds)?;
+        if let Some(a) = against {
+            profiles.take(a, seconds)?;
+        }
+        let Some(r) = profiles.get(row) else { continue };
+        let a = match (against, against_ns) {
+            (Some(a), Some(Some(ns))) => Some((profiles.get(a).expect("profiled above"), ns)),
+            (None, _) => None,
+            _ => continue,
+        };
+        placed.insert(b.name, placement::place(*cost, (r, row_ns), a, placement::function_at));
+    }
+    Ok((placed, profiles))
+}
+
+/// The primitive rows and every budget table, from one run's numbers,
+/// each with its remainder placed on lines where `placed` has it.
+fn budget_report(p1: &Part1, placed: &BTreeMap<&'static str, placement::Placement>) -> (Vec<Row>, String) {
     let mut rows = Vec::new();
     for p in budget::Primitive::ALL {
         let each = p1.floors.ns(p);
@@ -785,18 +890,28 @@ fn budget_report(p1: &Part1) -> (Vec<Row>, String) {
     for b in &BUDGET_ROWS {
         let Some(cost) = p1.costs.get(b.name) else { continue };
         let s = budget::split(*cost, &(b.steps)(), &p1.floors);
-        md.push_str(&budget::render(b.name, b.against, b.goal, &s, b.remainder));
+        match placed.get(b.name) {
+            Some(p) => {
+                md.push_str(&budget::render(b.name, b.against, b.goal, &s, PLACED_BELOW));
+                md.push_str(&placement::render(p, &s));
+            }
+            None => md.push_str(&budget::render(b.name, b.against, b.goal, &s, b.remainder)),
+        }
     }
     (rows, md)
 }
 
-const BUDGET_HEADING: &str = "\n## Budgets of the missed goals (IPv4, 10 routes, this run)\n\nEach table splits a row's cost (above the floor, or for a marginal row above the row it is read against) into the primitives its packet's path takes, each at its cost measured in this run (the `primitive:` rows of part 1: a program per primitive, the floor plus 8 chained operations, or one parse, interleaved with the floor in every round). The path is listed step by step in `rocev2-user/src/testbed/bench/budget.rs` (from the source and the IPv4 path traced instruction by instruction), and before measuring the bench checks each listed lookup and call against the program the kernel verified for that row (the map is referenced there at least as often, the program has at least as many BPF-to-BPF calls). The floor itself (one devmap redirect, the test run's own work) is in every row and in no budget. A primitive measured alone is hot in the cache and alone in the pipeline's out-of-order window, so the sum can be above or below what the same steps cost inside the pipeline; the remainder is the rest of the path, and its error.\n\n";
+/// The remainder row's note when the row's profile places it.
+const PLACED_BELOW: &str = "placed on lines by the row's profile, in the table below";
+
+const BUDGET_HEADING: &str = "\n## Budgets of the missed goals (IPv4, 10 routes, this run)\n\nEach table splits a row's cost (above the floor, or for a marginal row above the row it is read against) into the primitives its packet's path takes, each at its cost measured in this run (the `primitive:` rows of part 1: a program per primitive, the floor plus 8 chained operations, or one parse, interleaved with the floor in every round). The path is listed step by step in `rocev2-user/src/testbed/bench/budget.rs` (from the source and the IPv4 path traced instruction by instruction), and before measuring the bench checks each listed lookup and call against the program the kernel verified for that row (the map is referenced there at least as often, the program has at least as many BPF-to-BPF calls). The floor itself (one devmap redirect, the test run's own work) is in every row and in no budget. A primitive measured alone is hot in the cache and alone in the pipeline's out-of-order window, so the sum can be above or below what the same steps cost inside the pipeline; the remainder is the rest of the path, and its error. Under each table, the row's own line profile places the remainder on source lines (see Reading above, and `placement.rs`).\n\n";
 
 fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) -> Result<Part1> {
     let mut rows = Vec::new();
     let mut above_floor = Vec::new();
     let mut floors = budget::Floors::default();
     let mut costs = BTreeMap::new();
+    let (mut above_v4, mut floor_v4) = (BTreeMap::new(), f64::NAN);
     // One instance per row, loaded with that row's features and configured
     // once (set_egress cannot be undone); routes change between the two
     // route sets.
@@ -920,6 +1035,10 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
                 let Some(ns) = samples.get(&(i + 1, v6)).map(|s| median(s.clone())) else { continue };
                 let above = paired(i + 1, 0);
                 let against_qp = paired(i + 1, qp_row);
+                if !big && !v6 {
+                    above_v4.insert(v.name(), above);
+                    floor_v4 = floor;
+                }
                 if let (false, false, Some(b)) = (big, v6, budget_row_of(*v)) {
                     costs.insert(b.name, if b.is_marginal() { against_qp } else { above });
                 }
@@ -1056,7 +1175,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         format!("largest: {}", top(&per_large)),
         String::new(),
     ));
-    Ok(Part1 { rows, above_floor, floors, costs })
+    Ok(Part1 { rows, above_floor, floors, costs, above_v4, floor_v4, telemetry_off_v4: f64::NAN })
 }
 
 // ------------------------------------------------------------ report
@@ -1102,7 +1221,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if args.per_packet_only {
         let mut p1 = part1(args, &mut Vec::new(), &mut Vec::new())?;
-        let (primitives, budgets) = budget_report(&p1);
+        let (placed, _) = place_budgets(&p1, args.profile_seconds)?;
+        let (primitives, budgets) = budget_report(&p1, &placed);
         p1.rows.extend(primitives);
         print!("{}{budgets}", render_table(&p1.rows));
         return Ok(());
@@ -1118,16 +1238,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut reading = Vec::new();
     let mut notes = Vec::new();
     let mut p1 = part1(args, &mut control, &mut reading)?;
-    let (telemetry_rows, telemetry_cost) = telemetry::telemetry_rows(args)?;
+    let (telemetry_rows, telemetry_cost, telemetry_off) = telemetry::telemetry_rows(args)?;
     p1.rows.extend(telemetry_rows);
     p1.costs.insert(TELEMETRY_BUDGET.name, telemetry_cost);
-    let (primitive_rows, budgets) = budget_report(&p1);
+    p1.telemetry_off_v4 = telemetry_off;
+    let (placed, mut profiled) = place_budgets(&p1, args.profile_seconds)?;
+    let (primitive_rows, budgets) = budget_report(&p1, &placed);
     p1.rows.extend(primitive_rows);
     p1.rows.extend(bridge::per_packet_rows(args)?);
-    let profiles = [Pipeline::Qp, Pipeline::Full]
-        .into_iter()
-        .map(|p| profile::profile(p, false, args.profile_seconds).map(|p| p.render(profile::REPORT_ROWS)))
-        .collect::<Result<Vec<_>>>()?;
+    // The qp and full pipelines' whole profiles (the budgets' own, unless
+    // they took none).
+    let mut profiles = Vec::new();
+    for p in [Pipeline::Qp, Pipeline::Full] {
+        let p = Profiled::Variant(Variant::Pipeline(p));
+        profiled.take(p, args.profile_seconds.max(1.0))?;
+        profiles.push(profiled.get(p).map(|p| p.render(profile::REPORT_ROWS)).unwrap_or_default());
+    }
     let p2 = part2(args, &mut notes)?;
     let bridged = bridge::forwarding_rows(args, p2.mode, p2.qp_vs_kernel)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
@@ -1192,3 +1318,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// How to read the report (prose, kept beside the code that measures it).
 const READING: &str = include_str!("reading.md");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_budget_row_profiles_its_program_and_a_marginal_one_the_row_it_is_read_against() {
+        for b in &BUDGET_ROWS {
+            assert_eq!(b.profiled.1.is_some(), b.is_marginal(), "{}", b.name);
+            if let Some(v) = b.variant {
+                assert!(b.profiled.0 == Profiled::Variant(v), "{}", b.name);
+                assert!(b.profiled.1.is_none() || b.profiled.1 == Some(Profiled::Variant(QP)), "{}", b.name);
+            }
+        }
+    }
+}

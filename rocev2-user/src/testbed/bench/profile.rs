@@ -8,8 +8,10 @@
 //! it hit, a sample in a kernel function the program called (a map
 //! lookup, a helper) to the line that made the call. Inlined library code
 //! (core, aya-ebpf) is charged to the rocev2 line that called it and named
-//! beside it. The samples inside the kernel's measured window split the
-//! measured ns per packet.
+//! beside it. perf's cpu-clock samples every 1/SAMPLE_HZ s, so a line's
+//! samples times 100 µs, over the packets run meanwhile, is its ns per
+//! packet (the budgets of BENCHMARKS.md place each row's remainder on
+//! lines with it: placement.rs).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,8 +29,8 @@ use nix::{
 };
 
 use super::{
-    bench_frame, cost_ns_repeat, jit_lines::JitLines, median, test_run_floor, BenchArgs, Pipeline, Programs, PIPELINES,
-    XDP_PROGRAM,
+    bench_frame, cost_ns_frames, cost_ns_repeat, jit_lines::JitLines, median, test_run_floor, BenchArgs, Pipeline,
+    Programs, PIPELINES, XDP_PROGRAM,
 };
 use crate::{tools::gen::CpuPin, tools::programs::XDP_REDIRECT_PROGRAM};
 
@@ -40,9 +42,9 @@ const BATCH: u64 = 20_000;
 /// Rows the report shows before the rest is summed up.
 pub const REPORT_ROWS: usize = 25;
 
-/// The kernel function that measures a test run: a sample under it and
-/// outside the program is the harness inside the measured window (clock
-/// reads, the XDP dispatcher), which the floor pays as well.
+/// The kernel function that runs a test run's loop: a sample under it and
+/// outside the program is the harness (clock reads, the XDP dispatcher,
+/// the run's set-up), which the floor pays as well.
 const MEASURED_WINDOW: &str = "bpf_test_run";
 
 /// The report's section before the profiles.
@@ -57,10 +59,16 @@ JIT line table (the program's BTF line info and the JIT address of each
 line record); a sample in a kernel function the program called (a hash map
 lookup, a helper) to the line that called it; inlined library code (core,
 aya-ebpf) to the nearest rocev2 line before it (usually its caller; line
-info has no inlining chain), named beside it. `xlated insns` is
+info has no inlining chain), named beside it; a sample in the first line
+record of a BPF function other than the main one (where the JIT puts the
+function's prologue) is shown as that function's entry. `xlated insns` is
 the number of BPF instructions of the sampled line records (as
-`bpftool prog dump xlated linum` shows them). The samples in the kernel's
-measured window split the ns per packet measured during the profile.
+`bpftool prog dump xlated linum` shows them). cpu-clock samples every
+100 µs of the CPU's time, so a line's ns per packet is its samples times
+100 µs over the packets run while perf sampled; the heading's ns per
+packet is what the kernel measured meanwhile (higher than part 1's: the
+sampling interrupts run inside its window). These are the profiles of two
+budget rows above; each budget places its remainder with its own.
 ";
 
 /// What runs at a sampled place besides the rocev2 line itself.
@@ -72,6 +80,9 @@ pub enum Detail {
     Library(String),
     /// A kernel function the line called (`__htab_map_lookup_elem`).
     Kernel(String),
+    /// The first line record of a BPF function other than the program's
+    /// main one: the JIT's prologue of a BPF-to-BPF call lands there.
+    Entry,
 }
 
 /// One row of the profile: a rocev2 source line and what ran there.
@@ -98,13 +109,17 @@ pub struct Profile {
     pub label: String,
     /// The kernel's ns per program run during the profile (median of batches).
     pub measured_ns: f64,
+    /// Program runs while perf sampled (all batches).
+    pub packets: u64,
     pub rows: Vec<LineCost>,
     /// Samples in the program or in what it called.
     pub program_samples: u64,
-    /// Samples in the measured window outside the program (harness).
+    /// Samples under bpf_test_run outside the program (the harness).
     pub harness_samples: u64,
-    /// Samples of the loop's thread outside the measured window (the
-    /// syscall, copying the frame, user space).
+    /// Samples in the program's code before its first line record.
+    pub lineless_samples: u64,
+    /// Samples of the loop's thread outside bpf_test_run (the syscall,
+    /// copying the frame, user space).
     pub outside_samples: u64,
     pub seconds: f64,
 }
@@ -129,7 +144,7 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
         // Above the innermost frame the address is a return address: the
         // call is the instruction before it.
         let Some(index) = jit.line_at(if k == 0 { ip } else { ip - 1 }) else {
-            profile.outside_samples += 1;
+            profile.lineless_samples += 1;
             continue;
         };
         profile.program_samples += 1;
@@ -137,6 +152,8 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
         let hit = jit.line(index);
         let detail = if k > 0 {
             Detail::Kernel(sample.frames[k - 1].1.clone())
+        } else if jit.is_subprogram_entry(index) {
+            Detail::Entry
         } else if hit.is_own() {
             Detail::Own
         } else {
@@ -184,19 +201,32 @@ pub fn parse_perf_script(text: &str) -> Vec<Sample> {
 
 /// Profiles `pipeline` for `seconds` on the last CPU.
 pub fn profile(pipeline: Pipeline, v6: bool, seconds: f64) -> Result<Profile> {
-    let perf = which_perf()?;
     let mut dp = pipeline.test_run_dataplane()?;
-    let jit = JitLines::of_program(dp.xdp_program(XDP_PROGRAM)?.fd()?.as_fd())?;
     let frame = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+    let label = format!("{}, {}", pipeline.name(), if v6 { "IPv6" } else { "IPv4" });
+    profile_program(&mut dp, XDP_PROGRAM, &[&frame], &label, seconds)
+}
+
+/// Profiles `program` of `programs` for `seconds` on the last CPU, taking
+/// `frames` in turn (one per test-run call, as part 1 measures it).
+pub fn profile_program(
+    programs: &mut impl Programs,
+    program: &str,
+    frames: &[&[u8]],
+    label: &str,
+    seconds: f64,
+) -> Result<Profile> {
+    let perf = which_perf()?;
+    let jit = JitLines::of_program(programs.program(program)?.fd()?.as_fd())?;
     let cpu = std::thread::available_parallelism().map_or(0, |n| n.get() - 1);
     let _pin = CpuPin::new(cpu)?;
     // Warm the program and its maps before sampling starts.
-    cost_ns_repeat(&mut dp, XDP_PROGRAM, &frame, BATCH, 1)?;
+    cost_ns_frames(programs, program, frames, BATCH, 1)?;
     let mut recorder = Recorder::start(&perf, cpu)?;
     let started = Instant::now();
     let mut batches = Vec::new();
     while started.elapsed().as_secs_f64() < seconds {
-        batches.push(cost_ns_repeat(&mut dp, XDP_PROGRAM, &frame, BATCH, 1)?);
+        batches.push(cost_ns_frames(programs, program, frames, BATCH, 1)?);
     }
     let sampled = started.elapsed().as_secs_f64();
     let samples = recorder.finish()?;
@@ -204,7 +234,8 @@ pub fn profile(pipeline: Pipeline, v6: bool, seconds: f64) -> Result<Profile> {
     if profile.program_samples == 0 {
         bail!("no sample fell inside the program ({} samples in all): is the BPF JIT on?", samples.len());
     }
-    profile.label = format!("{}, {}", pipeline.name(), if v6 { "IPv6" } else { "IPv4" });
+    profile.label = label.to_owned();
+    profile.packets = batches.len() as u64 * BATCH;
     profile.measured_ns = median(batches);
     profile.seconds = sampled;
     Ok(profile)
@@ -323,9 +354,12 @@ fn markdown_code(text: &str) -> String {
 }
 
 impl Profile {
-    /// ns per packet one sample of the measured window stands for.
-    fn ns_per_sample(&self) -> f64 {
-        self.measured_ns / (self.program_samples + self.harness_samples).max(1) as f64
+    /// ns per packet one sample stands for: perf's cpu-clock samples the
+    /// CPU every 1/SAMPLE_HZ s (a timer, not a count of events), so a
+    /// sample is 1e9/SAMPLE_HZ ns of the loop's time, spread over the
+    /// packets run meanwhile.
+    pub fn ns_per_sample(&self) -> f64 {
+        1e9 / f64::from(SAMPLE_HZ) / self.packets.max(1) as f64
     }
 
     /// The profile as a Markdown section: the `top` lines, the rest
@@ -338,9 +372,10 @@ impl Profile {
         let _ = writeln!(s, "### {}: {:.1} ns per packet\n", self.label, self.measured_ns);
         let _ = writeln!(
             s,
-            "{} samples in {:.1} s inside the measured window: {} in the program and the kernel functions it calls ({:.1} ns), {} in the test-run harness ({:.1} ns: clock reads, dispatcher; the floor pays them too). {} more samples of the loop fell outside the window (syscall, frame copy).\n",
+            "{} samples in {:.1} s under the test run ({} packets): {} in the program and the kernel functions it calls ({:.1} ns per packet), {} in the test-run harness ({:.1} ns: clock reads, dispatcher, set-up; the floor pays them too). {} more samples of the loop fell outside it (syscall, frame copy).\n",
             window,
             self.seconds,
+            self.packets,
             self.program_samples,
             self.program_samples as f64 * per,
             self.harness_samples,
@@ -356,6 +391,7 @@ impl Profile {
                     format!("inlined {location} {}", markdown_code(text.trim_matches('`')))
                 }
                 Detail::Kernel(function) => format!("call: kernel `{function}`"),
+                Detail::Entry => "the BPF function's entry (prologue)".to_owned(),
             };
             let insns = if row.insns == 0 { String::new() } else { row.insns.to_string() };
             let _ = writeln!(
@@ -458,6 +494,8 @@ mod tests {
         assert_eq!(row("rocev2-ebpf/src/maps.rs:81", Detail::Kernel("__htab_map_lookup_elem".into())), Some((1, 0)));
         let mut p = p;
         p.measured_ns = 100.0;
+        // 1e9 / 10,000 Hz / 4,000 packets: 25 ns per sample.
+        p.packets = 4_000;
         p.label = "test".into();
         let text = p.render(REPORT_ROWS);
         assert!(text.contains("| 25.0 | 25.0% | rocev2-ebpf/src/maps.rs:81 `GROUPS.get(id)` | call: kernel `__htab_map_lookup_elem` |  |"), "{text}");

@@ -10,27 +10,41 @@ pub(super) const HOW: &str = "- Telemetry rows: the qp pipeline (10 routes) load
 /// Frames in the telemetry rows' stream.
 const PSNS: u32 = 64;
 
-/// Rows: the qp pipeline with telemetry off and on, per family; and the
-/// IPv4 cost of telemetry (on against off, median of per-round differences).
-pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
+/// A QP's stream: consecutive PSNs, so telemetry sees packets in order
+/// (one jump back per 64 packets, when the frames start over).
+fn stream(v6: bool) -> Vec<Vec<u8>> {
+    (0..PSNS)
+        .map(|psn| {
+            let mut f = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+            let at = f.len() - 4 - 1024 - 3; // PSN: the BTH's last 3 bytes, before payload and ICRC
+            f[at..at + 3].copy_from_slice(&psn.to_be_bytes()[1..]);
+            f
+        })
+        .collect()
+}
+
+/// The line profile of the qp pipeline with telemetry `on` or off, on
+/// the IPv4 stream the telemetry rows measure (the telemetry budget's).
+pub(super) fn profile(on: bool, seconds: f64) -> Result<profile::Profile> {
+    let qp = Pipeline::Qp.features();
+    let features = if on { qp.with(Features::TELEMETRY) } else { qp };
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
+    let frames = stream(false);
+    let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let label = format!("rocev2 qp, telemetry {}, IPv4", if on { "on" } else { "off" });
+    profile::profile_program(&mut dp, XDP_PROGRAM, &frames, &label, seconds)
+}
+
+/// Rows: the qp pipeline with telemetry off and on, per family; the IPv4
+/// cost of telemetry (on against off, median of per-round differences);
+/// and the IPv4 ns with telemetry off.
+pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64, f64)> {
     eprintln!("bench: per-packet cost of per-QP telemetry");
     let qp = Pipeline::Qp.features();
     let mut off = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp)?;
     let mut on = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp.with(Features::TELEMETRY))?;
     let mut acked =
         test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, qp.with(Features::TELEMETRY).with(Features::ACKED_REPICK))?;
-    // A QP's stream: consecutive PSNs, so telemetry sees packets in order
-    // (one jump back per 64 packets, when the frames start over).
-    let stream = |v6: bool| -> Vec<Vec<u8>> {
-        (0..PSNS)
-            .map(|psn| {
-                let mut f = bench_frame(v6, 255, [2, 0, 0, 0, 0, 0xFE]);
-                let at = f.len() - 4 - 1024 - 3; // PSN: the BTH's last 3 bytes, before payload and ICRC
-                f[at..at + 3].copy_from_slice(&psn.to_be_bytes()[1..]);
-                f
-            })
-            .collect()
-    };
     let streams = [stream(false), stream(true)];
     let b = &TELEMETRY_BUDGET;
     budget::check_path(b.name, &checked_path(b), &static_counts(&mut on, XDP_PROGRAM)?)?;
@@ -48,7 +62,7 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
         }
     }
     let mut rows = Vec::new();
-    let mut cost_v4 = f64::NAN;
+    let (mut cost_v4, mut off_v4) = (f64::NAN, f64::NAN);
     for v6 in [false, true] {
         let fam = if v6 { "IPv6" } else { "IPv4" };
         let ns_off = median(samples[&(v6, false)].clone());
@@ -58,7 +72,7 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
         let per_round_delta =
             median(samples[&(v6, true)].iter().zip(&samples[&(v6, false)]).map(|(on, off)| on - off).collect());
         if !v6 {
-            cost_v4 = per_round_delta;
+            (cost_v4, off_v4) = (per_round_delta, ns_off);
         }
         rows.push(row(
             "1 per-packet",
@@ -86,5 +100,5 @@ pub(super) fn telemetry_rows(args: &BenchArgs) -> Result<(Vec<Row>, f64)> {
             "",
         ));
     }
-    Ok((rows, cost_v4))
+    Ok((rows, cost_v4, off_v4))
 }

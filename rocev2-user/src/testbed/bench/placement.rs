@@ -1,0 +1,762 @@
+//! A budget's remainder placed on source lines: the line profile of the
+//! budget row's own program (profile.rs), each profiled line filed under a
+//! part of the budget ([`Place`]): a primitive the budget already counts
+//! (parse, hash, map lookups, the clocks, calls), a step of the remainder
+//! (the route cache, the rewrite, the counters...), or the floor's own
+//! redirect. A marginal row's lines are its profile's minus the profile of
+//! the row it is read against.
+//!
+//! A line's profiled ns per packet is its samples times perf's sampling
+//! period (100 µs of CPU time) over the packets the loop ran meanwhile.
+//! The profile's total drifts with the machine's load and is inflated by
+//! the sampling itself, so each profile is scaled: its lines (the
+//! redirect, which the floor pays, apart) are multiplied by one factor so
+//! that they sum to the row's cost above the floor measured in part 1. The
+//! factor, the redirect and harness the scale leaves out, the samples on
+//! no line and the sampling error are printed beside the table; for a
+//! marginal row, its measured cost minus the two rows' costs above the
+//! floor is the part no line is given.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use super::{
+    budget::{Primitive, Split},
+    profile::{Detail, LineCost, Profile},
+};
+
+/// The eBPF sources the forwarding program is built from: line info names
+/// a file and a line, and the function around the line says which step it
+/// is (checksum.rs's `fold` checks a header, its `update_u16` rewrites one).
+const SOURCES: &[(&str, &str)] = &[
+    ("rocev2-ebpf/src/args.rs", include_str!("../../../../rocev2-ebpf/src/args.rs")),
+    ("rocev2-ebpf/src/class.rs", include_str!("../../../../rocev2-ebpf/src/class.rs")),
+    ("rocev2-ebpf/src/counters.rs", include_str!("../../../../rocev2-ebpf/src/counters.rs")),
+    ("rocev2-ebpf/src/ctx.rs", include_str!("../../../../rocev2-ebpf/src/ctx.rs")),
+    ("rocev2-ebpf/src/ecn.rs", include_str!("../../../../rocev2-ebpf/src/ecn.rs")),
+    ("rocev2-ebpf/src/features.rs", include_str!("../../../../rocev2-ebpf/src/features.rs")),
+    ("rocev2-ebpf/src/forward.rs", include_str!("../../../../rocev2-ebpf/src/forward.rs")),
+    ("rocev2-ebpf/src/forwarded.rs", include_str!("../../../../rocev2-ebpf/src/forwarded.rs")),
+    ("rocev2-ebpf/src/main.rs", include_str!("../../../../rocev2-ebpf/src/main.rs")),
+    ("rocev2-ebpf/src/maps.rs", include_str!("../../../../rocev2-ebpf/src/maps.rs")),
+    ("rocev2-ebpf/src/parse.rs", include_str!("../../../../rocev2-ebpf/src/parse.rs")),
+    ("rocev2-ebpf/src/pin.rs", include_str!("../../../../rocev2-ebpf/src/pin.rs")),
+    ("rocev2-ebpf/src/redirect.rs", include_str!("../../../../rocev2-ebpf/src/redirect.rs")),
+    ("rocev2-ebpf/src/rewrite.rs", include_str!("../../../../rocev2-ebpf/src/rewrite.rs")),
+    ("rocev2-ebpf/src/route.rs", include_str!("../../../../rocev2-ebpf/src/route.rs")),
+    ("rocev2-ebpf/src/select.rs", include_str!("../../../../rocev2-ebpf/src/select.rs")),
+    ("rocev2-ebpf/src/telemetry.rs", include_str!("../../../../rocev2-ebpf/src/telemetry.rs")),
+    ("rocev2-ebpf/src/transport.rs", include_str!("../../../../rocev2-ebpf/src/transport.rs")),
+    ("rocev2-common/src/arrival.rs", include_str!("../../../../rocev2-common/src/arrival.rs")),
+    ("rocev2-common/src/bth.rs", include_str!("../../../../rocev2-common/src/bth.rs")),
+    ("rocev2-common/src/buckets.rs", include_str!("../../../../rocev2-common/src/buckets.rs")),
+    ("rocev2-common/src/checksum.rs", include_str!("../../../../rocev2-common/src/checksum.rs")),
+    ("rocev2-common/src/class.rs", include_str!("../../../../rocev2-common/src/class.rs")),
+    ("rocev2-common/src/counters.rs", include_str!("../../../../rocev2-common/src/counters.rs")),
+    ("rocev2-common/src/ecn.rs", include_str!("../../../../rocev2-common/src/ecn.rs")),
+    ("rocev2-common/src/features.rs", include_str!("../../../../rocev2-common/src/features.rs")),
+    ("rocev2-common/src/flowlet.rs", include_str!("../../../../rocev2-common/src/flowlet.rs")),
+    ("rocev2-common/src/hash.rs", include_str!("../../../../rocev2-common/src/hash.rs")),
+    ("rocev2-common/src/maps.rs", include_str!("../../../../rocev2-common/src/maps.rs")),
+    ("rocev2-common/src/telemetry.rs", include_str!("../../../../rocev2-common/src/telemetry.rs")),
+];
+
+/// The name of the function a source line declares (`pub(crate) const fn
+/// x<T>(...)` gives `x`), if it declares one.
+fn declared_fn(line: &str) -> Option<&str> {
+    let mut t = line.trim_start();
+    loop {
+        let before = t;
+        for prefix in ["pub(crate) ", "pub(super) ", "pub ", "const ", "unsafe ", "async ", "extern \"C\" "] {
+            t = t.strip_prefix(prefix).unwrap_or(t);
+        }
+        if t == before {
+            break;
+        }
+    }
+    let rest = t.strip_prefix("fn ")?;
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+/// The function source line `line` (1-based) of `source` is in: the
+/// nearest declaration at or above it.
+pub fn function_in(source: &str, line: u32) -> Option<&str> {
+    let lines: Vec<&str> = source.lines().take(line as usize).collect();
+    lines.iter().rev().find_map(|l| declared_fn(l))
+}
+
+/// The function around `file:line` (`rocev2-ebpf/src/parse.rs:83`) in the
+/// sources built into this binary.
+pub fn function_at(location: &str) -> Option<&'static str> {
+    let (file, line) = location.rsplit_once(':')?;
+    let source = SOURCES.iter().find(|(f, _)| *f == file)?.1;
+    function_in(source, line.parse().ok()?)
+}
+
+/// Where a profiled line's time goes in a budget. The first group are the
+/// primitives the budget counts at their measured floors; then the steps
+/// of the remainder; then the floor's own work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Place {
+    Parse,
+    Hash,
+    Lookup,
+    LruHash,
+    Clock,
+    CoarseClock,
+    Call,
+    Entry,
+    RouteCache,
+    Checks,
+    FlowKey,
+    MemberChoice,
+    Flowlet,
+    Classes,
+    Ecn,
+    Rewrite,
+    Counters,
+    Features,
+    Telemetry,
+    Other,
+    Redirect,
+}
+
+impl Place {
+    /// The budget's primitives this part is (none: a step of the remainder).
+    pub fn primitives(self) -> &'static [Primitive] {
+        match self {
+            Place::Parse => &[Primitive::Parse],
+            Place::Hash => &[Primitive::HashV2Ipv4, Primitive::HashV2Ipv6, Primitive::HashV1],
+            Place::Lookup => &[Primitive::Array, Primitive::PerCpuArray],
+            Place::LruHash => &[Primitive::LruHash],
+            Place::Clock => &[Primitive::Clock],
+            Place::CoarseClock => &[Primitive::CoarseClock],
+            Place::Call => &[Primitive::Call],
+            _ => &[],
+        }
+    }
+
+    /// A part the budget counts by a primitive's measured floor.
+    pub fn is_primitive(self) -> bool {
+        !self.primitives().is_empty()
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Place::Parse => "parse",
+            Place::Hash => "member hash",
+            Place::Lookup => "ARRAY and PERCPU_ARRAY lookups (inlined)",
+            Place::LruHash => "LRU_HASH lookup",
+            Place::Clock => "precise clock",
+            Place::CoarseClock => "coarse clock",
+            Place::Call => "BPF-to-BPF calls (the callee's entry)",
+            Place::Entry => "entry and exit",
+            Place::RouteCache => "route cache",
+            Place::Checks => "IPv4 field reads and tests",
+            Place::FlowKey => "flow key stores",
+            Place::MemberChoice => "group and member checks",
+            Place::Flowlet => "flowlet decision and entry update",
+            Place::Classes => "class matching",
+            Place::Ecn => "ECN virtual queue",
+            Place::Rewrite => "rewrite",
+            Place::Counters => "counter adds",
+            Place::Features => "feature tests",
+            Place::Telemetry => "telemetry's QP entry",
+            Place::Other => "other lines",
+            Place::Redirect => "the redirect, beyond the compared program's",
+        }
+    }
+
+    /// Why a step stays (a primitive's reason is its budget line's).
+    pub fn why(self) -> &'static str {
+        match self {
+            Place::Entry => "the program's entry and exit: the ingress port's slot, the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action; fixed work per packet around the redirect (the redirect is left out: the floor pays it; the prologue, which the floor has too, a few instructions of it, is not)",
+            Place::RouteCache => "the destination's slot in the per-CPU route cache (a multiply) and the compare of family, route generation and address: the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves)",
+            Place::Checks => "the IPv4 header's fields read once, and the tests that decide whether the switch may forward the packet at all (fragment, TTL, options): each a load and a branch",
+            Place::FlowKey => "the flow key's stores into this CPU's FLOW_KEY slot, one per field (volatile: merged, LLVM would make them a memset, a byte loop on BPF); the hash and the tables read the key there, off the 512-byte stack",
+            Place::MemberChoice => "the group's checks (member count, policy, bank) and the member's (position in range, up), the bucket and member indexes: the tests that keep a half-published group from forwarding",
+            Place::Flowlet => "the flowlet decision (gap since the flow's last packet, generation, message end) and the entry's update in place, field by field",
+            Place::Classes => "the class table's tests (opcode set, payload size, DSCP) for each class tried: the classes this row configures never match the bench's WRITE_ONLY, so every one is tried",
+            Place::Ecn => "the virtual queue's arithmetic (drain since its last packet: a multiply and a shift; depth; thresholds), its update, the egress counters and, between the thresholds, the random draw",
+            Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
+            Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
+            Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
+            Place::Telemetry => "the QP table's set index, key compare and the entry's update (PSN step, packet and byte counts, member check)",
+            Place::Other => "lines no rule of bench/placement.rs names (the lines say where)",
+            Place::Redirect => "the devmap redirect, which the floor pays too: what is left is the difference between two profiles of the same work",
+            Place::Call => "a primitive (the table above); the profile sees the callee's entry, while the return's misprediction lands on the caller's next line, in a step",
+            Place::Lookup => "a primitive (the table above): the inlined lookup's instructions; the first use of the value it finds lands on the line that reads it",
+            _ => "a primitive: see its row in the table above",
+        }
+    }
+}
+
+/// The part of a budget a kernel function called from the program is.
+fn kernel_place(function: &str) -> Place {
+    match function {
+        "dev_map_redirect" | "dev_map_hash_redirect" | "xdp_do_redirect" | "bpf_xdp_redirect_map" => Place::Redirect,
+        f if f.contains("coarse") => Place::CoarseClock,
+        f if f.starts_with("ktime_get") || f == "bpf_ktime_get_ns" || f == "read_tsc" => Place::Clock,
+        f if f.contains("htab") || f.contains("lookup_nulls") || f.contains("bpf_lru") || f.contains("jhash") => {
+            Place::LruHash
+        }
+        f if f.contains("return_thunk") || f.contains("safe_ret") => Place::Call,
+        // bpf_get_prandom_u32: the ECN queue's draw between its thresholds.
+        f if f.contains("prandom") => Place::Ecn,
+        _ => Place::Other,
+    }
+}
+
+/// The part an inlined library line is, if the library code says it
+/// (a map lookup's helper call, the devmap's redirect); else its caller's.
+fn library_place(library: &str) -> Option<Place> {
+    let (location, text) = library.split_once(' ').unwrap_or((library, ""));
+    let text = text.trim_matches('`');
+    if location.contains("/helpers.rs:") && text == "fun(map, key)" {
+        return Some(Place::Lookup);
+    }
+    // bpf_redirect_map's binding: the floor's work.
+    if location.contains("/helpers.rs:") && text == "fun(map, key, flags)" {
+        return Some(Place::Redirect);
+    }
+    if location.starts_with("aya-ebpf-") {
+        if location.contains("/maps/xdp/") {
+            return Some(Place::Redirect);
+        }
+        if location.contains("/maps/array.rs") || location.contains("/maps/per_cpu_array.rs") {
+            return Some(Place::Lookup);
+        }
+        if location.contains("/maps/hash_map.rs") {
+            return Some(Place::LruHash);
+        }
+    }
+    None
+}
+
+/// The part a rocev2 source line is, by its file and the function it is in.
+fn source_place(file: &str, function: &str) -> Place {
+    const EBPF: &str = "rocev2-ebpf/src/";
+    const COMMON: &str = "rocev2-common/src/";
+    if file.starts_with("rocev2-ebpf/src/tools/") {
+        // The floor program's own lines (the tools object).
+        return Place::Redirect;
+    }
+    let (ebpf, name) = match (file.strip_prefix(EBPF), file.strip_prefix(COMMON)) {
+        (Some(name), _) => (true, name),
+        (None, Some(name)) => (false, name),
+        _ => return Place::Other,
+    };
+    match (ebpf, name, function) {
+        (true, "parse.rs", "encode" | "decode" | "pass" | "drop" | "frame_len") => Place::Entry,
+        (true, "parse.rs", _) => Place::Parse,
+        // Telemetry's look at the transport headers (the budget counts it as a parse).
+        (true, "transport.rs", _) => Place::Parse,
+        (false, "bth.rs", "ends_message") => Place::Flowlet,
+        (false, "bth.rs", _) => Place::Parse,
+        (false, "checksum.rs", "update_u16") => Place::Rewrite,
+        (false, "checksum.rs", _) => Place::Parse,
+        (false, "hash.rs", "word" | "ipv4_words" | "ipv6_words" | "ipv6_word") => Place::FlowKey,
+        (false, "hash.rs", _) => Place::Hash,
+        (true, "forward.rs", "flow_key" | "flow_key_v4" | "flow_key_v6") => Place::FlowKey,
+        (true, "forward.rs", "decide") => Place::MemberChoice,
+        (true, "forward.rs", "new_tos") => Place::Ecn,
+        (true, "forward.rs", "forward_v4" | "forward_v6") => Place::Checks,
+        (true, "forward.rs", _) => Place::Entry,
+        (true, "route.rs", _) => Place::RouteCache,
+        (false, "maps.rs", "route_cache_slot") => Place::RouteCache,
+        (false, "maps.rs", "member_index" | "bucket_table_index") => Place::MemberChoice,
+        (false, "maps.rs", "member_stat_index") => Place::Counters,
+        // FlowletKey::new
+        (false, "maps.rs", "new") => Place::Flowlet,
+        (true, "maps.rs", "egress_entry") => Place::Ecn,
+        (true, "maps.rs" | "redirect.rs" | "main.rs" | "ctx.rs" | "args.rs" | "forwarded.rs", _) => Place::Entry,
+        (true, "select.rs", "flowlet_position" | "keyless_position" | "new_flowlet_position") => Place::Flowlet,
+        (true, "select.rs", _) | (false, "buckets.rs", _) => Place::MemberChoice,
+        (false, "flowlet.rs", _) => Place::Flowlet,
+        (_, "class.rs", _) => Place::Classes,
+        (_, "ecn.rs", _) => Place::Ecn,
+        (true, "rewrite.rs", _) => Place::Rewrite,
+        (_, "counters.rs", _) => Place::Counters,
+        (_, "features.rs", _) | (true, "pin.rs", _) => Place::Features,
+        (_, "telemetry.rs", _) | (false, "arrival.rs", _) => Place::Telemetry,
+        _ => Place::Other,
+    }
+}
+
+/// The part of a budget a profiled line is: a kernel function it called
+/// by that function's name, inlined library code by what it does, else the
+/// rocev2 line by its file and `function`.
+pub fn classify(location: &str, function: Option<&str>, detail: &Detail) -> Place {
+    match detail {
+        Detail::Kernel(f) => return kernel_place(f),
+        Detail::Entry => return Place::Call,
+        Detail::Library(library) => {
+            if let Some(p) = library_place(library) {
+                return p;
+            }
+        }
+        Detail::Own => {}
+    }
+    let file = location.rsplit_once(':').map_or(location, |(f, _)| f);
+    source_place(file, function.unwrap_or(""))
+}
+
+/// One profiled line's share of a part.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    pub label: String,
+    pub ns: f64,
+}
+
+/// A part's ns per packet (the row's profile minus the compared one's),
+/// and its lines, largest first (most negative first if the part is).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placed {
+    pub place: Place,
+    pub ns: f64,
+    pub lines: Vec<Line>,
+}
+
+/// One profile's part in a placement: what it is, the cost above the
+/// floor part 1 measured for it, and the factor its lines are scaled by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scaled {
+    pub label: String,
+    /// Part 1's ns above the floor of this program.
+    pub measured: f64,
+    /// The profile's own ns per packet on its lines, the redirect apart.
+    pub profiled: f64,
+    /// measured / profiled.
+    pub factor: f64,
+    /// The redirect's and the harness's profiled ns per packet (unscaled).
+    pub redirect: f64,
+    pub harness: f64,
+    pub seconds: f64,
+    pub samples: u64,
+    /// Samples in the program's code on no line record.
+    pub lineless: u64,
+}
+
+/// A budget row's cost placed by its profile (minus the compared one's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// The row's measured cost (part 1), ns above what it is read against.
+    pub cost: f64,
+    pub places: Vec<Placed>,
+    pub row: Scaled,
+    /// A marginal row's: the profile of the row it is read against.
+    pub against: Option<Scaled>,
+    /// One standard deviation of the placed sum from sampling alone
+    /// (each line's samples a Poisson count), after scaling.
+    pub noise: f64,
+}
+
+impl Placement {
+    #[cfg(test)]
+    pub fn ns(&self, place: Place) -> f64 {
+        self.places.iter().find(|p| p.place == place).map_or(0.0, |p| p.ns)
+    }
+
+    /// What the profiles put on lines.
+    pub fn placed(&self) -> f64 {
+        self.places.iter().map(|p| p.ns).sum::<f64>()
+    }
+
+    /// The cost no line is given: a marginal row's measured cost minus
+    /// the two rows' costs above the floor (0 for a row read against the
+    /// floor, whose lines are scaled to its cost).
+    pub fn unplaced(&self) -> f64 {
+        self.cost - self.placed()
+    }
+
+    /// The parts the budget counts by primitives, profiled.
+    pub fn primitives(&self) -> f64 {
+        self.places.iter().filter(|p| p.place.is_primitive()).map(|p| p.ns).sum()
+    }
+
+    /// The remainder's steps.
+    pub fn steps(&self) -> f64 {
+        self.places.iter().filter(|p| !p.place.is_primitive()).map(|p| p.ns).sum()
+    }
+}
+
+/// A line's label: `parse.rs:83 ptr_at`, `common/hash.rs:219 mix`, with
+/// what ran there (`→ dev_map_redirect`, `(map lookup)`, `(inlined core)`).
+fn label(location: &str, function: Option<&str>, detail: &Detail) -> String {
+    let short = location
+        .strip_prefix("rocev2-ebpf/src/")
+        .map(str::to_owned)
+        .or_else(|| location.strip_prefix("rocev2-common/src/").map(|l| format!("common/{l}")))
+        .unwrap_or_else(|| location.to_owned());
+    let mut s = match function {
+        Some(f) => format!("{short} {f}"),
+        None => short,
+    };
+    match detail {
+        Detail::Own => {}
+        Detail::Entry => s.push_str(" (entry)"),
+        Detail::Kernel(f) => {
+            let _ = write!(s, " → {f}");
+        }
+        Detail::Library(library) if library_place(library) == Some(Place::Lookup) => s.push_str(" (map lookup)"),
+        Detail::Library(library) => {
+            let krate = library.split('/').next().unwrap_or("");
+            let krate =
+                krate.rsplit_once('-').filter(|(_, v)| v.starts_with(char::is_numeric)).map_or(krate, |(k, _)| k);
+            let _ = write!(s, " (inlined {krate})");
+        }
+    }
+    s
+}
+
+/// Places `cost` (the row's measured ns above what it is read against)
+/// by the profile of the row's program, whose cost above the floor part 1
+/// measured as `row.1`, minus for a marginal row the profile of the other
+/// program (`against`, with its cost above the floor). `function_of`
+/// names the function around a `file:line`.
+pub fn place(
+    cost: f64,
+    row: (&Profile, f64),
+    against: Option<(&Profile, f64)>,
+    function_of: impl Fn(&str) -> Option<&'static str>,
+) -> Placement {
+    let mut lines: BTreeMap<(String, Detail), f64> = BTreeMap::new();
+    let mut variance = 0.0;
+    let mut scaled = Vec::new();
+    for (profile, measured, sign) in
+        [Some((row.0, row.1, 1.0)), against.map(|(p, m)| (p, m, -1.0))].into_iter().flatten()
+    {
+        let per = profile.ns_per_sample();
+        let place_of = |r: &LineCost| classify(&r.location, function_of(&r.location), &r.detail);
+        let (mut profiled, mut redirect) = (0.0, 0.0);
+        for r in &profile.rows {
+            let ns = r.samples as f64 * per;
+            if place_of(r) == Place::Redirect {
+                redirect += ns;
+            } else {
+                profiled += ns;
+            }
+        }
+        let factor = if profiled > 0.0 { measured / profiled } else { 0.0 };
+        for r in profile.rows.iter().filter(|r| place_of(r) != Place::Redirect) {
+            *lines.entry((r.location.clone(), r.detail.clone())).or_default() += sign * r.samples as f64 * per * factor;
+            variance += r.samples as f64 * (per * factor).powi(2);
+        }
+        scaled.push(Scaled {
+            label: profile.label.clone(),
+            measured,
+            profiled,
+            factor,
+            redirect,
+            harness: profile.harness_samples as f64 * per,
+            seconds: profile.seconds,
+            samples: profile.program_samples,
+            lineless: profile.lineless_samples,
+        });
+    }
+    let mut by_place: BTreeMap<Place, Placed> = BTreeMap::new();
+    for ((location, detail), ns) in lines {
+        let function = function_of(&location);
+        let place = classify(&location, function, &detail);
+        let p = by_place.entry(place).or_insert_with(|| Placed { place, ns: 0.0, lines: Vec::new() });
+        p.ns += ns;
+        p.lines.push(Line { label: label(&location, function, &detail), ns });
+    }
+    let mut places: Vec<Placed> = by_place.into_values().collect();
+    for p in &mut places {
+        let sign = if p.ns < 0.0 { -1.0 } else { 1.0 };
+        p.lines.sort_by(|a, b| (sign * b.ns).total_cmp(&(sign * a.ns)).then_with(|| a.label.cmp(&b.label)));
+    }
+    let mut scaled = scaled.into_iter();
+    Placement {
+        cost,
+        places,
+        row: scaled.next().expect("the row's profile"),
+        against: scaled.next(),
+        noise: variance.sqrt(),
+    }
+}
+
+/// Lines a part lists.
+const TOP_LINES: usize = 3;
+
+/// The parts the budget counts by primitives.
+const ALL_PRIMITIVE_PLACES: [Place; 7] =
+    [Place::Parse, Place::Hash, Place::Lookup, Place::LruHash, Place::Clock, Place::CoarseClock, Place::Call];
+
+/// The placement of a budget row as Markdown: a table of its parts (the
+/// budget's primitives as profiled beside their measured floors, then the
+/// remainder's steps with their top lines and why each stays, then what
+/// the profiles could not place), and the remainder's sum.
+pub fn render(p: &Placement, split: &Split) -> String {
+    let scaled = |s: &Scaled| {
+        format!(
+            "`{}` ({:.0} s, {} samples in the program): its lines came to {:.1} ns per packet, scaled by {:.2} to the {:+.1} ns part 1 measured above the floor",
+            s.label, s.seconds, s.samples, s.profiled, s.factor, s.measured
+        )
+    };
+    let mut md = format!("Placed on lines by the profile of {}", scaled(&p.row));
+    if let Some(a) = &p.against {
+        let _ = write!(md, ", minus the profile of {}", scaled(a));
+    }
+    let lineless = p.row.lineless + p.against.as_ref().map_or(0, |a| a.lineless);
+    let _ = write!(
+        md,
+        ". Left out of the scale: the redirect ({:.1} ns in the profile; the floor pays it) and the test-run harness ({:.1} ns: the dispatcher, the clock reads, the run's set-up, which the floor pays too){}. Sampling error of the placed sum: ±{:.1} ns.\n\n| part | profiled ns | budget ns (measured floors) | top lines (profiled ns) | why it stays |\n|---|---|---|---|---|\n",
+        p.row.redirect,
+        p.row.harness,
+        if lineless > 0 { format!("; {lineless} samples fell in the program's code on no line record") } else { String::new() },
+        p.noise
+    );
+    let budget_ns = |place: Place| -> Option<f64> {
+        let parts: Vec<_> = split.parts.iter().filter(|x| place.primitives().contains(&x.primitive)).collect();
+        (!parts.is_empty()).then(|| parts.iter().map(|x| x.ns).sum())
+    };
+    // Every part profiled, and every primitive the budget counts even if
+    // no profiled line was filed under it, in the order of [`Place`].
+    let mut shown: Vec<Place> = p.places.iter().map(|x| x.place).collect();
+    for place in ALL_PRIMITIVE_PLACES {
+        if budget_ns(place).is_some() && !shown.contains(&place) {
+            shown.push(place);
+        }
+    }
+    shown.sort();
+    let no_lines = Vec::new();
+    for place in shown {
+        let (ns, placed_lines) =
+            p.places.iter().find(|x| x.place == place).map_or((0.0, &no_lines), |x| (x.ns, &x.lines));
+        if ns.abs() < 0.05 && budget_ns(place).is_none() {
+            continue;
+        }
+        let lines: Vec<String> = placed_lines
+            .iter()
+            .filter(|l| l.ns.abs() >= 0.05)
+            .take(TOP_LINES)
+            .map(|l| format!("`{}` {:.1}", l.label.replace('`', "'"), l.ns))
+            .collect();
+        let more = placed_lines.len().saturating_sub(TOP_LINES);
+        let lines = if more > 0 { format!("{}; {more} more", lines.join(", ")) } else { lines.join(", ") };
+        let budget = budget_ns(place).map_or(String::new(), |ns| format!("{ns:.1}"));
+        let _ = writeln!(
+            md,
+            "| {}{} | {ns:.1} | {budget} | {lines} | {} |",
+            if place.is_primitive() { "" } else { "step: " },
+            place.title(),
+            place.why()
+        );
+    }
+    if p.against.is_some() {
+        let _ = writeln!(
+            md,
+            "| not placed: the measured cost minus the two rows' costs above the floor | {:.1} | | | the marginal is the median of its per-round differences with the row it is read against; each row's cost above the floor, to which its profile is scaled, is the median of its own differences with the floor: the gap between the two is no line's |",
+            p.unplaced()
+        );
+    }
+    let _ = writeln!(md, "| sum: the row's measured cost | {:.1} | {:.1} | | |\n", p.cost, split.accounted);
+    let _ = write!(
+        md,
+        "The remainder, {:.1} ns = {:.1} on the steps above {:+.1} by which the primitives' lines exceed their measured floors ({:.1} profiled, {:.1} measured)",
+        split.remainder,
+        p.steps(),
+        p.primitives() - split.accounted,
+        p.primitives(),
+        split.accounted,
+    );
+    if p.against.is_some() {
+        let _ = write!(md, " {:+.1} not placed", p.unplaced());
+    }
+    md.push_str(".\n\n");
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testbed::bench::{
+        budget::{split, Floors, QP_PATH},
+        profile::LineCost,
+    };
+
+    #[test]
+    fn the_function_around_a_line_is_the_nearest_declaration_above_it() {
+        let src = "//! fn not_this\nuse x;\n\npub(crate) const fn first<T>(a: u32) -> u32 {\n    a + 1\n}\n\n    pub unsafe fn second() {\n        let f = |x| x;\n    }\n";
+        assert_eq!(function_in(src, 2), None);
+        assert_eq!(function_in(src, 4), Some("first"));
+        assert_eq!(function_in(src, 5), Some("first"));
+        assert_eq!(function_in(src, 9), Some("second"));
+        assert_eq!(declared_fn("    fn helper(x: u32)"), Some("helper"));
+        assert_eq!(declared_fn("let fnord = 1;"), None);
+    }
+
+    #[test]
+    fn the_built_in_sources_name_the_functions_of_the_hot_lines() {
+        // checksum.rs: the header check's fold and the rewrite's update.
+        let line_of = |file: &str, needle: &str| {
+            let src = SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
+            src.lines().position(|l| l.contains(needle)).unwrap() as u32 + 2
+        };
+        let fold = line_of("rocev2-common/src/checksum.rs", "pub fn fold(");
+        assert_eq!(function_at(&format!("rocev2-common/src/checksum.rs:{fold}")), Some("fold"));
+        let update = line_of("rocev2-common/src/checksum.rs", "pub fn update_u16(");
+        assert_eq!(function_at(&format!("rocev2-common/src/checksum.rs:{update}")), Some("update_u16"));
+        let slot = line_of("rocev2-common/src/maps.rs", "pub fn route_cache_slot(");
+        assert_eq!(function_at(&format!("rocev2-common/src/maps.rs:{slot}")), Some("route_cache_slot"));
+        assert_eq!(function_at("rocev2-ebpf/src/nowhere.rs:3"), None);
+    }
+
+    #[test]
+    fn lines_are_filed_under_primitives_steps_or_the_floor() {
+        let own = Detail::Own;
+        let c = |loc: &str, f: Option<&str>, d: &Detail| classify(loc, f, d);
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:83", Some("ptr_at"), &own), Place::Parse);
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:60", Some("decode"), &own), Place::Entry);
+        assert_eq!(c("rocev2-common/src/checksum.rs:30", Some("fold"), &own), Place::Parse);
+        assert_eq!(c("rocev2-common/src/checksum.rs:20", Some("update_u16"), &own), Place::Rewrite);
+        assert_eq!(c("rocev2-common/src/hash.rs:219", Some("mix"), &own), Place::Hash);
+        assert_eq!(c("rocev2-common/src/hash.rs:175", Some("ipv4_words"), &own), Place::FlowKey);
+        assert_eq!(c("rocev2-ebpf/src/route.rs:50", Some("cached_route"), &own), Place::RouteCache);
+        assert_eq!(c("rocev2-common/src/maps.rs:230", Some("route_cache_slot"), &own), Place::RouteCache);
+        assert_eq!(c("rocev2-ebpf/src/rewrite.rs:40", Some("set_macs"), &own), Place::Rewrite);
+        assert_eq!(c("rocev2-common/src/counters.rs:36", Some("add"), &own), Place::Counters);
+        assert_eq!(c("rocev2-ebpf/src/select.rs:95", Some("flowlet_position"), &own), Place::Flowlet);
+        assert_eq!(c("rocev2-ebpf/src/select.rs:72", Some("member_of"), &own), Place::MemberChoice);
+        assert_eq!(c("rocev2-ebpf/src/forward.rs:237", Some("forward_v4"), &own), Place::Checks);
+        assert_eq!(c("rocev2-ebpf/src/forward.rs:92", Some("forward"), &own), Place::Entry);
+        assert_eq!(c("rocev2-ebpf/src/tools/main.rs:90", Some("rocev2_xdp_redirect"), &own), Place::Redirect);
+        assert_eq!(c("rocev2-ebpf/src/ecn.rs:29", None, &own), Place::Ecn);
+        assert_eq!(c("somewhere/else.rs:1", None, &own), Place::Other);
+        // Kernel functions by name, whichever line called them.
+        let k = |f: &str| Detail::Kernel(f.into());
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:60", None, &k("dev_map_redirect")), Place::Redirect);
+        assert_eq!(c("rocev2-ebpf/src/forward.rs:195", None, &k("ktime_get_mono_fast_ns")), Place::Clock);
+        assert_eq!(c("rocev2-ebpf/src/select.rs:95", None, &k("__htab_map_lookup_elem")), Place::LruHash);
+        assert_eq!(c("rocev2-ebpf/src/select.rs:95", None, &k("lookup_nulls_elem_raw")), Place::LruHash);
+        assert_eq!(c("rocev2-ebpf/src/telemetry.rs:1", None, &k("bpf_ktime_get_coarse_ns")), Place::CoarseClock);
+        assert_eq!(c("rocev2-ebpf/src/ecn.rs:1", None, &k("bpf_get_prandom_u32")), Place::Ecn);
+        // Inlined library code: a map lookup wherever it is; else its caller's part.
+        let lookup = Detail::Library("aya-ebpf-bindings-0.2.0/src/x86_64/helpers.rs:10 `fun(map, key)`".into());
+        assert_eq!(c("rocev2-ebpf/src/counters.rs:44", Some("add"), &lookup), Place::Lookup);
+        let rotate = Detail::Library("core/src/intrinsics/mod.rs:2032 `unchecked_funnel_shl`".into());
+        assert_eq!(c("rocev2-common/src/hash.rs:219", Some("mix"), &rotate), Place::Hash);
+        assert_eq!(c("rocev2-ebpf/src/select.rs:62", Some("member_of"), &Detail::Entry), Place::Call);
+        assert_eq!(
+            label("rocev2-common/src/hash.rs:219", Some("mix"), &rotate),
+            "common/hash.rs:219 mix (inlined core)"
+        );
+        assert_eq!(label("rocev2-ebpf/src/counters.rs:44", Some("add"), &lookup), "counters.rs:44 add (map lookup)");
+    }
+
+    fn profile(packets: u64, harness: u64, rows: &[(&str, Detail, u64)]) -> Profile {
+        Profile {
+            label: "p".into(),
+            packets,
+            harness_samples: harness,
+            program_samples: rows.iter().map(|r| r.2).sum(),
+            rows: rows
+                .iter()
+                .map(|(loc, detail, samples)| LineCost {
+                    location: (*loc).into(),
+                    text: String::new(),
+                    detail: detail.clone(),
+                    samples: *samples,
+                    insns: 0,
+                })
+                .collect(),
+            seconds: 4.0,
+            ..Profile::default()
+        }
+    }
+
+    fn floors() -> Floors {
+        Floors(BTreeMap::from([
+            (Primitive::Parse, 20.0),
+            (Primitive::Array, 1.0),
+            (Primitive::PerCpuArray, 1.0),
+            (Primitive::Call, 5.0),
+            (Primitive::HashV2Ipv4, 10.0),
+        ]))
+    }
+
+    #[test]
+    fn a_row_read_against_the_floor_has_its_lines_scaled_to_its_cost() {
+        // 1e9 / 10,000 Hz / 10,000 packets: 10 ns per sample.
+        let row = profile(
+            10_000,
+            5,
+            &[
+                ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3),
+                ("rocev2-ebpf/src/route.rs:50", Detail::Own, 2),
+                ("rocev2-ebpf/src/rewrite.rs:40", Detail::Own, 1),
+                ("rocev2-ebpf/src/parse.rs:60", Detail::Kernel("dev_map_redirect".into()), 1),
+            ],
+        );
+        let functions = |loc: &str| match loc {
+            "rocev2-ebpf/src/parse.rs:83" => Some("ptr_at"),
+            _ => None,
+        };
+        // 60 ns profiled on the lines (the redirect's 10 apart), 120 measured: x2.
+        let p = place(120.0, (&row, 120.0), None, functions);
+        assert_eq!((p.row.profiled, p.row.factor, p.row.redirect, p.row.harness), (60.0, 2.0, 10.0, 50.0));
+        assert_eq!(p.ns(Place::Parse), 60.0);
+        assert_eq!(p.ns(Place::RouteCache), 40.0);
+        assert_eq!(p.ns(Place::Rewrite), 20.0);
+        assert_eq!(p.ns(Place::Redirect), 0.0, "the floor's work is outside the scale");
+        assert_eq!((p.placed(), p.unplaced(), p.steps(), p.primitives()), (120.0, 0.0, 60.0, 60.0));
+        // Poisson: sqrt(6 samples x (10 ns x 2)^2)
+        assert!((p.noise - (6.0f64 * 400.0).sqrt()).abs() < 1e-9);
+        assert_eq!(p.places.iter().find(|x| x.place == Place::Parse).unwrap().lines[0].label, "parse.rs:83 ptr_at");
+
+        // The budget's identity: remainder = steps + (primitives profiled -
+        // measured) + not placed.
+        let s = split(120.0, QP_PATH, &floors());
+        let sum = p.steps() + (p.primitives() - s.accounted) + p.unplaced();
+        assert!((sum - s.remainder).abs() < 1e-9, "{sum} vs {}", s.remainder);
+        let md = render(&p, &s);
+        assert!(md.contains("scaled by 2.00 to the +120.0 ns part 1 measured above the floor"), "{md}");
+        assert!(md.contains("| parse | 60.0 | 20.0 | `parse.rs:83 ptr_at` 60.0 |"), "{md}");
+        assert!(md.contains("| step: route cache | 40.0 |  | `route.rs:50` 40.0 |"), "{md}");
+        assert!(md.contains("| member hash | 0.0 | 10.0 |"), "a budgeted primitive no line was filed under: {md}");
+        assert!(!md.contains("not placed"), "{md}");
+        assert!(md.contains(&format!("The remainder, {:.1} ns = 60.0 on the steps above", s.remainder)), "{md}");
+    }
+
+    #[test]
+    fn a_marginal_row_is_its_scaled_profile_minus_the_other_one() {
+        let row = profile(
+            10_000,
+            0,
+            &[
+                ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3),
+                ("rocev2-ebpf/src/route.rs:50", Detail::Own, 2),
+                ("rocev2-ebpf/src/rewrite.rs:40", Detail::Own, 1),
+                ("rocev2-ebpf/src/ecn.rs:29", Detail::Own, 4),
+            ],
+        );
+        // 20,000 packets: 5 ns per sample.
+        let qp = profile(
+            20_000,
+            0,
+            &[
+                ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 6),
+                ("rocev2-ebpf/src/route.rs:50", Detail::Own, 4),
+                ("rocev2-ebpf/src/rewrite.rs:40", Detail::Own, 2),
+            ],
+        );
+        // The row: 100 ns profiled, 150 measured (x1.5); qp: 60 and 120 (x2).
+        let p = place(32.0, (&row, 150.0), Some((&qp, 120.0)), |_| None);
+        assert_eq!(p.against.as_ref().map(|a| a.factor), Some(2.0));
+        assert_eq!(p.ns(Place::Ecn), 60.0);
+        assert_eq!(p.ns(Place::Parse), -15.0, "45 in the row, 60 in qp");
+        assert_eq!(p.ns(Place::RouteCache), -10.0);
+        assert!((p.placed() - 30.0).abs() < 1e-9, "150 - 120");
+        assert!((p.unplaced() - 2.0).abs() < 1e-9, "the marginal's own measurement, 32, against 150 - 120");
+        let md = render(&p, &split(32.0, &[], &floors()));
+        assert!(md.contains(", minus the profile of `p`"), "{md}");
+        assert!(
+            md.contains("| not placed: the measured cost minus the two rows' costs above the floor | 2.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("`ecn.rs:29` 60.0"), "{md}");
+        assert!(md.contains("+2.0 not placed."), "{md}");
+    }
+}
