@@ -690,7 +690,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         let (server, client) = ("r2h1", "r1h1");
         let _ = writeln!(
             out,
-            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -u 18 -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -u 18 -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
             Fabric::host_addr(2, 1, !f.v4)
         );
     }
