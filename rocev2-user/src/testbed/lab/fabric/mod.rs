@@ -749,6 +749,7 @@ fn rate_links(
     } else {
         None
     };
+    let marks_at_setup = links::marks_at_setup(&wires.queues, &record.switches)?;
     links::reset_virtual_queues(&record.switches)?;
     links::install_queues(&wires.queues, settings.rate_bps)?;
     record.rated = Some(links::RatedLinks {
@@ -756,6 +757,7 @@ fn rate_links(
         wire_netns: wires.netns.clone(),
         queues: wires.queues.clone(),
         measured_path_fps: measured.as_ref().map(|(_, c)| c.path_fps),
+        marks_at_setup,
     });
     record.write()?;
     let mut lines = vec![format!(
