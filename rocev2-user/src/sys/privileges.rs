@@ -120,7 +120,9 @@ fn what(need: Need<'_>) -> String {
         Need::PinnedMaps(dir) => {
             format!("to open the maps pinned in {} (root's, mode 0700)", dir.display())
         }
-        Need::Namespaces => "to create and enter network namespaces (under /run/netns and /run/rocev2)".to_string(),
+        Need::Namespaces => {
+            "to create, enter and remove network namespaces (under /run/netns and /run/rocev2)".to_string()
+        }
         Need::InspectNamespaces => {
             "to enter the lab's network namespaces and read its state under /run/rocev2".to_string()
         }

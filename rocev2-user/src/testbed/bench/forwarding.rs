@@ -392,7 +392,7 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Part2> 
                 let met = if rate(i) >= goal * l { "met" } else { "MISSED" };
                 t.push(format!(">= {:.0}% of limit: {met}", goal * 100.0));
                 if let (Some(k), false) = (kernel, *r == FwdRow::Telemetry) {
-                    t.push(format!(">= 4x kernel: {}", if rate(i) >= 4.0 * k { "met" } else { "MISSED" }));
+                    t.push(format!(">= 4x kernel: {}", four_times_kernel(rate(i), l, k)));
                 }
             }
             if let (FwdRow::Rocev2(Pipeline::Qp), Some(p)) = (r, peer) {
@@ -413,6 +413,19 @@ pub(super) fn part2(args: &BenchArgs, notes: &mut Vec<String>) -> Result<Part2> 
     drop(rx);
     drop(lab);
     Ok(Part2 { rows: out, mode: kernel_mode, qp_vs_kernel })
+}
+
+/// The ">= 4x kernel" goal's verdict; when missed because the trivial
+/// redirect (the limit: no XDP program forwards faster) itself stayed
+/// under 4x in this run, it says so.
+fn four_times_kernel(rate: f64, limit: f64, kernel: f64) -> String {
+    if rate >= 4.0 * kernel {
+        "met".to_string()
+    } else if limit < 4.0 * kernel {
+        format!("MISSED (the limit itself reached {:.2}x on this machine)", limit / kernel)
+    } else {
+        "MISSED".to_string()
+    }
 }
 
 /// "; forwarded on CPU 0/1: 100%/0%" for rows whose pipeline counted.
@@ -452,4 +465,16 @@ pub(super) fn attach_row(
     };
     let id = in_ns(sw, || Ok(dp.program(name)?.attach_to_if_index(p0, XdpMode::Driver)?))?;
     Ok(Some((name, id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_times_kernel_says_when_the_limit_itself_stayed_under() {
+        assert_eq!(four_times_kernel(2.4e6, 2.5e6, 0.5e6), "met");
+        assert_eq!(four_times_kernel(1.8e6, 2.2e6, 0.6e6), "MISSED (the limit itself reached 3.67x on this machine)");
+        assert_eq!(four_times_kernel(1.5e6, 2.5e6, 0.5e6), "MISSED");
+    }
 }

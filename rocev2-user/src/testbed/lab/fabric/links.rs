@@ -224,6 +224,20 @@ pub struct RatedLinks {
     pub queues: Vec<QueueRecord>,
     /// Frames per second one path carried when `lab up` measured it.
     pub measured_path_fps: Option<f64>,
+    /// What each switch port had marked when the queues were set up: the
+    /// unshaped probe's marks, which `lab stats` leaves out while the
+    /// same `rocev2 run` is up.
+    #[serde(default)]
+    pub marks_at_setup: Vec<MarksAtSetup>,
+}
+
+/// A switch port's ECN marks when `lab up` set the queues up, and the
+/// `rocev2 run` that counted them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MarksAtSetup {
+    pub link: String,
+    pub pid: u32,
+    pub marked: u64,
 }
 
 /// Bridges of the wire namespace and the queues to set up, planned with
@@ -480,21 +494,16 @@ pub fn queue_stats(rated: &RatedLinks, switches: &[SwitchRecord]) -> Result<Vec<
             qdiscs.entry((ns.to_owned(), dev)).or_default().push(q);
         }
     }
-    let mut egress: BTreeMap<(Switch, String), (u64, u64)> = BTreeMap::new();
-    for s in switches {
-        let Ok(state) = crate::control::state::RunState::read(&s.pin_dir) else { continue };
-        let maps = crate::control::dataplane::Maps::open_pinned(&s.pin_dir)?;
-        for e in crate::control::stats::Snapshot::collect(&maps, &state)?.egress {
-            let marked = e.counters.get("ecn_marked").copied().unwrap_or(0);
-            egress.insert((s.switch, e.name), (marked, e.queue_high_water_bytes));
-        }
-    }
+    let egress = switch_egress(switches)?;
+    let pid_of = |switch: Switch| switches.iter().find(|s| s.switch == switch).and_then(|s| s.pid);
     let get = |q: &serde_json::Value, k: &str| q[k].as_u64().unwrap_or(0);
     let mut out = Vec::new();
     for q in &rated.queues {
         let list = qdiscs.get(&(q.netns.clone(), q.dev.clone())).map(Vec::as_slice).unwrap_or(&[]);
         let root = list.iter().find(|x| x["parent"].as_str().is_none() || x["root"].as_bool() == Some(true));
         let (marked, high) = q.switch.and_then(|s| egress.get(&(s, q.port.clone())).copied()).unwrap_or_default();
+        let at_setup = rated.marks_at_setup.iter().find(|m| m.link == q.link);
+        let marked = marks_since_setup(marked, at_setup, q.switch.and_then(pid_of));
         out.push(QueueStats {
             link: q.link.clone(),
             packets: root.map_or(0, |r| get(r, "packets")),
@@ -508,6 +517,45 @@ pub fn queue_stats(rated: &RatedLinks, switches: &[SwitchRecord]) -> Result<Vec<
         });
     }
     Ok(out)
+}
+
+/// A port's marks less those of `lab up`'s unshaped probe, while the run
+/// that counted the probe (`at_setup`) is the one up (`pid`); a restarted
+/// run counts from zero.
+fn marks_since_setup(marked: u64, at_setup: Option<&MarksAtSetup>, pid: Option<u32>) -> u64 {
+    match at_setup {
+        Some(m) if pid == Some(m.pid) => marked.saturating_sub(m.marked),
+        _ => marked,
+    }
+}
+
+/// Each running switch's egress ports: (ECN marks, virtual queue high-water).
+fn switch_egress(switches: &[SwitchRecord]) -> Result<BTreeMap<(Switch, String), (u64, u64)>> {
+    let mut egress = BTreeMap::new();
+    for s in switches {
+        let Ok(state) = crate::control::state::RunState::read(&s.pin_dir) else { continue };
+        let maps = crate::control::dataplane::Maps::open_pinned(&s.pin_dir)?;
+        for e in crate::control::stats::Snapshot::collect(&maps, &state)?.egress {
+            let marked = e.counters.get("ecn_marked").copied().unwrap_or(0);
+            egress.insert((s.switch, e.name), (marked, e.queue_high_water_bytes));
+        }
+    }
+    Ok(egress)
+}
+
+/// Every switch port's marks now, with the run that counted them: taken
+/// when the queues are set up, after the unshaped probe.
+pub fn marks_at_setup(queues: &[QueueRecord], switches: &[SwitchRecord]) -> Result<Vec<MarksAtSetup>> {
+    let egress = switch_egress(switches)?;
+    Ok(queues
+        .iter()
+        .filter_map(|q| {
+            let switch = q.switch?;
+            let pid = switches.iter().find(|s| s.switch == switch)?.pid?;
+            let (marked, _) = egress.get(&(switch, q.port.clone()))?;
+            Some(MarksAtSetup { link: q.link.clone(), pid, marked: *marked })
+        })
+        .collect())
 }
 
 /// Fabric links (switch-sent directions) of `queues` as the simulator names them.
@@ -531,10 +579,11 @@ pub fn tier_rank(q: &QueueRecord) -> usize {
 
 /// The columns come from two places that start counting at different
 /// times: the wire namespace's qdiscs (since `lab up`) and each switch's
-/// dataplane counters (since its `rocev2 run` started; `lab mode` and
-/// `lab te` restart them). Said under the table so a zero is not misread.
-const COUNTED_SINCE: &str = "PACKETS, BYTES, DROPPED: since `lab up`; VQ HIGH-WATER, ECN MARKED: since each switch's \
-                             `rocev2 run` started (`lab mode` and `lab te` restart them)";
+/// dataplane counters (since its `rocev2 run` started, less what the run
+/// counted before the queues were set up; `lab mode` and `lab te` restart
+/// the runs). Said under the table so a zero is not misread.
+const COUNTED_SINCE: &str = "PACKETS, BYTES, DROPPED: since `lab up`; VQ HIGH-WATER, ECN MARKED: since `lab up`, or \
+                             since `lab mode` or `lab te` last restarted the switch's `rocev2 run`";
 
 /// `lab stats`' table of every link's queue.
 pub fn render_queues(rated: &RatedLinks, stats: &[QueueStats]) -> String {
@@ -697,6 +746,15 @@ pub fn needed_fps(settings: &LinkSettings, hosts: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probes_marks_are_left_out_while_its_run_is_up() {
+        let probe = MarksAtSetup { link: "l2/h1".into(), pid: 41, marked: 45 };
+        assert_eq!(marks_since_setup(52, Some(&probe), Some(41)), 7);
+        // `lab mode` restarted the run: its counters began after the probe.
+        assert_eq!(marks_since_setup(3, Some(&probe), Some(77)), 3);
+        assert_eq!(marks_since_setup(52, None, Some(41)), 52);
+    }
 
     fn args(rate: &str) -> LinkArgs {
         LinkArgs { link_rate: Some(parse_rate_arg(rate).unwrap()), ..Default::default() }

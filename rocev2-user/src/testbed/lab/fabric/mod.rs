@@ -690,7 +690,7 @@ pub fn up(args: &LabUpArgs, racks: u32) -> Result<String> {
         let (server, client) = ("r2h1", "r1h1");
         let _ = writeln!(
             out,
-            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
+            "Next:\n  rocev2 lab exec --name {name} {server} -- ib_write_bw -R -u 18 -q 8\n  rocev2 lab exec --name {name} {client} -- ib_write_bw -R -u 18 -q 8 {}\n  rocev2 lab stats --name {name}\n  rocev2 lab status --name {name}\n  rocev2 lab down --name {name}",
             Fabric::host_addr(2, 1, !f.v4)
         );
     }
@@ -749,6 +749,7 @@ fn rate_links(
     } else {
         None
     };
+    let marks_at_setup = links::marks_at_setup(&wires.queues, &record.switches)?;
     links::reset_virtual_queues(&record.switches)?;
     links::install_queues(&wires.queues, settings.rate_bps)?;
     record.rated = Some(links::RatedLinks {
@@ -756,6 +757,7 @@ fn rate_links(
         wire_netns: wires.netns.clone(),
         queues: wires.queues.clone(),
         measured_path_fps: measured.as_ref().map(|(_, c)| c.path_fps),
+        marks_at_setup,
     });
     record.write()?;
     let mut lines = vec![format!(
