@@ -153,6 +153,18 @@ pub fn rocev2_prim_hash_v1(ctx: XdpContext) -> u32 {
     primitives::member_hash::<false>(&ctx, rocev2_common::hash::HashVersion::V1)
 }
 
+/// The floor plus REPEAT IPv4 rewrites (TTL, DSCP/ECN, checksum, MACs).
+#[xdp]
+pub fn rocev2_prim_rewrite(ctx: XdpContext) -> u32 {
+    primitives::rewrite(&ctx)
+}
+
+/// The floor plus REPEAT countings of a forwarded packet (7 adds).
+#[xdp]
+pub fn rocev2_prim_counters(ctx: XdpContext) -> u32 {
+    primitives::counter_adds(&ctx)
+}
+
 /// Benchmark peer: forwarding by the kernel FIB (`bpf_fib_lookup`), the
 /// method of xdp-forward.
 #[xdp]

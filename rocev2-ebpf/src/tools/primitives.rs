@@ -4,7 +4,11 @@
 //! its time above the floor, divided by the repeat count, is that
 //! primitive's cost on this machine. Repeated steps form a chain (each
 //! uses the previous result), as the pipeline's do: the time is their
-//! latency, not their throughput. The budget tables of BENCHMARKS.md
+//! latency, not their throughput. The rewrite and the counter adds are
+//! the exception: the pipeline does each once per packet, on memory no
+//! earlier step of the packet wrote, so they are done on REPEAT separate
+//! copies (a chain through the same bytes would measure store-forwarding
+//! stalls the pipeline does not have). The budget tables of BENCHMARKS.md
 //! split the pipelines' costs into these.
 
 use aya_ebpf::{
@@ -14,14 +18,17 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
+    counters::PortCounter,
     hash::{member_hash_of_family, FlowKey, HashMode, HashVersion},
-    maps::FlowletKey,
+    maps::{FlowletKey, MemberStats, PortCounters},
 };
 
 use crate::{
     maps::EGRESS_DEVS_DIRECT,
     parse::{self, L3Kind, Roce},
+    rewrite,
 };
 
 /// How many times a primitive program repeats its step (the bench divides
@@ -39,6 +46,16 @@ pub static PRIM_PERCPU: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 /// An LRU hash keyed like the keyed flowlet table (FLOWLETS), one entry.
 #[map]
 pub static PRIM_HASH: LruHashMap<FlowletKey, u32> = LruHashMap::with_max_entries(64, 0);
+
+/// REPEAT ports' counter blocks and REPEAT members' packets and bytes, per
+/// CPU, like PORT_COUNTERS' and MEMBER_STATS' values, in one value each.
+#[map]
+pub static PRIM_COUNTERS: PerCpuArray<[PortCounters; REPEAT as usize]> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub static PRIM_MEMBER: PerCpuArray<[MemberStats; REPEAT as usize]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Bytes between the copies of the rewritten headers in the frame.
+const REWRITE_STRIDE: usize = 64;
 
 /// A value none of the programs' results takes for the bench's frame.
 const NEVER: u32 = 0x5EAD_BEEF;
@@ -183,4 +200,58 @@ pub fn member_hash<const V4: bool>(ctx: &XdpContext, version: HashVersion) -> u3
         h = member_hash_of_family::<V4>(&key, HashMode::Qp, h, version);
     }
     finish(h)
+}
+
+/// The forwarding's IPv4 rewrite, REPEAT times: TTL minus one and the
+/// DSCP/ECN byte with their two incremental checksum updates (rewrite.rs,
+/// the pipeline's own) and both MACs (swapped), each time on another 34
+/// bytes of the frame (the real headers, then payload read as headers),
+/// so no rewrite waits for another's stores and none can be merged: what
+/// one packet's rewrite costs at the least. One bounds check covers them.
+#[inline(always)]
+pub fn rewrite(ctx: &XdpContext) -> u32 {
+    let Some(frame) = parse::ptr_at::<[u8; REPEAT as usize * REWRITE_STRIDE], _>(ctx, 0) else {
+        return xdp_action::XDP_PASS;
+    };
+    let mut ttls = 0u32;
+    for i in 0..REPEAT as usize {
+        // SAFETY: ptr_at checked the frame holds REPEAT strides; each
+        // header pair lies within its stride (14 + 20 bytes of 64).
+        unsafe {
+            let eth = frame.cast::<u8>().add(i * REWRITE_STRIDE).cast::<EthHdr>();
+            let hdr = eth.cast::<u8>().add(EthHdr::LEN).cast::<Ipv4Hdr>();
+            let (tos, ttl) = ((*hdr).tos, (*hdr).ttl);
+            rewrite::set_ipv4_tos_ttl(hdr, tos, ttl.wrapping_sub(1));
+            rewrite::set_macs(eth, (*eth).src_addr, (*eth).dst_addr);
+            ttls += u32::from(ttl);
+        }
+    }
+    finish(ttls)
+}
+
+/// What counting one forwarded RoCE packet adds, REPEAT times: the port
+/// block's five (received and forwarded packets and bytes, RoCE; the
+/// pipeline's `tally`) and the member's packets and bytes, each time in
+/// another port's block and member's entry (no add waits for another's
+/// store, none can be merged), on values found once (the lookups are the
+/// PERCPU_ARRAY primitive's).
+#[inline(always)]
+pub fn counter_adds(ctx: &XdpContext) -> u32 {
+    let len = u64::from(input(ctx));
+    let (Some(c), Some(m)) = (PRIM_COUNTERS.get_ptr_mut(0), PRIM_MEMBER.get_ptr_mut(0)) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's values, ours for this program run.
+    let (c, m) = unsafe { (&mut *c, &mut *m) };
+    for i in 0..REPEAT as usize {
+        let block = &mut c[i];
+        block.add(PortCounter::RxPackets, 1);
+        block.add(PortCounter::RxBytes, len);
+        block.add(PortCounter::Forwarded, 1);
+        block.add(PortCounter::ForwardedBytes, len);
+        block.add(PortCounter::ForwardedRoce, 1);
+        m[i].packets += 1;
+        m[i].bytes += len;
+    }
+    finish(m[REPEAT as usize - 1].packets as u32)
 }

@@ -33,10 +33,12 @@ pub enum Primitive {
     Clock,
     CoarseClock,
     Call,
+    Rewrite,
+    CounterAdds,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 10] = [
+    pub const ALL: [Primitive; 12] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -47,6 +49,8 @@ impl Primitive {
         Primitive::HashV2Ipv4,
         Primitive::HashV2Ipv6,
         Primitive::HashV1,
+        Primitive::Rewrite,
+        Primitive::CounterAdds,
     ];
 
     /// The tools object's program that measures it.
@@ -62,6 +66,8 @@ impl Primitive {
             Primitive::Clock => "rocev2_prim_clock",
             Primitive::CoarseClock => "rocev2_prim_coarse",
             Primitive::Call => "rocev2_prim_call",
+            Primitive::Rewrite => "rocev2_prim_rewrite",
+            Primitive::CounterAdds => "rocev2_prim_counters",
         }
     }
 
@@ -86,6 +92,8 @@ impl Primitive {
             Primitive::Clock => "`bpf_ktime_get_ns` (the precise clock)",
             Primitive::CoarseClock => "`bpf_ktime_get_coarse_ns` (the coarse clock)",
             Primitive::Call => "BPF-to-BPF call and return",
+            Primitive::Rewrite => "IPv4 rewrite: TTL and DSCP/ECN with two incremental checksum updates, both MACs",
+            Primitive::CounterAdds => "counting a forwarded packet: 5 adds to the port's block, 2 to the member's",
         }
     }
 
@@ -102,6 +110,8 @@ impl Primitive {
             Primitive::Clock => "precise clock",
             Primitive::CoarseClock => "coarse clock",
             Primitive::Call => "BPF-to-BPF call",
+            Primitive::Rewrite => "rewrite",
+            Primitive::CounterAdds => "counter adds",
         }
     }
 
@@ -116,6 +126,8 @@ impl Primitive {
             Primitive::Clock => "a helper call (its return through the SRSO thunk) into ktime_get_mono_fast_ns: a fenced TSC read and the fast timekeeper's arithmetic; nothing cheaper gives sub-tick time in BPF, and the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain; one reading per packet is shared by flowlet and ECN",
             Primitive::CoarseClock => "a helper call reading the last tick's time under a seqcount: mostly the call itself (compare the BPF-to-BPF call)",
             Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
+            Primitive::Rewrite => "the forwarding itself: a router must decrement the TTL and keep the header checksum right (RFC 1624's update, two 16-bit words), and write the next hop's MACs",
+            Primitive::CounterAdds => "a load, an add and a store per counter, per-CPU so without atomics; the counters are the switch's accounting (`rocev2 stats`), and the counters-off row of part 1 shows their whole cost",
         }
     }
 }
@@ -149,7 +161,7 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
     Step { primitive, what, map: None }
 }
 
-use Primitive::{Array, Call, Clock, CoarseClock, LruHash, Parse, PerCpuArray};
+use Primitive::{Array, Call, Clock, CoarseClock, CounterAdds, LruHash, Parse, PerCpuArray, Rewrite};
 
 /// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
 /// hit, from the program's entry to the redirect (which the floor pays).
@@ -166,8 +178,10 @@ pub const QP_PATH: &[Step] = &[
     step(Call, "member_of (bucket table)"),
     lookup(Array, "BUCKETS"),
     lookup(Array, "MEMBERS"),
+    step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
     lookup(PerCpuArray, "PORT_COUNTERS"),
     lookup(PerCpuArray, "MEMBER_STATS"),
+    step(CounterAdds, "port and member counters"),
 ];
 
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
@@ -187,8 +201,10 @@ pub const FLOWLET_PATH: &[Step] = &[
     lookup(PerCpuArray, "FLOWLET_SCRATCH"),
     lookup(LruHash, "FLOWLETS"),
     lookup(Array, "MEMBERS"),
+    step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
     lookup(PerCpuArray, "PORT_COUNTERS"),
     lookup(PerCpuArray, "MEMBER_STATS"),
+    step(CounterAdds, "port and member counters"),
 ];
 
 /// What the full pipeline adds to [`FLOWLET_PATH`]: two classes tried
@@ -392,6 +408,8 @@ mod tests {
             (Primitive::Clock, 15.0),
             (Primitive::LruHash, 25.0),
             (Primitive::CoarseClock, 4.0),
+            (Primitive::Rewrite, 6.0),
+            (Primitive::CounterAdds, 3.0),
         ]))
     }
 
@@ -404,9 +422,11 @@ mod tests {
         assert_eq!(count(Primitive::Call), 2);
         assert_eq!(count(Primitive::Parse), 1);
         assert_eq!(count(Primitive::HashV2Ipv4), 1);
-        // 6x2 + 4x3 + 2x5 + 20 + 8 = 62
-        assert_eq!(s.accounted, 62.0);
-        assert_eq!(s.remainder, 38.0);
+        assert_eq!(count(Primitive::Rewrite), 1);
+        assert_eq!(count(Primitive::CounterAdds), 1);
+        // 6x2 + 4x3 + 2x5 + 20 + 8 + 6 + 3 = 71
+        assert_eq!(s.accounted, 71.0);
+        assert_eq!(s.remainder, 29.0);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
         assert_eq!(array.ns, 12.0);
         assert_eq!(folded(&array.whats), "IFINDEX_SLOTS, CONFIG x2, GROUPS, BUCKETS, MEMBERS");
@@ -429,8 +449,8 @@ mod tests {
         assert_eq!(count(Primitive::Call), 4);
         assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
         assert_eq!(count(Primitive::LruHash), 1);
-        // Array 5+7=12 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25
-        assert_eq!(s.accounted, 24.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0);
+        // Array 5+7=12 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6, CounterAdds 3
+        assert_eq!(s.accounted, 24.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0);
     }
 
     #[test]

@@ -132,13 +132,15 @@ impl Place {
             Place::Clock => &[Primitive::Clock],
             Place::CoarseClock => &[Primitive::CoarseClock],
             Place::Call => &[Primitive::Call],
+            Place::Rewrite => &[Primitive::Rewrite],
+            Place::Counters => &[Primitive::CounterAdds],
             _ => &[],
         }
     }
 
-    /// A part the budget counts by a primitive's measured floor.
-    pub fn is_primitive(self) -> bool {
-        !self.primitives().is_empty()
+    /// Whether `split`'s budget counts this part by primitives.
+    pub fn is_budgeted(self, split: &Split) -> bool {
+        split.parts.iter().any(|x| self.primitives().contains(&x.primitive))
     }
 
     pub fn title(self) -> &'static str {
@@ -369,14 +371,14 @@ impl Placement {
         self.cost - self.placed()
     }
 
-    /// The parts the budget counts by primitives, profiled.
-    pub fn primitives(&self) -> f64 {
-        self.places.iter().filter(|p| p.place.is_primitive()).map(|p| p.ns).sum()
+    /// The parts `split`'s budget counts by primitives, profiled.
+    pub fn primitives(&self, split: &Split) -> f64 {
+        self.places.iter().filter(|p| p.place.is_budgeted(split)).map(|p| p.ns).sum()
     }
 
-    /// The remainder's steps.
-    pub fn steps(&self) -> f64 {
-        self.places.iter().filter(|p| !p.place.is_primitive()).map(|p| p.ns).sum()
+    /// The remainder's steps: the parts the budget does not count.
+    pub fn steps(&self, split: &Split) -> f64 {
+        self.places.iter().filter(|p| !p.place.is_budgeted(split)).map(|p| p.ns).sum()
     }
 }
 
@@ -480,9 +482,18 @@ pub fn place(
 /// Lines a part lists.
 const TOP_LINES: usize = 3;
 
-/// The parts the budget counts by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 7] =
-    [Place::Parse, Place::Hash, Place::Lookup, Place::LruHash, Place::Clock, Place::CoarseClock, Place::Call];
+/// The parts a budget can count by primitives.
+const ALL_PRIMITIVE_PLACES: [Place; 9] = [
+    Place::Parse,
+    Place::Hash,
+    Place::Lookup,
+    Place::LruHash,
+    Place::Clock,
+    Place::CoarseClock,
+    Place::Call,
+    Place::Rewrite,
+    Place::Counters,
+];
 
 /// The placement of a budget row as Markdown: a table of its parts (the
 /// budget's primitives as profiled beside their measured floors, then the
@@ -540,7 +551,7 @@ pub fn render(p: &Placement, split: &Split) -> String {
         let _ = writeln!(
             md,
             "| {}{} | {ns:.1} | {budget} | {lines} | {} |",
-            if place.is_primitive() { "" } else { "step: " },
+            if place.is_budgeted(split) { "" } else { "step: " },
             place.title(),
             place.why()
         );
@@ -557,9 +568,9 @@ pub fn render(p: &Placement, split: &Split) -> String {
         md,
         "The remainder, {:.1} ns = {:.1} on the steps above {:+.1} by which the primitives' lines exceed their measured floors ({:.1} profiled, {:.1} measured)",
         split.remainder,
-        p.steps(),
-        p.primitives() - split.accounted,
-        p.primitives(),
+        p.steps(split),
+        p.primitives(split) - split.accounted,
+        p.primitives(split),
         split.accounted,
     );
     if p.against.is_some() {
@@ -674,6 +685,8 @@ mod tests {
             (Primitive::PerCpuArray, 1.0),
             (Primitive::Call, 5.0),
             (Primitive::HashV2Ipv4, 10.0),
+            (Primitive::Rewrite, 4.0),
+            (Primitive::CounterAdds, 2.0),
         ]))
     }
 
@@ -701,23 +714,26 @@ mod tests {
         assert_eq!(p.ns(Place::RouteCache), 40.0);
         assert_eq!(p.ns(Place::Rewrite), 20.0);
         assert_eq!(p.ns(Place::Redirect), 0.0, "the floor's work is outside the scale");
-        assert_eq!((p.placed(), p.unplaced(), p.steps(), p.primitives()), (120.0, 0.0, 60.0, 60.0));
+        let s = split(120.0, QP_PATH, &floors());
+        // The rewrite has a primitive in the qp path's budget: not a step.
+        assert_eq!((p.placed(), p.unplaced(), p.steps(&s), p.primitives(&s)), (120.0, 0.0, 40.0, 80.0));
         // Poisson: sqrt(6 samples x (10 ns x 2)^2)
         assert!((p.noise - (6.0f64 * 400.0).sqrt()).abs() < 1e-9);
         assert_eq!(p.places.iter().find(|x| x.place == Place::Parse).unwrap().lines[0].label, "parse.rs:83 ptr_at");
 
         // The budget's identity: remainder = steps + (primitives profiled -
         // measured) + not placed.
-        let s = split(120.0, QP_PATH, &floors());
-        let sum = p.steps() + (p.primitives() - s.accounted) + p.unplaced();
+        let sum = p.steps(&s) + (p.primitives(&s) - s.accounted) + p.unplaced();
         assert!((sum - s.remainder).abs() < 1e-9, "{sum} vs {}", s.remainder);
         let md = render(&p, &s);
         assert!(md.contains("scaled by 2.00 to the +120.0 ns part 1 measured above the floor"), "{md}");
         assert!(md.contains("| parse | 60.0 | 20.0 | `parse.rs:83 ptr_at` 60.0 |"), "{md}");
         assert!(md.contains("| step: route cache | 40.0 |  | `route.rs:50` 40.0 |"), "{md}");
         assert!(md.contains("| member hash | 0.0 | 10.0 |"), "a budgeted primitive no line was filed under: {md}");
+        assert!(md.contains("| rewrite | 20.0 | 4.0 | `rewrite.rs:40` 20.0 |"), "{md}");
+        assert!(md.contains("| counter adds | 0.0 | 2.0 |"), "{md}");
         assert!(!md.contains("not placed"), "{md}");
-        assert!(md.contains(&format!("The remainder, {:.1} ns = 60.0 on the steps above", s.remainder)), "{md}");
+        assert!(md.contains(&format!("The remainder, {:.1} ns = 40.0 on the steps above", s.remainder)), "{md}");
     }
 
     #[test]
