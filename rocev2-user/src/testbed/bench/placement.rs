@@ -221,6 +221,15 @@ fn library_place(library: &str) -> Option<Place> {
     if location.contains("/helpers.rs:") && text == "fun(map, key, flags)" {
         return Some(Place::Redirect);
     }
+    // The null test of a lookup's result (`get_ptr_mut`, `get`).
+    if location.starts_with("core/src/ptr/non_null.rs:") && text.contains("is_null") {
+        return Some(Place::Lookup);
+    }
+    // The forwarding object's only volatile stores are the flow key's
+    // (forward.rs's flow_key; a unit test checks the sources).
+    if location.starts_with("core/src/ptr/mod.rs:") && text.contains("volatile_store") {
+        return Some(Place::FlowKey);
+    }
     if location.starts_with("aya-ebpf-") {
         if location.contains("/maps/xdp/") {
             return Some(Place::Redirect);
@@ -251,8 +260,10 @@ fn source_place(file: &str, function: &str) -> Place {
     match (ebpf, name, function) {
         (true, "parse.rs", "encode" | "decode" | "pass" | "drop" | "frame_len") => Place::Entry,
         (true, "parse.rs", _) => Place::Parse,
-        // Telemetry's look at the transport headers (the budget counts it as a parse).
-        (true, "transport.rs", _) => Place::Parse,
+        // Telemetry's own parse of the headers (its budget counts a parse);
+        // its reads of a BTH the pipeline found are its own step.
+        (true, "transport.rs", "locate" | "locate_into") => Place::Parse,
+        (true, "transport.rs", _) => Place::Telemetry,
         (false, "bth.rs", "ends_message") => Place::Flowlet,
         (false, "bth.rs", _) => Place::Parse,
         (false, "checksum.rs", "update_u16") => Place::Rewrite,
@@ -402,10 +413,12 @@ fn label(location: &str, function: Option<&str>, detail: &Detail) -> String {
         }
         Detail::Library(library) if library_place(library) == Some(Place::Lookup) => s.push_str(" (map lookup)"),
         Detail::Library(library) => {
-            let krate = library.split('/').next().unwrap_or("");
+            // `core/src/ptr/mod.rs:2194 ...` as `core ptr/mod.rs:2194`.
+            let location = library.split(' ').next().unwrap_or("");
+            let (krate, path) = location.split_once("/src/").unwrap_or((location, ""));
             let krate =
                 krate.rsplit_once('-').filter(|(_, v)| v.starts_with(char::is_numeric)).map_or(krate, |(k, _)| k);
-            let _ = write!(s, " (inlined {krate})");
+            let _ = write!(s, " (inlined {krate} {path})");
         }
     }
     s
@@ -479,6 +492,15 @@ pub fn place(
     }
 }
 
+/// `x`, with what rounds to 0.0 printed as 0.0, not -0.0.
+fn tidy(x: f64) -> f64 {
+    if x.abs() < 0.05 {
+        0.0
+    } else {
+        x
+    }
+}
+
 /// Lines a part lists.
 const TOP_LINES: usize = 3;
 
@@ -543,24 +565,29 @@ pub fn render(p: &Placement, split: &Split) -> String {
             .iter()
             .filter(|l| l.ns.abs() >= 0.05)
             .take(TOP_LINES)
-            .map(|l| format!("`{}` {:.1}", l.label.replace('`', "'"), l.ns))
+            .map(|l| format!("`{}` {:.1}", l.label.replace('`', "'"), tidy(l.ns)))
             .collect();
         let more = placed_lines.len().saturating_sub(TOP_LINES);
         let lines = if more > 0 { format!("{}; {more} more", lines.join(", ")) } else { lines.join(", ") };
         let budget = budget_ns(place).map_or(String::new(), |ns| format!("{ns:.1}"));
+        let why = if !place.is_budgeted(split) && !place.primitives().is_empty() {
+            "not in this row's budget: both programs run it, so what shows is the difference of two profiles (sampling noise, or the added work slowing what is around it)"
+        } else {
+            place.why()
+        };
         let _ = writeln!(
             md,
-            "| {}{} | {ns:.1} | {budget} | {lines} | {} |",
+            "| {}{} | {:.1} | {budget} | {lines} | {why} |",
             if place.is_budgeted(split) { "" } else { "step: " },
             place.title(),
-            place.why()
+            tidy(ns),
         );
     }
     if p.against.is_some() {
         let _ = writeln!(
             md,
             "| not placed: the measured cost minus the two rows' costs above the floor | {:.1} | | | the marginal is the median of its per-round differences with the row it is read against; each row's cost above the floor, to which its profile is scaled, is the median of its own differences with the floor: the gap between the two is no line's |",
-            p.unplaced()
+            tidy(p.unplaced())
         );
     }
     let _ = writeln!(md, "| sum: the row's measured cost | {:.1} | {:.1} | | |\n", p.cost, split.accounted);
@@ -574,7 +601,7 @@ pub fn render(p: &Placement, split: &Split) -> String {
         split.accounted,
     );
     if p.against.is_some() {
-        let _ = write!(md, " {:+.1} not placed", p.unplaced());
+        let _ = write!(md, " {:+.1} not placed", tidy(p.unplaced()));
     }
     md.push_str(".\n\n");
     md
@@ -616,6 +643,17 @@ mod tests {
     }
 
     #[test]
+    fn only_the_flow_key_stores_volatile_in_the_forwarding_object() {
+        let volatile: Vec<&str> =
+            SOURCES.iter().filter(|(_, src)| src.contains("write_volatile(")).map(|(file, _)| *file).collect();
+        assert_eq!(
+            volatile,
+            ["rocev2-ebpf/src/forward.rs"],
+            "library_place files every volatile store under the flow key"
+        );
+    }
+
+    #[test]
     fn lines_are_filed_under_primitives_steps_or_the_floor() {
         let own = Detail::Own;
         let c = |loc: &str, f: Option<&str>, d: &Detail| classify(loc, f, d);
@@ -635,6 +673,8 @@ mod tests {
         assert_eq!(c("rocev2-ebpf/src/forward.rs:92", Some("forward"), &own), Place::Entry);
         assert_eq!(c("rocev2-ebpf/src/tools/main.rs:90", Some("rocev2_xdp_redirect"), &own), Place::Redirect);
         assert_eq!(c("rocev2-ebpf/src/ecn.rs:29", None, &own), Place::Ecn);
+        assert_eq!(c("rocev2-ebpf/src/transport.rs:50", Some("locate"), &own), Place::Parse);
+        assert_eq!(c("rocev2-ebpf/src/transport.rs:80", Some("aeth_syndrome"), &own), Place::Telemetry);
         assert_eq!(c("somewhere/else.rs:1", None, &own), Place::Other);
         // Kernel functions by name, whichever line called them.
         let k = |f: &str| Detail::Kernel(f.into());
@@ -652,8 +692,17 @@ mod tests {
         assert_eq!(c("rocev2-ebpf/src/select.rs:62", Some("member_of"), &Detail::Entry), Place::Call);
         assert_eq!(
             label("rocev2-common/src/hash.rs:219", Some("mix"), &rotate),
-            "common/hash.rs:219 mix (inlined core)"
+            "common/hash.rs:219 mix (inlined core intrinsics/mod.rs:2032)"
         );
+        // A lookup's null test and the flow key's volatile stores, wherever
+        // line info puts them.
+        let null_test = Detail::Library("core/src/ptr/non_null.rs:267 `if !ptr.is_null() {`".into());
+        assert_eq!(c("rocev2-common/src/maps.rs:249", Some("member_stat_index"), &null_test), Place::Lookup);
+        let store = Detail::Library("core/src/ptr/mod.rs:2194 `intrinsics::volatile_store(dst, src);`".into());
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:291", Some("parse_l4"), &store), Place::FlowKey);
+        let redirect =
+            Detail::Library("aya-ebpf-bindings-0.2.0/src/x86_64/helpers.rs:472 `fun(map, key, flags)`".into());
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:60", Some("decode"), &redirect), Place::Redirect);
         assert_eq!(label("rocev2-ebpf/src/counters.rs:44", Some("add"), &lookup), "counters.rs:44 add (map lookup)");
     }
 
@@ -773,6 +822,7 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("`ecn.rs:29` 60.0"), "{md}");
+        assert!(md.contains("| step: parse | -15.0 |  | `parse.rs:83` -15.0 | not in this row's budget"), "{md}");
         assert!(md.contains("+2.0 not placed."), "{md}");
     }
 }
