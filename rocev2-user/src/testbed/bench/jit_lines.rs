@@ -43,17 +43,63 @@ impl JitLine {
 }
 
 /// A program's functions (main program and BPF subprograms) as JIT
-/// address ranges, and its line records ordered by address.
+/// address ranges, its line records ordered by address, and the return
+/// address of each call its machine code makes to a function it knows
+/// (a BPF function of its own, or a kernel function by name).
 #[derive(Debug, Default)]
 pub struct JitLines {
     functions: Vec<std::ops::Range<u64>>,
     lines: Vec<JitLine>,
+    returns: std::collections::BTreeMap<u64, Callee>,
+}
+
+/// What a call instruction of the JITed code calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Callee {
+    /// A BPF function of the program, by its index in the functions.
+    Function(usize),
+    /// A kernel function (a helper, a map's lookup), by name.
+    Kernel(String),
 }
 
 impl JitLines {
     pub fn new(functions: Vec<std::ops::Range<u64>>, mut lines: Vec<JitLine>) -> Self {
         lines.sort_by_key(|l| l.addr);
-        Self { functions, lines }
+        Self { functions, lines, returns: Default::default() }
+    }
+
+    /// Finds the calls in `code`, the functions' JITed bytes one after
+    /// the other (as the kernel hands them out): x86's `call rel32` (E8)
+    /// whose target is the start of one of the program's functions or of
+    /// a kernel function `kernel_fn` names. A stray E8 byte inside another
+    /// instruction would have to point exactly at such a start to count.
+    pub fn find_calls(&mut self, code: &[u8], kernel_fn: impl Fn(u64) -> Option<String>) {
+        let mut offset = 0usize;
+        for f in self.functions.clone() {
+            let len = (f.end - f.start) as usize;
+            let Some(bytes) = code.get(offset..offset + len) else { break };
+            offset += len;
+            for p in 0..len.saturating_sub(4) {
+                if bytes[p] != 0xE8 {
+                    continue;
+                }
+                let rel = i32::from_le_bytes([bytes[p + 1], bytes[p + 2], bytes[p + 3], bytes[p + 4]]);
+                let ret = f.start + p as u64 + 5;
+                let target = ret.wrapping_add(rel as i64 as u64);
+                let callee = match self.functions.iter().position(|g| g.start == target) {
+                    Some(i) => Some(Callee::Function(i)),
+                    None => kernel_fn(target).map(Callee::Kernel),
+                };
+                if let Some(c) = callee {
+                    self.returns.insert(ret, c);
+                }
+            }
+        }
+    }
+
+    /// What the call whose return address is `ip` called, if `ip` is one.
+    pub fn returned_from(&self, ip: u64) -> Option<&Callee> {
+        self.returns.get(&ip)
     }
 
     /// Reads the table of a loaded program.
@@ -162,6 +208,7 @@ fn read_program(prog: BorrowedFd<'_>) -> Result<JitLines> {
     // SAFETY: bpf_line_info is plain data.
     let mut line_info: Vec<bpf_line_info> = vec![unsafe { zeroed() }; counts.nr_line_info as usize];
     let mut jited_lines = vec![0u64; counts.nr_jited_line_info as usize];
+    let mut code = vec![0u8; counts.jited_prog_len as usize];
     // SAFETY: as above; each array below is sized by the count beside it.
     let mut info: bpf_prog_info = unsafe { zeroed() };
     info.nr_jited_ksyms = ksyms.len() as u32;
@@ -174,6 +221,8 @@ fn read_program(prog: BorrowedFd<'_>) -> Result<JitLines> {
     info.nr_jited_line_info = jited_lines.len() as u32;
     info.jited_line_info_rec_size = size_of::<u64>() as u32;
     info.jited_line_info = jited_lines.as_mut_ptr() as u64;
+    info.jited_prog_len = code.len() as u32;
+    info.jited_prog_insns = code.as_mut_ptr() as u64;
     info_by_fd(prog, &mut info).context("BPF_OBJ_GET_INFO_BY_FD (program, line tables)")?;
     if ksyms.iter().all(|&a| a == 0) {
         bail!("the kernel hid the JIT addresses (kernel.kptr_restrict or no CAP_SYSLOG)");
@@ -198,7 +247,24 @@ fn read_program(prog: BorrowedFd<'_>) -> Result<JitLines> {
             }
         })
         .collect();
-    Ok(JitLines::new(functions, lines))
+    let mut table = JitLines::new(functions, lines);
+    let kernel = kernel_functions();
+    table.find_calls(&code, |addr| kernel.get(&addr).cloned());
+    Ok(table)
+}
+
+/// The kernel's functions by address, from /proc/kallsyms (empty if the
+/// addresses are hidden: no call to the kernel is then recognised).
+fn kernel_functions() -> std::collections::HashMap<u64, String> {
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (addr, kind, name) = (it.next()?, it.next()?, it.next()?);
+            let addr = u64::from_str_radix(addr, 16).ok().filter(|&a| a != 0)?;
+            matches!(kind, "t" | "T").then(|| (addr, name.to_owned()))
+        })
+        .collect()
 }
 
 /// A loaded program's xlated instructions (8 bytes each), as
@@ -297,6 +363,25 @@ mod tests {
         assert!(table.is_subprogram_entry(2), "the first record of the second function");
         assert!(!table.is_subprogram_entry(0), "the main program's entry is not a call's");
         assert!(!table.is_subprogram_entry(3));
+    }
+
+    #[test]
+    fn calls_to_known_functions_are_found_in_the_machine_code() {
+        let mut table =
+            JitLines::new(vec![0x1000..0x1010, 0x1010..0x1018], vec![line(0x1000, "rocev2-ebpf/src/main.rs", 1)]);
+        let mut code = vec![0x90u8; 0x18];
+        // 0x1002: call 0x1010 (rel 0x1010 - 0x1007 = 9), the second function.
+        code[2..7].copy_from_slice(&[0xE8, 9, 0, 0, 0]);
+        // 0x1008: call 0x500 (rel 0x500 - 0x100d), a kernel function.
+        code[8] = 0xE8;
+        code[9..13].copy_from_slice(&(0x500i32 - 0x100d).to_le_bytes());
+        // 0x1011, in the second function: an E8 pointing nowhere known.
+        code[0x11] = 0xE8;
+        table.find_calls(&code, |a| (a == 0x500).then(|| "bpf_ktime_get_ns".to_owned()));
+        assert_eq!(table.returned_from(0x1007), Some(&Callee::Function(1)));
+        assert_eq!(table.returned_from(0x100d), Some(&Callee::Kernel("bpf_ktime_get_ns".into())));
+        assert_eq!(table.returned_from(0x1016), None);
+        assert_eq!(table.returns.len(), 2);
     }
 
     #[test]

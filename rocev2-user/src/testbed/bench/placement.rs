@@ -106,6 +106,7 @@ pub enum Place {
     CoarseClock,
     Call,
     Entry,
+    IngressPort,
     RouteCache,
     Checks,
     FlowKey,
@@ -151,8 +152,9 @@ impl Place {
             Place::LruHash => "LRU_HASH lookup",
             Place::Clock => "precise clock",
             Place::CoarseClock => "coarse clock",
-            Place::Call => "BPF-to-BPF calls (the callee's entry)",
+            Place::Call => "BPF-to-BPF calls (entry and return)",
             Place::Entry => "entry and exit",
+            Place::IngressPort => "the ingress port",
             Place::RouteCache => "route cache",
             Place::Checks => "IPv4 field reads and tests",
             Place::FlowKey => "flow key stores",
@@ -172,7 +174,8 @@ impl Place {
     /// Why a step stays (a primitive's reason is its budget line's).
     pub fn why(self) -> &'static str {
         match self {
-            Place::Entry => "the program's entry and exit: the ingress port's slot, the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action; fixed work per packet around the redirect (the redirect is left out: the floor pays it; the prologue, which the floor has too, a few instructions of it, is not)",
+            Place::Entry => "the program's entry and exit: its first instructions (where the fetch of the program's code after the harness shows), the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action; the redirect is left out (the floor pays it), the prologue the floor has too is not (a few instructions)",
+            Place::IngressPort => "the ingress port's ifindex (`xdp_md.ingress_ifindex`, which the verifier turns into dependent loads: the xdp_buff's rxq, its device, the device's ifindex) and its slot in IFINDEX_SLOTS: the per-port counters need the port, and XDP gives it no other way; the floor reads no context field",
             Place::RouteCache => "the destination's slot in the per-CPU route cache (a multiply) and the compare of family, route generation and address: the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves)",
             Place::Checks => "the IPv4 header's fields read once, and the tests that decide whether the switch may forward the packet at all (fragment, TTL, options): each a load and a branch",
             Place::FlowKey => "the flow key's stores into this CPU's FLOW_KEY slot, one per field (volatile: merged, LLVM would make them a memset, a byte loop on BPF); the hash and the tables read the key there, off the 512-byte stack",
@@ -186,7 +189,7 @@ impl Place {
             Place::Telemetry => "the QP table's set index, key compare and the entry's update (PSN step, packet and byte counts, member check)",
             Place::Other => "lines no rule of bench/placement.rs names (the lines say where)",
             Place::Redirect => "the devmap redirect, which the floor pays too: what is left is the difference between two profiles of the same work",
-            Place::Call => "a primitive (the table above); the profile sees the callee's entry, while the return's misprediction lands on the caller's next line, in a step",
+            Place::Call => "a primitive (the table above): the callee's prologue and the instruction the return comes back to (where its misprediction stalls); the call's argument moves are the caller's",
             Place::Lookup => "a primitive (the table above): the inlined lookup's instructions; the first use of the value it finds lands on the line that reads it",
             _ => "a primitive: see its row in the table above",
         }
@@ -231,6 +234,9 @@ fn library_place(library: &str) -> Option<Place> {
         return Some(Place::FlowKey);
     }
     if location.starts_with("aya-ebpf-") {
+        if location.contains("/programs/xdp.rs:") && text.contains("ingress_ifindex") {
+            return Some(Place::IngressPort);
+        }
         if location.contains("/maps/xdp/") {
             return Some(Place::Redirect);
         }
@@ -282,6 +288,7 @@ fn source_place(file: &str, function: &str) -> Place {
         // FlowletKey::new
         (false, "maps.rs", "new") => Place::Flowlet,
         (true, "maps.rs", "egress_entry") => Place::Ecn,
+        (true, "maps.rs", "port_slot") => Place::IngressPort,
         (true, "maps.rs" | "redirect.rs" | "main.rs" | "ctx.rs" | "args.rs" | "forwarded.rs", _) => Place::Entry,
         (true, "select.rs", "flowlet_position" | "keyless_position" | "new_flowlet_position") => Place::Flowlet,
         (true, "select.rs", _) | (false, "buckets.rs", _) => Place::MemberChoice,
@@ -302,7 +309,7 @@ fn source_place(file: &str, function: &str) -> Place {
 pub fn classify(location: &str, function: Option<&str>, detail: &Detail) -> Place {
     match detail {
         Detail::Kernel(f) => return kernel_place(f),
-        Detail::Entry => return Place::Call,
+        Detail::Entry | Detail::Return => return Place::Call,
         Detail::Library(library) => {
             if let Some(p) = library_place(library) {
                 return p;
@@ -408,6 +415,7 @@ fn label(location: &str, function: Option<&str>, detail: &Detail) -> String {
     match detail {
         Detail::Own => {}
         Detail::Entry => s.push_str(" (entry)"),
+        Detail::Return => s.push_str(" (return)"),
         Detail::Kernel(f) => {
             let _ = write!(s, " → {f}");
         }
@@ -703,6 +711,12 @@ mod tests {
         let redirect =
             Detail::Library("aya-ebpf-bindings-0.2.0/src/x86_64/helpers.rs:472 `fun(map, key, flags)`".into());
         assert_eq!(c("rocev2-ebpf/src/parse.rs:60", Some("decode"), &redirect), Place::Redirect);
+        let ifindex = Detail::Library(
+            "aya-ebpf-0.2.1/src/programs/xdp.rs:39 `unsafe { (*self.ctx).ingress_ifindex as usize }`".into(),
+        );
+        assert_eq!(c("rocev2-ebpf/src/main.rs:49", None, &ifindex), Place::IngressPort);
+        assert_eq!(c("rocev2-ebpf/src/maps.rs:88", Some("port_slot"), &own), Place::IngressPort);
+        assert_eq!(c("rocev2-ebpf/src/main.rs:49", None, &own), Place::Entry);
         assert_eq!(label("rocev2-ebpf/src/counters.rs:44", Some("add"), &lookup), "counters.rs:44 add (map lookup)");
     }
 

@@ -29,8 +29,9 @@ use nix::{
 };
 
 use super::{
-    bench_frame, cost_ns_frames, cost_ns_repeat, jit_lines::JitLines, median, test_run_floor, BenchArgs, Pipeline,
-    Programs, PIPELINES, XDP_PROGRAM,
+    bench_frame, cost_ns_frames, cost_ns_repeat,
+    jit_lines::{Callee, JitLines},
+    median, test_run_floor, BenchArgs, Pipeline, Programs, PIPELINES, XDP_PROGRAM,
 };
 use crate::{tools::gen::CpuPin, tools::programs::XDP_REDIRECT_PROGRAM};
 
@@ -61,7 +62,10 @@ lookup, a helper) to the line that called it; inlined library code (core,
 aya-ebpf) to the nearest rocev2 line before it (usually its caller; line
 info has no inlining chain), named beside it; a sample in the first line
 record of a BPF function other than the main one (where the JIT puts the
-function's prologue) is shown as that function's entry. `xlated insns` is
+function's prologue) is shown as that function's entry, and a sample at
+the instruction a call returns to (a call found in the JITed machine code)
+is charged to the call: to the BPF function's return, or to the kernel
+function it called. `xlated insns` is
 the number of BPF instructions of the sampled line records (as
 `bpftool prog dump xlated linum` shows them). cpu-clock samples every
 100 µs of the CPU's time, so a line's ns per packet is its samples times
@@ -83,6 +87,9 @@ pub enum Detail {
     /// The first line record of a BPF function other than the program's
     /// main one: the JIT's prologue of a BPF-to-BPF call lands there.
     Entry,
+    /// The instruction a BPF-to-BPF call returns to (charged to the call's
+    /// line): where the return's misprediction shows.
+    Return,
 }
 
 /// One row of the profile: a rocev2 source line and what ran there.
@@ -142,8 +149,11 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
         };
         let ip = sample.frames[k].0;
         // Above the innermost frame the address is a return address: the
-        // call is the instruction before it.
-        let Some(index) = jit.line_at(if k == 0 { ip } else { ip - 1 }) else {
+        // call is the instruction before it. So is a sample right where a
+        // call returns to: its time is the return's (a mispredicted one
+        // stalls there), charged to the call and what it called.
+        let returned_from = if k == 0 { jit.returned_from(ip) } else { None };
+        let Some(index) = jit.line_at(if k == 0 && returned_from.is_none() { ip } else { ip - 1 }) else {
             profile.lineless_samples += 1;
             continue;
         };
@@ -152,6 +162,11 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
         let hit = jit.line(index);
         let detail = if k > 0 {
             Detail::Kernel(sample.frames[k - 1].1.clone())
+        } else if let Some(callee) = returned_from {
+            match callee {
+                Callee::Function(_) => Detail::Return,
+                Callee::Kernel(name) => Detail::Kernel(name.clone()),
+            }
         } else if jit.is_subprogram_entry(index) {
             Detail::Entry
         } else if hit.is_own() {
@@ -168,7 +183,7 @@ pub fn attribute(samples: &[Sample], tid: i32, jit: &JitLines) -> Profile {
             insns: 0,
         });
         row.samples += 1;
-        if !matches!(detail, Detail::Kernel(_)) && counted_records.insert((key, index)) {
+        if !matches!(detail, Detail::Kernel(_) | Detail::Return) && counted_records.insert((key, index)) {
             row.insns += hit.insns;
         }
     }
@@ -392,6 +407,7 @@ impl Profile {
                 }
                 Detail::Kernel(function) => format!("call: kernel `{function}`"),
                 Detail::Entry => "the BPF function's entry (prologue)".to_owned(),
+                Detail::Return => "the return from the BPF function it calls".to_owned(),
             };
             let insns = if row.insns == 0 { String::new() } else { row.insns.to_string() };
             let _ = writeln!(
@@ -500,5 +516,34 @@ mod tests {
         let text = p.render(REPORT_ROWS);
         assert!(text.contains("| 25.0 | 25.0% | rocev2-ebpf/src/maps.rs:81 `GROUPS.get(id)` | call: kernel `__htab_map_lookup_elem` |  |"), "{text}");
         assert!(text.contains("rocev2-ebpf/src/parse.rs 50.0 ns (50%)"), "{text}");
+    }
+
+    #[test]
+    fn a_sample_where_a_call_returns_is_the_call_s() {
+        let base = 0xffff_ffff_c000_0000;
+        let mut jit = JitLines::new(
+            vec![base..base + 0x20, base + 0x20..base + 0x40],
+            vec![
+                line(base, "rocev2-ebpf/src/forward.rs", 89, "forward_v4_call(ctx)"),
+                line(base + 0x08, "rocev2-ebpf/src/forward.rs", 92, "if code == FORWARDED {"),
+                line(base + 0x20, "rocev2-ebpf/src/forward.rs", 103, "fn forward_v4_call"),
+            ],
+        );
+        // base + 3: call base + 0x20 (the second function); returns to base + 8.
+        let mut code = vec![0x90u8; 0x40];
+        code[3..8].copy_from_slice(&[0xE8, 0x18, 0, 0, 0]);
+        jit.find_calls(&code, |_| None);
+        let at = |ip: u64| Sample { tid: 7, frames: vec![(ip, "bpf_prog_x".into()), (0, "bpf_test_run".into())] };
+        let p = attribute(&[at(base + 8), at(base + 9), at(base + 0x20)], 7, &jit);
+        let row = |loc: &str, detail: Detail| {
+            p.rows.iter().find(|r| r.location == loc && r.detail == detail).map(|r| r.samples)
+        };
+        assert_eq!(row("rocev2-ebpf/src/forward.rs:89", Detail::Return), Some(1), "the return, at the call's line");
+        assert_eq!(
+            row("rocev2-ebpf/src/forward.rs:92", Detail::Own),
+            Some(1),
+            "the next instruction is the line's own"
+        );
+        assert_eq!(row("rocev2-ebpf/src/forward.rs:103", Detail::Entry), Some(1));
     }
 }
