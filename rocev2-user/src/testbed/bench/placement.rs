@@ -228,8 +228,9 @@ fn library_place(library: &str) -> Option<Place> {
     if location.starts_with("core/src/ptr/non_null.rs:") && text.contains("is_null") {
         return Some(Place::Lookup);
     }
-    // The forwarding object's only volatile stores are the flow key's
-    // (forward.rs's flow_key; a unit test checks the sources).
+    // Volatile stores outside telemetry are the flow key's (forward.rs's
+    // flow_key; a unit test checks the sources); classify files
+    // telemetry's own by their line.
     if location.starts_with("core/src/ptr/mod.rs:") && text.contains("volatile_store") {
         return Some(Place::FlowKey);
     }
@@ -310,15 +311,18 @@ pub fn classify(location: &str, function: Option<&str>, detail: &Detail) -> Plac
     match detail {
         Detail::Kernel(f) => return kernel_place(f),
         Detail::Entry | Detail::Return => return Place::Call,
-        Detail::Library(library) => {
-            if let Some(p) = library_place(library) {
-                return p;
-            }
-        }
-        Detail::Own => {}
+        Detail::Library(_) | Detail::Own => {}
     }
     let file = location.rsplit_once(':').map_or(location, |(f, _)| f);
-    source_place(file, function.unwrap_or(""))
+    let own = source_place(file, function.unwrap_or(""));
+    match detail {
+        Detail::Library(library) => match library_place(library) {
+            Some(Place::FlowKey) if own == Place::Telemetry => Place::Telemetry,
+            Some(p) => p,
+            None => own,
+        },
+        _ => own,
+    }
 }
 
 /// One profiled line's share of a part.
@@ -651,14 +655,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_flow_key_stores_volatile_in_the_forwarding_object() {
-        let volatile: Vec<&str> =
-            SOURCES.iter().filter(|(_, src)| src.contains("write_volatile(")).map(|(file, _)| *file).collect();
-        assert_eq!(
-            volatile,
-            ["rocev2-ebpf/src/forward.rs"],
-            "library_place files every volatile store under the flow key"
-        );
+    fn outside_telemetry_only_the_flow_key_stores_volatile() {
+        for (file, src) in SOURCES {
+            if src.contains("write_volatile(") && source_place(file, "") != Place::Telemetry {
+                assert_eq!(
+                    *file, "rocev2-ebpf/src/forward.rs",
+                    "classify files a volatile store outside telemetry under the flow key"
+                );
+            }
+        }
     }
 
     #[test]
@@ -708,6 +713,7 @@ mod tests {
         assert_eq!(c("rocev2-common/src/maps.rs:249", Some("member_stat_index"), &null_test), Place::Lookup);
         let store = Detail::Library("core/src/ptr/mod.rs:2194 `intrinsics::volatile_store(dst, src);`".into());
         assert_eq!(c("rocev2-ebpf/src/parse.rs:291", Some("parse_l4"), &store), Place::FlowKey);
+        assert_eq!(c("rocev2-ebpf/src/telemetry.rs:120", Some("observe"), &store), Place::Telemetry);
         let redirect =
             Detail::Library("aya-ebpf-bindings-0.2.0/src/x86_64/helpers.rs:472 `fun(map, key, flags)`".into());
         assert_eq!(c("rocev2-ebpf/src/parse.rs:60", Some("decode"), &redirect), Place::Redirect);
