@@ -136,7 +136,7 @@ impl Bth {
             becn: b[4] & 0x40 != 0,
             dest_qp: dest_qp(b),
             ack_req: b[8] & 0x80 != 0,
-            psn: u32::from_be_bytes([0, b[9], b[10], b[11]]),
+            psn: psn(b),
         }
     }
 
@@ -160,6 +160,12 @@ impl Bth {
             psn[3],
         ]
     }
+}
+
+/// The 24-bit packet sequence number.
+#[inline(always)]
+pub fn psn(b: &[u8; BTH_LEN]) -> u32 {
+    u32::from_be_bytes([0, b[9], b[10], b[11]])
 }
 
 /// The 24-bit destination QP number, the field Enhanced ECMP adds to the hash.

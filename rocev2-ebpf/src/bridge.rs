@@ -241,6 +241,10 @@ fn bridge_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, target: BridgeTarg
         let pin = if enabled(Features::PINNED) { pin::pinned_v4(dst, &l4, group) } else { NO_PIN };
         (decide::<true>(slot, group, key, &l4, tos >> 2, pin, len)?, group)
     } else {
+        // Telemetry reads the flow's addresses, ports and QP from the key.
+        if enabled(Features::TELEMETRY) {
+            flow_key_v4(src, dst, protocol, &l4)?;
+        }
         (to_port(target.id(), &l4, tos >> 2, len), BRIDGE_PORT_GROUP)
     };
     let tos_out = new_tos(&d, tos, len)?;
@@ -248,7 +252,7 @@ fn bridge_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, target: BridgeTarg
         // SAFETY: header checked above; the TTL stays as it is.
         unsafe { rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl) };
     }
-    Ok(d.forward(group, l4.roce, len))
+    Ok(d.forward(group, l4.roce, len, tos_out))
 }
 
 #[inline(always)]
@@ -271,6 +275,10 @@ fn bridge_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, target: BridgeTarg
         let pin = if enabled(Features::PINNED) { pin::pinned_v6(dst, &l4, group) } else { NO_PIN };
         (decide::<false>(slot, group, key, &l4, tc >> 2, pin, len)?, group)
     } else {
+        // As for IPv4.
+        if enabled(Features::TELEMETRY) {
+            flow_key_v6(src, dst, next_header, &l4)?;
+        }
         (to_port(target.id(), &l4, tc >> 2, len), BRIDGE_PORT_GROUP)
     };
     let tc_out = new_tos(&d, tc, len)?;
@@ -278,5 +286,5 @@ fn bridge_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize, target: BridgeTarg
         // SAFETY: header checked above; the hop limit stays as it is.
         unsafe { rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit) };
     }
-    Ok(d.forward(group, l4.roce, len))
+    Ok(d.forward(group, l4.roce, len, tc_out))
 }

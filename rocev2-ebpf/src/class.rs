@@ -26,7 +26,7 @@ pub const NO_ACTION: ClassAction = ClassAction { flags: 0, set_dscp: 0, priority
 pub fn fields(roce: &Roce, dest_qp: u32, dscp: u8) -> ClassFields {
     ClassFields {
         roce: match *roce {
-            Roce::Yes { opcode, payload_len } => Some(RoceFields { opcode, dest_qp, payload_len }),
+            Roce::Yes { opcode, payload_len, .. } => Some(RoceFields { opcode, dest_qp, payload_len }),
             _ => None,
         },
         dscp,

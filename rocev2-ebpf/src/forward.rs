@@ -154,9 +154,10 @@ impl Decision {
         Decision { ifindex, position: 0, src_mac: [0; 6], dst_mac: [0; 6], class, now: 0 }
     }
 
-    /// The forwarded packet's details, once its headers are rewritten.
+    /// The forwarded packet's details, once its headers are rewritten
+    /// (`tos`: the TOS or traffic class byte sent).
     #[inline(always)]
-    pub fn forward(&self, group: u32, roce: Roce, len: u64) -> Forward {
+    pub fn forward(&self, group: u32, roce: Roce, len: u64, tos: u8) -> Forward {
         Forward {
             ifindex: self.ifindex,
             group,
@@ -164,6 +165,7 @@ impl Decision {
             roce,
             priority: class::priority(&self.class),
             len: len as u32,
+            tos,
         }
     }
 }
@@ -263,7 +265,7 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
         rewrite::set_ipv4_tos_ttl(hdr, tos_out, ttl - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(d.forward(group, l4.roce, len))
+    Ok(d.forward(group, l4.roce, len, tos_out))
 }
 
 #[inline(always)]
@@ -294,7 +296,7 @@ fn forward_v6<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
         rewrite::set_ipv6_class_hop_limit(hdr, tc_out, hop_limit - 1);
         rewrite::set_macs(eth, d.dst_mac, d.src_mac);
     }
-    Ok(d.forward(group, l4.roce, len))
+    Ok(d.forward(group, l4.roce, len, tc_out))
 }
 
 /// An IPv4 packet's flow key (addresses as [`ipv4_words`] gives them,

@@ -16,4 +16,7 @@ pub struct Forward {
     pub priority: u32,
     /// The frame's length, as the IP parser measured it.
     pub len: u32,
+    /// The TOS (IPv6: traffic class) byte sent: DSCP << 2 | ECN, after
+    /// our own marking.
+    pub tos: u8,
 }

@@ -35,6 +35,7 @@ mod select;
 mod spread;
 mod tc;
 mod telemetry;
+#[allow(dead_code, reason = "locate is the tools object's (fault injector, arrival recorder)")]
 mod transport;
 
 use aya_ebpf::{

@@ -235,9 +235,11 @@ pub struct L4 {
 pub enum Roce {
     /// Not UDP 4791.
     No,
-    /// RoCEv2 with a whole BTH. `payload_len` counts the bytes after the
-    /// BTH (extension headers included) before pad and ICRC.
-    Yes { opcode: u8, payload_len: u32 },
+    /// RoCEv2 with a whole BTH, which starts at `bth_off` (never beyond
+    /// byte 255: Ethernet, VLAN, IPv4 with options, UDP), so telemetry
+    /// reads it without parsing the frame again. `payload_len` counts the
+    /// bytes after the BTH (extension headers included) before pad and ICRC.
+    Yes { opcode: u8, bth_off: u8, payload_len: u32 },
     /// UDP 4791 whose payload is shorter than a BTH.
     ShortBth,
 }
@@ -268,7 +270,7 @@ pub fn parse_l4<C: PacketBuf>(ctx: &C, protocol: u8, l4_off: usize, l4_end: usiz
                         let after_bth = l4_end - (bth_off + BTH_LEN);
                         let payload_len = after_bth.saturating_sub(bth::ICRC_LEN + pad) as u32;
                         qp = bth::dest_qp(b);
-                        roce = Roce::Yes { opcode: b[0], payload_len };
+                        roce = Roce::Yes { opcode: b[0], bth_off: bth_off as u8, payload_len };
                     }
                 }
             }

@@ -11,6 +11,8 @@
 //! hashing keeps a flow on one queue) and its replies, which may arrive on
 //! another, touch other fields. A rare lost count is the price of no atomics.
 
+use core::ptr::write_volatile;
+
 use aya_ebpf::{
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
@@ -32,8 +34,8 @@ use crate::{
     ctx::PacketBuf,
     features::enabled,
     forwarded::Forward,
-    maps::{FLOWLETS, FLOWLET_SLOTS, GROUPS},
-    parse::IPPROTO_UDP,
+    maps::{FLOWLETS, FLOWLET_SLOTS, FLOW_KEY, GROUPS},
+    parse::{Roce, IPPROTO_UDP},
     transport,
 };
 
@@ -69,7 +71,6 @@ static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 /// Keys and a new entry: too big for the stack next to the pipeline's.
 #[repr(C)]
 pub struct Scratch {
-    at: transport::RoceAt,
     qp: QpKey,
     reply: ReplyKey,
     /// The member the QP's data took before this packet.
@@ -83,27 +84,44 @@ pub struct Scratch {
 #[map]
 static TELEMETRY_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// What telemetry reads of a forwarded RoCEv2 packet, all found by the
+/// pipeline: the flow key it wrote (addresses, UDP source port, DestQP),
+/// the opcode and the BTH's place its parse found, the TOS it sent.
+struct Packet<'a> {
+    key: &'a FlowKey,
+    /// 4 or 6.
+    family: u32,
+    opcode: u8,
+    bth_off: u8,
+    psn: u32,
+    /// DSCP << 2 | ECN, as sent (after our own marking).
+    tos: u8,
+}
+
 /// Records a forwarded packet (its headers already rewritten) and the
 /// member it took. Called with the caller's own output, so nothing is
 /// computed or kept across the call: the forwarding functions' frames are
-/// at the verifier's stack limit and must not grow.
+/// at the verifier's stack limit and must not grow. Nothing is parsed
+/// again: the flow key is this CPU's FLOW_KEY slot, which the pipeline
+/// wrote for this packet, and `f` says where the BTH is.
 #[inline(never)]
 #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the keys onto the stack")]
 pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
+    let Roce::Yes { opcode, bth_off, .. } = f.roce else { return };
     let (group, position) = (f.group, f.position);
     let len = u64::from(f.len);
+    let Some(key) = FLOW_KEY.get(0) else { return };
+    let Some(psn) = transport::psn_at(ctx, bth_off) else { return };
+    let at = Packet { key, family: if key.ipv6 { 6 } else { 4 }, opcode, bth_off, psn, tos: f.tos };
     let Some(scratch) = TELEMETRY_SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: this CPU's own scratch slot.
     let scratch = unsafe { &mut *scratch };
-    if !transport::locate_into(ctx, &mut scratch.at) {
-        return;
-    }
-    let at = &scratch.at;
-    let ce_marked = at.ecn == 3;
-    trace(at, f, len);
-    match seen(at.bth.opcode) {
+    let ce_marked = at.tos & 3 == 3;
+    trace(&at, f, len);
+    match seen(at.opcode) {
         Seen::Data => {
-            scratch.qp = QpKey { dst: at.dst, dest_qp: at.bth.dest_qp, family: at.family };
+            copy_words(&mut scratch.qp.dst, &key.dst);
+            (scratch.qp.dest_qp, scratch.qp.family) = (key.dest_qp, at.family);
             // The coarse clock (a tick's resolution) is plenty for first and
             // last seen, and a fraction of the precise one's cost. An
             // ACK-ended flowlet compares last seen with the flowlet's own
@@ -121,7 +139,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                 Some(s) => unsafe {
                     let s = &mut (*s).stats;
                     (scratch.before_group, scratch.before_position) = (s.group, s.position);
-                    s.data(at.bth.psn, len, group, position, ce_marked, now)
+                    s.data(at.psn, len, group, position, ce_marked, now)
                 },
                 None => {
                     let Some(slot) = victim(set) else { return };
@@ -129,18 +147,15 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                     // (a struct assignment would be a byte-loop memset).
                     let step = unsafe {
                         (*slot).key.family = 0;
-                        fresh(&mut (*slot).stats, at);
-                        (*slot).key.dst = scratch.qp.dst;
+                        fresh(&mut (*slot).stats, key);
+                        copy_words(&mut (*slot).key.dst, &scratch.qp.dst);
                         (*slot).key.dest_qp = scratch.qp.dest_qp;
                         (*slot).key.family = scratch.qp.family;
-                        (*slot).stats.data(at.bth.psn, len, group, position, ce_marked, now)
+                        (*slot).stats.data(at.psn, len, group, position, ce_marked, now)
                     };
-                    scratch.reply = ReplyKey {
-                        responder: at.dst,
-                        requester: at.src,
-                        src_port: u32::from(at.src_port),
-                        family: at.family,
-                    };
+                    copy_words(&mut scratch.reply.responder, &key.dst);
+                    copy_words(&mut scratch.reply.requester, &key.src);
+                    (scratch.reply.src_port, scratch.reply.family) = (u32::from(key.src_port), at.family);
                     let _ = QP_REPLIES.insert(&scratch.reply, &scratch.qp, 0);
                     step
                 }
@@ -167,14 +182,16 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
         }
         reply => {
             let reply = match reply {
-                Seen::Ack(_) => Seen::Ack(transport::aeth_syndrome(ctx, at).unwrap_or(0)),
+                Seen::Ack(_) => Seen::Ack(transport::aeth_syndrome(ctx, at.bth_off).unwrap_or(0)),
                 other => other,
             };
-            scratch.reply =
-                ReplyKey { responder: at.src, requester: at.dst, src_port: u32::from(at.src_port), family: at.family };
+            copy_words(&mut scratch.reply.responder, &key.src);
+            copy_words(&mut scratch.reply.requester, &key.dst);
+            (scratch.reply.src_port, scratch.reply.family) = (u32::from(key.src_port), at.family);
             // SAFETY: map values, copied out.
             let Some(qp) = (unsafe { QP_REPLIES.get(&scratch.reply) }) else { return };
-            scratch.qp = *qp;
+            copy_words(&mut scratch.qp.dst, &qp.dst);
+            (scratch.qp.dest_qp, scratch.qp.family) = (qp.dest_qp, qp.family);
             let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
             let Some(s) = find(&scratch.qp, set) else { return };
             // SAFETY: as above.
@@ -184,8 +201,8 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             // SAFETY: as above.
             if enabled(Features::ACKED_REPICK)
                 && matches!(reply, Seen::Ack(syndrome) if rocev2_common::bth::aeth::kind(syndrome) == rocev2_common::bth::aeth::Kind::Ack)
-                && s.all_acked(at.bth.psn)
-                && end_flowlet(scratch, data_group, data_seen_ns)
+                && s.all_acked(at.psn)
+                && end_flowlet(scratch, key, data_group, data_seen_ns)
             {
                 member_add(data_group, data_position, |m| m.acked_repicks += 1);
             }
@@ -237,37 +254,48 @@ fn victim(set: u32) -> Option<*mut QpSlot> {
     oldest
 }
 
-/// A slot's stats set to a new QP's (the data source's address and port)
-/// before its first packet.
+/// A slot's stats set to a new QP's (the data source's address and port,
+/// from the packet's flow key) before its first packet. Volatile stores:
+/// plain ones LLVM merges into a memset, a 132-byte byte loop on BPF.
 #[inline(always)]
-fn fresh(s: &mut QpStats, at: &transport::RoceAt) {
-    s.packets = 0;
-    s.bytes = 0;
-    s.last_seen_ns = 0;
-    s.group = 0;
-    s.position = 0;
-    s.next_psn = 0;
-    s.last_psn = 0;
-    s.first_seen_ns = 0;
-    s.psn_forward_jumps = 0;
-    s.psns_skipped = 0;
-    s.psn_backward_jumps = 0;
-    s.acks = 0;
-    s.naks_sequence = 0;
-    s.naks_rnr = 0;
-    s.naks_other = 0;
-    s.cnps = 0;
-    s.ce_marked = 0;
-    s.member_changes = 0;
-    s.src = at.src;
-    s.src_port = u32::from(at.src_port);
-    s._pad = 0;
+fn fresh(s: &mut QpStats, key: &FlowKey) {
+    /// Zeroes each field named, one store each.
+    macro_rules! zero {
+        ($($field:ident),*) => {
+            // SAFETY: fields of a live reference.
+            $(unsafe { write_volatile(&raw mut s.$field, 0) };)*
+        };
+    }
+    zero!(
+        packets,
+        bytes,
+        last_seen_ns,
+        group,
+        position,
+        next_psn,
+        last_psn,
+        first_seen_ns,
+        psn_forward_jumps,
+        psns_skipped,
+        psn_backward_jumps,
+        acks,
+        naks_sequence,
+        naks_rnr,
+        naks_other,
+        cnps,
+        ce_marked,
+        member_changes,
+        _pad
+    );
+    copy_words(&mut s.src, &key.src);
+    s.src_port = u32::from(key.src_port);
 }
 
 /// An ACK of everything the QP in `scratch` sent: in a flowlet group with
 /// `FLOWLET_REPICK_ACKED`, ends its data flow's flowlet, so the next packet
 /// chooses a member again (it cannot overtake anything: nothing is in
-/// flight). The flow is the reply's, the other way round.
+/// flight). The flow is the reply's (`reply`, its flow key), the other way
+/// round.
 ///
 /// "Everything it sent" is everything this table saw, which is updated
 /// after a packet is forwarded: a packet already given its member but not
@@ -277,22 +305,16 @@ fn fresh(s: &mut QpStats, at: &transport::RoceAt) {
 /// the same clock with this feature): then every packet given a member
 /// has been counted, and the ACK covers them all.
 #[inline(always)]
-fn end_flowlet(scratch: &mut Scratch, group: u32, data_seen_ns: u64) -> bool {
+fn end_flowlet(scratch: &mut Scratch, reply: &FlowKey, group: u32, data_seen_ns: u64) -> bool {
     let Some(g) = GROUPS.get(group) else { return false };
     if g.policy != POLICY_FLOWLET || g.flowlet_flags & FLOWLET_REPICK_ACKED == 0 {
         return false;
     }
-    let at = &scratch.at;
-    scratch.flow = FlowKey {
-        src: at.dst,
-        dst: at.src,
-        src_port: at.src_port,
-        dst_port: ROCEV2_UDP_PORT,
-        protocol: IPPROTO_UDP,
-        // RoceAt's family is the IP version number.
-        ipv6: at.family == 6,
-        dest_qp: scratch.qp.dest_qp,
-    };
+    let flow = &mut scratch.flow;
+    copy_words(&mut flow.src, &reply.dst);
+    copy_words(&mut flow.dst, &reply.src);
+    (flow.src_port, flow.dst_port, flow.protocol) = (reply.src_port, ROCEV2_UDP_PORT, IPPROTO_UDP);
+    (flow.ipv6, flow.dest_qp) = (reply.ipv6, scratch.qp.dest_qp);
     // Each table's code only when its feature is loaded (a group of the
     // other kind is hashed: no flowlet to end).
     if g.flowlet_flags & FLOWLET_KEYLESS != 0 {
@@ -342,9 +364,10 @@ fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64)
 /// `rocev2 trace`: when a trace runs and the packet matches its filter,
 /// the decision goes to the ring buffer, written in place (no stack copy).
 #[inline(always)]
-fn trace(at: &transport::RoceAt, f: &Forward, len: u64) {
+fn trace(at: &Packet, f: &Forward, len: u64) {
     let Some(filter) = TRACE_FILTER.get(0) else { return };
-    if filter.active == 0 || !filter.matches(at.family, &at.src, &at.dst, at.src_port, at.bth.dest_qp, at.bth.opcode) {
+    let k = at.key;
+    if filter.active == 0 || !filter.matches(at.family, &k.src, &k.dst, k.src_port, k.dest_qp, at.opcode) {
         return;
     }
     let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else { return };
@@ -353,21 +376,33 @@ fn trace(at: &transport::RoceAt, f: &Forward, len: u64) {
     // field is written before it is submitted.
     unsafe {
         (*e).ts_ns = bpf_ktime_get_coarse_ns();
-        (*e).src = at.src;
-        (*e).dst = at.dst;
+        copy_words(&mut (*e).src, &k.src);
+        copy_words(&mut (*e).dst, &k.dst);
         (*e).family = at.family;
-        (*e).dest_qp = at.bth.dest_qp;
-        (*e).psn = at.bth.psn;
+        (*e).dest_qp = k.dest_qp;
+        (*e).psn = at.psn;
         (*e).group = f.group;
         (*e).position = f.position;
         (*e).ifindex = f.ifindex;
         (*e).priority = f.priority;
         (*e).len = len as u32;
-        (*e).src_port = at.src_port;
-        (*e).opcode = at.bth.opcode;
+        (*e).src_port = k.src_port;
+        (*e).opcode = at.opcode;
         (*e).tos = at.tos;
     }
     entry.submit(0);
+}
+
+/// An address's four words, one store each: a plain copy of an array (or
+/// of a key holding one) becomes a call to memmove, a byte loop on BPF, on
+/// every packet.
+#[inline(always)]
+fn copy_words(to: &mut [u32; 4], from: &[u32; 4]) {
+    for i in 0..4 {
+        // SAFETY: both are references; volatile only so the stores are not
+        // merged back into a memmove.
+        unsafe { write_volatile(&raw mut to[i], from[i]) };
+    }
 }
 
 #[inline(always)]

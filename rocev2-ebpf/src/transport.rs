@@ -1,11 +1,12 @@
-//! Finds the BTH of a RoCEv2 frame, for the programs that look at
-//! transport state after (or instead of) forwarding: telemetry and the lab's
-//! fault injector. The forwarding path keeps its own parse; this one runs
-//! only when those features are on.
+//! Reads a RoCEv2 frame's transport headers. [`locate`] finds the BTH
+//! from scratch, for the lab's fault injector and arrival recorder (the
+//! tools object); telemetry instead reads the BTH and AETH where the
+//! forwarding pipeline's own parse found the BTH ([`psn_at`],
+//! [`aeth_syndrome`]).
 
 use network_types::udp::UdpHdr;
 use rocev2_common::{
-    bth::{aeth, Bth, BTH_LEN, ROCEV2_UDP_PORT},
+    bth::{self, aeth, Bth, BTH_LEN, ROCEV2_UDP_PORT},
     hash::{ipv4_words, ipv6_words},
 };
 
@@ -27,19 +28,6 @@ pub struct RoceAt {
     pub tos: u8,
     pub bth_off: usize,
     pub bth: Bth,
-}
-
-/// [`locate`] into `out` (e.g. per-CPU scratch, off the BPF stack); false
-/// if the frame is not RoCEv2.
-#[inline(always)]
-pub fn locate_into<C: PacketBuf>(ctx: &C, out: &mut RoceAt) -> bool {
-    match locate(ctx) {
-        Some(at) => {
-            *out = at;
-            true
-        }
-        None => false,
-    }
 }
 
 #[inline(always)]
@@ -85,15 +73,22 @@ pub fn locate<C: PacketBuf>(ctx: &C) -> Option<RoceAt> {
     Some(RoceAt { src, dst, family, src_port, ecn: tos & 3, tos, bth_off, bth })
 }
 
-/// The AETH syndrome of an ACK (the byte after the BTH), if in the packet.
+/// The PSN of the BTH at `bth_off`, if in the packet.
 #[inline(always)]
-pub fn aeth_syndrome<C: PacketBuf>(ctx: &C, at: &RoceAt) -> Option<u8> {
+pub fn psn_at<C: PacketBuf>(ctx: &C, bth_off: u8) -> Option<u32> {
+    let b: *const [u8; BTH_LEN] = ptr_at(ctx, usize::from(bth_off))?;
+    // SAFETY: ptr_at checked the bytes lie in the packet.
+    Some(bth::psn(unsafe { &*b }))
+}
+
+/// The AETH syndrome of an ACK whose BTH is at `bth_off` (the byte after
+/// the BTH), if in the packet. The offset is a byte, so the verifier
+/// knows its bounds wherever it was kept.
+#[inline(always)]
+pub fn aeth_syndrome<C: PacketBuf>(ctx: &C, bth_off: u8) -> Option<u8> {
     // The whole AETH: a one-byte bounds check compiles to a form the
     // verifier does not accept.
-    // The offset may come back from a map (per-CPU scratch) where the
-    // verifier no longer knows its bounds: the mask restores them (a BTH
-    // is never beyond byte 255: Ethernet, VLAN, IPv4 with options, UDP).
-    let p: *const [u8; aeth::LEN] = ptr_at(ctx, (at.bth_off & 0xFF) + BTH_LEN)?;
+    let p: *const [u8; aeth::LEN] = ptr_at(ctx, usize::from(bth_off) + BTH_LEN)?;
     // SAFETY: ptr_at checked the bytes lie in the packet.
     Some(unsafe { (*p)[0] })
 }

@@ -123,6 +123,13 @@ pub fn rocev2_prim_coarse(_ctx: XdpContext) -> u32 {
     primitives::coarse_clock()
 }
 
+/// The floor plus REPEAT reads of `jiffies` (`bpf_jiffies64`, which the
+/// verifier inlines on 64-bit JITs).
+#[xdp]
+pub fn rocev2_prim_jiffies(_ctx: XdpContext) -> u32 {
+    primitives::jiffies()
+}
+
 /// The floor plus REPEAT chained BPF-to-BPF calls.
 #[xdp]
 pub fn rocev2_prim_call(ctx: XdpContext) -> u32 {

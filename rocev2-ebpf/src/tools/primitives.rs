@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
@@ -137,6 +137,21 @@ pub fn coarse_clock() -> u32 {
         let _ = unsafe { bpf_ktime_get_coarse_ns() };
     }
     finish(0)
+}
+
+/// `jiffies`: the verifier replaces the helper call with a load of the
+/// kernel's `jiffies` (64-bit JITs), so the reads are summed into the
+/// result (an unused load could be dropped). A tick's resolution, like the
+/// coarse clock, but in ticks since boot plus the kernel's offset, not
+/// CLOCK_MONOTONIC ns.
+#[inline(always)]
+pub fn jiffies() -> u32 {
+    let mut sum = 0u64;
+    for _ in 0..REPEAT {
+        // SAFETY: no arguments.
+        sum = sum.wrapping_add(unsafe { bpf_jiffies64() });
+    }
+    finish(sum as u32 & 0x7FFF_FFFF)
 }
 
 /// A BPF-to-BPF call and its return (through this CPU's return thunk).

@@ -32,18 +32,20 @@ pub enum Primitive {
     LruHash,
     Clock,
     CoarseClock,
+    Jiffies,
     Call,
     Rewrite,
     CounterAdds,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 12] = [
+    pub const ALL: [Primitive; 13] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
         Primitive::Clock,
         Primitive::CoarseClock,
+        Primitive::Jiffies,
         Primitive::Call,
         Primitive::Parse,
         Primitive::HashV2Ipv4,
@@ -65,6 +67,7 @@ impl Primitive {
             Primitive::LruHash => "rocev2_prim_hash",
             Primitive::Clock => "rocev2_prim_clock",
             Primitive::CoarseClock => "rocev2_prim_coarse",
+            Primitive::Jiffies => "rocev2_prim_jiffies",
             Primitive::Call => "rocev2_prim_call",
             Primitive::Rewrite => "rocev2_prim_rewrite",
             Primitive::CounterAdds => "rocev2_prim_counters",
@@ -91,6 +94,7 @@ impl Primitive {
             Primitive::LruHash => "LRU_HASH lookup, a 44-byte flowlet-table key",
             Primitive::Clock => "`bpf_ktime_get_ns` (the precise clock)",
             Primitive::CoarseClock => "`bpf_ktime_get_coarse_ns` (the coarse clock)",
+            Primitive::Jiffies => "`bpf_jiffies64` (ticks; the verifier inlines it as a load)",
             Primitive::Call => "BPF-to-BPF call and return",
             Primitive::Rewrite => "IPv4 rewrite: TTL and DSCP/ECN with two incremental checksum updates, both MACs",
             Primitive::CounterAdds => "counting a forwarded packet: 5 adds to the port's block, 2 to the member's",
@@ -109,6 +113,7 @@ impl Primitive {
             Primitive::LruHash => "LRU_HASH lookup",
             Primitive::Clock => "precise clock",
             Primitive::CoarseClock => "coarse clock",
+            Primitive::Jiffies => "jiffies",
             Primitive::Call => "BPF-to-BPF call",
             Primitive::Rewrite => "rewrite",
             Primitive::CounterAdds => "counter adds",
@@ -125,6 +130,7 @@ impl Primitive {
             Primitive::LruHash => "a kernel helper: jhash of the key, a bucket walk and the LRU reference bit; the keyless table (an ARRAY slot) avoids it",
             Primitive::Clock => "a helper call (its return through the SRSO thunk) into ktime_get_mono_fast_ns: a fenced TSC read and the fast timekeeper's arithmetic; nothing cheaper gives sub-tick time in BPF, and the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain; one reading per packet is shared by flowlet and ECN",
             Primitive::CoarseClock => "a helper call reading the last tick's time under a seqcount: mostly the call itself (compare the BPF-to-BPF call)",
+            Primitive::Jiffies => "a load of the kernel's tick counter: the coarse clock's resolution without the helper call, but in ticks (HZ per second) from the kernel's own epoch, so every reader of CLOCK_MONOTONIC ns would need a conversion",
             Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
             Primitive::Rewrite => "the forwarding itself: a router must decrement the TTL and keep the header checksum right (RFC 1624's update, two 16-bit words), and write the next hop's MACs",
             Primitive::CounterAdds => "a load, an add and a store per counter, per-CPU so without atomics; the counters are the switch's accounting (`rocev2 stats`), and the counters-off row of part 1 shows their whole cost",
@@ -241,11 +247,13 @@ pub const ECN_STEPS: &[Step] = &[
 pub const UNUSED_STEPS: &[Step] = &[lookup(Array, "GROUPS"), lookup(Array, "CONFIG"), lookup(Array, "IFINDEX_SLOTS")];
 
 /// What per-QP telemetry adds for a data packet of a QP already in the
-/// table (found in its set's first way, in order, not marked).
+/// table (found in its set's first way, in order, not marked). Nothing is
+/// parsed again: the flow key is the pipeline's, the BTH's place its
+/// parse's (the PSN's load and bounds check are in the remainder).
 pub const TELEMETRY_STEPS: &[Step] = &[
     step(Call, "telemetry::observe"),
+    lookup(PerCpuArray, "FLOW_KEY"),
     lookup(PerCpuArray, "TELEMETRY_SCRATCH"),
-    step(Parse, "transport::locate_into (the headers read again, counted as one parse)"),
     lookup(Array, "TRACE_FILTER"),
     step(CoarseClock, "last seen"),
     lookup(Array, "QP_TELEMETRY"),

@@ -267,11 +267,12 @@ fn source_place(file: &str, function: &str) -> Place {
     match (ebpf, name, function) {
         (true, "parse.rs", "encode" | "decode" | "pass" | "drop" | "frame_len") => Place::Entry,
         (true, "parse.rs", _) => Place::Parse,
-        // Telemetry's own parse of the headers (its budget counts a parse);
-        // its reads of a BTH the pipeline found are its own step.
-        (true, "transport.rs", "locate" | "locate_into") => Place::Parse,
+        // A parse from scratch (the tools' programs); telemetry's reads of
+        // the BTH the pipeline found (PSN, AETH) are its own step.
+        (true, "transport.rs", "locate") => Place::Parse,
         (true, "transport.rs", _) => Place::Telemetry,
         (false, "bth.rs", "ends_message") => Place::Flowlet,
+        (false, "bth.rs", "psn") => Place::Telemetry,
         (false, "bth.rs", _) => Place::Parse,
         (false, "checksum.rs", "update_u16") => Place::Rewrite,
         (false, "checksum.rs", _) => Place::Parse,
@@ -687,6 +688,7 @@ mod tests {
         assert_eq!(c("rocev2-ebpf/src/tools/main.rs:90", Some("rocev2_xdp_redirect"), &own), Place::Redirect);
         assert_eq!(c("rocev2-ebpf/src/ecn.rs:29", None, &own), Place::Ecn);
         assert_eq!(c("rocev2-ebpf/src/transport.rs:50", Some("locate"), &own), Place::Parse);
+        assert_eq!(c("rocev2-common/src/bth.rs:168", Some("psn"), &own), Place::Telemetry);
         assert_eq!(c("rocev2-ebpf/src/transport.rs:80", Some("aeth_syndrome"), &own), Place::Telemetry);
         assert_eq!(c("somewhere/else.rs:1", None, &own), Place::Other);
         // Kernel functions by name, whichever line called them.
