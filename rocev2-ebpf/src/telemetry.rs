@@ -14,7 +14,7 @@
 use core::ptr::write_volatile;
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     Global,
@@ -79,6 +79,10 @@ pub struct Scratch {
     /// The data flow's key and flowlet key, when an ACK ends its flowlet.
     flow: FlowKey,
     flowlet: FlowletKey,
+    /// The tick (`jiffies`) of this CPU's last coarse clock reading, and
+    /// that reading (see [`coarse_now`]).
+    tick: u64,
+    tick_ns: u64,
 }
 
 #[map]
@@ -126,11 +130,11 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             // last seen, and a fraction of the precise one's cost. An
             // ACK-ended flowlet compares last seen with the flowlet's own
             // (precise) time: then both are precise.
-            // SAFETY: ns clock helpers.
             let now = if enabled(Features::ACKED_REPICK) {
+                // SAFETY: a clock helper without arguments.
                 unsafe { bpf_ktime_get_ns() }
             } else {
-                unsafe { bpf_ktime_get_coarse_ns() }
+                coarse_now(scratch)
             };
             (scratch.before_group, scratch.before_position) = (group, position);
             let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
@@ -217,6 +221,24 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             });
         }
     }
+}
+
+/// The coarse clock (CLOCK_MONOTONIC ns as of the last tick), read once
+/// per tick on each CPU: `jiffies` (`bpf_jiffies64`, a load the verifier
+/// inlines) says when the tick moved on; the call to
+/// `bpf_ktime_get_coarse_ns` costs about as much as the rest of
+/// telemetry's path. Every reader keeps its unit and epoch. A reading may
+/// be the tick before (the tick that bumps `jiffies` updates the clock
+/// right after): at most one tick older than the coarse clock itself.
+#[inline(always)]
+fn coarse_now(scratch: &mut Scratch) -> u64 {
+    // SAFETY: helpers without arguments.
+    let tick = unsafe { bpf_jiffies64() };
+    if tick != scratch.tick {
+        scratch.tick = tick;
+        scratch.tick_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    }
+    scratch.tick_ns
 }
 
 /// The slot of the set starting at `set` that holds `qp`.

@@ -255,7 +255,18 @@ fn top_under_stream(lab: &EcmpLab, hash: &str, qps: &[u32]) -> serde_json::Value
     stream.stop().unwrap();
     dataplane.stop().expect("rocev2 run stops cleanly");
     assert!(top.status.success(), "rocev2 top: {}", String::from_utf8_lossy(&top.stderr));
-    serde_json::from_slice(&top.stdout).expect("top JSON")
+    let top: serde_json::Value = serde_json::from_slice(&top.stdout).expect("top JSON");
+    // First and last seen are CLOCK_MONOTONIC ns (the coarse clock, read
+    // once a tick per CPU): a QP's lifetime rate, packets over last minus
+    // first seen, is the stream's 1,000 a second, and the one still sending
+    // was seen within the last moments by `top`'s own clock.
+    for &qp in qps {
+        let row = top["qps"].as_array().unwrap().iter().find(|r| r["dest_qp"] == qp).expect("the QP's row");
+        let (pps, idle) = (row["pps"].as_f64().unwrap(), row["idle_secs"].as_f64().unwrap());
+        assert!((500.0..2000.0).contains(&pps), "QP {qp:#x}: {pps} pps over its lifetime: {row:#}");
+        assert!((0.0..0.5).contains(&idle), "QP {qp:#x} idle {idle} s while its stream runs: {row:#}");
+    }
+    top
 }
 
 /// `rocev2 top` without `--once` keeps refreshing: one JSON snapshot per

@@ -130,7 +130,7 @@ impl Primitive {
             Primitive::LruHash => "a kernel helper: jhash of the key, a bucket walk and the LRU reference bit; the keyless table (an ARRAY slot) avoids it",
             Primitive::Clock => "a helper call (its return through the SRSO thunk) into ktime_get_mono_fast_ns: a fenced TSC read and the fast timekeeper's arithmetic; nothing cheaper gives sub-tick time in BPF, and the coarse clock's tick (1-4 ms) is too coarse for flowlet gaps and queue drain; one reading per packet is shared by flowlet and ECN",
             Primitive::CoarseClock => "a helper call reading the last tick's time under a seqcount: mostly the call itself (compare the BPF-to-BPF call)",
-            Primitive::Jiffies => "a load of the kernel's tick counter: the coarse clock's resolution without the helper call, but in ticks (HZ per second) from the kernel's own epoch, so every reader of CLOCK_MONOTONIC ns would need a conversion",
+            Primitive::Jiffies => "a load of the kernel's tick counter (the verifier inlines the helper): telemetry calls the coarse clock only when it differs from the tick of this CPU's last reading, once a tick, so first and last seen stay CLOCK_MONOTONIC ns for every reader without the call per packet",
             Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
             Primitive::Rewrite => "the forwarding itself: a router must decrement the TTL and keep the header checksum right (RFC 1624's update, two 16-bit words), and write the next hop's MACs",
             Primitive::CounterAdds => "a load, an add and a store per counter, per-CPU so without atomics; the counters are the switch's accounting (`rocev2 stats`), and the counters-off row of part 1 shows their whole cost",
@@ -167,7 +167,7 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
     Step { primitive, what, map: None }
 }
 
-use Primitive::{Array, Call, Clock, CoarseClock, CounterAdds, LruHash, Parse, PerCpuArray, Rewrite};
+use Primitive::{Array, Call, Clock, CounterAdds, Jiffies, LruHash, Parse, PerCpuArray, Rewrite};
 
 /// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
 /// hit, from the program's entry to the redirect (which the floor pays).
@@ -255,7 +255,7 @@ pub const TELEMETRY_STEPS: &[Step] = &[
     lookup(PerCpuArray, "FLOW_KEY"),
     lookup(PerCpuArray, "TELEMETRY_SCRATCH"),
     lookup(Array, "TRACE_FILTER"),
-    step(CoarseClock, "last seen"),
+    step(Jiffies, "last seen: the tick, against this CPU's last coarse clock reading (the call once a tick)"),
     lookup(Array, "QP_TELEMETRY"),
 ];
 
