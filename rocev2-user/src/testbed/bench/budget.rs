@@ -249,9 +249,9 @@ pub const UNUSED_STEPS: &[Step] = &[lookup(Array, "GROUPS"), lookup(Array, "CONF
 /// What per-QP telemetry adds for a data packet of a QP already in the
 /// table (found in its set's first way, in order, not marked). Nothing is
 /// parsed again: the flow key is the pipeline's, the BTH's place its
-/// parse's (the PSN's load and bounds check are in the remainder).
+/// parse's (the PSN's load and bounds check are in the remainder); no
+/// call: `observe` is inlined into the family functions.
 pub const TELEMETRY_STEPS: &[Step] = &[
-    step(Call, "telemetry::observe"),
     lookup(PerCpuArray, "FLOW_KEY"),
     lookup(PerCpuArray, "TELEMETRY_SCRATCH"),
     lookup(Array, "TRACE_FILTER"),
