@@ -140,8 +140,15 @@ pub const fn qp_table_slots(telemetry_qps: u32) -> u32 {
 /// eBPF program and the readers' tests share it.
 #[inline(always)]
 pub fn qp_set(key: &QpKey, sets_mask: u32) -> u32 {
-    let mut h = key.dest_qp;
-    for w in key.dst {
+    qp_set_of(&key.dst, key.dest_qp, sets_mask)
+}
+
+/// [`qp_set`] of a QP given by its parts, read where they lie (the eBPF
+/// program hashes the flow key's words, not a copy of them).
+#[inline(always)]
+pub fn qp_set_of(dst: &[u32; 4], dest_qp: u32, sets_mask: u32) -> u32 {
+    let mut h = dest_qp;
+    for &w in dst {
         h = (h ^ w).wrapping_mul(0x9E37_79B1).rotate_left(15);
     }
     // MurmurHash3's finaliser: every input bit reaches the low bits.

@@ -25,7 +25,7 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        qp_set, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen, TraceEvent,
+        qp_set, qp_set_of, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen, TraceEvent,
         TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
@@ -125,8 +125,6 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     trace(&at, f, len);
     match seen(at.opcode) {
         Seen::Data => {
-            copy_words(&mut scratch.qp.dst, &key.dst);
-            (scratch.qp.dest_qp, scratch.qp.family) = (key.dest_qp, at.family);
             // The coarse clock (a tick's resolution) is plenty for first and
             // last seen, and a fraction of the precise one's cost. An
             // ACK-ended flowlet compares last seen with the flowlet's own
@@ -137,9 +135,10 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             } else {
                 coarse_now(scratch)
             };
-            (scratch.before_group, scratch.before_position) = (group, position);
-            let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let step = match find(&scratch.qp, set) {
+            // The QP is hashed and looked for in the flow key, where the
+            // pipeline wrote it: copied only into a new entry.
+            let set = qp_set_of(&key.dst, key.dest_qp, QP_SETS_MASK.load()) * QP_WAYS;
+            let step = match find(&key.dst, key.dest_qp, at.family, set) {
                 // SAFETY: a map value; see the module note on races.
                 Some(s) => unsafe {
                     let s = &mut (*s).stats;
@@ -147,17 +146,20 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                     s.data(at.psn, len, group, position, ce_marked, now)
                 },
                 None => {
+                    (scratch.before_group, scratch.before_position) = (group, position);
                     let Some(slot) = victim(set) else { return };
                     // SAFETY: as above; the slot is written field by field
                     // (a struct assignment would be a byte-loop memset).
                     let step = unsafe {
                         (*slot).key.family = 0;
                         fresh(&mut (*slot).stats, key);
-                        copy_words(&mut (*slot).key.dst, &scratch.qp.dst);
-                        (*slot).key.dest_qp = scratch.qp.dest_qp;
-                        (*slot).key.family = scratch.qp.family;
+                        copy_words(&mut (*slot).key.dst, &key.dst);
+                        (*slot).key.dest_qp = key.dest_qp;
+                        (*slot).key.family = at.family;
                         (*slot).stats.data(at.psn, len, group, position, ce_marked, now)
                     };
+                    copy_words(&mut scratch.qp.dst, &key.dst);
+                    (scratch.qp.dest_qp, scratch.qp.family) = (key.dest_qp, at.family);
                     copy_words(&mut scratch.reply.responder, &key.dst);
                     copy_words(&mut scratch.reply.requester, &key.src);
                     (scratch.reply.src_port, scratch.reply.family) = (u32::from(key.src_port), at.family);
@@ -205,7 +207,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             copy_words(&mut scratch.qp.dst, &qp.dst);
             (scratch.qp.dest_qp, scratch.qp.family) = (qp.dest_qp, qp.family);
             let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let Some(s) = find(&scratch.qp, set) else { return };
+            let Some(s) = find(&scratch.qp.dst, scratch.qp.dest_qp, scratch.qp.family, set) else { return };
             // SAFETY: as above.
             let s = unsafe { &mut (*s).stats };
             s.reply(reply);
@@ -247,15 +249,16 @@ fn coarse_now(scratch: &mut Scratch) -> u64 {
     scratch.tick_ns
 }
 
-/// The slot of the set starting at `set` that holds `qp`.
+/// The slot of the set starting at `set` that holds the QP (`dst`,
+/// `dest_qp`) of `family`.
 #[inline(always)]
-fn find(qp: &QpKey, set: u32) -> Option<*mut QpSlot> {
+fn find(dst: &[u32; 4], dest_qp: u32, family: u32, set: u32) -> Option<*mut QpSlot> {
     for way in 0..QP_WAYS {
         let slot = QP_TELEMETRY.get_ptr_mut(set + way)?;
         // SAFETY: a map value; a slot being rewritten on another CPU may
         // match or not, as with any race on this table.
         let k = unsafe { &(*slot).key };
-        if k.dest_qp == qp.dest_qp && k.dst == qp.dst && k.family == qp.family {
+        if k.dest_qp == dest_qp && k.dst == *dst && k.family == family {
             return Some(slot);
         }
     }
