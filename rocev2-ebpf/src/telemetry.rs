@@ -71,6 +71,8 @@ static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 /// Keys and a new entry: too big for the stack next to the pipeline's.
 #[repr(C)]
 pub struct Scratch {
+    /// The QP a reply answers; for a new QP, its reply link's value (a
+    /// data packet's QP is read from the flow key, not copied here).
     qp: QpKey,
     reply: ReplyKey,
     /// The member the QP's data took before this packet.

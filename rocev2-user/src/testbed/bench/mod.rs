@@ -716,7 +716,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     goal: TELEMETRY_GOAL_NS,
     steps: || budget::TELEMETRY_STEPS.to_vec(),
     variant: None,
-    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare, the PSN's read from the BTH where the pipeline found it, the key's words copied into the scratch slot",
+    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare (both from the flow key where the pipeline wrote it), the PSN's read from the BTH where the pipeline found it",
     profiled: (Profiled::Telemetry(true), Some(Profiled::Telemetry(false))),
 };
 
