@@ -211,6 +211,8 @@ pub const TRACE_RING_BYTES: u32 = 256 * 1024;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceEvent {
+    /// CLOCK_MONOTONIC ns as of the tick (the coarse clock, which the
+    /// program reads once a tick per CPU); `trace` prints no time.
     pub ts_ns: u64,
     pub src: [u32; 4],
     pub dst: [u32; 4],

@@ -124,7 +124,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     // SAFETY: this CPU's own scratch slot.
     let scratch = unsafe { &mut *scratch };
     let ce_marked = at.tos & 3 == 3;
-    trace(&at, f, len);
+    trace(&at, f, len, scratch);
     match seen(at.opcode) {
         Seen::Data => {
             // The coarse clock (a tick's resolution) is plenty for first and
@@ -396,8 +396,10 @@ fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64)
 
 /// `rocev2 trace`: when a trace runs and the packet matches its filter,
 /// the decision goes to the ring buffer, written in place (no stack copy).
+/// Its time is this CPU's coarse clock reading of the tick (as first and
+/// last seen): the coarse clock's helper is called once a tick.
 #[inline(always)]
-fn trace(at: &Packet, f: &Forward, len: u64) {
+fn trace(at: &Packet, f: &Forward, len: u64, scratch: &mut Scratch) {
     let Some(filter) = TRACE_FILTER.get(0) else { return };
     let k = at.key;
     if filter.active == 0 || !filter.matches(at.family, &k.src, &k.dst, k.src_port, k.dest_qp, at.opcode) {
@@ -408,7 +410,7 @@ fn trace(at: &Packet, f: &Forward, len: u64) {
     // SAFETY: a reserved ring buffer record of TraceEvent's size; every
     // field is written before it is submitted.
     unsafe {
-        (*e).ts_ns = bpf_ktime_get_coarse_ns();
+        (*e).ts_ns = coarse_now(scratch);
         copy_words(&mut (*e).src, &k.src);
         copy_words(&mut (*e).dst, &k.dst);
         (*e).family = at.family;
