@@ -434,8 +434,11 @@ mod tests {
         // QP numbers a stride apart (bits only above the set index), and
         // IPv6 hosts of one /64 with a few QPs each.
         let strided = |i: u32| QpKey { dst: [0x0a01_0001, 0, 0, 0], dest_qp: 0x100 + (i << 10), family: 4 };
-        let v6_hosts =
-            |i: u32| QpKey { dst: [0xfd00_0000, 1, (i >> 2).to_be(), 1u32.to_be()], dest_qp: 0x11 + (i & 3), family: 6 };
+        let v6_hosts = |i: u32| QpKey {
+            dst: [0xfd00_0000, 1, (i >> 2).to_be(), 1u32.to_be()],
+            dest_qp: 0x11 + (i & 3),
+            family: 6,
+        };
         for key in [&one_dst as &dyn Fn(u32) -> QpKey, &many_dsts, &v6, &strided, &v6_hosts] {
             let mut per_set = [0u32; 1024];
             for i in 0..1024 {

@@ -25,8 +25,8 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        qp_set, qp_set_of, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen, TraceEvent,
-        TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
+        qp_set, qp_set_of, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen,
+        TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
 
