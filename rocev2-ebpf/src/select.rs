@@ -58,20 +58,29 @@ pub fn choose_position<const V4: bool>(
                 member_of(group_id, group, hash(HashMode::Qp))
             }
         },
-        _ => member_of(group_id, group, hash(mode)),
+        _ => member_at(group_id, group, hash(mode)),
     }
 }
 
 /// The member position a hash names through the group's live bucket
-/// table; NO_MEMBER (past every position) when there is none. Its own BPF
-/// function: inlined at each of its five call sites, the map keys' stack
-/// slots pushed the call chain past the verifier's 512 bytes.
-#[inline(never)]
-fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
+/// table; NO_MEMBER (past every position) when there is none. Inlined on
+/// the hashed path, the one every `hash` group's packet takes, so that
+/// path makes one BPF-to-BPF call (the family function) and no more.
+#[inline(always)]
+fn member_at(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
     match BUCKETS.get(bucket_table_index(group_id, group.bank & 1)) {
         Some(table) => member_for(table, hash),
         None => u32::from(NO_MEMBER),
     }
+}
+
+/// [`member_at`] as a BPF function of its own, for the flowlet, keyless
+/// and pinned-fallback paths: inlined at each of those call sites too, the
+/// map keys' stack slots pushed the flowlet call chain past the
+/// verifier's 512 bytes.
+#[inline(never)]
+fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
+    member_at(group_id, group, hash)
 }
 
 /// Flowlet state lookup, decision and update. The table key and a new

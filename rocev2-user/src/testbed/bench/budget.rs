@@ -181,7 +181,6 @@ pub const QP_PATH: &[Step] = &[
     lookup(Array, "GROUPS"),
     lookup(Array, "CONFIG"),
     step(Primitive::HashV2Ipv4, "member hash"),
-    step(Call, "member_of (bucket table)"),
     lookup(Array, "BUCKETS"),
     lookup(Array, "MEMBERS"),
     step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
@@ -427,14 +426,14 @@ mod tests {
         let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
         assert_eq!(count(Primitive::Array), 6);
         assert_eq!(count(Primitive::PerCpuArray), 4);
-        assert_eq!(count(Primitive::Call), 2);
+        assert_eq!(count(Primitive::Call), 1, "one BPF-to-BPF call on the hashed path");
         assert_eq!(count(Primitive::Parse), 1);
         assert_eq!(count(Primitive::HashV2Ipv4), 1);
         assert_eq!(count(Primitive::Rewrite), 1);
         assert_eq!(count(Primitive::CounterAdds), 1);
-        // 6x2 + 4x3 + 2x5 + 20 + 8 + 6 + 3 = 71
-        assert_eq!(s.accounted, 71.0);
-        assert_eq!(s.remainder, 29.0);
+        // 6x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 = 66
+        assert_eq!(s.accounted, 66.0);
+        assert_eq!(s.remainder, 34.0);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
         assert_eq!(array.ns, 12.0);
         assert_eq!(folded(&array.whats), "IFINDEX_SLOTS, CONFIG x2, GROUPS, BUCKETS, MEMBERS");
