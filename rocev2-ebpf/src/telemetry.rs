@@ -25,8 +25,8 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        qp_set, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen, TraceEvent,
-        TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
+        qp_set, qp_set_of, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen,
+        TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
 
@@ -71,6 +71,8 @@ static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 /// Keys and a new entry: too big for the stack next to the pipeline's.
 #[repr(C)]
 pub struct Scratch {
+    /// The QP a reply answers; for a new QP, its reply link's value (a
+    /// data packet's QP is read from the flow key, not copied here).
     qp: QpKey,
     reply: ReplyKey,
     /// The member the QP's data took before this packet.
@@ -122,11 +124,9 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
     // SAFETY: this CPU's own scratch slot.
     let scratch = unsafe { &mut *scratch };
     let ce_marked = at.tos & 3 == 3;
-    trace(&at, f, len);
+    trace(&at, f, len, scratch);
     match seen(at.opcode) {
         Seen::Data => {
-            copy_words(&mut scratch.qp.dst, &key.dst);
-            (scratch.qp.dest_qp, scratch.qp.family) = (key.dest_qp, at.family);
             // The coarse clock (a tick's resolution) is plenty for first and
             // last seen, and a fraction of the precise one's cost. An
             // ACK-ended flowlet compares last seen with the flowlet's own
@@ -137,9 +137,10 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             } else {
                 coarse_now(scratch)
             };
-            (scratch.before_group, scratch.before_position) = (group, position);
-            let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let step = match find(&scratch.qp, set) {
+            // The QP is hashed and looked for in the flow key, where the
+            // pipeline wrote it: copied only into a new entry.
+            let set = qp_set_of(&key.dst, key.dest_qp, QP_SETS_MASK.load()) * QP_WAYS;
+            let step = match find(&key.dst, key.dest_qp, at.family, set) {
                 // SAFETY: a map value; see the module note on races.
                 Some(s) => unsafe {
                     let s = &mut (*s).stats;
@@ -147,17 +148,20 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
                     s.data(at.psn, len, group, position, ce_marked, now)
                 },
                 None => {
+                    (scratch.before_group, scratch.before_position) = (group, position);
                     let Some(slot) = victim(set) else { return };
                     // SAFETY: as above; the slot is written field by field
                     // (a struct assignment would be a byte-loop memset).
                     let step = unsafe {
                         (*slot).key.family = 0;
                         fresh(&mut (*slot).stats, key);
-                        copy_words(&mut (*slot).key.dst, &scratch.qp.dst);
-                        (*slot).key.dest_qp = scratch.qp.dest_qp;
-                        (*slot).key.family = scratch.qp.family;
+                        copy_words(&mut (*slot).key.dst, &key.dst);
+                        (*slot).key.dest_qp = key.dest_qp;
+                        (*slot).key.family = at.family;
                         (*slot).stats.data(at.psn, len, group, position, ce_marked, now)
                     };
+                    copy_words(&mut scratch.qp.dst, &key.dst);
+                    (scratch.qp.dest_qp, scratch.qp.family) = (key.dest_qp, at.family);
                     copy_words(&mut scratch.reply.responder, &key.dst);
                     copy_words(&mut scratch.reply.requester, &key.src);
                     (scratch.reply.src_port, scratch.reply.family) = (u32::from(key.src_port), at.family);
@@ -205,7 +209,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             copy_words(&mut scratch.qp.dst, &qp.dst);
             (scratch.qp.dest_qp, scratch.qp.family) = (qp.dest_qp, qp.family);
             let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let Some(s) = find(&scratch.qp, set) else { return };
+            let Some(s) = find(&scratch.qp.dst, scratch.qp.dest_qp, scratch.qp.family, set) else { return };
             // SAFETY: as above.
             let s = unsafe { &mut (*s).stats };
             s.reply(reply);
@@ -247,15 +251,16 @@ fn coarse_now(scratch: &mut Scratch) -> u64 {
     scratch.tick_ns
 }
 
-/// The slot of the set starting at `set` that holds `qp`.
+/// The slot of the set starting at `set` that holds the QP (`dst`,
+/// `dest_qp`) of `family`.
 #[inline(always)]
-fn find(qp: &QpKey, set: u32) -> Option<*mut QpSlot> {
+fn find(dst: &[u32; 4], dest_qp: u32, family: u32, set: u32) -> Option<*mut QpSlot> {
     for way in 0..QP_WAYS {
         let slot = QP_TELEMETRY.get_ptr_mut(set + way)?;
         // SAFETY: a map value; a slot being rewritten on another CPU may
         // match or not, as with any race on this table.
         let k = unsafe { &(*slot).key };
-        if k.dest_qp == qp.dest_qp && k.dst == qp.dst && k.family == qp.family {
+        if k.dest_qp == dest_qp && k.dst == *dst && k.family == family {
             return Some(slot);
         }
     }
@@ -391,8 +396,10 @@ fn end_keyless_flowlet(flow: &FlowKey, group: u32, mask: u32, data_seen_ns: u64)
 
 /// `rocev2 trace`: when a trace runs and the packet matches its filter,
 /// the decision goes to the ring buffer, written in place (no stack copy).
+/// Its time is this CPU's coarse clock reading of the tick (as first and
+/// last seen): the coarse clock's helper is called once a tick.
 #[inline(always)]
-fn trace(at: &Packet, f: &Forward, len: u64) {
+fn trace(at: &Packet, f: &Forward, len: u64, scratch: &mut Scratch) {
     let Some(filter) = TRACE_FILTER.get(0) else { return };
     let k = at.key;
     if filter.active == 0 || !filter.matches(at.family, &k.src, &k.dst, k.src_port, k.dest_qp, at.opcode) {
@@ -403,7 +410,7 @@ fn trace(at: &Packet, f: &Forward, len: u64) {
     // SAFETY: a reserved ring buffer record of TraceEvent's size; every
     // field is written before it is submitted.
     unsafe {
-        (*e).ts_ns = bpf_ktime_get_coarse_ns();
+        (*e).ts_ns = coarse_now(scratch);
         copy_words(&mut (*e).src, &k.src);
         copy_words(&mut (*e).dst, &k.dst);
         (*e).family = at.family;

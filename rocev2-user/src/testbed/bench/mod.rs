@@ -23,7 +23,7 @@ mod placement;
 mod profile;
 mod telemetry;
 
-use forwarding::{part2, UPLINKS};
+use forwarding::{part2, FwdRow, UPLINKS};
 use rocev2_common::rng::splitmix64;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -756,7 +756,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     against: Against::TelemetryOff,
     goal: TELEMETRY_GOAL_NS,
     steps: || budget::TELEMETRY_STEPS.to_vec(),
-    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare, the PSN's read from the BTH where the pipeline found it, the key's words copied into the scratch slot",
+    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare (both from the flow key where the pipeline wrote it), the PSN's read from the BTH where the pipeline found it",
 };
 
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
@@ -1303,7 +1303,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         profiled.take(p, args.profile_seconds.max(1.0))?;
         profiles.push(profiled.get(p).map(|p| p.render(profile::REPORT_ROWS)).unwrap_or_default());
     }
-    let p2 = part2(args, &mut notes)?;
+    let part1_cost = |r: FwdRow| {
+        let pipeline = |p: Pipeline| p1.above_floor.iter().find(|(q, v6, big, _)| *q == p && !v6 && !big).map(|x| x.3);
+        match r {
+            FwdRow::Rocev2(p) => pipeline(p),
+            FwdRow::Telemetry => pipeline(Pipeline::Qp).zip(p1.costs.get(TELEMETRY_BUDGET.name)).map(|(qp, t)| qp + t),
+            _ => None,
+        }
+    };
+    let p2 = part2(args, &mut notes, &part1_cost)?;
     let bridged = bridge::forwarding_rows(args, p2.mode, p2.qp_vs_kernel)?;
     let rocev2 = std::env::current_exe().context("cannot find the rocev2 binary")?;
     let p4 = kernel_routes::part4(&rocev2, &mut notes)?;
