@@ -163,6 +163,39 @@ pub struct FlowKey {
     pub dest_qp: u32,
 }
 
+/// Writes a flow key into `k`, one volatile store per field (the
+/// pipeline's FLOW_KEY slot, and the bench's primitive of these stores):
+/// built the plain way, LLVM merges an IPv4 key's zero words into a call
+/// to memset, which on BPF is a byte loop; volatile stores are never
+/// merged. `ports` are the source and destination port.
+///
+/// # Safety
+/// `k` must be valid for writes; its padding is left as it was.
+#[inline(always)]
+pub unsafe fn store_flow_key(
+    k: *mut FlowKey,
+    src_word: impl Fn(usize) -> u32,
+    dst_word: impl Fn(usize) -> u32,
+    ipv6: bool,
+    protocol: u8,
+    ports: (u16, u16),
+    dest_qp: u32,
+) {
+    use core::ptr::write_volatile;
+    // SAFETY: the caller's.
+    unsafe {
+        for i in 0..4 {
+            write_volatile(&raw mut (*k).src[i], src_word(i));
+            write_volatile(&raw mut (*k).dst[i], dst_word(i));
+        }
+        write_volatile(&raw mut (*k).src_port, ports.0);
+        write_volatile(&raw mut (*k).dst_port, ports.1);
+        write_volatile(&raw mut (*k).protocol, protocol);
+        write_volatile(&raw mut (*k).ipv6, ipv6);
+        write_volatile(&raw mut (*k).dest_qp, dest_qp);
+    }
+}
+
 #[inline(always)]
 fn word(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])

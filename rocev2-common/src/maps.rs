@@ -305,6 +305,15 @@ pub struct GroupEntry {
     pub flowlet_gap_ns: u64,
 }
 
+impl GroupEntry {
+    /// Whether the pipeline may choose among its members: some, and no
+    /// more than a group holds (a half-published entry is neither).
+    #[inline(always)]
+    pub fn usable(&self) -> bool {
+        self.member_count != 0 && self.member_count <= MAX_MEMBERS_PER_GROUP
+    }
+}
+
 /// Key of FLOWLETS: the flow (five-tuple + DestQP) within its group.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -363,6 +372,14 @@ pub struct MemberEntry {
     pub src_mac: [u8; 6],
     /// Destination MAC: the next hop's address.
     pub dst_mac: [u8; 6],
+}
+
+impl MemberEntry {
+    /// Whether the member may be chosen ([`MEMBER_UP`]).
+    #[inline(always)]
+    pub fn up(&self) -> bool {
+        self.flags & MEMBER_UP != 0
+    }
 }
 
 /// Value of PORTS, keyed by ingress ifindex.

@@ -9,7 +9,7 @@
 //! Nothing covered by the RoCEv2 ICRC is touched: TTL/hop limit, DSCP, ECN
 //! and the IPv4 header checksum are masked out of it; MACs are outside it.
 
-use core::{mem::MaybeUninit, ptr::write_volatile};
+use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, programs::XdpContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
@@ -18,8 +18,8 @@ use rocev2_common::{
     class::ClassAction,
     counters::PortCounter,
     features::Features,
-    hash::{ipv4_words, ipv6_word, FlowKey},
-    maps::{member_index, MAX_MEMBERS_PER_GROUP, MEMBER_UP, POLICY_FLOWLET},
+    hash::{ipv4_words, ipv6_word, store_flow_key, FlowKey},
+    maps::{member_index, MAX_MEMBERS_PER_GROUP, POLICY_FLOWLET},
 };
 
 use crate::{
@@ -184,7 +184,7 @@ pub fn decide<const V4: bool>(
 ) -> Result<Decision, Outcome> {
     let no_member = pass(PortCounter::PassNoMember);
     let group = GROUPS.get(group_id).ok_or(no_member)?;
-    if group.member_count == 0 || group.member_count > MAX_MEMBERS_PER_GROUP {
+    if !group.usable() {
         return Err(no_member);
     }
     let ends_message = match l4.roce {
@@ -206,7 +206,7 @@ pub fn decide<const V4: bool>(
         return Err(no_member);
     }
     let member = MEMBERS.get(member_index(group_id, group.bank & 1, position)).ok_or(no_member)?;
-    if member.flags & MEMBER_UP == 0 {
+    if !member.up() {
         return Err(no_member);
     }
     let class = if enabled(Features::CLASSES) {
@@ -315,9 +315,8 @@ pub fn flow_key_v6(src: &[u8; 16], dst: &[u8; 16], protocol: u8, l4: &L4) -> Res
     flow_key(|i| ipv6_word(src, i), |i| ipv6_word(dst, i), true, protocol, l4)
 }
 
-/// Writes the key into FLOW_KEY, one store per field: built the plain way,
-/// LLVM merges an IPv4 key's zero words into a call to memset, which on
-/// BPF is a byte loop; volatile stores are never merged.
+/// Writes the key into FLOW_KEY, one volatile store per field
+/// ([`store_flow_key`]: never merged into a memset).
 #[inline(always)]
 fn flow_key(
     src_word: impl Fn(usize) -> u32,
@@ -331,15 +330,7 @@ fn flow_key(
     // SAFETY: this CPU's slot, ours for this program run; every field is
     // written before the key is read (padding never is).
     unsafe {
-        for i in 0..4 {
-            write_volatile(&raw mut (*k).src[i], src_word(i));
-            write_volatile(&raw mut (*k).dst[i], dst_word(i));
-        }
-        write_volatile(&raw mut (*k).src_port, l4.src_port);
-        write_volatile(&raw mut (*k).dst_port, l4.dst_port);
-        write_volatile(&raw mut (*k).protocol, protocol);
-        write_volatile(&raw mut (*k).ipv6, ipv6);
-        write_volatile(&raw mut (*k).dest_qp, l4.dest_qp);
+        store_flow_key(k, src_word, dst_word, ipv6, protocol, (l4.src_port, l4.dst_port), l4.dest_qp);
         Ok(&*k)
     }
 }

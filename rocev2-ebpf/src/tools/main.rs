@@ -172,6 +172,30 @@ pub fn rocev2_prim_counters(ctx: XdpContext) -> u32 {
     primitives::counter_adds(&ctx)
 }
 
+/// The floor plus REPEAT reads of the ingress port and its IFINDEX_SLOTS slot.
+#[xdp]
+pub fn rocev2_prim_ingress(ctx: XdpContext) -> u32 {
+    primitives::ingress_port(&ctx)
+}
+
+/// The floor plus REPEAT IPv4 flow keys' volatile stores.
+#[xdp]
+pub fn rocev2_prim_flow_key(ctx: XdpContext) -> u32 {
+    primitives::flow_key_stores(&ctx)
+}
+
+/// The floor plus REPEAT groups' and members' checks.
+#[xdp]
+pub fn rocev2_prim_group(ctx: XdpContext) -> u32 {
+    primitives::group_checks(&ctx)
+}
+
+/// The floor padded to the qp pipeline's JITed size with code never run.
+#[xdp]
+pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {
+    primitives::padded(&ctx)
+}
+
 /// Benchmark peer: forwarding by the kernel FIB (`bpf_fib_lookup`), the
 /// method of xdp-forward.
 #[xdp]

@@ -20,9 +20,13 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
+    buckets::{member_for, BucketTable},
     counters::PortCounter,
-    hash::{member_hash_of_family, FlowKey, HashMode, HashVersion},
-    maps::{FlowletKey, MemberStats, PortCounters},
+    hash::{ipv4_words, member_hash_of_family, store_flow_key, FlowKey, HashMode, HashVersion},
+    maps::{
+        member_index, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PortCounters, MAX_DIRECT_IFINDEX,
+        MAX_MEMBERS_PER_GROUP, MEMBER_UP,
+    },
 };
 
 use crate::{
@@ -53,6 +57,29 @@ pub static PRIM_HASH: LruHashMap<FlowletKey, u32> = LruHashMap::with_max_entries
 pub static PRIM_COUNTERS: PerCpuArray<[PortCounters; REPEAT as usize]> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static PRIM_MEMBER: PerCpuArray<[MemberStats; REPEAT as usize]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Ingress ports' slots, as IFINDEX_SLOTS (all zero: no port registered).
+#[map]
+pub static PRIM_SLOTS: Array<IfindexSlots> = Array::with_max_entries(MAX_DIRECT_IFINDEX, 0);
+
+/// REPEAT flow keys, per CPU, like FLOW_KEY's one, in one value.
+#[map]
+pub static PRIM_FLOW_KEYS: PerCpuArray<[FlowKey; REPEAT as usize]> = PerCpuArray::with_max_entries(1, 0);
+
+/// REPEAT groups, each with its bucket table and its bank of members, as
+/// GROUPS, BUCKETS and MEMBERS hold them (the first run fills them in).
+#[repr(C)]
+pub struct PrimGroups {
+    groups: [GroupEntry; REPEAT as usize],
+    tables: [BucketTable; REPEAT as usize],
+    members: [[MemberEntry; PRIM_MEMBERS as usize]; REPEAT as usize],
+}
+
+/// Members of each of PrimGroups' groups.
+const PRIM_MEMBERS: u32 = 4;
+
+#[map]
+pub static PRIM_GROUPS: Array<PrimGroups> = Array::with_max_entries(1, 0);
 
 /// Bytes between the copies of the rewritten headers in the frame.
 const REWRITE_STRIDE: usize = 64;
@@ -269,4 +296,146 @@ pub fn counter_adds(ctx: &XdpContext) -> u32 {
         m[i].bytes += len;
     }
     finish(m[REPEAT as usize - 1].packets as u32)
+}
+
+/// The ingress port, REPEAT times: `xdp_md.ingress_ifindex` (a volatile
+/// read, so none is merged with another; the verifier rewrites each into
+/// three dependent loads: the xdp_buff's rxq, its device, the device's
+/// ifindex) and its slot in an IFINDEX_SLOTS-like array, as `port_slot`
+/// finds it (bounds test, inlined ARRAY lookup, the slot's field). Each
+/// lookup's key takes the last slot found (0), so the lookups form a
+/// chain; the context reads do not depend on it, so the CPU may start
+/// them early, as it may in the pipeline, where nothing precedes them.
+#[inline(always)]
+pub fn ingress_port(ctx: &XdpContext) -> u32 {
+    let mut slot = 0;
+    for _ in 0..REPEAT {
+        // SAFETY: the context's own field, read as XDP programs read it.
+        let ifindex = unsafe { core::ptr::read_volatile(&raw const (*ctx.ctx).ingress_ifindex) } ^ (slot & 0x8000_0000);
+        slot = if ifindex < MAX_DIRECT_IFINDEX { PRIM_SLOTS.get(ifindex).map_or(NEVER, |s| s.port_slot) } else { 0 };
+    }
+    finish(slot)
+}
+
+/// One IPv4 flow key stored REPEAT times, each into another key of a
+/// per-CPU value found once (the lookup is the PERCPU_ARRAY primitive's),
+/// by the pipeline's own volatile stores (`store_flow_key`): 13 stores
+/// per key, 4 address words each side (3 of them zero), ports, protocol,
+/// family, DestQP. Separate keys: a store never waits for another.
+#[inline(always)]
+pub fn flow_key_stores(ctx: &XdpContext) -> u32 {
+    let x = input(ctx);
+    let Some(keys) = PRIM_FLOW_KEYS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's value, ours for this program run.
+    let keys = unsafe { &mut *keys };
+    let (src, dst) = (ipv4_words(x.to_be_bytes()), ipv4_words((x ^ 0x0A01_0001).to_be_bytes()));
+    for (i, key) in keys.iter_mut().enumerate() {
+        let ports = (0xC000 | i as u16, 4791);
+        // SAFETY: a key of this CPU's value.
+        unsafe { store_flow_key(key, |w| src[w], |w| dst[w], false, 17, ports, x & 0x00FF_FFFF) };
+    }
+    finish(keys[REPEAT as usize - 1].dest_qp)
+}
+
+/// The pipeline's tests on a group and its chosen member, REPEAT times,
+/// each on another group of one value found once (the GROUPS, BUCKETS and
+/// MEMBERS lookups are the ARRAY primitive's): the group usable (member
+/// count in range), its hash mode and bank read, the hash's bucket in the
+/// bank's table, the position in range, the member's index, the member up,
+/// its port and MACs read for the rewrite. Each hash takes the last
+/// member's port and position, so the steps form a chain, as the
+/// pipeline's do from its hash to its member.
+#[inline(always)]
+pub fn group_checks(ctx: &XdpContext) -> u32 {
+    let Some(g) = PRIM_GROUPS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the value is only this program's, and plain data.
+    let g = unsafe { &mut *g };
+    if g.groups[0].member_count == 0 {
+        fill_groups(g);
+    }
+    let mut hash = input(ctx).wrapping_mul(0x9E37_79B9);
+    let mut macs = 0u32;
+    for i in 0..REPEAT as usize {
+        let group = &g.groups[i];
+        if !group.usable() {
+            return xdp_action::XDP_PASS;
+        }
+        let mode = HashMode::from_u32(group.hash_mode).unwrap_or(HashMode::FiveTuple) as u32;
+        let bank = group.bank & 1;
+        let position = member_for(&g.tables[i], hash ^ mode);
+        if position >= MAX_MEMBERS_PER_GROUP {
+            return xdp_action::XDP_PASS;
+        }
+        // One bank of PRIM_MEMBERS members per group: the index as the
+        // pipeline computes it, folded into the bank this value holds.
+        let index = member_index(i as u32, bank, position) % PRIM_MEMBERS;
+        let Some(member) = g.members[i].get(index as usize) else { return xdp_action::XDP_PASS };
+        if !member.up() {
+            return xdp_action::XDP_PASS;
+        }
+        macs ^= u32::from(member.src_mac[5]) ^ u32::from(member.dst_mac[5]);
+        hash = hash.rotate_left(8) ^ member.ifindex ^ position;
+    }
+    // The top bit set: never NEVER, whatever the hash.
+    finish((hash ^ macs) | 0x8000_0000)
+}
+
+/// The first run's groups: PRIM_MEMBERS members each, all up, the
+/// buckets shared among them as a publish shares them.
+#[inline(never)]
+fn fill_groups(g: &mut PrimGroups) {
+    for i in 0..REPEAT as usize {
+        g.groups[i] =
+            GroupEntry { member_count: PRIM_MEMBERS, hash_mode: HashMode::Qp as u32, ..GroupEntry::default() };
+        for (b, bucket) in g.tables[i].iter_mut().enumerate() {
+            *bucket = (b as u32 % PRIM_MEMBERS) as u8;
+        }
+        for (m, member) in g.members[i].iter_mut().enumerate() {
+            *member = MemberEntry {
+                ifindex: 1,
+                flags: MEMBER_UP,
+                src_mac: [2, 0, 0, 0, 0, m as u8],
+                dst_mac: [2, 0, 0, 0, 1, m as u8],
+            };
+        }
+    }
+}
+
+/// Never run for the bench's frame (no frame is [`NEVER`] bytes long):
+/// code that makes the program as large as the qp pipeline's, JITed, so
+/// the padded floor differs from the floor by its size alone. Inlined:
+/// the program's own function is the large one, as the pipeline's is.
+#[inline(always)]
+fn padding(ctx: &XdpContext) -> u32 {
+    let x = input(ctx);
+    let mut key =
+        FlowKey { src_port: 0xC000, dst_port: 4791, protocol: 17, dest_qp: x, ipv6: true, ..FlowKey::default() };
+    key.src = [x, x ^ 1, x ^ 2, x ^ 3];
+    key.dst = [x ^ 4, x ^ 5, x ^ 6, x ^ 7];
+    let mut h = x;
+    macro_rules! x4 {
+        ($($b:tt)*) => { $($b)* $($b)* $($b)* $($b)* };
+    }
+    x4! {
+        x4! {
+            h = member_hash_of_family::<false>(&key, HashMode::Qp, h, HashVersion::V1);
+            key.src[0] ^= h;
+        }
+    }
+    h
+}
+
+/// The floor padded to about the qp pipeline's JITed size (9.7 KB) with
+/// code no bench frame runs: what a program's size and place cost by
+/// themselves, against the floor.
+#[inline(always)]
+pub fn padded(ctx: &XdpContext) -> u32 {
+    if input(ctx) == NEVER {
+        return padding(ctx);
+    }
+    finish(0)
 }

@@ -94,5 +94,10 @@ fn unknown_pipeline_is_refused_with_the_names() {
     let out = profile("ecmp");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown pipeline \"ecmp\" (one of five-tuple, qp, flowlet, full)"), "{err}");
+    assert!(
+        err.contains(
+            "unknown pipeline \"ecmp\" (one of five-tuple, qp, flowlet, full; or floor, or a primitive's program)"
+        ),
+        "{err}"
+    );
 }

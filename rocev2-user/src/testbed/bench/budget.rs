@@ -36,10 +36,16 @@ pub enum Primitive {
     Call,
     Rewrite,
     CounterAdds,
+    IngressPort,
+    FlowKeyStores,
+    GroupChecks,
+    /// Not a step of any path: the floor padded to the qp pipeline's
+    /// JITed size, what size alone costs (the entry's evidence).
+    PaddedFloor,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 13] = [
+    pub const ALL: [Primitive; 17] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -53,6 +59,10 @@ impl Primitive {
         Primitive::HashV1,
         Primitive::Rewrite,
         Primitive::CounterAdds,
+        Primitive::IngressPort,
+        Primitive::FlowKeyStores,
+        Primitive::GroupChecks,
+        Primitive::PaddedFloor,
     ];
 
     /// The tools object's program that measures it.
@@ -71,13 +81,17 @@ impl Primitive {
             Primitive::Call => "rocev2_prim_call",
             Primitive::Rewrite => "rocev2_prim_rewrite",
             Primitive::CounterAdds => "rocev2_prim_counters",
+            Primitive::IngressPort => "rocev2_prim_ingress",
+            Primitive::FlowKeyStores => "rocev2_prim_flow_key",
+            Primitive::GroupChecks => "rocev2_prim_group",
+            Primitive::PaddedFloor => "rocev2_prim_padded",
         }
     }
 
     /// How many times its program does it.
     pub fn repeat(self) -> u32 {
         match self {
-            Primitive::Parse => 1,
+            Primitive::Parse | Primitive::PaddedFloor => 1,
             _ => REPEAT,
         }
     }
@@ -98,6 +112,10 @@ impl Primitive {
             Primitive::Call => "BPF-to-BPF call and return",
             Primitive::Rewrite => "IPv4 rewrite: TTL and DSCP/ECN with two incremental checksum updates, both MACs",
             Primitive::CounterAdds => "counting a forwarded packet: 5 adds to the port's block, 2 to the member's",
+            Primitive::IngressPort => "the ingress port: `xdp_md.ingress_ifindex` (3 dependent loads, as the verifier rewrites it) and its IFINDEX_SLOTS slot (bounds test, inlined ARRAY lookup, the field)",
+            Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
+            Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
+            Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
     }
 
@@ -117,6 +135,10 @@ impl Primitive {
             Primitive::Call => "BPF-to-BPF call",
             Primitive::Rewrite => "rewrite",
             Primitive::CounterAdds => "counter adds",
+            Primitive::IngressPort => "the ingress port",
+            Primitive::FlowKeyStores => "flow key stores",
+            Primitive::GroupChecks => "group and member checks",
+            Primitive::PaddedFloor => "padded floor",
         }
     }
 
@@ -134,6 +156,10 @@ impl Primitive {
             Primitive::Call => "the call and its return through this CPU's return thunk (SRSO mitigation: every return mispredicts); each call is there for the verifier's 512-byte stack limit per call chain",
             Primitive::Rewrite => "the forwarding itself: a router must decrement the TTL and keep the header checksum right (RFC 1624's update, two 16-bit words), and write the next hop's MACs",
             Primitive::CounterAdds => "a load, an add and a store per counter, per-CPU so without atomics; the counters are the switch's accounting (`rocev2 stats`), and the counters-off row of part 1 shows their whole cost",
+            Primitive::IngressPort => "XDP gives the ingress port only as `xdp_md.ingress_ifindex`, which the verifier turns into three dependent loads (the xdp_buff's rxq, its device, the device's ifindex), each waiting for the last; the per-port counters need the port's slot, one more lookup on it. Only dropping per-port counting (or a program per port, its slot a constant) would remove it",
+            Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
+            Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
+            Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
     }
 }
@@ -167,50 +193,81 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
     Step { primitive, what, map: None }
 }
 
-use Primitive::{Array, Call, Clock, CounterAdds, Jiffies, LruHash, Parse, PerCpuArray, Rewrite};
+use Primitive::{
+    Array, Call, Clock, CounterAdds, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse, PerCpuArray,
+    Rewrite,
+};
 
-/// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
-/// hit, from the program's entry to the redirect (which the floor pays).
-pub const QP_PATH: &[Step] = &[
-    lookup(Array, "IFINDEX_SLOTS"),
+/// `a` then `b`, in a constant (paths share their first steps).
+const fn then<const A: usize, const B: usize, const N: usize>(a: [Step; A], b: [Step; B]) -> [Step; N] {
+    assert!(A + B == N, "N must be A + B");
+    let mut out = [step(Parse, ""); N];
+    let mut i = 0;
+    while i < A {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < N {
+        out[i] = b[i - A];
+        i += 1;
+    }
+    out
+}
+
+/// The ingress port's IFINDEX_SLOTS slot, found with the port (the
+/// lookup is part of that primitive).
+const INGRESS: Step =
+    Step { primitive: IngressPort, what: "ingress_ifindex and its IFINDEX_SLOTS slot", map: Some("IFINDEX_SLOTS") };
+
+/// Every IPv4 packet's path to its group: the ingress port, the parse,
+/// the family's function, the route cache, the flow key, the group.
+const TO_THE_GROUP: [Step; 8] = [
+    INGRESS,
     step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
     step(Call, "forward_v4_call (the IPv4 function)"),
     lookup(Array, "CONFIG"),
     lookup(PerCpuArray, "ROUTE_CACHE"),
     lookup(PerCpuArray, "FLOW_KEY"),
+    step(FlowKeyStores, "FLOW_KEY's fields"),
     lookup(Array, "GROUPS"),
-    lookup(Array, "CONFIG"),
-    step(Primitive::HashV2Ipv4, "member hash"),
-    lookup(Array, "BUCKETS"),
-    lookup(Array, "MEMBERS"),
-    step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
-    lookup(PerCpuArray, "PORT_COUNTERS"),
-    lookup(PerCpuArray, "MEMBER_STATS"),
-    step(CounterAdds, "port and member counters"),
 ];
+
+/// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
+/// hit, from the program's entry to the redirect (which the floor pays).
+pub const QP_PATH: &[Step] = &then::<8, 9, 17>(
+    TO_THE_GROUP,
+    [
+        lookup(Array, "CONFIG"),
+        step(Primitive::HashV2Ipv4, "member hash"),
+        lookup(Array, "BUCKETS"),
+        lookup(Array, "MEMBERS"),
+        step(GroupChecks, "GroupEntry, bucket and MemberEntry"),
+        step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
+        lookup(PerCpuArray, "PORT_COUNTERS"),
+        lookup(PerCpuArray, "MEMBER_STATS"),
+        step(CounterAdds, "port and member counters"),
+    ],
+);
 
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
 /// found and kept): no member hash and no bucket table (the flow's entry
 /// names the member), the clock and the flowlet table instead.
-pub const FLOWLET_PATH: &[Step] = &[
-    lookup(Array, "IFINDEX_SLOTS"),
-    step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
-    step(Call, "forward_v4_call (the IPv4 function)"),
-    lookup(Array, "CONFIG"),
-    lookup(PerCpuArray, "ROUTE_CACHE"),
-    lookup(PerCpuArray, "FLOW_KEY"),
-    lookup(Array, "GROUPS"),
-    step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
-    lookup(Array, "CONFIG"),
-    step(Call, "flowlet_position (keyed table)"),
-    lookup(PerCpuArray, "FLOWLET_SCRATCH"),
-    lookup(LruHash, "FLOWLETS"),
-    lookup(Array, "MEMBERS"),
-    step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
-    lookup(PerCpuArray, "PORT_COUNTERS"),
-    lookup(PerCpuArray, "MEMBER_STATS"),
-    step(CounterAdds, "port and member counters"),
-];
+pub const FLOWLET_PATH: &[Step] = &then::<8, 11, 19>(
+    TO_THE_GROUP,
+    [
+        step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
+        lookup(Array, "CONFIG"),
+        step(Call, "flowlet_position (keyed table)"),
+        lookup(PerCpuArray, "FLOWLET_SCRATCH"),
+        lookup(LruHash, "FLOWLETS"),
+        lookup(Array, "MEMBERS"),
+        step(GroupChecks, "GroupEntry and MemberEntry"),
+        step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
+        lookup(PerCpuArray, "PORT_COUNTERS"),
+        lookup(PerCpuArray, "MEMBER_STATS"),
+        step(CounterAdds, "port and member counters"),
+    ],
+);
 
 /// What the full pipeline adds to [`FLOWLET_PATH`]: two classes tried
 /// (neither matches the bench's WRITE_ONLY) and the egress port's virtual
@@ -417,6 +474,9 @@ mod tests {
             (Primitive::CoarseClock, 4.0),
             (Primitive::Rewrite, 6.0),
             (Primitive::CounterAdds, 3.0),
+            (Primitive::IngressPort, 4.0),
+            (Primitive::FlowKeyStores, 2.0),
+            (Primitive::GroupChecks, 3.0),
         ]))
     }
 
@@ -424,19 +484,24 @@ mod tests {
     fn qp_split_counts_each_primitive_once_per_step() {
         let s = split(100.0, QP_PATH, &floors());
         let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
-        assert_eq!(count(Primitive::Array), 6);
+        assert_eq!(count(Primitive::Array), 5, "IFINDEX_SLOTS is the ingress port's");
         assert_eq!(count(Primitive::PerCpuArray), 4);
         assert_eq!(count(Primitive::Call), 1, "one BPF-to-BPF call on the hashed path");
         assert_eq!(count(Primitive::Parse), 1);
         assert_eq!(count(Primitive::HashV2Ipv4), 1);
         assert_eq!(count(Primitive::Rewrite), 1);
         assert_eq!(count(Primitive::CounterAdds), 1);
-        // 6x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 = 66
-        assert_eq!(s.accounted, 66.0);
-        assert_eq!(s.remainder, 34.0);
+        assert_eq!(count(Primitive::IngressPort), 1);
+        assert_eq!(count(Primitive::FlowKeyStores), 1);
+        assert_eq!(count(Primitive::GroupChecks), 1);
+        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 = 73
+        assert_eq!(s.accounted, 73.0);
+        assert_eq!(s.remainder, 27.0);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
-        assert_eq!(array.ns, 12.0);
-        assert_eq!(folded(&array.whats), "IFINDEX_SLOTS, CONFIG x2, GROUPS, BUCKETS, MEMBERS");
+        assert_eq!(array.ns, 10.0);
+        assert_eq!(folded(&array.whats), "CONFIG x2, GROUPS, BUCKETS, MEMBERS");
+        let ingress = s.parts.iter().find(|x| x.primitive == Primitive::IngressPort).unwrap();
+        assert_eq!(folded(&ingress.whats), "ingress_ifindex and its IFINDEX_SLOTS slot");
     }
 
     #[test]
@@ -449,6 +514,13 @@ mod tests {
     }
 
     #[test]
+    fn the_qp_and_flowlet_paths_share_their_way_to_the_group() {
+        assert_eq!(QP_PATH[..TO_THE_GROUP.len()], TO_THE_GROUP);
+        assert_eq!(FLOWLET_PATH[..TO_THE_GROUP.len()], TO_THE_GROUP);
+        assert_eq!(QP_PATH.last().map(|s| s.primitive), Some(CounterAdds));
+    }
+
+    #[test]
     fn full_pipeline_adds_classes_and_ecn_to_the_flowlet_path() {
         let full: Vec<Step> = FLOWLET_PATH.iter().chain(CLASSES_ECN_STEPS).copied().collect();
         let s = split(200.0, &full, &floors());
@@ -456,8 +528,9 @@ mod tests {
         assert_eq!(count(Primitive::Call), 4);
         assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
         assert_eq!(count(Primitive::LruHash), 1);
-        // Array 5+7=12 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6, CounterAdds 3
-        assert_eq!(s.accounted, 24.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0);
+        // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3
+        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0);
     }
 
     #[test]

@@ -90,7 +90,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub fwd_rounds: usize,
     /// Instead of the report: where one pipeline's per-packet time goes,
-    /// source line by source line (five-tuple, qp, flowlet or full), from
+    /// source line by source line (five-tuple, qp, flowlet or full; or
+    /// `floor`, or a primitive's program such as `rocev2_prim_array`), from
     /// `perf record` samples of its part-1 measurement. The report has the
     /// qp and full pipelines' profiles too.
     #[arg(long, value_name = "PIPELINE")]
@@ -261,7 +262,7 @@ fn add_classes(dp: &mut Dataplane) -> Result<()> {
 /// A part-1 row measured on its own dataplane instance: the pipelines with
 /// the features `rocev2 run` would load for them, and the marginal rows
 /// (qp plus one feature, or minus the counters) read against qp.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Pipeline(Pipeline),
     /// The flowlet pipeline with a keyless table (4096 slots) instead of the keyed LRU.
@@ -664,23 +665,22 @@ struct Part1 {
     telemetry_off_v4: f64,
 }
 
-/// The rows with a goal that get a budget table: name, the row they are
-/// read against, goal, path, the variant whose verified program the path
-/// is checked against, and what the remainder holds.
+/// The rows with a goal that get a budget table: name, the program whose
+/// cost it is, what that cost is read against, goal, path, and what the
+/// remainder holds.
 struct BudgetRow {
     name: &'static str,
-    against: &'static str,
+    /// The row's own program: a variant's (whose verified program the
+    /// path is checked against), or telemetry on.
+    program: Profiled,
+    against: Against,
     goal: f64,
     steps: fn() -> Vec<budget::Step>,
-    variant: Option<Variant>,
     remainder: &'static str,
-    /// The programs whose line profiles place the remainder: the row's,
-    /// and for a marginal row the one it is read against.
-    profiled: (Profiled, Option<Profiled>),
 }
 
 /// A program the budgets' line profiles sample (IPv4, part 1's frame).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Profiled {
     Variant(Variant),
     /// The qp pipeline with per-QP telemetry on (true) or off, on the
@@ -688,36 +688,75 @@ enum Profiled {
     Telemetry(bool),
 }
 
+/// What a budget row's cost is read against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Against {
+    /// The trivial redirect: the row's cost above the floor.
+    Floor,
+    /// The qp row: a marginal row's cost is what it adds to qp.
+    Qp,
+    /// The qp pipeline with telemetry off (telemetry's marginal).
+    TelemetryOff,
+}
+
+impl Against {
+    /// As the budget's heading says it ("+54.0 ns above qp").
+    fn text(self) -> &'static str {
+        match self {
+            Against::Floor => "the floor",
+            Against::Qp => "qp",
+            Against::TelemetryOff => "telemetry off",
+        }
+    }
+
+    /// The program whose profile a marginal row's is read against.
+    fn profiled(self) -> Option<Profiled> {
+        match self {
+            Against::Floor => None,
+            Against::Qp => Some(Profiled::Variant(QP)),
+            Against::TelemetryOff => Some(Profiled::Telemetry(false)),
+        }
+    }
+}
+
 /// The qp row, what the marginal rows are read against.
 const QP: Variant = Variant::Pipeline(Pipeline::Qp);
 
-/// A budget row's profiles: its variant's, and for a marginal row qp's.
-const fn variant_profiles(v: Variant, marginal: bool) -> (Profiled, Option<Profiled>) {
-    (Profiled::Variant(v), if marginal { Some(Profiled::Variant(QP)) } else { None })
-}
-
 impl BudgetRow {
-    /// A marginal row: its cost and path are what it adds to qp.
+    /// A marginal row: its cost and path are what it adds to another row.
     fn is_marginal(&self) -> bool {
-        self.against != "the floor"
+        self.against != Against::Floor
+    }
+
+    /// The variant whose part-1 row is this row's cost, if it is one.
+    fn variant(&self) -> Option<Variant> {
+        match self.program {
+            Profiled::Variant(v) => Some(v),
+            Profiled::Telemetry(_) => None,
+        }
+    }
+
+    /// The programs whose line profiles place the remainder: the row's,
+    /// and for a marginal row the one it is read against.
+    fn profiled(&self) -> (Profiled, Option<Profiled>) {
+        (self.program, self.against.profiled())
     }
 }
 
 /// The budget row whose cost is the one of `variant`'s row.
 fn budget_row_of(variant: Variant) -> Option<&'static BudgetRow> {
-    BUDGET_ROWS.iter().find(|b| b.variant == Some(variant))
+    BUDGET_ROWS.iter().find(|b| b.variant() == Some(variant))
 }
 
 /// The budget row of per-QP telemetry (its cost comes from the telemetry
 /// rows, which run on instances of their own).
 const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     name: "marginal: telemetry on (4096 QPs)",
-    against: "telemetry off",
+    program: Profiled::Telemetry(true),
+    against: Against::TelemetryOff,
     goal: TELEMETRY_GOAL_NS,
     steps: || budget::TELEMETRY_STEPS.to_vec(),
-    variant: None,
     remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare (both from the flow key where the pipeline wrote it), the PSN's read from the BTH where the pipeline found it",
-    profiled: (Profiled::Telemetry(true), Some(Profiled::Telemetry(false))),
 };
 
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
@@ -725,57 +764,51 @@ const REST_OF_PATH: &str = "the rest of the instruction path, spread over many l
 const BUDGET_ROWS: [BudgetRow; 7] = [
     BudgetRow {
         name: "rocev2 qp",
-        against: "the floor",
+        program: Profiled::Variant(QP),
+        against: Against::Floor,
         goal: 40.0,
         steps: || budget::QP_PATH.to_vec(),
-        variant: Some(Variant::Pipeline(Pipeline::Qp)),
         remainder: REST_OF_PATH,
-        profiled: variant_profiles(Variant::Pipeline(Pipeline::Qp), false),
     },
     BudgetRow {
         name: "rocev2 five-tuple",
-        against: "the floor",
+        program: Profiled::Variant(Variant::Pipeline(Pipeline::FiveTuple)),
+        against: Against::Floor,
         goal: 45.0,
         steps: || budget::QP_PATH.to_vec(),
-        variant: Some(Variant::Pipeline(Pipeline::FiveTuple)),
         remainder: REST_OF_PATH,
-        profiled: variant_profiles(Variant::Pipeline(Pipeline::FiveTuple), false),
     },
     BudgetRow {
         name: "rocev2 flowlet",
-        against: "the floor",
+        program: Profiled::Variant(Variant::Pipeline(Pipeline::Flowlet)),
+        against: Against::Floor,
         goal: 80.0,
         steps: || budget::FLOWLET_PATH.to_vec(),
-        variant: Some(Variant::Pipeline(Pipeline::Flowlet)),
         remainder: "as qp's, plus the flowlet decision (gap, generation, message end) and the entry's update in place",
-        profiled: variant_profiles(Variant::Pipeline(Pipeline::Flowlet), false),
     },
     BudgetRow {
         name: "rocev2 flowlet+ECN+classes",
-        against: "the floor",
+        program: Profiled::Variant(Variant::Pipeline(Pipeline::Full)),
+        against: Against::Floor,
         goal: 100.0,
         steps: || [budget::FLOWLET_PATH, budget::CLASSES_ECN_STEPS].concat(),
-        variant: Some(Variant::Pipeline(Pipeline::Full)),
         remainder: "as flowlet's, plus the class match tests, the virtual queue's arithmetic (drain, depth, thresholds) and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
-        profiled: variant_profiles(Variant::Pipeline(Pipeline::Full), false),
     },
     BudgetRow {
         name: "marginal: ECN virtual queue",
-        against: "qp",
+        program: Profiled::Variant(Variant::QpEcn),
+        against: Against::Qp,
         goal: ECN_GOAL_NS,
         steps: || budget::ECN_STEPS.to_vec(),
-        variant: Some(Variant::QpEcn),
         remainder: "the virtual queue's arithmetic (drain since the last packet, depth, thresholds), the egress counter adds, the call's argument packing and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
-        profiled: variant_profiles(Variant::QpEcn, true),
     },
     BudgetRow {
         name: "marginal: every feature loaded, unused",
-        against: "qp",
+        program: Profiled::Variant(Variant::QpAllFeaturesLoaded),
+        against: Against::Qp,
         goal: UNUSED_FEATURES_GOAL_NS,
         steps: || budget::UNUSED_STEPS.to_vec(),
-        variant: Some(Variant::QpAllFeaturesLoaded),
         remainder: "the feature tests and the branches around the three lookups (each `enabled()` test stays: the load of a frozen global)",
-        profiled: variant_profiles(Variant::QpAllFeaturesLoaded, true),
     },
     TELEMETRY_BUDGET,
 ];
@@ -847,15 +880,22 @@ fn place_budgets(p1: &Part1, seconds: f64) -> Result<(BTreeMap<&'static str, pla
     // Part 1's ns above the floor of a profiled program (IPv4, 10 routes).
     let measured = |p: Profiled| match p {
         Profiled::Variant(v) => p1.above_v4.get(v.name()).copied(),
-        Profiled::Telemetry(on) => {
-            let off = p1.telemetry_off_v4 - p1.floor_v4;
-            Some(if on { off + p1.costs.get(TELEMETRY_BUDGET.name)? } else { off })
-        }
+        // Telemetry on is only read against off (its cost is added above).
+        Profiled::Telemetry(_) => Some(p1.telemetry_off_v4 - p1.floor_v4),
     };
     for b in &BUDGET_ROWS {
         let Some(cost) = p1.costs.get(b.name) else { continue };
-        let (row, against) = b.profiled;
-        let (Some(row_ns), against_ns) = (measured(row), against.map(measured)) else { continue };
+        let (row, against) = b.profiled();
+        let against_ns = against.map(measured);
+        // A marginal row's profile is scaled to the other row's cost plus
+        // its own measured against it (the median of per-round pairs, not
+        // the difference of two medians above the floor), so the two
+        // profiles' difference places exactly the marginal's cost.
+        let row_ns = match against_ns {
+            Some(Some(a)) => Some(a + cost),
+            _ => measured(row),
+        };
+        let Some(row_ns) = row_ns else { continue };
         profiles.take(row, seconds)?;
         if let Some(a) = against {
             profiles.take(a, seconds)?;
@@ -892,10 +932,10 @@ fn budget_report(p1: &Part1, placed: &BTreeMap<&'static str, placement::Placemen
         let s = budget::split(*cost, &(b.steps)(), &p1.floors);
         match placed.get(b.name) {
             Some(p) => {
-                md.push_str(&budget::render(b.name, b.against, b.goal, &s, PLACED_BELOW));
-                md.push_str(&placement::render(p, &s));
+                md.push_str(&budget::render(b.name, b.against.text(), b.goal, &s, PLACED_BELOW));
+                md.push_str(&placement::render(p, &s, &p1.floors));
             }
-            None => md.push_str(&budget::render(b.name, b.against, b.goal, &s, b.remainder)),
+            None => md.push_str(&budget::render(b.name, b.against.text(), b.goal, &s, b.remainder)),
         }
     }
     (rows, md)
@@ -928,7 +968,7 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
     }
     // Each budget's path against the program verified for its row.
     for b in &BUDGET_ROWS {
-        let Some(v) = b.variant else { continue };
+        let Some(v) = b.variant() else { continue };
         let i = VARIANTS.iter().position(|x| *x == v).expect("a variant of the table");
         budget::check_path(b.name, &checked_path(b), &static_counts(&mut instances[i], XDP_PROGRAM)?)?;
     }
@@ -1094,6 +1134,8 @@ fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) ->
         if !big {
             let i = instructions(&mut floor, XDP_REDIRECT_PROGRAM)?;
             reading.push(instructions_line(&i, "floor"));
+            let i = instructions(&mut floor, budget::Primitive::PaddedFloor.program())?;
+            reading.push(instructions_line(&i, "the padded floor (code never run, to about qp's JITed size)"));
             for (v, dp) in VARIANTS.iter().zip(instances.iter_mut()) {
                 let i = instructions(dp, XDP_PROGRAM)?;
                 reading.push(instructions_line(&i, v.name()));
@@ -1228,7 +1270,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     if let Some(name) = &args.profile {
-        let p = profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?;
+        let p = if let Some(program) = profile::tools_program_named(name) {
+            // The floor or a primitive, on part 1's frame, as part 1 runs it.
+            let frame = bench_frame(args.profile_v6, 255, [2, 0, 0, 0, 0, 0xFE]);
+            let mut floor = test_run_floor()?;
+            profile::profile_program(&mut floor, program, &[&frame], program, args.profile_seconds)?
+        } else {
+            profile::profile(profile::pipeline_named(name)?, args.profile_v6, args.profile_seconds)?
+        };
         print!("{}", p.render(args.profile_rows));
         return Ok(());
     }
@@ -1332,12 +1381,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_budget_row_profiles_its_program_and_a_marginal_one_the_row_it_is_read_against() {
+    fn a_budget_row_is_read_against_what_its_variant_is_measured_against() {
         for b in &BUDGET_ROWS {
-            assert_eq!(b.profiled.1.is_some(), b.is_marginal(), "{}", b.name);
-            if let Some(v) = b.variant {
-                assert!(b.profiled.0 == Profiled::Variant(v), "{}", b.name);
-                assert!(b.profiled.1.is_none() || b.profiled.1 == Some(Profiled::Variant(QP)), "{}", b.name);
+            assert_eq!(b.profiled().1.is_some(), b.is_marginal(), "{}", b.name);
+            match b.variant() {
+                // A pipeline's cost is above the floor; a marginal variant's against qp.
+                Some(v) => assert_eq!(b.against, if v.marginal() { Against::Qp } else { Against::Floor }, "{}", b.name),
+                None => assert_eq!((b.program, b.against), (Profiled::Telemetry(true), Against::TelemetryOff)),
             }
         }
     }

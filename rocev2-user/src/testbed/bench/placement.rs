@@ -20,7 +20,7 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
-    budget::{Primitive, Split},
+    budget::{Floors, Primitive, Split},
     profile::{Detail, LineCost, Profile},
 };
 
@@ -119,6 +119,10 @@ pub enum Place {
     Features,
     Telemetry,
     Other,
+    /// The program's first line record (its prologue and first
+    /// instructions): where the entry after the test-run harness stalls,
+    /// as it does on the floor's first instructions.
+    FirstLine,
     Redirect,
 }
 
@@ -135,6 +139,9 @@ impl Place {
             Place::Call => &[Primitive::Call],
             Place::Rewrite => &[Primitive::Rewrite],
             Place::Counters => &[Primitive::CounterAdds],
+            Place::IngressPort => &[Primitive::IngressPort],
+            Place::FlowKey => &[Primitive::FlowKeyStores],
+            Place::MemberChoice => &[Primitive::GroupChecks],
             _ => &[],
         }
     }
@@ -167,19 +174,29 @@ impl Place {
             Place::Features => "feature tests",
             Place::Telemetry => "telemetry's QP entry",
             Place::Other => "other lines",
+            Place::FirstLine => "the program's first instructions",
             Place::Redirect => "the redirect, beyond the compared program's",
+        }
+    }
+
+    /// Why a row read against the floor has lines of a primitive its
+    /// budget's path does not take.
+    pub fn off_path_why(self) -> &'static str {
+        match self {
+            Place::Hash => OFF_PATH_HASH,
+            _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
         }
     }
 
     /// Why a step stays (a primitive's reason is its budget line's).
     pub fn why(self) -> &'static str {
         match self {
-            Place::Entry => "the program's entry and exit: its first instructions (where the fetch of the program's code after the harness shows), the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action; the redirect is left out (the floor pays it), the prologue the floor has too is not (a few instructions)",
-            Place::IngressPort => "the ingress port's ifindex (`xdp_md.ingress_ifindex`, which the verifier turns into dependent loads: the xdp_buff's rxq, its device, the device's ifindex) and its slot in IFINDEX_SLOTS: the per-port counters need the port, and XDP gives it no other way; the floor reads no context field",
+            Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
+            Place::IngressPort => "a primitive (the table above): the context field's three dependent loads, the slot's bounds test, lookup and field; where the first use of the port stalls lands on the line that uses it",
             Place::RouteCache => "the destination's slot in the per-CPU route cache (a multiply) and the compare of family, route generation and address: the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves)",
             Place::Checks => "the IPv4 header's fields read once, and the tests that decide whether the switch may forward the packet at all (fragment, TTL, options): each a load and a branch",
-            Place::FlowKey => "the flow key's stores into this CPU's FLOW_KEY slot, one per field (volatile: merged, LLVM would make them a memset, a byte loop on BPF); the hash and the tables read the key there, off the 512-byte stack",
-            Place::MemberChoice => "the group's checks (member count, policy, bank) and the member's (position in range, up), the bucket and member indexes: the tests that keep a half-published group from forwarding",
+            Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
+            Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "the flowlet decision (gap since the flow's last packet, generation, message end) and the entry's update in place, field by field",
             Place::Classes => "the class table's tests (opcode set, payload size, DSCP) for each class tried: the classes this row configures never match the bench's WRITE_ONLY, so every one is tried",
             Place::Ecn => "the virtual queue's arithmetic (drain since its last packet: a multiply and a shift; depth; thresholds), its update, the egress counters and, between the thresholds, the random draw",
@@ -188,12 +205,28 @@ impl Place {
             Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
             Place::Telemetry => "the QP table's set index, key compare and the entry's update (PSN step, packet and byte counts, member check)",
             Place::Other => "lines no rule of bench/placement.rs names (the lines say where)",
+            Place::FirstLine => "where the entry after the test-run harness stalls, on whatever the program's first instructions are: the floor pays it on its own",
             Place::Redirect => "the devmap redirect, which the floor pays too: what is left is the difference between two profiles of the same work",
             Place::Call => "a primitive (the table above): the callee's prologue and the instruction the return comes back to (where its misprediction stalls); the call's argument moves are the caller's",
             Place::Lookup => "a primitive (the table above): the inlined lookup's instructions; the first use of the value it finds lands on the line that reads it",
             _ => "a primitive: see its row in the table above",
         }
     }
+}
+
+/// Why hash.rs's lines show in a row whose packet takes no member hash
+/// (a flowlet packet inside its flowlet: the group's policy branch jumps
+/// past the hash, see the built object's `llvm-objdump -d -l`).
+const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
+
+/// The entry's why for a row read against the floor, with what the
+/// padded floor (the floor with never-run code to about the qp
+/// pipeline's JITed size) measured in this run.
+fn entry_why(padded_ns: f64) -> String {
+    format!(
+        "{}. Its budget column is the floor padded with code it never runs to about the qp pipeline's JITed size, measured {padded_ns:+.1} ns against the floor in this run (part 1's `padded floor` primitive): what a program's size and place cost by themselves. The entry's stall after the harness lands on a program's first instructions: the floor's and the padded floor's profiles (`rocev2 bench --profile floor`, `--profile rocev2_prim_padded`) show it there as this program's shows it on its first line, so it is the floor's, and left out with the redirect",
+        Place::Entry.why()
+    )
 }
 
 /// The part of a budget a kernel function called from the program is.
@@ -228,8 +261,8 @@ fn library_place(library: &str) -> Option<Place> {
     if location.starts_with("core/src/ptr/non_null.rs:") && text.contains("is_null") {
         return Some(Place::Lookup);
     }
-    // Volatile stores outside telemetry are the flow key's (forward.rs's
-    // flow_key; a unit test checks the sources); classify files
+    // Volatile stores outside telemetry are the flow key's (hash.rs's
+    // store_flow_key; a unit test checks the sources); classify files
     // telemetry's own by their line.
     if location.starts_with("core/src/ptr/mod.rs:") && text.contains("volatile_store") {
         return Some(Place::FlowKey);
@@ -276,7 +309,7 @@ fn source_place(file: &str, function: &str) -> Place {
         (false, "bth.rs", _) => Place::Parse,
         (false, "checksum.rs", "update_u16") => Place::Rewrite,
         (false, "checksum.rs", _) => Place::Parse,
-        (false, "hash.rs", "word" | "ipv4_words" | "ipv6_words" | "ipv6_word") => Place::FlowKey,
+        (false, "hash.rs", "word" | "ipv4_words" | "ipv6_words" | "ipv6_word" | "store_flow_key") => Place::FlowKey,
         (false, "hash.rs", _) => Place::Hash,
         (true, "forward.rs", "flow_key" | "flow_key_v4" | "flow_key_v6") => Place::FlowKey,
         (true, "forward.rs", "decide") => Place::MemberChoice,
@@ -285,13 +318,15 @@ fn source_place(file: &str, function: &str) -> Place {
         (true, "forward.rs", _) => Place::Entry,
         (true, "route.rs", _) => Place::RouteCache,
         (false, "maps.rs", "route_cache_slot") => Place::RouteCache,
-        (false, "maps.rs", "member_index" | "bucket_table_index") => Place::MemberChoice,
+        (false, "maps.rs", "member_index" | "bucket_table_index" | "usable" | "up") => Place::MemberChoice,
         (false, "maps.rs", "member_stat_index") => Place::Counters,
         // FlowletKey::new
         (false, "maps.rs", "new") => Place::Flowlet,
         (true, "maps.rs", "egress_entry") => Place::Ecn,
         (true, "maps.rs", "port_slot") => Place::IngressPort,
-        (true, "maps.rs" | "redirect.rs" | "main.rs" | "ctx.rs" | "args.rs" | "forwarded.rs", _) => Place::Entry,
+        // The `#[xdp]` line: the program's first line record.
+        (true, "main.rs", _) => Place::FirstLine,
+        (true, "maps.rs" | "redirect.rs" | "ctx.rs" | "args.rs" | "forwarded.rs", _) => Place::Entry,
         (true, "select.rs", "flowlet_position" | "keyless_position" | "new_flowlet_position") => Place::Flowlet,
         (true, "select.rs", _) | (false, "buckets.rs", _) => Place::MemberChoice,
         (false, "flowlet.rs", _) => Place::Flowlet,
@@ -319,6 +354,8 @@ pub fn classify(location: &str, function: Option<&str>, detail: &Detail) -> Plac
     match detail {
         Detail::Library(library) => match library_place(library) {
             Some(Place::FlowKey) if own == Place::Telemetry => Place::Telemetry,
+            // The ingress port's slot lookup is that primitive's.
+            Some(Place::Lookup) if own == Place::IngressPort => Place::IngressPort,
             Some(p) => p,
             None => own,
         },
@@ -353,8 +390,10 @@ pub struct Scaled {
     pub profiled: f64,
     /// measured / profiled.
     pub factor: f64,
-    /// The redirect's and the harness's profiled ns per packet (unscaled).
+    /// The redirect's, the first line's and the harness's profiled ns per
+    /// packet (unscaled).
     pub redirect: f64,
+    pub first_line: f64,
     pub harness: f64,
     pub seconds: f64,
     pub samples: u64,
@@ -456,17 +495,20 @@ pub fn place(
     {
         let per = profile.ns_per_sample();
         let place_of = |r: &LineCost| classify(&r.location, function_of(&r.location), &r.detail);
-        let (mut profiled, mut redirect) = (0.0, 0.0);
+        // The floor's work: its redirect, and the entry's stall on the
+        // program's first instructions (the floor's are its redirect's).
+        let floors = |p: Place| matches!(p, Place::Redirect | Place::FirstLine);
+        let (mut profiled, mut redirect, mut first_line) = (0.0, 0.0, 0.0);
         for r in &profile.rows {
             let ns = r.samples as f64 * per;
-            if place_of(r) == Place::Redirect {
-                redirect += ns;
-            } else {
-                profiled += ns;
+            match place_of(r) {
+                Place::Redirect => redirect += ns,
+                Place::FirstLine => first_line += ns,
+                _ => profiled += ns,
             }
         }
         let factor = if profiled > 0.0 { measured / profiled } else { 0.0 };
-        for r in profile.rows.iter().filter(|r| place_of(r) != Place::Redirect) {
+        for r in profile.rows.iter().filter(|r| !floors(place_of(r))) {
             *lines.entry((r.location.clone(), r.detail.clone())).or_default() += sign * r.samples as f64 * per * factor;
             variance += r.samples as f64 * (per * factor).powi(2);
         }
@@ -476,6 +518,7 @@ pub fn place(
             profiled,
             factor,
             redirect,
+            first_line,
             harness: profile.harness_samples as f64 * per,
             seconds: profile.seconds,
             samples: profile.program_samples,
@@ -518,7 +561,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 9] = [
+const ALL_PRIMITIVE_PLACES: [Place; 12] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -526,6 +569,9 @@ const ALL_PRIMITIVE_PLACES: [Place; 9] = [
     Place::Clock,
     Place::CoarseClock,
     Place::Call,
+    Place::IngressPort,
+    Place::FlowKey,
+    Place::MemberChoice,
     Place::Rewrite,
     Place::Counters,
 ];
@@ -534,22 +580,26 @@ const ALL_PRIMITIVE_PLACES: [Place; 9] = [
 /// budget's primitives as profiled beside their measured floors, then the
 /// remainder's steps with their top lines and why each stays, then what
 /// the profiles could not place), and the remainder's sum.
-pub fn render(p: &Placement, split: &Split) -> String {
+pub fn render(p: &Placement, split: &Split, floors: &Floors) -> String {
     let scaled = |s: &Scaled| {
         format!(
             "`{}` ({:.0} s, {} samples in the program): its lines came to {:.1} ns per packet, scaled by {:.2} to the {:+.1} ns part 1 measured above the floor",
             s.label, s.seconds, s.samples, s.profiled, s.factor, s.measured
         )
     };
-    let mut md = format!("Placed on lines by the profile of {}", scaled(&p.row));
-    if let Some(a) = &p.against {
-        let _ = write!(md, ", minus the profile of {}", scaled(a));
-    }
+    let mut md = match &p.against {
+        None => format!("Placed on lines by the profile of {}", scaled(&p.row)),
+        Some(a) => format!(
+            "Placed on lines by the profile of `{}` ({:.0} s, {} samples in the program): its lines came to {:.1} ns per packet, scaled by {:.2} to {:+.1} ns (the other row's {:+.1} above the floor plus the {:+.1} measured between the two, a median of per-round pairs), minus the profile of {}",
+            p.row.label, p.row.seconds, p.row.samples, p.row.profiled, p.row.factor, p.row.measured, a.measured, p.cost, scaled(a)
+        ),
+    };
     let lineless = p.row.lineless + p.against.as_ref().map_or(0, |a| a.lineless);
     let _ = write!(
         md,
-        ". Left out of the scale: the redirect ({:.1} ns in the profile; the floor pays it) and the test-run harness ({:.1} ns: the dispatcher, the clock reads, the run's set-up, which the floor pays too){}. Sampling error of the placed sum: ±{:.1} ns.\n\n| part | profiled ns | budget ns (measured floors) | top lines (profiled ns) | why it stays |\n|---|---|---|---|---|\n",
+        ". Left out of the scale: the redirect ({:.1} ns in the profile; the floor pays it), the program's first line ({:.1} ns: its prologue and first instructions, where the entry after the test-run harness stalls; the floor's profile shows the same stall on its own first instructions, so the floor pays it) and the test-run harness ({:.1} ns: the dispatcher, the clock reads, the run's set-up, which the floor pays too){}. Sampling error of the placed sum: ±{:.1} ns.\n\n| part | profiled ns | budget ns (measured floors) | top lines (profiled ns) | why it stays |\n|---|---|---|---|---|\n",
         p.row.redirect,
+        p.row.first_line,
         p.row.harness,
         if lineless > 0 { format!("; {lineless} samples fell in the program's code on no line record") } else { String::new() },
         p.noise
@@ -582,11 +632,17 @@ pub fn render(p: &Placement, split: &Split) -> String {
             .collect();
         let more = placed_lines.len().saturating_sub(TOP_LINES);
         let lines = if more > 0 { format!("{}; {more} more", lines.join(", ")) } else { lines.join(", ") };
-        let budget = budget_ns(place).map_or(String::new(), |ns| format!("{ns:.1}"));
-        let why = if !place.is_budgeted(split) && !place.primitives().is_empty() {
-            "not in this row's budget: both programs run it, so what shows is the difference of two profiles (sampling noise, or the added work slowing what is around it)"
-        } else {
-            place.why()
+        let budget = match budget_ns(place) {
+            Some(ns) => format!("{ns:.1}"),
+            // A step with a floor of its own: the padded floor's, for the entry.
+            None if place == Place::Entry && p.against.is_none() => format!("{:.1}", floors.ns(Primitive::PaddedFloor)),
+            None => String::new(),
+        };
+        let why = match (place.is_budgeted(split) || place.primitives().is_empty(), &p.against) {
+            (true, None) if place == Place::Entry => entry_why(floors.ns(Primitive::PaddedFloor)),
+            (true, _) => place.why().to_owned(),
+            (false, Some(_)) => "not in this row's budget: both programs run it, so what shows is the difference of two profiles (sampling noise, or the added work slowing what is around it)".to_owned(),
+            (false, None) => place.off_path_why().to_owned(),
         };
         let _ = writeln!(
             md,
@@ -596,11 +652,13 @@ pub fn render(p: &Placement, split: &Split) -> String {
             tidy(ns),
         );
     }
-    if p.against.is_some() {
+    // Nothing, when the bench scales a marginal row's profile to the other
+    // row's cost plus the marginal (see `place`'s callers).
+    let unplaced = tidy(p.unplaced());
+    if unplaced != 0.0 {
         let _ = writeln!(
             md,
-            "| not placed: the measured cost minus the two rows' costs above the floor | {:.1} | | | the marginal is the median of its per-round differences with the row it is read against; each row's cost above the floor, to which its profile is scaled, is the median of its own differences with the floor: the gap between the two is no line's |",
-            tidy(p.unplaced())
+            "| not placed: the measured cost minus the two profiles' scaled sums | {unplaced:.1} | | | what the two rows' costs, to which their profiles are scaled, leave of the marginal: no line's |"
         );
     }
     let _ = writeln!(md, "| sum: the row's measured cost | {:.1} | {:.1} | | |\n", p.cost, split.accounted);
@@ -613,8 +671,8 @@ pub fn render(p: &Placement, split: &Split) -> String {
         p.primitives(split),
         split.accounted,
     );
-    if p.against.is_some() {
-        let _ = write!(md, " {:+.1} not placed", tidy(p.unplaced()));
+    if unplaced != 0.0 {
+        let _ = write!(md, " {unplaced:+.1} not placed");
     }
     md.push_str(".\n\n");
     md
@@ -660,8 +718,8 @@ mod tests {
         for (file, src) in SOURCES {
             if src.contains("write_volatile(") && source_place(file, "") != Place::Telemetry {
                 assert_eq!(
-                    *file, "rocev2-ebpf/src/forward.rs",
-                    "classify files a volatile store outside telemetry under the flow key"
+                    *file, "rocev2-common/src/hash.rs",
+                    "classify files a volatile store outside telemetry under the flow key (store_flow_key)"
                 );
             }
         }
@@ -724,7 +782,14 @@ mod tests {
         );
         assert_eq!(c("rocev2-ebpf/src/main.rs:49", None, &ifindex), Place::IngressPort);
         assert_eq!(c("rocev2-ebpf/src/maps.rs:88", Some("port_slot"), &own), Place::IngressPort);
-        assert_eq!(c("rocev2-ebpf/src/main.rs:49", None, &own), Place::Entry);
+        assert_eq!(
+            c("rocev2-ebpf/src/maps.rs:89", Some("port_slot"), &lookup),
+            Place::IngressPort,
+            "its slot's lookup"
+        );
+        assert_eq!(c("rocev2-common/src/hash.rs:190", Some("store_flow_key"), &own), Place::FlowKey);
+        assert_eq!(c("rocev2-common/src/maps.rs:300", Some("usable"), &own), Place::MemberChoice);
+        assert_eq!(c("rocev2-ebpf/src/main.rs:49", None, &own), Place::FirstLine);
         assert_eq!(label("rocev2-ebpf/src/counters.rs:44", Some("add"), &lookup), "counters.rs:44 add (map lookup)");
     }
 
@@ -758,6 +823,9 @@ mod tests {
             (Primitive::HashV2Ipv4, 10.0),
             (Primitive::Rewrite, 4.0),
             (Primitive::CounterAdds, 2.0),
+            (Primitive::IngressPort, 3.0),
+            (Primitive::FlowKeyStores, 2.0),
+            (Primitive::GroupChecks, 3.0),
         ]))
     }
 
@@ -796,7 +864,7 @@ mod tests {
         // measured) + not placed.
         let sum = p.steps(&s) + (p.primitives(&s) - s.accounted) + p.unplaced();
         assert!((sum - s.remainder).abs() < 1e-9, "{sum} vs {}", s.remainder);
-        let md = render(&p, &s);
+        let md = render(&p, &s, &floors());
         assert!(md.contains("scaled by 2.00 to the +120.0 ns part 1 measured above the floor"), "{md}");
         assert!(md.contains("| parse | 60.0 | 20.0 | `parse.rs:83 ptr_at` 60.0 |"), "{md}");
         assert!(md.contains("| step: route cache | 40.0 |  | `route.rs:50` 40.0 |"), "{md}");
@@ -837,14 +905,21 @@ mod tests {
         assert_eq!(p.ns(Place::RouteCache), -10.0);
         assert!((p.placed() - 30.0).abs() < 1e-9, "150 - 120");
         assert!((p.unplaced() - 2.0).abs() < 1e-9, "the marginal's own measurement, 32, against 150 - 120");
-        let md = render(&p, &split(32.0, &[], &floors()));
+        let md = render(&p, &split(32.0, &[], &floors()), &floors());
         assert!(md.contains(", minus the profile of `p`"), "{md}");
-        assert!(
-            md.contains("| not placed: the measured cost minus the two rows' costs above the floor | 2.0 |"),
-            "{md}"
-        );
+        assert!(md.contains("| not placed: the measured cost minus the two profiles' scaled sums | 2.0 |"), "{md}");
         assert!(md.contains("`ecn.rs:29` 60.0"), "{md}");
         assert!(md.contains("| step: parse | -15.0 |  | `parse.rs:83` -15.0 | not in this row's budget"), "{md}");
         assert!(md.contains("+2.0 not placed."), "{md}");
+        // As the bench places a marginal: the row scaled to the other's
+        // cost plus the marginal, so nothing is left unplaced.
+        let p = place(32.0, (&row, 152.0), Some((&qp, 120.0)), |_| None);
+        assert!(p.unplaced().abs() < 1e-9);
+        let md = render(&p, &split(32.0, &[], &floors()), &floors());
+        assert!(!md.contains("not placed"), "{md}");
+        assert!(
+            md.contains("scaled by 1.52 to +152.0 ns (the other row's +120.0 above the floor plus the +32.0 measured"),
+            "{md}"
+        );
     }
 }

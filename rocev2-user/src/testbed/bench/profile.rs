@@ -29,7 +29,7 @@ use nix::{
 };
 
 use super::{
-    bench_frame, cost_ns_frames, cost_ns_repeat,
+    bench_frame, budget, cost_ns_frames, cost_ns_repeat,
     jit_lines::{Callee, JitLines},
     median, test_run_floor, BenchArgs, Pipeline, Programs, PIPELINES, XDP_PROGRAM,
 };
@@ -352,11 +352,23 @@ fn which_perf() -> Result<PathBuf> {
         .context("--profile needs perf (Debian: apt-get install linux-perf; `cargo xtask setup` installs it)")
 }
 
+/// `--profile NAME`: the tools program a name gives, if it names the
+/// floor (`floor`) or a primitive (its program, `rocev2_prim_...`).
+pub fn tools_program_named(name: &str) -> Option<&'static str> {
+    if name == "floor" {
+        return Some(XDP_REDIRECT_PROGRAM);
+    }
+    budget::Primitive::ALL.into_iter().map(budget::Primitive::program).find(|p| *p == name)
+}
+
 /// `--profile NAME`: the pipeline a name gives.
 pub fn pipeline_named(name: &str) -> Result<Pipeline> {
     PIPELINES.into_iter().find(|p| p.short_name() == name).with_context(|| {
         let names: Vec<_> = PIPELINES.iter().map(|p| p.short_name()).collect();
-        format!("--profile: unknown pipeline {name:?} (one of {})", names.join(", "))
+        format!(
+            "--profile: unknown pipeline {name:?} (one of {}; or floor, or a primitive's program)",
+            names.join(", ")
+        )
     })
 }
 
