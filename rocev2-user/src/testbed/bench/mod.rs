@@ -1303,8 +1303,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         profiled.take(p, args.profile_seconds.max(1.0))?;
         profiles.push(profiled.get(p).map(|p| p.render(profile::REPORT_ROWS)).unwrap_or_default());
     }
+    // The same IPv4, 10-route costs the budgets' profiles are scaled to.
     let part1_cost = |r: FwdRow| {
-        let pipeline = |p: Pipeline| p1.above_floor.iter().find(|(q, v6, big, _)| *q == p && !v6 && !big).map(|x| x.3);
+        let pipeline = |p: Pipeline| p1.above_v4.get(Variant::Pipeline(p).name()).copied();
         match r {
             FwdRow::Rocev2(p) => pipeline(p),
             FwdRow::Telemetry => pipeline(Pipeline::Qp).zip(p1.costs.get(TELEMETRY_BUDGET.name)).map(|(qp, t)| qp + t),
