@@ -190,6 +190,12 @@ pub fn rocev2_prim_group(ctx: XdpContext) -> u32 {
     primitives::group_checks(&ctx)
 }
 
+/// The floor plus REPEAT packets through egress ports' virtual queues.
+#[xdp]
+pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {
+    primitives::ecn_queue(&ctx)
+}
+
 /// The floor padded to the qp pipeline's JITed size with code never run.
 #[xdp]
 pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {

@@ -39,13 +39,14 @@ pub enum Primitive {
     IngressPort,
     FlowKeyStores,
     GroupChecks,
+    EcnQueue,
     /// Not a step of any path: the floor padded to the qp pipeline's
     /// JITed size, what size alone costs (the entry's evidence).
     PaddedFloor,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 17] = [
+    pub const ALL: [Primitive; 18] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -62,6 +63,7 @@ impl Primitive {
         Primitive::IngressPort,
         Primitive::FlowKeyStores,
         Primitive::GroupChecks,
+        Primitive::EcnQueue,
         Primitive::PaddedFloor,
     ];
 
@@ -84,6 +86,7 @@ impl Primitive {
             Primitive::IngressPort => "rocev2_prim_ingress",
             Primitive::FlowKeyStores => "rocev2_prim_flow_key",
             Primitive::GroupChecks => "rocev2_prim_group",
+            Primitive::EcnQueue => "rocev2_prim_ecn",
             Primitive::PaddedFloor => "rocev2_prim_padded",
         }
     }
@@ -115,6 +118,7 @@ impl Primitive {
             Primitive::IngressPort => "the ingress port: `xdp_md.ingress_ifindex` (3 dependent loads, as the verifier rewrites it) and its IFINDEX_SLOTS slot (bounds test, inlined ARRAY lookup, the field)",
             Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
+            Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
     }
@@ -138,6 +142,7 @@ impl Primitive {
             Primitive::IngressPort => "the ingress port",
             Primitive::FlowKeyStores => "flow key stores",
             Primitive::GroupChecks => "group and member checks",
+            Primitive::EcnQueue => "ECN virtual queue",
             Primitive::PaddedFloor => "padded floor",
         }
     }
@@ -159,6 +164,7 @@ impl Primitive {
             Primitive::IngressPort => "XDP gives the ingress port only as `xdp_md.ingress_ifindex`, which the verifier turns into three dependent loads (the xdp_buff's rxq, its device, the device's ifindex), each waiting for the last; the per-port counters need the port's slot, one more lookup on it. Only dropping per-port counting (or a program per port, its slot a constant) would remove it",
             Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
+            Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
     }
@@ -194,8 +200,8 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 }
 
 use Primitive::{
-    Array, Call, Clock, CounterAdds, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse, PerCpuArray,
-    Rewrite,
+    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse,
+    PerCpuArray, Rewrite,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -283,6 +289,7 @@ pub const CLASSES_ECN_STEPS: &[Step] = &[
     lookup(PerCpuArray, "EGRESS_COUNTERS"),
     lookup(Array, "VQUEUES"),
     lookup(Array, "ECN_PROFILES"),
+    step(EcnQueue, "mark_on: drain, depth, update, thresholds, egress counters"),
 ];
 
 /// What an ECN virtual queue adds to the qp path (its own clock reading:
@@ -295,6 +302,7 @@ pub const ECN_STEPS: &[Step] = &[
     lookup(Array, "VQUEUES"),
     step(Clock, "the packet's clock reading (queue drain)"),
     lookup(Array, "ECN_PROFILES"),
+    step(EcnQueue, "mark_on: drain, depth, update, thresholds, egress counters"),
 ];
 
 /// What every feature loaded but unused adds to the qp path: the tests
@@ -477,6 +485,7 @@ mod tests {
             (Primitive::IngressPort, 4.0),
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
+            (Primitive::EcnQueue, 7.0),
         ]))
     }
 
@@ -528,9 +537,20 @@ mod tests {
         assert_eq!(count(Primitive::Call), 4);
         assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
         assert_eq!(count(Primitive::LruHash), 1);
+        assert_eq!(count(Primitive::EcnQueue), 1, "the virtual queue once, in mark_on");
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3
-        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0);
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, EcnQueue 7
+        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 7.0);
+    }
+
+    #[test]
+    fn the_ecn_marginal_takes_its_clock_and_its_queue_once() {
+        let s = split(50.0, ECN_STEPS, &floors());
+        let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
+        assert_eq!((count(EcnQueue), count(Clock), count(Call)), (1, 1, 1));
+        // Array 4 x2, PerCpu 1 x3, Call 5, Clock 15, EcnQueue 7
+        assert_eq!(s.accounted, 8.0 + 3.0 + 5.0 + 15.0 + 7.0);
+        assert_eq!(s.remainder, 12.0);
     }
 
     #[test]

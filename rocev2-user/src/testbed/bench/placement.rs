@@ -142,6 +142,7 @@ impl Place {
             Place::IngressPort => &[Primitive::IngressPort],
             Place::FlowKey => &[Primitive::FlowKeyStores],
             Place::MemberChoice => &[Primitive::GroupChecks],
+            Place::Ecn => &[Primitive::EcnQueue],
             _ => &[],
         }
     }
@@ -199,7 +200,7 @@ impl Place {
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "the flowlet decision (gap since the flow's last packet, generation, message end) and the entry's update in place, field by field",
             Place::Classes => "the class table's tests (opcode set, payload size, DSCP) for each class tried: the classes this row configures never match the bench's WRITE_ONLY, so every one is tried",
-            Place::Ecn => "the virtual queue's arithmetic (drain since its last packet: a multiply and a shift; depth; thresholds), its update, the egress counters and, between the thresholds, the random draw",
+            Place::Ecn => "a primitive (the table above): the marker's lines (`mark_on`: the egress counters, the drain since the queue's last packet, depth, its update, the thresholds), the egress entry's lookups' own lines (`egress_entry`), the call's argument moves (`mark_forwarded`, `mark_code`, `new_tos`) and, between the thresholds, the random draw",
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
             Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
             Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
@@ -561,7 +562,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 12] = [
+const ALL_PRIMITIVE_PLACES: [Place; 13] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -572,6 +573,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 12] = [
     Place::IngressPort,
     Place::FlowKey,
     Place::MemberChoice,
+    Place::Ecn,
     Place::Rewrite,
     Place::Counters,
 ];
