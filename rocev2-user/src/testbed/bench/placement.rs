@@ -185,6 +185,7 @@ impl Place {
     pub fn off_path_why(self) -> &'static str {
         match self {
             Place::Hash => OFF_PATH_HASH,
+            Place::Ecn => OFF_PATH_ECN,
             _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
         }
     }
@@ -219,6 +220,10 @@ impl Place {
 /// (a flowlet packet inside its flowlet: the group's policy branch jumps
 /// past the hash, see the built object's `llvm-objdump -d -l`).
 const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
+
+/// Why ECN lines show in a row loaded without the ECN feature (the
+/// verifier removed the marker).
+const OFF_PATH_ECN: &str = "not on this row's path (the ECN feature is not loaded: the verifier removed the marker and its call): `new_tos`'s lines are its `enabled()` test and the class's DSCP, and `mark_forwarded` lines are live instructions filed under a removed block's last line record (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction after the block)";
 
 /// The entry's why for a row read against the floor, with what the
 /// padded floor (the floor with never-run code to about the qp
@@ -875,6 +880,28 @@ mod tests {
         assert!(md.contains("| counter adds | 0.0 | 2.0 |"), "{md}");
         assert!(!md.contains("not placed"), "{md}");
         assert!(md.contains(&format!("The remainder, {:.1} ns = 40.0 on the steps above", s.remainder)), "{md}");
+    }
+
+    #[test]
+    fn ecn_lines_are_the_queue_floor_on_ecn_paths_and_explained_off_them() {
+        let row = profile(
+            10_000,
+            0,
+            &[("rocev2-ebpf/src/ecn.rs:87", Detail::Own, 2), ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 2)],
+        );
+        let p = place(40.0, (&row, 40.0), None, |_| None);
+        let mut f = floors();
+        f.0.extend([(Primitive::EcnQueue, 6.0), (Primitive::Clock, 15.0)]);
+        let md = render(&p, &split(40.0, QP_PATH, &f), &f);
+        assert!(
+            md.contains(&format!("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | {OFF_PATH_ECN} |")),
+            "{md}"
+        );
+        let md = render(&p, &split(40.0, crate::testbed::bench::budget::ECN_STEPS, &f), &f);
+        assert!(
+            md.contains("| ECN virtual queue | 20.0 | 6.0 | `ecn.rs:87` 20.0 | a primitive (the table above)"),
+            "{md}"
+        );
     }
 
     #[test]
