@@ -759,7 +759,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare (both from the flow key where the pipeline wrote it), the PSN's read from the BTH where the pipeline found it",
 };
 
-const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the route cache's slot hash and address compare, the flow key's stores, the TTL/MAC rewrite and the checksum update, the counter adds, the feature and error tests";
+const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the IPv4 header's tests, the feature and error tests, the entry and exit";
 
 const BUDGET_ROWS: [BudgetRow; 7] = [
     BudgetRow {
