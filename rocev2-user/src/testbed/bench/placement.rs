@@ -563,7 +563,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 12] = [
+const ALL_PRIMITIVE_PLACES: [Place; 13] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -572,6 +572,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 12] = [
     Place::CoarseClock,
     Place::Call,
     Place::IngressPort,
+    Place::RouteCache,
     Place::FlowKey,
     Place::MemberChoice,
     Place::Rewrite,
