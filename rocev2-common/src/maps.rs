@@ -230,6 +230,54 @@ pub fn route_cache_slot(dst: &[u32; 4]) -> u32 {
     (dst[0] ^ dst[1] ^ dst[2] ^ dst[3]).wrapping_mul(0x9E37_79B1) >> 24
 }
 
+impl RouteCacheEntry {
+    /// The route target of `dst` (family 4 or 6): this slot's when it
+    /// holds `dst` from route generation `generation`, else `lookup`'s
+    /// (the LPM trie; [`CACHED_NO_ROUTE`] for none), which then fills the
+    /// slot. The pipeline's per-CPU cache and the bench's primitive of it.
+    #[inline(always)]
+    pub fn cached_target(
+        &mut self,
+        family: u32,
+        generation: u32,
+        dst: &[u32; 4],
+        lookup: impl FnOnce() -> Option<u32>,
+    ) -> u32 {
+        if self.family == family && self.route_generation == generation && self.dst == *dst {
+            return self.target;
+        }
+        let target = lookup().unwrap_or(CACHED_NO_ROUTE);
+        self.dst = *dst;
+        self.route_generation = generation;
+        self.family = family;
+        self.target = target;
+        target
+    }
+}
+
+/// What a route target tells the pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteTarget {
+    Group(u32),
+    /// No route ([`CACHED_NO_ROUTE`]).
+    NoRoute,
+    /// One of this box's own addresses ([`ROUTE_LOCAL`]).
+    Local,
+    /// A prefix the kernel serves ([`ROUTE_KERNEL`]).
+    Kernel,
+}
+
+/// A route target (a ROUTES_V4/V6 value or a cached one) by what it means.
+#[inline(always)]
+pub fn route_target(target: u32) -> RouteTarget {
+    match target {
+        CACHED_NO_ROUTE => RouteTarget::NoRoute,
+        ROUTE_LOCAL => RouteTarget::Local,
+        ROUTE_KERNEL => RouteTarget::Kernel,
+        group => RouteTarget::Group(group),
+    }
+}
+
 /// Index into MEMBERS for member `position` of `group` in `bank`.
 #[inline(always)]
 pub const fn member_index(group: u32, bank: u32, position: u32) -> u32 {
@@ -617,6 +665,29 @@ mod tests {
 
     /// The bridge program's word forms of a frame's MACs mean the FDB keys
     /// and the cache slot they replaced (byte arrays, VLAN 0).
+    /// A slot answers only for its family, address and route generation;
+    /// a miss asks the trie once and fills the slot.
+    #[test]
+    fn route_cache_slot_hits_only_its_own_destination_and_generation() {
+        let mut slot = RouteCacheEntry::default();
+        let dst = [0x0100_000A, 0, 0, 0];
+        let mut asked = 0;
+        let mut trie = |t: Option<u32>| {
+            asked += 1;
+            t
+        };
+        assert_eq!(slot.cached_target(4, 7, &dst, || trie(Some(3))), 3);
+        assert_eq!(slot.cached_target(4, 7, &dst, || trie(Some(9))), 3, "a hit");
+        assert_eq!(slot.cached_target(6, 7, &dst, || trie(None)), CACHED_NO_ROUTE, "another family");
+        assert_eq!(slot.cached_target(6, 8, &dst, || trie(Some(5))), 5, "a newer generation");
+        assert_eq!(slot.cached_target(6, 8, &[0x0200_000A, 0, 0, 0], || trie(Some(ROUTE_LOCAL))), ROUTE_LOCAL);
+        assert_eq!(asked, 4);
+        assert_eq!(route_target(ROUTE_LOCAL), RouteTarget::Local);
+        assert_eq!(route_target(ROUTE_KERNEL), RouteTarget::Kernel);
+        assert_eq!(route_target(CACHED_NO_ROUTE), RouteTarget::NoRoute);
+        assert_eq!(route_target(0), RouteTarget::Group(0));
+    }
+
     #[test]
     fn fdb_words_match_the_byte_forms() {
         let dst = [0x02, 0x42, 0x0A, 0x00, 0x00, 0x01];

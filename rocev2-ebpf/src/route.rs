@@ -4,7 +4,7 @@ use aya_ebpf::maps::lpm_trie::Key;
 use rocev2_common::{
     counters::PortCounter,
     hash::{ipv4_words, ipv6_words},
-    maps::{route_cache_slot, CACHED_NO_ROUTE, ROUTE_KERNEL, ROUTE_LOCAL},
+    maps::{route_cache_slot, route_target, RouteTarget, CACHED_NO_ROUTE},
 };
 
 use crate::{
@@ -26,17 +26,18 @@ pub fn group_v6(dst: &[u8; 16]) -> Result<u32, Outcome> {
 
 #[inline(always)]
 fn group_of(target: u32) -> Result<u32, Outcome> {
-    match target {
-        CACHED_NO_ROUTE => Err(pass(PortCounter::PassNoRoute)),
-        ROUTE_LOCAL => Err(pass(PortCounter::PassLocal)),
-        ROUTE_KERNEL => Err(pass(PortCounter::PassKernelRoute)),
-        group => Ok(group),
+    match route_target(target) {
+        RouteTarget::NoRoute => Err(pass(PortCounter::PassNoRoute)),
+        RouteTarget::Local => Err(pass(PortCounter::PassLocal)),
+        RouteTarget::Kernel => Err(pass(PortCounter::PassKernelRoute)),
+        RouteTarget::Group(group) => Ok(group),
     }
 }
 
 /// The route target of `dst` (family 4 or 6): from this CPU's ROUTE_CACHE
 /// when the slot holds `dst` from the current route generation, else from
-/// `lookup` (the LPM trie), which then fills the slot.
+/// `lookup` (the LPM trie), which then fills the slot
+/// ([`rocev2_common::maps::RouteCacheEntry::cached_target`]).
 #[inline(always)]
 fn cached_route(family: u32, dst: &[u32; 4], lookup: impl FnOnce() -> Option<u32>) -> u32 {
     // The generation is read before the trie: a result stored under it is
@@ -46,14 +47,5 @@ fn cached_route(family: u32, dst: &[u32; 4], lookup: impl FnOnce() -> Option<u32
         return lookup().unwrap_or(CACHED_NO_ROUTE);
     };
     // SAFETY: this CPU's own slot; nothing else runs on it meanwhile.
-    let slot = unsafe { &mut *slot };
-    if slot.family == family && slot.route_generation == generation && slot.dst == *dst {
-        return slot.target;
-    }
-    let target = lookup().unwrap_or(CACHED_NO_ROUTE);
-    slot.dst = *dst;
-    slot.route_generation = generation;
-    slot.family = family;
-    slot.target = target;
-    target
+    unsafe { &mut *slot }.cached_target(family, generation, dst, lookup)
 }

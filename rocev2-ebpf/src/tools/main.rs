@@ -190,6 +190,12 @@ pub fn rocev2_prim_group(ctx: XdpContext) -> u32 {
     primitives::group_checks(&ctx)
 }
 
+/// The floor plus REPEAT route-cache hits (slot, compares, target's tests).
+#[xdp]
+pub fn rocev2_prim_route_cache(ctx: XdpContext) -> u32 {
+    primitives::route_cache(&ctx)
+}
+
 /// The floor plus REPEAT packets through egress ports' virtual queues.
 #[xdp]
 pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {

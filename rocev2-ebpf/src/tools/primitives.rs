@@ -26,8 +26,9 @@ use rocev2_common::{
     ecn::{self, DrainRate, EcnProfile, EgressEntry, PortState, VirtualQueue, ECT0, NO_PROFILE},
     hash::{ipv4_words, member_hash_of_family, store_flow_key, FlowKey, HashMode, HashVersion},
     maps::{
-        member_index, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats, PortCounters, MAX_DIRECT_IFINDEX,
-        MAX_MEMBERS_PER_GROUP, MEMBER_UP,
+        member_index, route_cache_slot, route_target, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats,
+        PortCounters, RouteCacheEntry, RouteTarget, MAX_DIRECT_IFINDEX, MAX_MEMBERS_PER_GROUP, MEMBER_UP,
+        ROUTE_CACHE_SLOTS,
     },
 };
 
@@ -82,6 +83,12 @@ const PRIM_MEMBERS: u32 = 4;
 
 #[map]
 pub static PRIM_GROUPS: Array<PrimGroups> = Array::with_max_entries(1, 0);
+
+/// A route cache's slots, per CPU, as one ROUTE_CACHE holds them, in one
+/// value (the first run fills REPEAT of them).
+#[map]
+pub static PRIM_ROUTE_CACHE: PerCpuArray<[RouteCacheEntry; ROUTE_CACHE_SLOTS as usize]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Bytes between the copies of the rewritten headers in the frame.
 const REWRITE_STRIDE: usize = 64;
@@ -384,6 +391,42 @@ pub fn group_checks(ctx: &XdpContext) -> u32 {
     }
     // The top bit set: never NEVER, whatever the hash.
     finish((hash ^ macs) | 0x8000_0000)
+}
+
+/// The route cache's hit, REPEAT times, each on another destination and
+/// so another slot of one per-CPU value found once (the ROUTE_CACHE and
+/// CONFIG lookups are the PERCPU_ARRAY and ARRAY primitives'): the
+/// destination's slot (`route_cache_slot`: the words folded, a multiply,
+/// a shift), the slot's compare of family, route generation and address
+/// and its target (`RouteCacheEntry::cached_target`), the target's tests
+/// (`route_target`: no route, local, kernel, else a group), all the
+/// pipeline's own code. The first run misses and fills the slots; every
+/// later one hits, as a flow's packets after its first do. Each address
+/// takes the last group found (0 here), so the steps form a chain, as the
+/// pipeline's do from the header's load to the group.
+#[inline(always)]
+pub fn route_cache(ctx: &XdpContext) -> u32 {
+    let x = input(ctx);
+    let Some(cache) = PRIM_ROUTE_CACHE.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's value, ours for this program run.
+    let cache = unsafe { &mut *cache };
+    // 0 for any frame, as CONFIG's route_generation is until a route changes.
+    let generation = x & 0x8000_0000;
+    let mut group = 0;
+    for i in 0..REPEAT {
+        // 10.0.<frame length>.<i> as ipv4_words keeps it: the last byte,
+        // which differs, is the top one, so each address has a slot of its own.
+        let dst = [(0x0A | (x & 0xFF) << 16 | i << 24) ^ (group & 0x8000_0000), 0, 0, 0];
+        let slot = &mut cache[route_cache_slot(&dst) as usize % ROUTE_CACHE_SLOTS as usize];
+        group = match route_target(slot.cached_target(4, generation, &dst, || Some(i))) {
+            RouteTarget::Group(g) => g,
+            _ => return xdp_action::XDP_PASS,
+        };
+    }
+    // The top bit set: never NEVER, whatever the group.
+    finish(group | 0x8000_0000)
 }
 
 /// The first run's groups: PRIM_MEMBERS members each, all up, the

@@ -39,6 +39,7 @@ pub enum Primitive {
     IngressPort,
     FlowKeyStores,
     GroupChecks,
+    RouteCache,
     EcnQueue,
     /// Not a step of any path: the floor padded to the qp pipeline's
     /// JITed size, what size alone costs (the entry's evidence).
@@ -46,7 +47,7 @@ pub enum Primitive {
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 18] = [
+    pub const ALL: [Primitive; 19] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -63,6 +64,7 @@ impl Primitive {
         Primitive::IngressPort,
         Primitive::FlowKeyStores,
         Primitive::GroupChecks,
+        Primitive::RouteCache,
         Primitive::EcnQueue,
         Primitive::PaddedFloor,
     ];
@@ -86,6 +88,7 @@ impl Primitive {
             Primitive::IngressPort => "rocev2_prim_ingress",
             Primitive::FlowKeyStores => "rocev2_prim_flow_key",
             Primitive::GroupChecks => "rocev2_prim_group",
+            Primitive::RouteCache => "rocev2_prim_route_cache",
             Primitive::EcnQueue => "rocev2_prim_ecn",
             Primitive::PaddedFloor => "rocev2_prim_padded",
         }
@@ -118,6 +121,7 @@ impl Primitive {
             Primitive::IngressPort => "the ingress port: `xdp_md.ingress_ifindex` (3 dependent loads, as the verifier rewrites it) and its IFINDEX_SLOTS slot (bounds test, inlined ARRAY lookup, the field)",
             Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
+            Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
             Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
@@ -142,6 +146,7 @@ impl Primitive {
             Primitive::IngressPort => "the ingress port",
             Primitive::FlowKeyStores => "flow key stores",
             Primitive::GroupChecks => "group and member checks",
+            Primitive::RouteCache => "route-cache hit",
             Primitive::EcnQueue => "ECN virtual queue",
             Primitive::PaddedFloor => "padded floor",
         }
@@ -164,6 +169,7 @@ impl Primitive {
             Primitive::IngressPort => "XDP gives the ingress port only as `xdp_md.ingress_ifindex`, which the verifier turns into three dependent loads (the xdp_buff's rxq, its device, the device's ifindex), each waiting for the last; the per-port counters need the port's slot, one more lookup on it. Only dropping per-port counting (or a program per port, its slot a constant) would remove it",
             Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
+            Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
             Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
@@ -201,7 +207,7 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 
 use Primitive::{
     Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse,
-    PerCpuArray, Rewrite,
+    PerCpuArray, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -226,13 +232,14 @@ const INGRESS: Step =
     Step { primitive: IngressPort, what: "ingress_ifindex and its IFINDEX_SLOTS slot", map: Some("IFINDEX_SLOTS") };
 
 /// Every IPv4 packet's path to its group: the ingress port, the parse,
-/// the family's function, the route cache, the flow key, the group.
-const TO_THE_GROUP: [Step; 8] = [
+/// the family's function, the route cache (a hit), the flow key, the group.
+const TO_THE_GROUP: [Step; 9] = [
     INGRESS,
     step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
     step(Call, "forward_v4_call (the IPv4 function)"),
     lookup(Array, "CONFIG"),
     lookup(PerCpuArray, "ROUTE_CACHE"),
+    step(RouteCache, "ROUTE_CACHE's slot, compare and target"),
     lookup(PerCpuArray, "FLOW_KEY"),
     step(FlowKeyStores, "FLOW_KEY's fields"),
     lookup(Array, "GROUPS"),
@@ -240,7 +247,7 @@ const TO_THE_GROUP: [Step; 8] = [
 
 /// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
 /// hit, from the program's entry to the redirect (which the floor pays).
-pub const QP_PATH: &[Step] = &then::<8, 9, 17>(
+pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
     TO_THE_GROUP,
     [
         lookup(Array, "CONFIG"),
@@ -258,7 +265,7 @@ pub const QP_PATH: &[Step] = &then::<8, 9, 17>(
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
 /// found and kept): no member hash and no bucket table (the flow's entry
 /// names the member), the clock and the flowlet table instead.
-pub const FLOWLET_PATH: &[Step] = &then::<8, 11, 19>(
+pub const FLOWLET_PATH: &[Step] = &then::<9, 11, 20>(
     TO_THE_GROUP,
     [
         step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
@@ -485,6 +492,7 @@ mod tests {
             (Primitive::IngressPort, 4.0),
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
+            (Primitive::RouteCache, 1.5),
             (Primitive::EcnQueue, 7.0),
         ]))
     }
@@ -503,9 +511,10 @@ mod tests {
         assert_eq!(count(Primitive::IngressPort), 1);
         assert_eq!(count(Primitive::FlowKeyStores), 1);
         assert_eq!(count(Primitive::GroupChecks), 1);
-        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 = 73
-        assert_eq!(s.accounted, 73.0);
-        assert_eq!(s.remainder, 27.0);
+        assert_eq!(count(Primitive::RouteCache), 1, "one route-cache hit");
+        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 + 1.5 = 74.5
+        assert_eq!(s.accounted, 74.5);
+        assert_eq!(s.remainder, 25.5);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
         assert_eq!(array.ns, 10.0);
         assert_eq!(folded(&array.whats), "CONFIG x2, GROUPS, BUCKETS, MEMBERS");
@@ -538,9 +547,10 @@ mod tests {
         assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
         assert_eq!(count(Primitive::LruHash), 1);
         assert_eq!(count(Primitive::EcnQueue), 1, "the virtual queue once, in mark_on");
+        assert_eq!(count(Primitive::RouteCache), 1);
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, EcnQueue 7
-        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 7.0);
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, EcnQueue 7
+        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 7.0);
     }
 
     #[test]

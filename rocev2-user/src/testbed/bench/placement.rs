@@ -1,8 +1,9 @@
 //! A budget's remainder placed on source lines: the line profile of the
 //! budget row's own program (profile.rs), each profiled line filed under a
 //! part of the budget ([`Place`]): a primitive the budget already counts
-//! (parse, hash, map lookups, the clocks, calls), a step of the remainder
-//! (the route cache, the rewrite, the counters...), or the floor's own
+//! (parse, hash, map lookups, the clocks, calls, the route cache's hit...),
+//! a step of the remainder (what has no primitive of its own: the feature
+//! tests, the entry and exit...), or the floor's own
 //! redirect. A marginal row's lines are its profile's minus the profile of
 //! the row it is read against.
 //!
@@ -142,6 +143,7 @@ impl Place {
             Place::IngressPort => &[Primitive::IngressPort],
             Place::FlowKey => &[Primitive::FlowKeyStores],
             Place::MemberChoice => &[Primitive::GroupChecks],
+            Place::RouteCache => &[Primitive::RouteCache],
             Place::Ecn => &[Primitive::EcnQueue],
             _ => &[],
         }
@@ -195,7 +197,7 @@ impl Place {
         match self {
             Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
             Place::IngressPort => "a primitive (the table above): the context field's three dependent loads, the slot's bounds test, lookup and field; where the first use of the port stalls lands on the line that uses it",
-            Place::RouteCache => "the destination's slot in the per-CPU route cache (a multiply) and the compare of family, route generation and address: the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves)",
+            Place::RouteCache => "a primitive (the table above): the destination's slot in the per-CPU route cache (a multiply), the compare of family, route generation and address, the target's tests; the stall on the slot's first use (it waits for the ROUTE_CACHE lookup) and the generation's (CONFIG's) lands on these lines, not on the lookups'",
             Place::Checks => "the IPv4 header's fields read once, and the tests that decide whether the switch may forward the packet at all (fragment, TTL, options): each a load and a branch",
             Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
@@ -323,7 +325,7 @@ fn source_place(file: &str, function: &str) -> Place {
         (true, "forward.rs", "forward_v4" | "forward_v6") => Place::Checks,
         (true, "forward.rs", _) => Place::Entry,
         (true, "route.rs", _) => Place::RouteCache,
-        (false, "maps.rs", "route_cache_slot") => Place::RouteCache,
+        (false, "maps.rs", "route_cache_slot" | "cached_target" | "route_target") => Place::RouteCache,
         (false, "maps.rs", "member_index" | "bucket_table_index" | "usable" | "up") => Place::MemberChoice,
         (false, "maps.rs", "member_stat_index") => Place::Counters,
         // FlowletKey::new
@@ -567,7 +569,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 13] = [
+const ALL_PRIMITIVE_PLACES: [Place; 14] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -576,6 +578,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 13] = [
     Place::CoarseClock,
     Place::Call,
     Place::IngressPort,
+    Place::RouteCache,
     Place::FlowKey,
     Place::MemberChoice,
     Place::Ecn,
@@ -744,6 +747,8 @@ mod tests {
         assert_eq!(c("rocev2-common/src/hash.rs:175", Some("ipv4_words"), &own), Place::FlowKey);
         assert_eq!(c("rocev2-ebpf/src/route.rs:50", Some("cached_route"), &own), Place::RouteCache);
         assert_eq!(c("rocev2-common/src/maps.rs:230", Some("route_cache_slot"), &own), Place::RouteCache);
+        assert_eq!(c("rocev2-common/src/maps.rs:245", Some("cached_target"), &own), Place::RouteCache);
+        assert_eq!(c("rocev2-common/src/maps.rs:275", Some("route_target"), &own), Place::RouteCache);
         assert_eq!(c("rocev2-ebpf/src/rewrite.rs:40", Some("set_macs"), &own), Place::Rewrite);
         assert_eq!(c("rocev2-common/src/counters.rs:36", Some("add"), &own), Place::Counters);
         assert_eq!(c("rocev2-ebpf/src/select.rs:95", Some("flowlet_position"), &own), Place::Flowlet);
@@ -833,6 +838,7 @@ mod tests {
             (Primitive::IngressPort, 3.0),
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
+            (Primitive::RouteCache, 1.5),
         ]))
     }
 
@@ -844,7 +850,7 @@ mod tests {
             5,
             &[
                 ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3),
-                ("rocev2-ebpf/src/route.rs:50", Detail::Own, 2),
+                ("rocev2-ebpf/src/features.rs:27", Detail::Own, 2),
                 ("rocev2-ebpf/src/rewrite.rs:40", Detail::Own, 1),
                 ("rocev2-ebpf/src/parse.rs:60", Detail::Kernel("dev_map_redirect".into()), 1),
             ],
@@ -857,7 +863,7 @@ mod tests {
         let p = place(120.0, (&row, 120.0), None, functions);
         assert_eq!((p.row.profiled, p.row.factor, p.row.redirect, p.row.harness), (60.0, 2.0, 10.0, 50.0));
         assert_eq!(p.ns(Place::Parse), 60.0);
-        assert_eq!(p.ns(Place::RouteCache), 40.0);
+        assert_eq!(p.ns(Place::Features), 40.0);
         assert_eq!(p.ns(Place::Rewrite), 20.0);
         assert_eq!(p.ns(Place::Redirect), 0.0, "the floor's work is outside the scale");
         let s = split(120.0, QP_PATH, &floors());
@@ -874,7 +880,8 @@ mod tests {
         let md = render(&p, &s, &floors());
         assert!(md.contains("scaled by 2.00 to the +120.0 ns part 1 measured above the floor"), "{md}");
         assert!(md.contains("| parse | 60.0 | 20.0 | `parse.rs:83 ptr_at` 60.0 |"), "{md}");
-        assert!(md.contains("| step: route cache | 40.0 |  | `route.rs:50` 40.0 |"), "{md}");
+        assert!(md.contains("| step: feature tests | 40.0 |  | `features.rs:27` 40.0 |"), "{md}");
+        assert!(md.contains("| route cache | 0.0 | 1.5 |"), "the route cache's hit is a primitive: {md}");
         assert!(md.contains("| member hash | 0.0 | 10.0 |"), "a budgeted primitive no line was filed under: {md}");
         assert!(md.contains("| rewrite | 20.0 | 4.0 | `rewrite.rs:40` 20.0 |"), "{md}");
         assert!(md.contains("| counter adds | 0.0 | 2.0 |"), "{md}");
