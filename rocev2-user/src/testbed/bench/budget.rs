@@ -41,13 +41,14 @@ pub enum Primitive {
     GroupChecks,
     RouteCache,
     EcnQueue,
+    FlowletStep,
     /// Not a step of any path: the floor padded to the qp pipeline's
     /// JITed size, what size alone costs (the entry's evidence).
     PaddedFloor,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 19] = [
+    pub const ALL: [Primitive; 20] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -66,6 +67,7 @@ impl Primitive {
         Primitive::GroupChecks,
         Primitive::RouteCache,
         Primitive::EcnQueue,
+        Primitive::FlowletStep,
         Primitive::PaddedFloor,
     ];
 
@@ -90,6 +92,7 @@ impl Primitive {
             Primitive::GroupChecks => "rocev2_prim_group",
             Primitive::RouteCache => "rocev2_prim_route_cache",
             Primitive::EcnQueue => "rocev2_prim_ecn",
+            Primitive::FlowletStep => "rocev2_prim_flowlet",
             Primitive::PaddedFloor => "rocev2_prim_padded",
         }
     }
@@ -122,6 +125,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
             Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
+            Primitive::FlowletStep => "a keyed flowlet table's packet inside its flowlet (the pipeline's `FlowletKey::new` and `keyed_step`): the message end of its opcode, the table key built from the flow key, the group's flowlet settings, the decision (generation, member count, the gap since the flow's last packet) and the entry's update in place",
             Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
@@ -148,6 +152,7 @@ impl Primitive {
             Primitive::GroupChecks => "group and member checks",
             Primitive::RouteCache => "route-cache hit",
             Primitive::EcnQueue => "ECN virtual queue",
+            Primitive::FlowletStep => "flowlet decision and entry update",
             Primitive::PaddedFloor => "padded floor",
         }
     }
@@ -170,6 +175,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
             Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
+            Primitive::FlowletStep => "the flowlet's state is the feature: the table's key is the flow key's 11 words copied next to the group (a load and a store each; the LRU_HASH lookup hashes and compares it in place), and a kept flowlet must still check that its member is the group's current one (generation, member count) and that the flow was not idle past the gap, then write the packet's time back for the next one (the entry's fields, one aligned store each, so a CPU racing on the flow never sees a torn position)",
             Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
@@ -206,8 +212,8 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 }
 
 use Primitive::{
-    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse,
-    PerCpuArray, Rewrite, RouteCache,
+    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort, Jiffies, LruHash,
+    Parse, PerCpuArray, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -265,7 +271,7 @@ pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
 /// found and kept): no member hash and no bucket table (the flow's entry
 /// names the member), the clock and the flowlet table instead.
-pub const FLOWLET_PATH: &[Step] = &then::<9, 11, 20>(
+pub const FLOWLET_PATH: &[Step] = &then::<9, 12, 21>(
     TO_THE_GROUP,
     [
         step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
@@ -273,6 +279,7 @@ pub const FLOWLET_PATH: &[Step] = &then::<9, 11, 20>(
         step(Call, "flowlet_position (keyed table)"),
         lookup(PerCpuArray, "FLOWLET_SCRATCH"),
         lookup(LruHash, "FLOWLETS"),
+        step(FlowletStep, "the table key, the decision and the entry's update (keyed_step), ends_message"),
         lookup(Array, "MEMBERS"),
         step(GroupChecks, "GroupEntry and MemberEntry"),
         step(Rewrite, "TTL, DSCP/ECN, checksum, MACs"),
@@ -494,6 +501,7 @@ mod tests {
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
             (Primitive::EcnQueue, 7.0),
+            (Primitive::FlowletStep, 5.0),
         ]))
     }
 
@@ -548,9 +556,14 @@ mod tests {
         assert_eq!(count(Primitive::LruHash), 1);
         assert_eq!(count(Primitive::EcnQueue), 1, "the virtual queue once, in mark_on");
         assert_eq!(count(Primitive::RouteCache), 1);
+        assert_eq!(count(Primitive::FlowletStep), 1, "the flowlet decision once, in flowlet_position");
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, EcnQueue 7
-        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 7.0);
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, EcnQueue 7,
+        // FlowletStep 5
+        assert_eq!(
+            s.accounted,
+            22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 7.0 + 5.0
+        );
     }
 
     #[test]
