@@ -196,6 +196,12 @@ pub fn rocev2_prim_route_cache(ctx: XdpContext) -> u32 {
     primitives::route_cache(&ctx)
 }
 
+/// The floor plus REPEAT IPv4 headers' field reads and TTL and options tests.
+#[xdp]
+pub fn rocev2_prim_ipv4_checks(ctx: XdpContext) -> u32 {
+    primitives::ipv4_checks(&ctx)
+}
+
 /// The floor padded to the qp pipeline's JITed size with code never run.
 #[xdp]
 pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {

@@ -40,13 +40,14 @@ pub enum Primitive {
     FlowKeyStores,
     GroupChecks,
     RouteCache,
+    Ipv4Checks,
     /// Not a step of any path: the floor padded to the qp pipeline's
     /// JITed size, what size alone costs (the entry's evidence).
     PaddedFloor,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 18] = [
+    pub const ALL: [Primitive; 19] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -64,6 +65,7 @@ impl Primitive {
         Primitive::FlowKeyStores,
         Primitive::GroupChecks,
         Primitive::RouteCache,
+        Primitive::Ipv4Checks,
         Primitive::PaddedFloor,
     ];
 
@@ -87,6 +89,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "rocev2_prim_flow_key",
             Primitive::GroupChecks => "rocev2_prim_group",
             Primitive::RouteCache => "rocev2_prim_route_cache",
+            Primitive::Ipv4Checks => "rocev2_prim_ipv4_checks",
             Primitive::PaddedFloor => "rocev2_prim_padded",
         }
     }
@@ -119,6 +122,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
             Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
+            Primitive::Ipv4Checks => "the IPv4 header's fields read once (addresses, TTL, protocol, TOS) and the TTL and options tests (the fragment and checksum tests are the parse's)",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
     }
@@ -143,6 +147,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "flow key stores",
             Primitive::GroupChecks => "group and member checks",
             Primitive::RouteCache => "route-cache hit",
+            Primitive::Ipv4Checks => "IPv4 field reads and tests",
             Primitive::PaddedFloor => "padded floor",
         }
     }
@@ -165,6 +170,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
             Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
+            Primitive::Ipv4Checks => "a router's duty (RFC 1812): a packet whose TTL would expire here and one with options go to the kernel, which answers or processes them; each test a compare and a predicted branch on a field read once, the addresses, protocol and TOS the values every later step uses (route, flow key, DSCP)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
     }
@@ -201,7 +207,7 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 
 use Primitive::{
     Array, Call, Clock, CounterAdds, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse, PerCpuArray,
-    Rewrite, RouteCache,
+    Ipv4Checks, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -226,11 +232,13 @@ const INGRESS: Step =
     Step { primitive: IngressPort, what: "ingress_ifindex and its IFINDEX_SLOTS slot", map: Some("IFINDEX_SLOTS") };
 
 /// Every IPv4 packet's path to its group: the ingress port, the parse,
-/// the family's function, the route cache (a hit), the flow key, the group.
-const TO_THE_GROUP: [Step; 9] = [
+/// the family's function, the header's tests, the route cache (a hit),
+/// the flow key, the group.
+const TO_THE_GROUP: [Step; 10] = [
     INGRESS,
     step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
     step(Call, "forward_v4_call (the IPv4 function)"),
+    step(Ipv4Checks, "forward_v4's header fields, TTL and options tests"),
     lookup(Array, "CONFIG"),
     lookup(PerCpuArray, "ROUTE_CACHE"),
     step(RouteCache, "ROUTE_CACHE's slot, compare and target"),
@@ -241,7 +249,7 @@ const TO_THE_GROUP: [Step; 9] = [
 
 /// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
 /// hit, from the program's entry to the redirect (which the floor pays).
-pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
+pub const QP_PATH: &[Step] = &then::<10, 9, 19>(
     TO_THE_GROUP,
     [
         lookup(Array, "CONFIG"),
@@ -259,7 +267,7 @@ pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
 /// found and kept): no member hash and no bucket table (the flow's entry
 /// names the member), the clock and the flowlet table instead.
-pub const FLOWLET_PATH: &[Step] = &then::<9, 11, 20>(
+pub const FLOWLET_PATH: &[Step] = &then::<10, 11, 21>(
     TO_THE_GROUP,
     [
         step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
@@ -485,6 +493,7 @@ mod tests {
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
+            (Primitive::Ipv4Checks, 1.0),
         ]))
     }
 
@@ -503,9 +512,10 @@ mod tests {
         assert_eq!(count(Primitive::FlowKeyStores), 1);
         assert_eq!(count(Primitive::GroupChecks), 1);
         assert_eq!(count(Primitive::RouteCache), 1, "one route-cache hit");
-        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 + 1.5 = 74.5
-        assert_eq!(s.accounted, 74.5);
-        assert_eq!(s.remainder, 25.5);
+        assert_eq!(count(Primitive::Ipv4Checks), 1);
+        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 + 1.5 + 1 = 75.5
+        assert_eq!(s.accounted, 75.5);
+        assert_eq!(s.remainder, 24.5);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
         assert_eq!(array.ns, 10.0);
         assert_eq!(folded(&array.whats), "CONFIG x2, GROUPS, BUCKETS, MEMBERS");
@@ -538,9 +548,10 @@ mod tests {
         assert_eq!(count(Primitive::Clock), 1, "one clock reading shared by flowlet and ECN");
         assert_eq!(count(Primitive::LruHash), 1);
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, Ipv4Checks 1
         assert_eq!(count(Primitive::RouteCache), 1);
-        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5);
+        assert_eq!(count(Primitive::Ipv4Checks), 1);
+        assert_eq!(s.accounted, 22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 1.0);
     }
 
     #[test]
