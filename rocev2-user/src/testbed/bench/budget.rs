@@ -206,8 +206,8 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 }
 
 use Primitive::{
-    Array, Call, Clock, CounterAdds, FlowKeyStores, GroupChecks, IngressPort, Jiffies, LruHash, Parse, PerCpuArray,
-    Ipv4Checks, Rewrite, RouteCache,
+    Array, Call, Clock, CounterAdds, FlowKeyStores, GroupChecks, IngressPort, Ipv4Checks, Jiffies, LruHash, Parse,
+    PerCpuArray, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
