@@ -7,6 +7,11 @@
 //! Cumulus profiles). The queue only exists in these numbers: it sees the
 //! load the port will get, before a real queue builds.
 
+use crate::{
+    class::{ClassAction, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE},
+    counters::{EgressCounter, EgressCounters},
+};
+
 /// ECN codepoints (the low two bits of the IPv4 TOS / IPv6 traffic class).
 pub const NOT_ECT: u8 = 0b00;
 pub const ECT1: u8 = 0b01;
@@ -78,14 +83,19 @@ const MULT_LIMIT: u64 = 1 << 24;
 impl DrainRate {
     /// Computed once per port by the control program (128-bit arithmetic
     /// is fine there, never in the eBPF program).
-    pub fn new(rate_bytes_per_sec: u64) -> Self {
-        let rate = rate_bytes_per_sec.min(MAX_RATE_BYTES_PER_SEC);
-        let mult_at = |shift: u32| (u128::from(rate) << shift) / u128::from(NS_PER_SEC);
+    /// A const fn: the bench's primitive (the tools object) takes its rate
+    /// from a constant, computed by the compiler.
+    pub const fn new(rate_bytes_per_sec: u64) -> Self {
+        let rate =
+            if rate_bytes_per_sec < MAX_RATE_BYTES_PER_SEC { rate_bytes_per_sec } else { MAX_RATE_BYTES_PER_SEC };
+        const fn mult_at(rate: u64, shift: u32) -> u128 {
+            ((rate as u128) << shift) / NS_PER_SEC as u128
+        }
         let mut shift = 63;
-        while shift > 0 && mult_at(shift) >= u128::from(MULT_LIMIT) {
+        while shift > 0 && mult_at(rate, shift) >= MULT_LIMIT as u128 {
             shift -= 1;
         }
-        Self { rate_bytes_per_sec: rate, mult: mult_at(shift) as u64, shift, _pad: 0 }
+        Self { rate_bytes_per_sec: rate, mult: mult_at(rate, shift) as u64, shift, _pad: 0 }
     }
 
     /// Bytes sent in `elapsed_ns`; the exact (slow) arithmetic only for
@@ -148,6 +158,106 @@ pub fn enqueue(q: &VirtualQueue, now_ns: u64, len: u64, drain: &DrainRate) -> Vi
         last_update_ns: if now_ns > q.last_update_ns { now_ns } else { q.last_update_ns },
         high_water_bytes: if depth > q.high_water_bytes { depth } else { q.high_water_bytes },
     }
+}
+
+/// Why the marker refuses a packet: a Not-ECT packet above `kmax` on a
+/// profile with [`PROFILE_DROP_NOT_ECT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropNotEct;
+
+/// Where a packet's marking finds its egress port's state: the maps in the
+/// pipeline (rocev2-ebpf's ecn.rs), copies in one value in the bench's
+/// primitive (the tools object), so both run [`mark_on`].
+///
+/// # Safety
+/// The pointers returned are valid for the program run, and the counter
+/// block is this CPU's (written without atomics).
+pub unsafe trait PortState {
+    /// The port's egress counter block on this CPU.
+    fn counters(&self, slot: u32) -> Option<*mut EgressCounters>;
+    /// The port's virtual queue.
+    fn queue(&self, slot: u32) -> Option<*mut VirtualQueue>;
+    /// A marking profile.
+    fn profile(&self, id: u32) -> Option<&EcnProfile>;
+    /// The precise clock, for a packet whose pipeline took no reading yet.
+    fn now(&self) -> u64;
+    /// A uniformly random number, drawn only between the thresholds.
+    fn random(&self) -> u32;
+}
+
+/// The port's egress counters on this CPU, found once per packet. Its adds
+/// are written here rather than by [`EgressCounters::add`]: the line
+/// profile files a line by its source file, and these are the marker's.
+struct Tally(Option<*mut EgressCounters>);
+
+impl Tally {
+    #[inline(always)]
+    fn add(&mut self, counter: EgressCounter, value: u64) {
+        if let Some(block) = self.0 {
+            // SAFETY: this CPU's block (PortState's contract).
+            unsafe { (*block).counts[counter as usize] += value };
+        }
+    }
+}
+
+/// One packet of `len` bytes through its egress port's virtual queue:
+/// counted, the queue drained to `now` (the packet's clock reading, 0 if
+/// none was taken yet) and the packet added, then marked by the class's
+/// or the port's profile. Returns the TOS/traffic-class byte to send (CE
+/// set when marked), or the drop of a Not-ECT packet the profile asks for.
+/// The pipeline's marker and the bench's primitive of it.
+#[inline(always)]
+pub fn mark_on<S: PortState>(
+    state: &S,
+    egress: &EgressEntry,
+    tos: u8,
+    len: u64,
+    class: &ClassAction,
+    now: u64,
+) -> Result<u8, DropNotEct> {
+    let egress = *egress;
+    let mut tally = Tally(state.counters(egress.slot));
+    tally.add(EgressCounter::TxPackets, 1);
+    tally.add(EgressCounter::TxBytes, len);
+    let Some(q) = state.queue(egress.slot) else { return Ok(tos) };
+    // Read the clock once per packet: the flowlet choice may have already.
+    let now = if now == 0 { state.now() } else { now };
+    // SAFETY: a valid queue (PortState's contract); concurrent CPUs may
+    // race (see VirtualQueue).
+    let depth = unsafe {
+        let next = enqueue(&*q, now, len, &egress.drain);
+        *q = next;
+        next.depth_bytes
+    };
+    if class.flags & CLASS_ECN_EXEMPT != 0 {
+        tally.add(EgressCounter::Exempt, 1);
+        return Ok(tos);
+    }
+    let profile_id = if class.flags & CLASS_ECN_PROFILE != 0 { class.profile } else { egress.profile };
+    if profile_id == NO_PROFILE {
+        return Ok(tos);
+    }
+    let Some(profile) = state.profile(profile_id) else { return Ok(tos) };
+    let congestion = congestion(depth, profile);
+    if is_ect(tos) {
+        tally.add(EgressCounter::EctSeen, 1);
+        // A random number only where the probability needs one (a helper
+        // call per packet otherwise).
+        let random = match congestion {
+            Congestion::Probabilistic(_) => state.random(),
+            _ => 0,
+        };
+        if should_mark(congestion, random) {
+            tally.add(EgressCounter::Marked, 1);
+            return Ok(with_ce(tos));
+        }
+    } else if tos & 3 == NOT_ECT && congestion != Congestion::None {
+        tally.add(EgressCounter::NotEctOverThreshold, 1);
+        if congestion == Congestion::Full && profile.flags & PROFILE_DROP_NOT_ECT != 0 {
+            return Err(DropNotEct);
+        }
+    }
+    Ok(tos)
 }
 
 /// Where a depth falls against a profile.
@@ -250,6 +360,62 @@ mod tests {
         assert!(mid.abs_diff(expected) <= expected / 1000, "{mid} vs {expected}");
         assert!(!should_mark(Congestion::Probabilistic(mid), mid));
         assert!(should_mark(Congestion::Probabilistic(mid), mid - 1));
+    }
+
+    /// One port's state in memory, as the bench's primitive keeps it.
+    struct Port {
+        counters: core::cell::UnsafeCell<EgressCounters>,
+        queue: core::cell::UnsafeCell<VirtualQueue>,
+        profile: EcnProfile,
+    }
+
+    // SAFETY: the test's own memory, one thread.
+    unsafe impl PortState for Port {
+        fn counters(&self, _slot: u32) -> Option<*mut EgressCounters> {
+            Some(self.counters.get())
+        }
+        fn queue(&self, _slot: u32) -> Option<*mut VirtualQueue> {
+            Some(self.queue.get())
+        }
+        fn profile(&self, id: u32) -> Option<&EcnProfile> {
+            (id == 0).then_some(&self.profile)
+        }
+        fn now(&self) -> u64 {
+            7
+        }
+        fn random(&self) -> u32 {
+            0
+        }
+    }
+
+    #[test]
+    fn the_marker_counts_drains_and_marks() {
+        let port = Port { counters: Default::default(), queue: Default::default(), profile: profile() };
+        let egress = EgressEntry::new(0, 0, 1_000_000_000); // a byte per ns
+        let none = ClassAction { profile: NO_PROFILE, ..ClassAction::default() };
+        // Below kmin: sent as it came; the clock read when the packet has none.
+        assert_eq!(mark_on(&port, &egress, ECT0, 1_000, &none, 0), Ok(ECT0));
+        assert_eq!(unsafe { *port.queue.get() }.last_update_ns, 7);
+        // 3 MiB at once: above kmax, so CE (random 0 would mark between them too).
+        assert_eq!(mark_on(&port, &egress, ECT0, 3 << 20, &none, 7), Ok(CE));
+        assert_eq!(mark_on(&port, &egress, NOT_ECT, 100, &none, 7), Ok(NOT_ECT));
+        let drop_not_ect = EcnProfile { flags: PROFILE_DROP_NOT_ECT, ..profile() };
+        let strict = Port { profile: drop_not_ect, ..port };
+        assert_eq!(mark_on(&strict, &egress, NOT_ECT, 100, &none, 7), Err(DropNotEct));
+        // An exempt class is queued and counted, never marked.
+        let exempt = ClassAction { flags: CLASS_ECN_EXEMPT, ..none };
+        assert_eq!(mark_on(&strict, &egress, ECT0, 100, &exempt, 7), Ok(ECT0));
+        let port = strict;
+        let count = |c: EgressCounter| unsafe { (*port.counters.get()).get(c) };
+        assert_eq!(count(EgressCounter::TxPackets), 5);
+        assert_eq!(count(EgressCounter::TxBytes), 1_000 + (3 << 20) + 300);
+        assert_eq!(count(EgressCounter::EctSeen), 2);
+        assert_eq!(count(EgressCounter::Marked), 1);
+        assert_eq!(count(EgressCounter::NotEctOverThreshold), 2);
+        assert_eq!(count(EgressCounter::Exempt), 1);
+        // 10 ms later, at a byte per ns, the queue is empty again.
+        assert_eq!(mark_on(&port, &egress, ECT0, 64, &none, 10_000_007), Ok(ECT0));
+        assert_eq!(unsafe { *port.queue.get() }.depth_bytes, 64);
     }
 
     #[test]

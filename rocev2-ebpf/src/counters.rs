@@ -5,15 +5,15 @@
 use core::mem::MaybeUninit;
 
 use rocev2_common::{
-    counters::{EgressCounter, PortCounter},
+    counters::PortCounter,
     features::Features,
-    maps::{member_stat_index, EgressCounters, PortCounters, BRIDGE_PORT_GROUP},
+    maps::{member_stat_index, PortCounters, BRIDGE_PORT_GROUP},
 };
 
 use crate::{
     features::enabled,
     forwarded::Forward,
-    maps::{CLASS_STATS, EGRESS_COUNTERS, MEMBER_STATS, PORT_COUNTERS},
+    maps::{CLASS_STATS, MEMBER_STATS, PORT_COUNTERS},
     parse::{Outcome, Roce},
 };
 
@@ -102,24 +102,6 @@ fn member_sent(group: u32, position: u32, bytes: u64) {
         unsafe {
             (*ptr).packets += 1;
             (*ptr).bytes += bytes;
-        }
-    }
-}
-
-/// An egress port's counter block on this CPU, found once per packet.
-pub struct EgressTally(Option<&'static mut EgressCounters>);
-
-impl EgressTally {
-    #[inline(always)]
-    pub fn of(slot: u32) -> Self {
-        // SAFETY: per-CPU slot, only this CPU writes it while we run.
-        Self(EGRESS_COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p }))
-    }
-
-    #[inline(always)]
-    pub fn add(&mut self, counter: EgressCounter, value: u64) {
-        if let Some(block) = self.0.as_mut() {
-            block.add(counter, value);
         }
     }
 }

@@ -2,15 +2,14 @@
 
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use rocev2_common::{
-    class::{ClassAction, CLASS_ECN_EXEMPT, CLASS_ECN_PROFILE},
-    counters::{EgressCounter, PortCounter},
-    ecn::{self, Congestion, EgressEntry, NO_PROFILE, PROFILE_DROP_NOT_ECT},
+    class::ClassAction,
+    counters::{EgressCounters, PortCounter},
+    ecn::{self, EcnProfile, EgressEntry, PortState, VirtualQueue},
 };
 
 use crate::{
     args::ClassEcn,
-    counters::EgressTally,
-    maps::{egress_entry, ECN_PROFILES, VQUEUES},
+    maps::{egress_entry, ECN_PROFILES, EGRESS_COUNTERS, VQUEUES},
     parse::{drop, Outcome},
 };
 
@@ -23,51 +22,44 @@ pub fn mark(ifindex: u32, tos: u8, len: u64, class: &ClassAction, now: u64) -> R
     mark_on(egress, tos, len, class, now)
 }
 
-/// [`mark`] on the port's virtual queue settings, found by the caller.
+/// The pipeline's port state: the maps and the helpers.
+struct Maps;
+
+// SAFETY: map values (EGRESS_COUNTERS is per CPU) valid for the run.
+unsafe impl PortState for Maps {
+    #[inline(always)]
+    fn counters(&self, slot: u32) -> Option<*mut EgressCounters> {
+        EGRESS_COUNTERS.get_ptr_mut(slot)
+    }
+
+    #[inline(always)]
+    fn queue(&self, slot: u32) -> Option<*mut VirtualQueue> {
+        VQUEUES.get_ptr_mut(slot)
+    }
+
+    #[inline(always)]
+    fn profile(&self, id: u32) -> Option<&EcnProfile> {
+        ECN_PROFILES.get(id)
+    }
+
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        // SAFETY: a clock helper without arguments.
+        unsafe { bpf_ktime_get_ns() }
+    }
+
+    #[inline(always)]
+    fn random(&self) -> u32 {
+        // SAFETY: a helper without arguments.
+        unsafe { bpf_get_prandom_u32() }
+    }
+}
+
+/// [`mark`] on the port's virtual queue settings, found by the caller
+/// (the shared marker, [`ecn::mark_on`], on the maps).
 #[inline(always)]
 fn mark_on(egress: &EgressEntry, tos: u8, len: u64, class: &ClassAction, now: u64) -> Result<u8, Outcome> {
-    let egress = *egress;
-    let mut tally = EgressTally::of(egress.slot);
-    tally.add(EgressCounter::TxPackets, 1);
-    tally.add(EgressCounter::TxBytes, len);
-    let Some(q) = VQUEUES.get_ptr_mut(egress.slot) else { return Ok(tos) };
-    // Read the clock once per packet: the flowlet choice may have already.
-    let now = if now == 0 { unsafe { bpf_ktime_get_ns() } } else { now };
-    // SAFETY: valid map value; concurrent CPUs may race (see ecn.rs).
-    let depth = unsafe {
-        let next = ecn::enqueue(&*q, now, len, &egress.drain);
-        *q = next;
-        next.depth_bytes
-    };
-    if class.flags & CLASS_ECN_EXEMPT != 0 {
-        tally.add(EgressCounter::Exempt, 1);
-        return Ok(tos);
-    }
-    let profile_id = if class.flags & CLASS_ECN_PROFILE != 0 { class.profile } else { egress.profile };
-    if profile_id == NO_PROFILE {
-        return Ok(tos);
-    }
-    let Some(profile) = ECN_PROFILES.get(profile_id) else { return Ok(tos) };
-    let congestion = ecn::congestion(depth, profile);
-    if ecn::is_ect(tos) {
-        tally.add(EgressCounter::EctSeen, 1);
-        // A random number only where the probability needs one (a helper
-        // call per packet otherwise).
-        let random = match congestion {
-            Congestion::Probabilistic(_) => unsafe { bpf_get_prandom_u32() },
-            _ => 0,
-        };
-        if ecn::should_mark(congestion, random) {
-            tally.add(EgressCounter::Marked, 1);
-            return Ok(ecn::with_ce(tos));
-        }
-    } else if tos & 3 == ecn::NOT_ECT && congestion != Congestion::None {
-        tally.add(EgressCounter::NotEctOverThreshold, 1);
-        if congestion == Congestion::Full && profile.flags & PROFILE_DROP_NOT_ECT != 0 {
-            return Err(drop(PortCounter::DropNotEct));
-        }
-    }
-    Ok(tos)
+    ecn::mark_on(&Maps, egress, tos, len, class, now).map_err(|ecn::DropNotEct| drop(PortCounter::DropNotEct))
 }
 
 /// Returned by [`mark_code`] for "drop this packet".
@@ -79,9 +71,9 @@ pub const ECN_DROP: u32 = 0x100;
 #[inline(never)]
 pub fn mark_code(egress: &EgressEntry, tos: u32, len: u64, class: ClassEcn, now: u64) -> u32 {
     let action = ClassAction { flags: class.flags(), set_dscp: 0, priority: 0, profile: class.profile() };
-    match mark_on(egress, tos as u8, len, &action, now) {
+    match ecn::mark_on(&Maps, egress, tos as u8, len, &action, now) {
         Ok(t) => u32::from(t),
-        Err(_) => ECN_DROP,
+        Err(ecn::DropNotEct) => ECN_DROP,
     }
 }
 

@@ -202,6 +202,12 @@ pub fn rocev2_prim_ipv4_checks(ctx: XdpContext) -> u32 {
     primitives::ipv4_checks(&ctx)
 }
 
+/// The floor plus REPEAT packets through egress ports' virtual queues.
+#[xdp]
+pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {
+    primitives::ecn_queue(&ctx)
+}
+
 /// The floor padded to the qp pipeline's JITed size with code never run.
 #[xdp]
 pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {

@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::{bpf_get_prandom_u32, bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
@@ -21,7 +21,9 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
     buckets::{member_for, BucketTable},
-    counters::PortCounter,
+    class::ClassAction,
+    counters::{EgressCounters, PortCounter},
+    ecn::{self, DrainRate, EcnProfile, EgressEntry, PortState, VirtualQueue, ECT0, NO_PROFILE},
     hash::{ipv4_words, member_hash_of_family, store_flow_key, FlowKey, HashMode, HashVersion},
     maps::{
         member_index, route_cache_slot, route_target, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats,
@@ -511,6 +513,124 @@ fn fill_groups(g: &mut PrimGroups) {
             };
         }
     }
+}
+
+/// REPEAT egress ports' virtual queues and egress counter blocks, the
+/// port's settings (the bench's ECN row's: a 25 Gbit/s drain, profile 0)
+/// and profile (SONiC's lossless one, as the bench configures), and the
+/// program's own clock (see [`ecn_queue`]), in one value.
+#[repr(C)]
+pub struct PrimEcn {
+    egress: EgressEntry,
+    profile: EcnProfile,
+    clock: u64,
+    queues: [VirtualQueue; REPEAT as usize],
+    counters: [EgressCounters; REPEAT as usize],
+}
+
+#[map]
+pub static PRIM_ECN: Array<PrimEcn> = Array::with_max_entries(1, 0);
+
+/// The ECN row's port rate (bytes per second) and the program's clock
+/// step per run: a 1,082-byte frame every 1,000 ns is 1.08 bytes per ns
+/// against the port's 3.125, so each queue holds the one packet, below
+/// kmin, as the bench's ECN row's (one test run per call, microseconds
+/// apart) does.
+const PRIM_ECN_RATE: u64 = 25_000_000_000 / 8;
+const PRIM_ECN_STEP_NS: u64 = 1_000;
+/// The drain's multiplier and shift, by the compiler (128-bit arithmetic
+/// is not for the BPF program).
+const PRIM_ECN_DRAIN: DrainRate = DrainRate::new(PRIM_ECN_RATE);
+
+/// One of PrimEcn's ports, as the marker finds its state: the queue and
+/// counters of copy `i`, whatever the slot (the lookups are the ARRAY and
+/// PERCPU_ARRAY primitives'), the profile in place, the program's clock.
+struct PrimPort {
+    value: *mut PrimEcn,
+    i: usize,
+}
+
+// SAFETY: PRIM_ECN's value, this program's alone in the bench's test runs.
+unsafe impl PortState for PrimPort {
+    #[inline(always)]
+    fn counters(&self, _slot: u32) -> Option<*mut EgressCounters> {
+        // SAFETY: a field of the map value.
+        Some(unsafe { &raw mut (*self.value).counters[self.i] })
+    }
+
+    #[inline(always)]
+    fn queue(&self, _slot: u32) -> Option<*mut VirtualQueue> {
+        // SAFETY: as above.
+        Some(unsafe { &raw mut (*self.value).queues[self.i] })
+    }
+
+    #[inline(always)]
+    fn profile(&self, _id: u32) -> Option<&EcnProfile> {
+        // SAFETY: as above.
+        Some(unsafe { &(*self.value).profile })
+    }
+
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*self.value).clock }
+    }
+
+    #[inline(always)]
+    fn random(&self) -> u32 {
+        // SAFETY: a helper without arguments.
+        unsafe { bpf_get_prandom_u32() }
+    }
+}
+
+/// The egress port's virtual queue for one packet, REPEAT times, each on
+/// another port's queue and counters of one value found once, by the
+/// pipeline's own marker (`rocev2_common::ecn::mark_on`): the egress
+/// entry's fields, the transmit counters, the drain since the queue's last
+/// packet (a multiply and a shift), depth and high water, the queue's
+/// update, the class and profile tests, the thresholds, the ECT test and
+/// its counter. The bench's frame as the ECN row's packet: ECT(0), its own
+/// length, no class, below kmin (no random draw, not marked). The time is
+/// a clock the program keeps (1 µs later every run), not a helper's: the
+/// clock is its own primitive. Each packet's time takes the TOS the last
+/// marking returned, so the steps form a chain.
+#[inline(always)]
+pub fn ecn_queue(ctx: &XdpContext) -> u32 {
+    let Some(v) = PRIM_ECN.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the value is only this program's, and plain data.
+    let now = unsafe {
+        if (*v).egress.drain.mult == 0 {
+            fill_ecn(&mut *v);
+        }
+        (*v).clock += PRIM_ECN_STEP_NS;
+        (*v).clock
+    };
+    let x = input(ctx);
+    let len = u64::from(x);
+    // ECT(0); the DSCP bits are 0 for any frame, unknown to the compiler.
+    let mut tos = ((x >> 24) as u8 & 0xFC) | ECT0;
+    let mut now = now;
+    let class = ClassAction { flags: 0, set_dscp: 0, priority: 0, profile: NO_PROFILE };
+    for i in 0..REPEAT as usize {
+        // SAFETY: as above.
+        let egress = unsafe { &(*v).egress };
+        tos = match ecn::mark_on(&PrimPort { value: v, i }, egress, tos, len, &class, now) {
+            Ok(t) => t,
+            Err(ecn::DropNotEct) => return xdp_action::XDP_PASS,
+        };
+        // DSCP's top bit: 0, so every queue sees the same time.
+        now += u64::from(tos >> 7);
+    }
+    finish(u32::from(tos))
+}
+
+/// The first run's port settings and profile.
+#[inline(never)]
+fn fill_ecn(v: &mut PrimEcn) {
+    v.egress = EgressEntry { slot: 0, profile: 0, drain: PRIM_ECN_DRAIN };
+    v.profile = EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: u32::MAX / 20, flags: 0 };
 }
 
 /// Never run for the bench's frame (no frame is [`NEVER`] bytes long):

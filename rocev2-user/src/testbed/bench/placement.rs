@@ -145,6 +145,7 @@ impl Place {
             Place::MemberChoice => &[Primitive::GroupChecks],
             Place::RouteCache => &[Primitive::RouteCache],
             Place::Checks => &[Primitive::Ipv4Checks],
+            Place::Ecn => &[Primitive::EcnQueue],
             _ => &[],
         }
     }
@@ -187,6 +188,7 @@ impl Place {
     pub fn off_path_why(self) -> &'static str {
         match self {
             Place::Hash => OFF_PATH_HASH,
+            Place::Ecn => OFF_PATH_ECN,
             _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
         }
     }
@@ -202,7 +204,7 @@ impl Place {
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "the flowlet decision (gap since the flow's last packet, generation, message end) and the entry's update in place, field by field",
             Place::Classes => "the class table's tests (opcode set, payload size, DSCP) for each class tried: the classes this row configures never match the bench's WRITE_ONLY, so every one is tried",
-            Place::Ecn => "the virtual queue's arithmetic (drain since its last packet: a multiply and a shift; depth; thresholds), its update, the egress counters and, between the thresholds, the random draw",
+            Place::Ecn => "a primitive (the table above): the marker's lines (`mark_on`: the egress counters, the drain since the queue's last packet, depth, its update, the thresholds), the egress entry's lookups' own lines (`egress_entry`), the call's argument moves (`mark_forwarded`, `mark_code`, `new_tos`) and, between the thresholds, the random draw",
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
             Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
             Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
@@ -221,6 +223,10 @@ impl Place {
 /// (a flowlet packet inside its flowlet: the group's policy branch jumps
 /// past the hash, see the built object's `llvm-objdump -d -l`).
 const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
+
+/// Why ECN lines show in a row loaded without the ECN feature (the
+/// verifier removed the marker).
+const OFF_PATH_ECN: &str = "not on this row's path (the ECN feature is not loaded: the verifier removed the marker and its call): `new_tos`'s lines are its `enabled()` test and the class's DSCP, and `mark_forwarded` lines are live instructions filed under a removed block's last line record (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction after the block)";
 
 /// The entry's why for a row read against the floor, with what the
 /// padded floor (the floor with never-run code to about the qp
@@ -565,7 +571,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 14] = [
+const ALL_PRIMITIVE_PLACES: [Place; 15] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -578,6 +584,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 14] = [
     Place::Checks,
     Place::FlowKey,
     Place::MemberChoice,
+    Place::Ecn,
     Place::Rewrite,
     Place::Counters,
 ];
@@ -888,6 +895,28 @@ mod tests {
         assert!(md.contains("| counter adds | 0.0 | 2.0 |"), "{md}");
         assert!(!md.contains("not placed"), "{md}");
         assert!(md.contains(&format!("The remainder, {:.1} ns = 40.0 on the steps above", s.remainder)), "{md}");
+    }
+
+    #[test]
+    fn ecn_lines_are_the_queue_floor_on_ecn_paths_and_explained_off_them() {
+        let row = profile(
+            10_000,
+            0,
+            &[("rocev2-ebpf/src/ecn.rs:87", Detail::Own, 2), ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 2)],
+        );
+        let p = place(40.0, (&row, 40.0), None, |_| None);
+        let mut f = floors();
+        f.0.extend([(Primitive::EcnQueue, 6.0), (Primitive::Clock, 15.0)]);
+        let md = render(&p, &split(40.0, QP_PATH, &f), &f);
+        assert!(
+            md.contains(&format!("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | {OFF_PATH_ECN} |")),
+            "{md}"
+        );
+        let md = render(&p, &split(40.0, crate::testbed::bench::budget::ECN_STEPS, &f), &f);
+        assert!(
+            md.contains("| ECN virtual queue | 20.0 | 6.0 | `ecn.rs:87` 20.0 | a primitive (the table above)"),
+            "{md}"
+        );
     }
 
     #[test]
