@@ -12,7 +12,7 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, programs::XdpContext};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::eth::EthHdr;
 use rocev2_common::{
     bth,
     class::ClassAction,
@@ -30,7 +30,7 @@ use crate::{
     features::enabled,
     forwarded::Forward,
     maps::{EGRESS_DEVS, EGRESS_DEVS_DIRECT, FLOW_KEY, GROUPS, MEMBERS},
-    parse::{self, drop, pass, L3Kind, Outcome, Roce, Verdict, L4},
+    parse::{self, drop, pass, Ipv4Fields, L3Kind, Outcome, Roce, Verdict, L4},
     pin::{self, NO_PIN},
     redirect::redirect,
     rewrite, route, select, telemetry,
@@ -235,20 +235,12 @@ fn forward_v4<C: PacketBuf>(ctx: &C, slot: u32, l3_off: usize) -> Result<Forward
     let len = ip.frame_len as u64;
     let hdr = ip.hdr;
     // SAFETY: parse_ipv4 checked the header lies in the packet.
-    let (src, dst, ttl, protocol, tos) =
-        unsafe { ((*hdr).src_addr, (*hdr).dst_addr, (*hdr).ttl, (*hdr).proto, (*hdr).tos) };
+    let Ipv4Fields { src, dst, ttl, protocol, tos } = unsafe { parse::ipv4_fields(hdr) };
     let group = route::group_v4(dst)?;
     if parse::is_fragment(hdr) {
         return Err(pass(PortCounter::PassFragment));
     }
-    if ttl <= 1 {
-        return Err(pass(PortCounter::PassTtlExpired));
-    }
-    // Options (Record Route, Timestamp, Router Alert) need processing
-    // the kernel does; RoCE NICs never send them.
-    if ip.l4_off != l3_off + Ipv4Hdr::LEN {
-        return Err(pass(PortCounter::PassIpv4Options));
-    }
+    parse::ipv4_ttl_and_options(ttl, l3_off, ip.l4_off)?;
     // Checked only for packets to forward (the kernel checks the ones it
     // gets): the kernel drops a wrong one too, and forwarding it would
     // carry a possibly corrupted address or length onward.

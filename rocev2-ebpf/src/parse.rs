@@ -182,6 +182,50 @@ pub fn ipv4_checksum_ok(hdr: *const Ipv4Hdr) -> bool {
     checksum::fold(sum) == 0xFFFF
 }
 
+/// The fields of an IPv4 header the IPv4 pipeline uses, each read once.
+#[derive(Clone, Copy)]
+pub struct Ipv4Fields {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub ttl: u8,
+    pub protocol: u8,
+    pub tos: u8,
+}
+
+/// Reads [`Ipv4Fields`] (the pipeline's, and the bench's primitive of its
+/// header tests).
+///
+/// # Safety
+/// `hdr` must be a header [`parse_ipv4`] checked.
+#[inline(always)]
+pub unsafe fn ipv4_fields(hdr: *const Ipv4Hdr) -> Ipv4Fields {
+    // SAFETY: the caller's.
+    unsafe {
+        Ipv4Fields {
+            src: (*hdr).src_addr,
+            dst: (*hdr).dst_addr,
+            ttl: (*hdr).ttl,
+            protocol: (*hdr).proto,
+            tos: (*hdr).tos,
+        }
+    }
+}
+
+/// The tests after the fragment test that hand a routed IPv4 packet to
+/// the kernel: its TTL expires here, or it has options (Record Route,
+/// Timestamp, Router Alert need processing the kernel does; RoCE NICs
+/// never send them): the header does not end where a 20-byte one would.
+#[inline(always)]
+pub fn ipv4_ttl_and_options(ttl: u8, l3_off: usize, l4_off: usize) -> Result<(), Outcome> {
+    if ttl <= 1 {
+        return Err(pass(PortCounter::PassTtlExpired));
+    }
+    if l4_off != l3_off + Ipv4Hdr::LEN {
+        return Err(pass(PortCounter::PassIpv4Options));
+    }
+    Ok(())
+}
+
 /// True for IPv4 fragments: more-fragments set or a non-zero offset.
 #[inline(always)]
 pub fn is_fragment(hdr: *const Ipv4Hdr) -> bool {

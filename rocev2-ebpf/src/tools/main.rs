@@ -196,6 +196,12 @@ pub fn rocev2_prim_route_cache(ctx: XdpContext) -> u32 {
     primitives::route_cache(&ctx)
 }
 
+/// The floor plus REPEAT IPv4 headers' field reads and TTL and options tests.
+#[xdp]
+pub fn rocev2_prim_ipv4_checks(ctx: XdpContext) -> u32 {
+    primitives::ipv4_checks(&ctx)
+}
+
 /// The floor plus REPEAT packets through egress ports' virtual queues.
 #[xdp]
 pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {

@@ -92,6 +92,17 @@ pub static PRIM_GROUPS: Array<PrimGroups> = Array::with_max_entries(1, 0);
 pub static PRIM_ROUTE_CACHE: PerCpuArray<[RouteCacheEntry; ROUTE_CACHE_SLOTS as usize]> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// REPEAT IPv4 headers and where each one's payload starts, as a frame
+/// and `parse_ipv4` give them to the pipeline (the first run fills them).
+#[repr(C)]
+pub struct PrimIpv4 {
+    hdrs: [Ipv4Hdr; REPEAT as usize],
+    l4_offs: [u32; REPEAT as usize],
+}
+
+#[map]
+pub static PRIM_IPV4: PerCpuArray<PrimIpv4> = PerCpuArray::with_max_entries(1, 0);
+
 /// Bytes between the copies of the rewritten headers in the frame.
 const REWRITE_STRIDE: usize = 64;
 
@@ -429,6 +440,60 @@ pub fn route_cache(ctx: &XdpContext) -> u32 {
     }
     // The top bit set: never NEVER, whatever the group.
     finish(group | 0x8000_0000)
+}
+
+/// The IPv4 pipeline's header reads and tests, REPEAT times, each on
+/// another header of one per-CPU value found once (the lookup is the
+/// PERCPU_ARRAY primitive's), by the pipeline's own code: the fields it
+/// uses read once (`ipv4_fields`: addresses, TTL, protocol, TOS), the TTL
+/// and options tests (`ipv4_ttl_and_options`). The fragment and checksum
+/// tests between them are the parse primitive's (`is_fragment`,
+/// `ipv4_checksum_ok`). Separate headers, as the pipeline reads one per
+/// packet; the fields are folded into the result so none is dropped.
+#[inline(always)]
+pub fn ipv4_checks(ctx: &XdpContext) -> u32 {
+    let x = input(ctx);
+    let Some(v) = PRIM_IPV4.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's value, ours for this program run.
+    let v = unsafe { &mut *v };
+    if v.hdrs[0].ttl == 0 {
+        fill_ipv4(v);
+    }
+    // The Ethernet header's length for any frame, as the pipeline's l3_off.
+    let l3_off = EthHdr::LEN + (x & 0x8000_0000) as usize;
+    let mut fields = 0u32;
+    for i in 0..REPEAT as usize {
+        // SAFETY: a whole header of this CPU's value.
+        let f = unsafe { parse::ipv4_fields(&v.hdrs[i]) };
+        if parse::ipv4_ttl_and_options(f.ttl, l3_off, v.l4_offs[i] as usize).is_err() {
+            return xdp_action::XDP_PASS;
+        }
+        fields ^= u32::from_ne_bytes(f.src) ^ u32::from_ne_bytes(f.dst) ^ u32::from(f.protocol) ^ u32::from(f.tos);
+    }
+    finish(fields)
+}
+
+/// The first run's headers: 10.0.0.i to 10.1.0.i, UDP, TTL 64, DF, no
+/// options.
+#[inline(never)]
+fn fill_ipv4(v: &mut PrimIpv4) {
+    for i in 0..REPEAT as usize {
+        v.hdrs[i] = Ipv4Hdr {
+            vihl: 0x45,
+            tos: 0x68,
+            tot_len: 128u16.to_be_bytes(),
+            id: [0; 2],
+            frags: [0x40, 0],
+            ttl: 64,
+            proto: 17,
+            check: [0; 2],
+            src_addr: [10, 0, 0, i as u8],
+            dst_addr: [10, 1, 0, i as u8],
+        };
+        v.l4_offs[i] = (EthHdr::LEN + Ipv4Hdr::LEN) as u32;
+    }
 }
 
 /// The first run's groups: PRIM_MEMBERS members each, all up, the

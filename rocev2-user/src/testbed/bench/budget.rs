@@ -40,6 +40,7 @@ pub enum Primitive {
     FlowKeyStores,
     GroupChecks,
     RouteCache,
+    Ipv4Checks,
     EcnQueue,
     FlowletStep,
     /// Not a step of any path: the floor padded to the qp pipeline's
@@ -48,7 +49,7 @@ pub enum Primitive {
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 20] = [
+    pub const ALL: [Primitive; 21] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -66,6 +67,7 @@ impl Primitive {
         Primitive::FlowKeyStores,
         Primitive::GroupChecks,
         Primitive::RouteCache,
+        Primitive::Ipv4Checks,
         Primitive::EcnQueue,
         Primitive::FlowletStep,
         Primitive::PaddedFloor,
@@ -91,6 +93,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "rocev2_prim_flow_key",
             Primitive::GroupChecks => "rocev2_prim_group",
             Primitive::RouteCache => "rocev2_prim_route_cache",
+            Primitive::Ipv4Checks => "rocev2_prim_ipv4_checks",
             Primitive::EcnQueue => "rocev2_prim_ecn",
             Primitive::FlowletStep => "rocev2_prim_flowlet",
             Primitive::PaddedFloor => "rocev2_prim_padded",
@@ -125,6 +128,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "an IPv4 flow key's 13 volatile stores into a per-CPU slot (the pipeline's `store_flow_key`)",
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
             Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
+            Primitive::Ipv4Checks => "the IPv4 header's fields read once (addresses, TTL, protocol, TOS) and the TTL and options tests (the fragment and checksum tests are the parse's)",
             Primitive::FlowletStep => "a keyed flowlet table's packet inside its flowlet (the pipeline's `FlowletKey::new` and `keyed_step`): the message end of its opcode, the table key built from the flow key, the group's flowlet settings, the decision (generation, member count, the gap since the flow's last packet) and the entry's update in place",
             Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
@@ -151,6 +155,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "flow key stores",
             Primitive::GroupChecks => "group and member checks",
             Primitive::RouteCache => "route-cache hit",
+            Primitive::Ipv4Checks => "IPv4 field reads and tests",
             Primitive::EcnQueue => "ECN virtual queue",
             Primitive::FlowletStep => "flowlet decision and entry update",
             Primitive::PaddedFloor => "padded floor",
@@ -175,6 +180,7 @@ impl Primitive {
             Primitive::FlowKeyStores => "one store per key field (13 for IPv4, three of them zero words): the hash, the flowlet table and telemetry read the key from this CPU's slot, off the 512-byte stack; merged stores would be a memset call, a byte loop on BPF",
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
             Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
+            Primitive::Ipv4Checks => "a router's duty (RFC 1812): a packet whose TTL would expire here and one with options go to the kernel, which answers or processes them; each test a compare and a predicted branch on a field read once, the addresses, protocol and TOS the values every later step uses (route, flow key, DSCP)",
             Primitive::FlowletStep => "the flowlet's state is the feature: the table's key is the flow key's 11 words copied next to the group (a load and a store each; the LRU_HASH lookup hashes and compares it in place), and a kept flowlet must still check that its member is the group's current one (generation, member count) and that the flow was not idle past the gap, then write the packet's time back for the next one (the entry's fields, one aligned store each, so a CPU racing on the flow never sees a torn position)",
             Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
@@ -212,8 +218,8 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 }
 
 use Primitive::{
-    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort, Jiffies, LruHash,
-    Parse, PerCpuArray, Rewrite, RouteCache,
+    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort, Ipv4Checks,
+    Jiffies, LruHash, Parse, PerCpuArray, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -238,11 +244,13 @@ const INGRESS: Step =
     Step { primitive: IngressPort, what: "ingress_ifindex and its IFINDEX_SLOTS slot", map: Some("IFINDEX_SLOTS") };
 
 /// Every IPv4 packet's path to its group: the ingress port, the parse,
-/// the family's function, the route cache (a hit), the flow key, the group.
-const TO_THE_GROUP: [Step; 9] = [
+/// the family's function, the header's tests, the route cache (a hit),
+/// the flow key, the group.
+const TO_THE_GROUP: [Step; 10] = [
     INGRESS,
     step(Parse, "parse_l2, parse_ipv4 + checksum, parse_l4 (UDP, BTH)"),
     step(Call, "forward_v4_call (the IPv4 function)"),
+    step(Ipv4Checks, "forward_v4's header fields, TTL and options tests"),
     lookup(Array, "CONFIG"),
     lookup(PerCpuArray, "ROUTE_CACHE"),
     step(RouteCache, "ROUTE_CACHE's slot, compare and target"),
@@ -253,7 +261,7 @@ const TO_THE_GROUP: [Step; 9] = [
 
 /// The qp (and five-tuple: the same path) IPv4 packet with a route-cache
 /// hit, from the program's entry to the redirect (which the floor pays).
-pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
+pub const QP_PATH: &[Step] = &then::<10, 9, 19>(
     TO_THE_GROUP,
     [
         lookup(Array, "CONFIG"),
@@ -271,7 +279,7 @@ pub const QP_PATH: &[Step] = &then::<9, 9, 18>(
 /// The keyed flowlet pipeline's IPv4 packet inside a flowlet (the entry
 /// found and kept): no member hash and no bucket table (the flow's entry
 /// names the member), the clock and the flowlet table instead.
-pub const FLOWLET_PATH: &[Step] = &then::<9, 12, 21>(
+pub const FLOWLET_PATH: &[Step] = &then::<10, 12, 22>(
     TO_THE_GROUP,
     [
         step(Clock, "the packet's clock reading (flowlet gap, shared with ECN)"),
@@ -500,6 +508,7 @@ mod tests {
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
+            (Primitive::Ipv4Checks, 1.0),
             (Primitive::EcnQueue, 7.0),
             (Primitive::FlowletStep, 5.0),
         ]))
@@ -520,9 +529,10 @@ mod tests {
         assert_eq!(count(Primitive::FlowKeyStores), 1);
         assert_eq!(count(Primitive::GroupChecks), 1);
         assert_eq!(count(Primitive::RouteCache), 1, "one route-cache hit");
-        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 + 1.5 = 74.5
-        assert_eq!(s.accounted, 74.5);
-        assert_eq!(s.remainder, 25.5);
+        assert_eq!(count(Primitive::Ipv4Checks), 1);
+        // 5x2 + 4x3 + 1x5 + 20 + 8 + 6 + 3 + 4 + 2 + 3 + 1.5 + 1 = 75.5
+        assert_eq!(s.accounted, 75.5);
+        assert_eq!(s.remainder, 24.5);
         let array = s.parts.iter().find(|x| x.primitive == Primitive::Array).unwrap();
         assert_eq!(array.ns, 10.0);
         assert_eq!(folded(&array.whats), "CONFIG x2, GROUPS, BUCKETS, MEMBERS");
@@ -556,13 +566,14 @@ mod tests {
         assert_eq!(count(Primitive::LruHash), 1);
         assert_eq!(count(Primitive::EcnQueue), 1, "the virtual queue once, in mark_on");
         assert_eq!(count(Primitive::RouteCache), 1);
+        assert_eq!(count(Primitive::Ipv4Checks), 1);
         assert_eq!(count(Primitive::FlowletStep), 1, "the flowlet decision once, in flowlet_position");
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, EcnQueue 7,
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, Ipv4Checks 1, EcnQueue 7,
         // FlowletStep 5
         assert_eq!(
             s.accounted,
-            22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 7.0 + 5.0
+            22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 1.0 + 7.0 + 5.0
         );
     }
 

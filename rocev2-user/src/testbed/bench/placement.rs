@@ -144,6 +144,7 @@ impl Place {
             Place::FlowKey => &[Primitive::FlowKeyStores],
             Place::MemberChoice => &[Primitive::GroupChecks],
             Place::RouteCache => &[Primitive::RouteCache],
+            Place::Checks => &[Primitive::Ipv4Checks],
             Place::Ecn => &[Primitive::EcnQueue],
             Place::Flowlet => &[Primitive::FlowletStep],
             _ => &[],
@@ -200,7 +201,7 @@ impl Place {
             Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
             Place::IngressPort => "a primitive (the table above): the context field's three dependent loads, the slot's bounds test, lookup and field; where the first use of the port stalls lands on the line that uses it",
             Place::RouteCache => "a primitive (the table above): the destination's slot in the per-CPU route cache (a multiply), the compare of family, route generation and address, the target's tests; the stall on the slot's first use (it waits for the ROUTE_CACHE lookup) and the generation's (CONFIG's) lands on these lines, not on the lookups'",
-            Place::Checks => "the IPv4 header's fields read once, and the tests that decide whether the switch may forward the packet at all (fragment, TTL, options): each a load and a branch",
+            Place::Checks => "a primitive (the table above): the IPv4 header's fields read once and kept (spilled across the route's lookups) for the steps after, the TTL and options tests, the branches on the fragment and checksum tests (whose work is the parse's), the TTL's decrement and the DSCP's shift",
             Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "a primitive (the table above): the flowlet table's key built from the flow key (`FlowletKey::new`), the decision (generation, member count, the gap since the flow's last packet, message end) and the entry's update in place, field by field (`keyed_step`), and the flowlet function's own moves around them (`flowlet_position`)",
@@ -312,6 +313,7 @@ fn source_place(file: &str, function: &str) -> Place {
     };
     match (ebpf, name, function) {
         (true, "parse.rs", "encode" | "decode" | "pass" | "drop" | "frame_len") => Place::Entry,
+        (true, "parse.rs", "ipv4_fields" | "ipv4_ttl_and_options") => Place::Checks,
         (true, "parse.rs", _) => Place::Parse,
         // A parse from scratch (the tools' programs); telemetry's reads of
         // the BTH the pipeline found (PSN, AETH) are its own step.
@@ -574,7 +576,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 15] = [
+const ALL_PRIMITIVE_PLACES: [Place; 16] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -584,6 +586,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 15] = [
     Place::Call,
     Place::IngressPort,
     Place::RouteCache,
+    Place::Checks,
     Place::FlowKey,
     Place::MemberChoice,
     Place::Flowlet,
@@ -760,6 +763,9 @@ mod tests {
         assert_eq!(c("rocev2-ebpf/src/select.rs:95", Some("flowlet_position"), &own), Place::Flowlet);
         assert_eq!(c("rocev2-ebpf/src/select.rs:72", Some("member_of"), &own), Place::MemberChoice);
         assert_eq!(c("rocev2-ebpf/src/forward.rs:237", Some("forward_v4"), &own), Place::Checks);
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:190", Some("ipv4_fields"), &own), Place::Checks);
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:205", Some("ipv4_ttl_and_options"), &own), Place::Checks);
+        assert_eq!(c("rocev2-ebpf/src/parse.rs:220", Some("is_fragment"), &own), Place::Parse, "the parse primitive's");
         assert_eq!(c("rocev2-ebpf/src/forward.rs:92", Some("forward"), &own), Place::Entry);
         assert_eq!(c("rocev2-ebpf/src/tools/main.rs:90", Some("rocev2_xdp_redirect"), &own), Place::Redirect);
         assert_eq!(c("rocev2-ebpf/src/ecn.rs:29", None, &own), Place::Ecn);
@@ -845,6 +851,7 @@ mod tests {
             (Primitive::FlowKeyStores, 2.0),
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
+            (Primitive::Ipv4Checks, 1.0),
         ]))
     }
 
@@ -888,6 +895,7 @@ mod tests {
         assert!(md.contains("| parse | 60.0 | 20.0 | `parse.rs:83 ptr_at` 60.0 |"), "{md}");
         assert!(md.contains("| step: feature tests | 40.0 |  | `features.rs:27` 40.0 |"), "{md}");
         assert!(md.contains("| route cache | 0.0 | 1.5 |"), "the route cache's hit is a primitive: {md}");
+        assert!(md.contains("| IPv4 field reads and tests | 0.0 | 1.0 |"), "{md}");
         assert!(md.contains("| member hash | 0.0 | 10.0 |"), "a budgeted primitive no line was filed under: {md}");
         assert!(md.contains("| rewrite | 20.0 | 4.0 | `rewrite.rs:40` 20.0 |"), "{md}");
         assert!(md.contains("| counter adds | 0.0 | 2.0 |"), "{md}");
