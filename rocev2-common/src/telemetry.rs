@@ -165,6 +165,57 @@ pub fn qp_set_of(dst: &[u32; 4], dest_qp: u32, sets_mask: u32) -> u32 {
     h as u32 & sets_mask
 }
 
+/// Where the QP table's slots are: the QP_TELEMETRY array in the pipeline,
+/// a map value's copies in the bench's primitive, so both run [`find`] and
+/// [`data_of_known`].
+///
+/// # Safety
+/// A slot returned is valid for the program run.
+pub unsafe trait QpTable {
+    /// The slot at `index`, if the table has one there.
+    fn slot(&self, index: u32) -> Option<*mut QpSlot>;
+}
+
+/// The first slot of a QP's set ([`qp_set_of`] times [`QP_WAYS`]).
+#[inline(always)]
+pub fn set_start(dst: &[u32; 4], dest_qp: u32, sets_mask: u32) -> u32 {
+    qp_set_of(dst, dest_qp, sets_mask) * QP_WAYS
+}
+
+/// The slot of the set starting at `set` that holds the QP (`dst`,
+/// `dest_qp`) of `family`: the set's ways compared in order.
+#[inline(always)]
+pub fn find<T: QpTable>(table: &T, dst: &[u32; 4], dest_qp: u32, family: u32, set: u32) -> Option<*mut QpSlot> {
+    for way in 0..QP_WAYS {
+        let slot = table.slot(set + way)?;
+        // SAFETY: a valid slot (QpTable's contract); a slot being
+        // rewritten on another CPU may match or not, as with any race on
+        // this table.
+        let k = unsafe { &(*slot).key };
+        if k.dest_qp == dest_qp && k.dst == *dst && k.family == family {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// A data packet of a QP the table holds, in its slot's stats: the member
+/// the QP's data took before this packet (the one a jump back blames, as
+/// group and position), then the packet counted ([`QpStats::data`]).
+#[inline(always)]
+pub fn data_of_known(
+    s: &mut QpStats,
+    psn: u32,
+    bytes: u64,
+    group: u32,
+    position: u32,
+    ce_marked: bool,
+    now: u64,
+) -> (u32, u32, PsnStep) {
+    let (before_group, before_position) = (s.group, s.position);
+    (before_group, before_position, s.data(psn, bytes, group, position, ce_marked, now))
+}
+
 /// Per group member: the transport signals of the QPs it carries. Indexed
 /// like MEMBER_STATS; per CPU.
 #[repr(C)]

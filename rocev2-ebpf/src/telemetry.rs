@@ -25,8 +25,8 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        qp_set, qp_set_of, qp_table_slots, seen, MemberTransport, PsnStep, QpKey, QpSlot, QpStats, ReplyKey, Seen,
-        TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
+        data_of_known, find, qp_set, qp_table_slots, seen, set_start, MemberTransport, PsnStep, QpKey, QpSlot, QpStats,
+        QpTable, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
 
@@ -139,14 +139,16 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             };
             // The QP is hashed and looked for in the flow key, where the
             // pipeline wrote it: copied only into a new entry.
-            let set = qp_set_of(&key.dst, key.dest_qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let step = match find(&key.dst, key.dest_qp, at.family, set) {
-                // SAFETY: a map value; see the module note on races.
-                Some(s) => unsafe {
-                    let s = &mut (*s).stats;
-                    (scratch.before_group, scratch.before_position) = (s.group, s.position);
-                    s.data(at.psn, len, group, position, ce_marked, now)
-                },
+            let set = set_start(&key.dst, key.dest_qp, QP_SETS_MASK.load());
+            let step = match find(&Table, &key.dst, key.dest_qp, at.family, set) {
+                Some(s) => {
+                    // SAFETY: a map value; see the module note on races.
+                    let s = unsafe { &mut (*s).stats };
+                    let step;
+                    (scratch.before_group, scratch.before_position, step) =
+                        data_of_known(s, at.psn, len, group, position, ce_marked, now);
+                    step
+                }
                 None => {
                     (scratch.before_group, scratch.before_position) = (group, position);
                     let Some(slot) = victim(set) else { return };
@@ -209,7 +211,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             copy_words(&mut scratch.qp.dst, &qp.dst);
             (scratch.qp.dest_qp, scratch.qp.family) = (qp.dest_qp, qp.family);
             let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
-            let Some(s) = find(&scratch.qp.dst, scratch.qp.dest_qp, scratch.qp.family, set) else { return };
+            let Some(s) = find(&Table, &scratch.qp.dst, scratch.qp.dest_qp, scratch.qp.family, set) else { return };
             // SAFETY: as above.
             let s = unsafe { &mut (*s).stats };
             s.reply(reply);
@@ -251,20 +253,15 @@ fn coarse_now(scratch: &mut Scratch) -> u64 {
     scratch.tick_ns
 }
 
-/// The slot of the set starting at `set` that holds the QP (`dst`,
-/// `dest_qp`) of `family`.
-#[inline(always)]
-fn find(dst: &[u32; 4], dest_qp: u32, family: u32, set: u32) -> Option<*mut QpSlot> {
-    for way in 0..QP_WAYS {
-        let slot = QP_TELEMETRY.get_ptr_mut(set + way)?;
-        // SAFETY: a map value; a slot being rewritten on another CPU may
-        // match or not, as with any race on this table.
-        let k = unsafe { &(*slot).key };
-        if k.dest_qp == dest_qp && k.dst == *dst && k.family == family {
-            return Some(slot);
-        }
+/// The QP table as the shared lookup finds its slots.
+struct Table;
+
+// SAFETY: QP_TELEMETRY's values, valid for the program run.
+unsafe impl QpTable for Table {
+    #[inline(always)]
+    fn slot(&self, index: u32) -> Option<*mut QpSlot> {
+        QP_TELEMETRY.get_ptr_mut(index)
     }
-    None
 }
 
 /// The slot a new QP takes in the set starting at `set`: an empty one,

@@ -214,6 +214,12 @@ pub fn rocev2_prim_flowlet(ctx: XdpContext) -> u32 {
     primitives::flowlet_step(&ctx)
 }
 
+/// The floor plus REPEAT data packets' QP entries (set hash, ways, update).
+#[xdp]
+pub fn rocev2_prim_qp_entry(ctx: XdpContext) -> u32 {
+    primitives::qp_entry(&ctx)
+}
+
 /// The floor padded to the qp pipeline's JITed size with code never run.
 #[xdp]
 pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {

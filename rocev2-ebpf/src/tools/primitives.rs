@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
-    bth,
+    bth::{self, PSN_MASK},
     buckets::{member_for, BucketTable},
     class::ClassAction,
     counters::{EgressCounters, PortCounter},
@@ -32,6 +32,7 @@ use rocev2_common::{
         PortCounters, RouteCacheEntry, RouteTarget, FLOWLET_AT_BOUNDARY, MAX_DIRECT_IFINDEX, MAX_MEMBERS_PER_GROUP,
         MEMBER_UP, POLICY_FLOWLET, ROUTE_CACHE_SLOTS,
     },
+    telemetry::{data_of_known, find, set_start, PsnStep, QpSlot, QpTable, QP_WAYS},
 };
 
 use crate::{
@@ -724,6 +725,101 @@ fn fill_flowlets(v: &mut PrimFlowlets, x: u32) {
         (flow.src_port, flow.dst_port, flow.protocol, flow.dest_qp) = (0xC000 | i as u16, 4791, 17, 0x100);
         v.entries[i] =
             FlowletEntry { position: i as u32 % 4, generation: 1, at_boundary: 1, ..FlowletEntry::default() };
+    }
+}
+
+/// REPEAT QPs, each in a table of one set (QP_WAYS slots, the QP in its
+/// first way, as the telemetry row's QP is found), each with the flow key
+/// its packets carry (as FLOW_KEY holds it); the sets' mask (0, as the
+/// program reads QP_SETS_MASK), the next PSN and the program's clock. The
+/// tables first: the map is mmapable, so they start on a page and each
+/// slot's first 64 bytes are one cache line, as in QP_TELEMETRY.
+#[repr(C)]
+pub struct PrimQps {
+    tables: [[QpSlot; QP_WAYS as usize]; REPEAT as usize],
+    flows: [FlowKey; REPEAT as usize],
+    sets_mask: u32,
+    psn: u32,
+    clock: u64,
+}
+
+#[map]
+pub static PRIM_QPS: Array<PrimQps> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// One of PrimQps' tables, as the shared lookup finds its slots (the
+/// QP_TELEMETRY lookup's bounds test on the index, not the ARRAY
+/// primitive's address computation).
+struct PrimTable<'a>(&'a mut [QpSlot; QP_WAYS as usize]);
+
+// SAFETY: slots of this program's value.
+unsafe impl QpTable for PrimTable<'_> {
+    #[inline(always)]
+    fn slot(&self, index: u32) -> Option<*mut QpSlot> {
+        self.0.get(index as usize).map(|s| (s as *const QpSlot).cast_mut())
+    }
+}
+
+/// Telemetry's part of a data packet of a QP the table holds, REPEAT
+/// times, each on another QP of one value found once (the QP_TELEMETRY
+/// lookup is the ARRAY primitive's), by the pipeline's own code: the QP's
+/// set (`set_start`: the 64-bit hash of the flow key's destination and
+/// DestQP), its ways compared (`find`: the first holds it), the member it
+/// took before, the stats' update (`data_of_known`: packets, bytes, last
+/// seen, member, the PSN against the highest seen), the CE test and the
+/// test for a member sum to update. The telemetry row's packet: the next
+/// PSN of its QP (in order), ECT(0) (not marked), the same member; on a
+/// clock the program keeps (the coarse clock and jiffies are primitives
+/// of their own). Each packet's DestQP takes the member the last one found
+/// (its top bits, 0), so the steps form a chain.
+#[inline(always)]
+pub fn qp_entry(ctx: &XdpContext) -> u32 {
+    let Some(v) = PRIM_QPS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the value is only this program's, and plain data.
+    let v = unsafe { &mut *v };
+    let x = input(ctx);
+    if v.flows[0].protocol == 0 {
+        fill_qps(v, x);
+    }
+    v.clock += 1_000;
+    v.psn = v.psn.wrapping_add(1) & PSN_MASK;
+    let (now, psn, len, mask) = (v.clock, v.psn, u64::from(x), v.sets_mask);
+    // ECT(0): the DSCP bits are 0 for any frame, unknown to the compiler.
+    let tos = ((x >> 24) as u8 & 0xFC) | ECT0;
+    let mut chain = x & 0x8000_0000;
+    for i in 0..REPEAT as usize {
+        let key = &v.flows[i];
+        let dest_qp = key.dest_qp ^ chain;
+        let ce_marked = tos & 3 == 3;
+        let set = set_start(&key.dst, dest_qp, mask);
+        let table = PrimTable(&mut v.tables[i]);
+        let Some(slot) = find(&table, &key.dst, dest_qp, 4, set) else {
+            return xdp_action::XDP_PASS;
+        };
+        // SAFETY: a slot of this program's value.
+        let s = unsafe { &mut (*slot).stats };
+        let (before_group, before_position, step) = data_of_known(s, psn, len, 0, i as u32 % 4, ce_marked, now);
+        if step != PsnStep::InOrder || ce_marked {
+            return xdp_action::XDP_PASS;
+        }
+        chain = (before_group | before_position) & 0x8000_0000;
+    }
+    finish(chain)
+}
+
+/// The first run's QPs: one per table, in its first way, each a flow of
+/// its own to 10.1.0.1.
+#[inline(never)]
+fn fill_qps(v: &mut PrimQps, x: u32) {
+    for i in 0..REPEAT as usize {
+        let flow = &mut v.flows[i];
+        (flow.src, flow.dst) = ([x ^ i as u32, 0, 0, 0], [0x0A01_0001, 0, 0, 0]);
+        (flow.src_port, flow.dst_port, flow.protocol, flow.dest_qp) = (0xC000, 4791, 17, 0x100 + i as u32);
+        let key = &mut v.tables[i][0].key;
+        (key.dst, key.dest_qp, key.family) = (flow.dst, flow.dest_qp, 4);
     }
 }
 

@@ -43,13 +43,14 @@ pub enum Primitive {
     Ipv4Checks,
     EcnQueue,
     FlowletStep,
+    QpEntry,
     /// Not a step of any path: the floor padded to the qp pipeline's
     /// JITed size, what size alone costs (the entry's evidence).
     PaddedFloor,
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 21] = [
+    pub const ALL: [Primitive; 22] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -70,6 +71,7 @@ impl Primitive {
         Primitive::Ipv4Checks,
         Primitive::EcnQueue,
         Primitive::FlowletStep,
+        Primitive::QpEntry,
         Primitive::PaddedFloor,
     ];
 
@@ -96,6 +98,7 @@ impl Primitive {
             Primitive::Ipv4Checks => "rocev2_prim_ipv4_checks",
             Primitive::EcnQueue => "rocev2_prim_ecn",
             Primitive::FlowletStep => "rocev2_prim_flowlet",
+            Primitive::QpEntry => "rocev2_prim_qp_entry",
             Primitive::PaddedFloor => "rocev2_prim_padded",
         }
     }
@@ -130,6 +133,7 @@ impl Primitive {
             Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
             Primitive::Ipv4Checks => "the IPv4 header's fields read once (addresses, TTL, protocol, TOS) and the TTL and options tests (the fragment and checksum tests are the parse's)",
             Primitive::FlowletStep => "a keyed flowlet table's packet inside its flowlet (the pipeline's `FlowletKey::new` and `keyed_step`): the message end of its opcode, the table key built from the flow key, the group's flowlet settings, the decision (generation, member count, the gap since the flow's last packet) and the entry's update in place",
+            Primitive::QpEntry => "telemetry's QP entry for a data packet of a QP the table holds (the pipeline's `set_start`, `find` and `data_of_known`): the QP's set (a 64-bit hash of the destination and DestQP), the first way's key compared, the member taken before, the stats' update (packets, bytes, last seen, member, the PSN against the highest seen), the CE and member-sum tests",
             Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
             Primitive::PaddedFloor => "the floor padded to the qp pipeline's JITed size with code never run (size and placement alone)",
         }
@@ -158,6 +162,7 @@ impl Primitive {
             Primitive::Ipv4Checks => "IPv4 field reads and tests",
             Primitive::EcnQueue => "ECN virtual queue",
             Primitive::FlowletStep => "flowlet decision and entry update",
+            Primitive::QpEntry => "telemetry's QP entry",
             Primitive::PaddedFloor => "padded floor",
         }
     }
@@ -182,6 +187,7 @@ impl Primitive {
             Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
             Primitive::Ipv4Checks => "a router's duty (RFC 1812): a packet whose TTL would expire here and one with options go to the kernel, which answers or processes them; each test a compare and a predicted branch on a field read once, the addresses, protocol and TOS the values every later step uses (route, flow key, DSCP)",
             Primitive::FlowletStep => "the flowlet's state is the feature: the table's key is the flow key's 11 words copied next to the group (a load and a store each; the LRU_HASH lookup hashes and compares it in place), and a kept flowlet must still check that its member is the group's current one (generation, member count) and that the flow was not idle past the gap, then write the packet's time back for the next one (the entry's fields, one aligned store each, so a CPU racing on the flow never sees a torn position)",
+            Primitive::QpEntry => "the per-QP table is the feature: an array, so a QP's place is a hash of its key (three 64-bit multiplies and a finaliser, about 25 instructions where a hash map's jhash and bucket walk would be a helper call), and the key in the slot must be compared in full (family, DestQP, four address words) since sets are shared; the update is the counters `rocev2 qp` shows (packets, bytes, last seen, member changes) and the PSN test that finds losses upstream (ahead of the highest PSN) and resends (behind it), all in the slot's first cache line",
             Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
             Primitive::PaddedFloor => "not on any path: it shows what a program's size and place cost by themselves",
         }
@@ -219,7 +225,7 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 
 use Primitive::{
     Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort, Ipv4Checks,
-    Jiffies, LruHash, Parse, PerCpuArray, Rewrite, RouteCache,
+    Jiffies, LruHash, Parse, PerCpuArray, QpEntry, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -343,6 +349,7 @@ pub const TELEMETRY_STEPS: &[Step] = &[
     lookup(Array, "TRACE_FILTER"),
     step(Jiffies, "last seen: the tick, against this CPU's last coarse clock reading (the call once a tick)"),
     lookup(Array, "QP_TELEMETRY"),
+    step(QpEntry, "the QP's set hash, its first way's compare, the entry's update"),
 ];
 
 /// One primitive's share of a row.
@@ -511,6 +518,8 @@ mod tests {
             (Primitive::Ipv4Checks, 1.0),
             (Primitive::EcnQueue, 7.0),
             (Primitive::FlowletStep, 5.0),
+            (Primitive::QpEntry, 9.0),
+            (Primitive::Jiffies, 0.5),
         ]))
     }
 
@@ -585,6 +594,15 @@ mod tests {
         // Array 4 x2, PerCpu 1 x3, Call 5, Clock 15, EcnQueue 7
         assert_eq!(s.accounted, 8.0 + 3.0 + 5.0 + 15.0 + 7.0);
         assert_eq!(s.remainder, 12.0);
+    }
+
+    #[test]
+    fn telemetry_takes_its_qp_entry_once() {
+        let s = split(40.0, TELEMETRY_STEPS, &floors());
+        let count = |p| s.parts.iter().find(|x| x.primitive == p).map_or(0, |x| x.count);
+        assert_eq!((count(QpEntry), count(Jiffies), count(Call)), (1, 1, 0));
+        // Array 2 x2, PerCpu 2 x3, Jiffies 0.5, QpEntry 9
+        assert_eq!(s.accounted, 4.0 + 6.0 + 0.5 + 9.0);
     }
 
     #[test]

@@ -757,7 +757,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     against: Against::TelemetryOff,
     goal: TELEMETRY_GOAL_NS,
     steps: || budget::TELEMETRY_STEPS.to_vec(),
-    remainder: "the QP entry's update (PSN step, packet and byte counts, member check), the set index and key compare (both from the flow key where the pipeline wrote it), the PSN's read from the BTH where the pipeline found it",
+    remainder: "the rest of `observe`'s path around the QP entry: the PSN's read from the BTH where the pipeline found it, the trace filter's test, the tick's compare for the coarse clock, the member-sum test",
 };
 
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the feature and error tests, the entry and exit";
@@ -785,7 +785,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         against: Against::Floor,
         goal: 80.0,
         steps: || budget::FLOWLET_PATH.to_vec(),
-        remainder: "as qp's, plus the flowlet decision (gap, generation, message end) and the entry's update in place",
+        remainder: "as qp's, plus the flowlet function's own moves around its measured steps",
     },
     BudgetRow {
         name: "rocev2 flowlet+ECN+classes",
@@ -793,7 +793,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         against: Against::Floor,
         goal: 100.0,
         steps: || [budget::FLOWLET_PATH, budget::CLASSES_ECN_STEPS].concat(),
-        remainder: "as flowlet's, plus the class match tests, the virtual queue's arithmetic (drain, depth, thresholds) and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+        remainder: "as flowlet's, plus the class match tests, the call's argument packing for the virtual queue and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
     },
     BudgetRow {
         name: "marginal: ECN virtual queue",
@@ -801,7 +801,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         against: Against::Qp,
         goal: ECN_GOAL_NS,
         steps: || budget::ECN_STEPS.to_vec(),
-        remainder: "the virtual queue's arithmetic (drain since the last packet, depth, thresholds), the egress counter adds, the call's argument packing and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+        remainder: "the egress entry's find around its lookups (`egress_entry`), the call's argument packing and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
     },
     BudgetRow {
         name: "marginal: every feature loaded, unused",

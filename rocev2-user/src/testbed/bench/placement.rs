@@ -147,6 +147,7 @@ impl Place {
             Place::Checks => &[Primitive::Ipv4Checks],
             Place::Ecn => &[Primitive::EcnQueue],
             Place::Flowlet => &[Primitive::FlowletStep],
+            Place::Telemetry => &[Primitive::QpEntry],
             _ => &[],
         }
     }
@@ -191,6 +192,7 @@ impl Place {
             Place::Hash => OFF_PATH_HASH,
             Place::Ecn => OFF_PATH_ECN,
             Place::Flowlet => OFF_PATH_FLOWLET,
+            Place::Telemetry => OFF_PATH_TELEMETRY,
             _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
         }
     }
@@ -210,7 +212,7 @@ impl Place {
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
             Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
             Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
-            Place::Telemetry => "the QP table's set index, key compare and the entry's update (PSN step, packet and byte counts, member check)",
+            Place::Telemetry => "a primitive (the table above): the QP's set hash, its ways' compare and the entry's update (`set_start`, `find`, `data_of_known`: PSN step, packet and byte counts, member check), and around them the rest of `observe`'s path: the PSN's read from the BTH the parse found, the trace filter's test, the tick's compare for the coarse clock, the member-sum test",
             Place::Other => "lines no rule of bench/placement.rs names (the lines say where)",
             Place::FirstLine => "where the entry after the test-run harness stalls, on whatever the program's first instructions are: the floor pays it on its own",
             Place::Redirect => "the devmap redirect, which the floor pays too: what is left is the difference between two profiles of the same work",
@@ -232,6 +234,9 @@ const OFF_PATH_ECN: &str = "not on this row's path (the ECN feature is not loade
 
 /// Why flowlet lines show in a row whose group hashes.
 const OFF_PATH_FLOWLET: &str = "not on this row's path (its group hashes, so no flowlet table is read): `ends_message` is what every packet's member choice is given (forward.rs's `decide`: whether the packet ends an RDMA message, which a flowlet or pinned group's choice reads), a mask and a bit test on the opcode";
+
+/// Why telemetry lines show in a row loaded without telemetry.
+const OFF_PATH_TELEMETRY: &str = "not on this row's path (telemetry is not loaded: the verifier removed `observe`): live instructions filed under a removed block's last line record (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction after the block)";
 
 /// The entry's why for a row read against the floor, with what the
 /// padded floor (the floor with never-run code to about the qp
@@ -576,7 +581,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 16] = [
+const ALL_PRIMITIVE_PLACES: [Place; 17] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -593,6 +598,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 16] = [
     Place::Ecn,
     Place::Rewrite,
     Place::Counters,
+    Place::Telemetry,
 ];
 
 /// The placement of a budget row as Markdown: a table of its parts (the
