@@ -151,6 +151,53 @@ pub fn decide(
     }
 }
 
+/// The flowlet settings of a group, as a packet's decision reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowletRules {
+    pub gap_ns: u64,
+    pub generation: u32,
+    pub member_count: u32,
+    pub require_boundary: bool,
+}
+
+/// A packet of a flow in a keyed flowlet table: [`decide`] on the flow's
+/// entry (`existing`, None when the table holds none), the position (the
+/// entry's, for a kept flowlet; `new_position(entry, flowlet_id)` for a
+/// new one), and the entry's update: in place, field by field, when the
+/// table holds it, else handed to `insert`. The pipeline's
+/// `flowlet_position` and the bench's primitive of it share it.
+///
+/// # Safety
+/// `existing`, when given, is a valid entry for the call (a map value).
+#[inline(always)]
+pub unsafe fn keyed_step(
+    existing: Option<*mut FlowletEntry>,
+    now_ns: u64,
+    rules: FlowletRules,
+    ends_message: bool,
+    new_position: impl FnOnce(Option<&FlowletEntry>, u32) -> u32,
+    insert: impl FnOnce(FlowletEntry),
+) -> u32 {
+    // SAFETY: the caller's. Another CPU may update the same flow at the
+    // same time; the worst case is that this packet sees a neighbouring
+    // flowlet decision, never a torn member position (each field is one
+    // aligned store).
+    let existing_ref = existing.map(|e| unsafe { &*e });
+    let decision =
+        decide(existing_ref, now_ns, rules.gap_ns, rules.generation, rules.member_count, rules.require_boundary);
+    let (position, flowlet_id) = match decision {
+        FlowletDecision::Keep { position } => (position, existing_ref.map_or(0, |e| e.flowlet_id)),
+        FlowletDecision::NewFlowlet { flowlet_id } => (new_position(existing_ref, flowlet_id), flowlet_id),
+    };
+    let entry = FlowletEntry::new(now_ns, flowlet_id, position, rules.generation, ends_message);
+    match existing {
+        // SAFETY: as above; plain stores into the flow's own entry.
+        Some(e) => unsafe { *e = entry },
+        None => insert(entry),
+    }
+    position
+}
+
 /// One slot of a keyless flowlet table (what switch ASICs keep, e.g. SAI's
 /// ARS flow table): flowlet state indexed by a hash of the flow, with no key
 /// compare, so flows that hash to one slot share it. `tag` remembers which
@@ -270,6 +317,30 @@ mod tests {
 
     fn entry(last_seen_ns: u64, boundary: bool) -> FlowletEntry {
         FlowletEntry { last_seen_ns, flowlet_id: 7, position: 2, generation: 1, at_boundary: boundary as u32 }
+    }
+
+    #[test]
+    fn keyed_step_keeps_or_starts_a_flowlet_and_writes_the_entry() {
+        let rules = FlowletRules { gap_ns: 100, generation: 3, member_count: 4, require_boundary: false };
+        let mut e = FlowletEntry::new(1_000, 7, 2, 3, false);
+        // Inside the gap: kept, the entry updated in place.
+        let p = unsafe { keyed_step(Some(&raw mut e), 1_050, rules, true, |_, _| unreachable!(), |_| unreachable!()) };
+        assert_eq!((p, e), (2, FlowletEntry::new(1_050, 7, 2, 3, true)));
+        // Past it: flowlet 8 on the position the caller chose.
+        let new = |old: Option<&FlowletEntry>, id| {
+            assert_eq!((old.map(|o| o.position), id), (Some(2), 8));
+            1
+        };
+        let p = unsafe { keyed_step(Some(&raw mut e), 2_000, rules, false, new, |_| unreachable!()) };
+        assert_eq!((p, e), (1, FlowletEntry::new(2_000, 8, 1, 3, false)));
+        // A flow the table does not hold: flowlet 0, inserted.
+        let mut inserted = None;
+        let new = |old: Option<&FlowletEntry>, id| {
+            assert!(old.is_none() && id == 0);
+            3
+        };
+        let p = unsafe { keyed_step(None, 5, rules, true, new, |n| inserted = Some(n)) };
+        assert_eq!((p, inserted), (3, Some(FlowletEntry::new(5, 0, 3, 3, true))));
     }
 
     #[test]

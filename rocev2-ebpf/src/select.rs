@@ -4,7 +4,7 @@ use rocev2_common::{
     buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
     features::Features,
-    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep, SlotOf},
+    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, FlowletRules, KeylessStep, SlotOf},
     hash::{member_hash_of_family, FlowKey, HashMode, HashVersion},
     maps::{
         bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
@@ -104,46 +104,32 @@ fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
     scratch.key = FlowletKey::new(key, group_id);
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
     let existing = FLOWLETS.get_ptr_mut(&scratch.key);
-    // SAFETY: a valid map value. Another CPU may update the same flow at
-    // the same time; the worst case is that this packet sees a
-    // neighbouring flowlet decision, never a torn member position (each
-    // field is one aligned store).
-    let existing_ref = existing.map(|e| unsafe { &*e });
-    let decision = flowlet::decide(
-        existing_ref,
-        now,
-        group.flowlet_gap_ns,
-        group.generation,
-        count,
-        group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
-    );
-    let (position, flowlet_id) = match decision {
-        FlowletDecision::Keep { position } => (position, existing_ref.map_or(0, |e| e.flowlet_id)),
-        FlowletDecision::NewFlowlet { flowlet_id } => {
-            counters::add(slot, PortCounter::FlowletNew, 1);
-            let position = new_flowlet_position(group_id, group, key, seed, flowlet_id, now);
-            match existing_ref {
-                None => counters::add(slot, PortCounter::FlowletInserted, 1),
-                Some(e) if e.position != position || e.generation != group.generation => {
-                    counters::add(slot, PortCounter::FlowletMoved, 1)
-                }
-                Some(_) => {}
-            }
-            (position, flowlet_id)
-        }
+    let rules = FlowletRules {
+        gap_ns: group.flowlet_gap_ns,
+        generation: group.generation,
+        member_count: count,
+        require_boundary: group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
     };
-    let entry = FlowletEntry::new(now, flowlet_id, position, group.generation, ends_message);
-    match existing {
-        // SAFETY: as above; plain stores into the flow's own entry.
-        Some(e) => unsafe { *e = entry },
-        None => {
-            scratch.entry = entry;
-            // By reference: the key and entry stay in the scratch map, off the stack.
-            #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
-            let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
+    let new_position = move |existing: Option<&FlowletEntry>, flowlet_id| {
+        counters::add(slot, PortCounter::FlowletNew, 1);
+        let position = new_flowlet_position(group_id, group, key, seed, flowlet_id, now);
+        match existing {
+            None => counters::add(slot, PortCounter::FlowletInserted, 1),
+            Some(e) if e.position != position || e.generation != group.generation => {
+                counters::add(slot, PortCounter::FlowletMoved, 1)
+            }
+            Some(_) => {}
         }
-    }
-    position
+        position
+    };
+    let insert = move |entry| {
+        scratch.entry = entry;
+        // By reference: the key and entry stay in the scratch map, off the stack.
+        #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy them onto the stack")]
+        let _ = FLOWLETS.insert(&scratch.key, &scratch.entry, 0);
+    };
+    // SAFETY: a valid map value (see keyed_step on races).
+    unsafe { flowlet::keyed_step(existing, now, rules, ends_message, new_position, insert) }
 }
 
 /// The member of a new flowlet by the group's flowlet choice.

@@ -214,6 +214,12 @@ pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {
     primitives::ecn_queue(&ctx)
 }
 
+/// The floor plus REPEAT flowlet decisions and entry updates (keyed table).
+#[xdp]
+pub fn rocev2_prim_flowlet(ctx: XdpContext) -> u32 {
+    primitives::flowlet_step(&ctx)
+}
+
 /// The floor padded to the qp pipeline's JITed size with code never run.
 #[xdp]
 pub fn rocev2_prim_padded(ctx: XdpContext) -> u32 {

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
-    bth::opcode,
+    bth::{self, opcode},
     buckets::{member_for, BucketTable},
     class::{
         self, ClassAction, ClassEntry, ClassFields, RoceFields, CLASS_ECN_EXEMPT, CLASS_MATCH_OPCODE,
@@ -28,11 +28,12 @@ use rocev2_common::{
     },
     counters::{EgressCounters, PortCounter},
     ecn::{self, DrainRate, EcnProfile, EgressEntry, PortState, VirtualQueue, ECT0, NO_PROFILE},
+    flowlet::{self, FlowletEntry, FlowletRules},
     hash::{ipv4_words, member_hash_of_family, store_flow_key, FlowKey, HashMode, HashVersion},
     maps::{
         member_index, route_cache_slot, route_target, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats,
-        PortCounters, RouteCacheEntry, RouteTarget, MAX_DIRECT_IFINDEX, MAX_MEMBERS_PER_GROUP, MEMBER_UP,
-        ROUTE_CACHE_SLOTS,
+        PortCounters, RouteCacheEntry, RouteTarget, FLOWLET_AT_BOUNDARY, MAX_DIRECT_IFINDEX, MAX_MEMBERS_PER_GROUP,
+        MEMBER_UP, POLICY_FLOWLET, ROUTE_CACHE_SLOTS,
     },
 };
 
@@ -698,6 +699,98 @@ pub fn ecn_queue(ctx: &XdpContext) -> u32 {
 fn fill_ecn(v: &mut PrimEcn) {
     v.egress = EgressEntry { slot: 0, profile: 0, drain: PRIM_ECN_DRAIN };
     v.profile = EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: u32::MAX / 20, flags: 0 };
+}
+
+/// REPEAT flows of a keyed flowlet table, each with its flow key (as
+/// FLOW_KEY holds a packet's), its flowlet-table key (as FLOWLET_SCRATCH
+/// holds it), its entry (as FLOWLETS holds it) and its group (the bench's
+/// flowlet group: 4 members, a 50 µs gap, new flowlets at message ends),
+/// and the program's clock, in one value.
+#[repr(C)]
+pub struct PrimFlowlets {
+    clock: u64,
+    groups: [GroupEntry; REPEAT as usize],
+    flows: [FlowKey; REPEAT as usize],
+    keys: [FlowletKey; REPEAT as usize],
+    entries: [FlowletEntry; REPEAT as usize],
+}
+
+#[map]
+pub static PRIM_FLOWLETS: Array<PrimFlowlets> = Array::with_max_entries(1, 0);
+
+/// The bench's flowlet gap, and the program's clock step per run (within it).
+const PRIM_FLOWLET_GAP_NS: u64 = 50_000;
+const PRIM_FLOWLET_STEP_NS: u64 = 1_000;
+
+/// A packet of a flow inside its flowlet, REPEAT times, each on another
+/// flow of one value found once (the FLOWLET_SCRATCH lookup is the
+/// PERCPU_ARRAY primitive's, the FLOWLETS one the LRU_HASH primitive's),
+/// by the pipeline's own code: whether the packet ends a message
+/// (`bth::ends_message`), the flowlet-table key built from the flow key
+/// (`FlowletKey::new`), the group's flowlet settings read, the decision and
+/// the entry's update in place (`flowlet::keyed_step`: generation, member
+/// count, the gap since the flow's last packet, the entry's five fields).
+/// The bench's flowlet packet (a WRITE_ONLY, microseconds after the last,
+/// within the 50 µs gap: the flowlet kept) on a clock the program keeps
+/// (1 µs later every run; the clock is its own primitive). Each packet's
+/// time and opcode take the last decision's position, so the steps form a
+/// chain.
+#[inline(always)]
+pub fn flowlet_step(ctx: &XdpContext) -> u32 {
+    let Some(v) = PRIM_FLOWLETS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the value is only this program's, and plain data.
+    let v = unsafe { &mut *v };
+    if v.groups[0].member_count == 0 {
+        fill_flowlets(v, input(ctx));
+    }
+    v.clock += PRIM_FLOWLET_STEP_NS;
+    let mut now = v.clock;
+    // 0 for any frame; the compiler cannot know it.
+    let mut position = input(ctx) & 0x8000_0000;
+    for i in 0..REPEAT as usize {
+        // The top bits of a position: 0, unknown to the compiler.
+        let opcode = (position >> 24) as u8 | bth::opcode::WRITE_ONLY;
+        let ends_message = bth::ends_message(opcode);
+        v.keys[i] = FlowletKey::new(&v.flows[i], i as u32);
+        let group = &v.groups[i];
+        let rules = FlowletRules {
+            gap_ns: group.flowlet_gap_ns,
+            generation: group.generation,
+            member_count: group.member_count,
+            require_boundary: group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
+        };
+        // Found, as the LRU_HASH lookup finds a known flow's entry; its
+        // test is the pipeline's null test.
+        let existing = if position == NEVER { None } else { Some(&raw mut v.entries[i]) };
+        // SAFETY: an entry of this program's value.
+        position = unsafe { flowlet::keyed_step(existing, now, rules, ends_message, |_, _| 0, |_| {}) };
+        now += u64::from(position >> 16);
+    }
+    finish(position)
+}
+
+/// The first run's groups, flows and entries: each flow on member
+/// `i % 4` of its group, in the group's generation, its last packet ending
+/// a message at time 0.
+#[inline(never)]
+fn fill_flowlets(v: &mut PrimFlowlets, x: u32) {
+    for i in 0..REPEAT as usize {
+        v.groups[i] = GroupEntry {
+            member_count: 4,
+            policy: POLICY_FLOWLET,
+            generation: 1,
+            flowlet_flags: FLOWLET_AT_BOUNDARY,
+            flowlet_gap_ns: PRIM_FLOWLET_GAP_NS,
+            ..GroupEntry::default()
+        };
+        let flow = &mut v.flows[i];
+        (flow.src, flow.dst) = ([x ^ i as u32, 0, 0, 0], [0x0A01_0001, 0, 0, 0]);
+        (flow.src_port, flow.dst_port, flow.protocol, flow.dest_qp) = (0xC000 | i as u16, 4791, 17, 0x100);
+        v.entries[i] =
+            FlowletEntry { position: i as u32 % 4, generation: 1, at_boundary: 1, ..FlowletEntry::default() };
+    }
 }
 
 /// Never run for the bench's frame (no frame is [`NEVER`] bytes long):

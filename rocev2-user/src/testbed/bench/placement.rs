@@ -147,6 +147,7 @@ impl Place {
             Place::Checks => &[Primitive::Ipv4Checks],
             Place::Classes => &[Primitive::ClassMatch],
             Place::Ecn => &[Primitive::EcnQueue],
+            Place::Flowlet => &[Primitive::FlowletStep],
             _ => &[],
         }
     }
@@ -191,6 +192,7 @@ impl Place {
             Place::Hash => OFF_PATH_HASH,
             Place::Ecn => OFF_PATH_ECN,
             Place::Classes => OFF_PATH_CLASSES,
+            Place::Flowlet => OFF_PATH_FLOWLET,
             _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
         }
     }
@@ -204,7 +206,7 @@ impl Place {
             Place::Checks => "a primitive (the table above): the IPv4 header's fields read once and kept (spilled across the route's lookups) for the steps after, the TTL and options tests, the branches on the fragment and checksum tests (whose work is the parse's), the TTL's decrement and the DSCP's shift",
             Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
-            Place::Flowlet => "the flowlet decision (gap since the flow's last packet, generation, message end) and the entry's update in place, field by field",
+            Place::Flowlet => "a primitive (the table above): the flowlet table's key built from the flow key (`FlowletKey::new`), the decision (generation, member count, the gap since the flow's last packet, message end) and the entry's update in place, field by field (`keyed_step`), and the flowlet function's own moves around them (`flowlet_position`)",
             Place::Classes => "a primitive (the table above), once per class tried (the classes this row configures never match the bench's WRITE_ONLY, so every one is): each class's tests, the class loop around them (the live count, the index, the lookup's result), the packet's fields for them, the no-match result's action and the DSCP's (`apply_dscp`)",
             Place::Ecn => "a primitive (the table above): the marker's lines (`mark_on`: the egress counters, the drain since the queue's last packet, depth, its update, the thresholds), the egress entry's lookups' own lines (`egress_entry`), the call's argument moves (`mark_forwarded`, `mark_code`, `new_tos`) and, between the thresholds, the random draw",
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
@@ -226,12 +228,15 @@ impl Place {
 /// past the hash, see the built object's `llvm-objdump -d -l`).
 const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
 
-/// Why ECN lines show in a row loaded without the ECN feature (the
-/// verifier removed the marker).
 /// Why class.rs's lines show in a row whose packet tries no class.
 const OFF_PATH_CLASSES: &str = "no class is tried on this row's path (classes not loaded, or loaded with an empty table): the lines are `matched`'s read of the live count and the test that finds it 0, the TOS passed through `apply_dscp` with no class's action, or instructions filed under the line record of code the verifier removed";
 
+/// Why ECN lines show in a row loaded without the ECN feature (the
+/// verifier removed the marker).
 const OFF_PATH_ECN: &str = "not on this row's path (the ECN feature is not loaded: the verifier removed the marker and its call): `new_tos`'s lines are its `enabled()` test and the class's DSCP, and `mark_forwarded` lines are live instructions filed under a removed block's last line record (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction after the block)";
+
+/// Why flowlet lines show in a row whose group hashes.
+const OFF_PATH_FLOWLET: &str = "not on this row's path (its group hashes, so no flowlet table is read): `ends_message` is what every packet's member choice is given (forward.rs's `decide`: whether the packet ends an RDMA message, which a flowlet or pinned group's choice reads), a mask and a bit test on the opcode";
 
 /// The entry's why for a row read against the floor, with what the
 /// padded floor (the floor with never-run code to about the qp
@@ -579,7 +584,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 16] = [
+const ALL_PRIMITIVE_PLACES: [Place; 17] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -593,6 +598,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 16] = [
     Place::FlowKey,
     Place::Classes,
     Place::MemberChoice,
+    Place::Flowlet,
     Place::Ecn,
     Place::Rewrite,
     Place::Counters,
@@ -914,23 +920,45 @@ mod tests {
     }
 
     #[test]
-    fn ecn_lines_are_the_queue_floor_on_ecn_paths_and_explained_off_them() {
+    fn ecn_and_flowlet_lines_are_their_floors_on_their_paths_and_explained_off_them() {
         let row = profile(
             10_000,
             0,
-            &[("rocev2-ebpf/src/ecn.rs:87", Detail::Own, 2), ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 2)],
+            &[
+                ("rocev2-ebpf/src/ecn.rs:87", Detail::Own, 2),
+                ("rocev2-common/src/flowlet.rs:150", Detail::Own, 2),
+                ("rocev2-ebpf/src/parse.rs:83", Detail::Own, 2),
+            ],
         );
-        let p = place(40.0, (&row, 40.0), None, |_| None);
+        let p = place(60.0, (&row, 60.0), None, |_| None);
         let mut f = floors();
-        f.0.extend([(Primitive::EcnQueue, 6.0), (Primitive::Clock, 15.0)]);
-        let md = render(&p, &split(40.0, QP_PATH, &f), &f);
+        f.0.extend([
+            (Primitive::EcnQueue, 6.0),
+            (Primitive::Clock, 15.0),
+            (Primitive::FlowletStep, 5.0),
+            (Primitive::LruHash, 25.0),
+        ]);
+        let md = render(&p, &split(60.0, QP_PATH, &f), &f);
         assert!(
             md.contains(&format!("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | {OFF_PATH_ECN} |")),
             "{md}"
         );
-        let md = render(&p, &split(40.0, crate::testbed::bench::budget::ECN_STEPS, &f), &f);
+        assert!(
+            md.contains(&format!(
+                "| step: flowlet decision and entry update | 20.0 |  | `common/flowlet.rs:150` 20.0 | {OFF_PATH_FLOWLET} |"
+            )),
+            "{md}"
+        );
+        let md = render(&p, &split(60.0, crate::testbed::bench::budget::ECN_STEPS, &f), &f);
         assert!(
             md.contains("| ECN virtual queue | 20.0 | 6.0 | `ecn.rs:87` 20.0 | a primitive (the table above)"),
+            "{md}"
+        );
+        let md = render(&p, &split(60.0, crate::testbed::bench::budget::FLOWLET_PATH, &f), &f);
+        assert!(
+            md.contains(
+                "| flowlet decision and entry update | 20.0 | 5.0 | `common/flowlet.rs:150` 20.0 | a primitive (the table above)"
+            ),
             "{md}"
         );
     }
