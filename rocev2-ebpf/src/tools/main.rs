@@ -202,6 +202,12 @@ pub fn rocev2_prim_ipv4_checks(ctx: XdpContext) -> u32 {
     primitives::ipv4_checks(&ctx)
 }
 
+/// The floor plus REPEAT classes tried, none matching.
+#[xdp]
+pub fn rocev2_prim_class(ctx: XdpContext) -> u32 {
+    primitives::class_tests(&ctx)
+}
+
 /// The floor plus REPEAT packets through egress ports' virtual queues.
 #[xdp]
 pub fn rocev2_prim_ecn(ctx: XdpContext) -> u32 {

@@ -20,9 +20,12 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use rocev2_common::{
-    bth::{self, PSN_MASK},
+    bth::{self, opcode, PSN_MASK},
     buckets::{member_for, BucketTable},
-    class::ClassAction,
+    class::{
+        self, ClassAction, ClassEntry, ClassFields, RoceFields, CLASS_ECN_EXEMPT, CLASS_MATCH_OPCODE,
+        CLASS_MATCH_PAYLOAD, CLASS_SET_DSCP,
+    },
     counters::{EgressCounters, PortCounter},
     ecn::{self, DrainRate, EcnProfile, EgressEntry, PortState, VirtualQueue, ECT0, NO_PROFILE},
     flowlet::{self, FlowletEntry, FlowletRules},
@@ -497,6 +500,69 @@ fn fill_ipv4(v: &mut PrimIpv4) {
     }
 }
 
+/// REPEAT classes as CLASSES holds the bench's full config's two, the
+/// control class (ACK, CNP) and the CTS class (WRITE_ONLY_IMM of at most
+/// 64 bytes), alternately (the first run fills them).
+#[map]
+pub static PRIM_CLASSES: Array<[ClassEntry; REPEAT as usize]> = Array::with_max_entries(1, 0);
+
+/// REPEAT classes tried against the bench's packet (a WRITE_ONLY), none
+/// matching, as the pipeline's class loop tries each configured class in
+/// turn: the pipeline's own test (`class::matches`: the match flags, then
+/// the DSCP, opcode set, QP range and payload size the class asks for), on
+/// classes of one value found once (the CLASSES lookups are the ARRAY
+/// primitive's). The packet's fields are read through a reference the
+/// compiler cannot see into, as `classify_index` gets them.
+#[inline(always)]
+pub fn class_tests(ctx: &XdpContext) -> u32 {
+    let x = input(ctx);
+    let Some(classes) = PRIM_CLASSES.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the value is only this program's, and plain data.
+    let classes = unsafe { &mut *classes };
+    if classes[0].flags == 0 {
+        fill_classes(classes);
+    }
+    let fields = ClassFields {
+        roce: Some(RoceFields { opcode: opcode::WRITE_ONLY, dest_qp: x, payload_len: x }),
+        dscp: (x >> 26) as u8,
+    };
+    let fields = core::hint::black_box(&fields);
+    for c in classes.iter() {
+        if class::matches(c, fields) {
+            return xdp_action::XDP_PASS;
+        }
+    }
+    finish(x)
+}
+
+/// The first run's classes: the bench's control and CTS classes in turn.
+#[inline(never)]
+fn fill_classes(classes: &mut [ClassEntry; REPEAT as usize]) {
+    for (i, c) in classes.iter_mut().enumerate() {
+        *c = if i % 2 == 0 {
+            let mut control = ClassEntry {
+                flags: CLASS_MATCH_OPCODE | CLASS_SET_DSCP | CLASS_ECN_EXEMPT,
+                set_dscp: 48,
+                ..ClassEntry::default()
+            };
+            class::add_opcode(&mut control.opcodes, opcode::ACK);
+            class::add_opcode(&mut control.opcodes, opcode::CNP);
+            control
+        } else {
+            let mut cts = ClassEntry {
+                flags: CLASS_MATCH_OPCODE | CLASS_MATCH_PAYLOAD | CLASS_SET_DSCP,
+                set_dscp: 46,
+                max_payload: 64,
+                ..ClassEntry::default()
+            };
+            class::add_opcode(&mut cts.opcodes, opcode::WRITE_ONLY_IMM);
+            cts
+        };
+    }
+}
+
 /// The first run's groups: PRIM_MEMBERS members each, all up, the
 /// buckets shared among them as a publish shares them.
 #[inline(never)]
@@ -686,8 +752,8 @@ pub fn flowlet_step(ctx: &XdpContext) -> u32 {
     let mut position = input(ctx) & 0x8000_0000;
     for i in 0..REPEAT as usize {
         // The top bits of a position: 0, unknown to the compiler.
-        let opcode = (position >> 24) as u8 | bth::opcode::WRITE_ONLY;
-        let ends_message = bth::ends_message(opcode);
+        let op = (position >> 24) as u8 | opcode::WRITE_ONLY;
+        let ends_message = bth::ends_message(op);
         v.keys[i] = FlowletKey::new(&v.flows[i], i as u32);
         let group = &v.groups[i];
         let rules = FlowletRules {

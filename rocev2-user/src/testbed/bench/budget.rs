@@ -41,6 +41,7 @@ pub enum Primitive {
     GroupChecks,
     RouteCache,
     Ipv4Checks,
+    ClassMatch,
     EcnQueue,
     FlowletStep,
     QpEntry,
@@ -50,7 +51,7 @@ pub enum Primitive {
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 22] = [
+    pub const ALL: [Primitive; 23] = [
         Primitive::Array,
         Primitive::PerCpuArray,
         Primitive::LruHash,
@@ -69,6 +70,7 @@ impl Primitive {
         Primitive::GroupChecks,
         Primitive::RouteCache,
         Primitive::Ipv4Checks,
+        Primitive::ClassMatch,
         Primitive::EcnQueue,
         Primitive::FlowletStep,
         Primitive::QpEntry,
@@ -96,6 +98,7 @@ impl Primitive {
             Primitive::GroupChecks => "rocev2_prim_group",
             Primitive::RouteCache => "rocev2_prim_route_cache",
             Primitive::Ipv4Checks => "rocev2_prim_ipv4_checks",
+            Primitive::ClassMatch => "rocev2_prim_class",
             Primitive::EcnQueue => "rocev2_prim_ecn",
             Primitive::FlowletStep => "rocev2_prim_flowlet",
             Primitive::QpEntry => "rocev2_prim_qp_entry",
@@ -132,6 +135,7 @@ impl Primitive {
             Primitive::GroupChecks => "a group's and its member's checks: member count in range, hash mode, bank, the bucket's member, position in range, member index, member up, its port and MACs read",
             Primitive::RouteCache => "a route-cache hit: the destination's slot (a multiply), the slot's compare of family, route generation and address, its target's tests (no route, local, kernel)",
             Primitive::Ipv4Checks => "the IPv4 header's fields read once (addresses, TTL, protocol, TOS) and the TTL and options tests (the fragment and checksum tests are the parse's)",
+            Primitive::ClassMatch => "one class tried against a packet it does not match (the pipeline's `matches`: the class's match flags, then its DSCP, opcode set, QP range or payload size as it asks), the bench's control class (ACK, CNP) or its CTS class (WRITE_ONLY_IMM up to 64 bytes) against a WRITE_ONLY",
             Primitive::FlowletStep => "a keyed flowlet table's packet inside its flowlet (the pipeline's `FlowletKey::new` and `keyed_step`): the message end of its opcode, the table key built from the flow key, the group's flowlet settings, the decision (generation, member count, the gap since the flow's last packet) and the entry's update in place",
             Primitive::QpEntry => "telemetry's QP entry for a data packet of a QP the table holds (the pipeline's `set_start`, `find` and `data_of_known`): the QP's set (a 64-bit hash of the destination and DestQP), the first way's key compared, the member taken before, the stats' update (packets, bytes, last seen, member, the PSN against the highest seen), the CE and member-sum tests",
             Primitive::EcnQueue => "a packet through its egress port's virtual queue below kmin (the pipeline's `mark_on`): the port's settings read, 3 egress counter adds, the drain since the queue's last packet (a multiply and a shift), depth and high water, the queue's update, the class, profile, threshold and ECT tests",
@@ -160,6 +164,7 @@ impl Primitive {
             Primitive::GroupChecks => "group and member checks",
             Primitive::RouteCache => "route-cache hit",
             Primitive::Ipv4Checks => "IPv4 field reads and tests",
+            Primitive::ClassMatch => "class test",
             Primitive::EcnQueue => "ECN virtual queue",
             Primitive::FlowletStep => "flowlet decision and entry update",
             Primitive::QpEntry => "telemetry's QP entry",
@@ -186,6 +191,7 @@ impl Primitive {
             Primitive::GroupChecks => "dependent loads and predicted branches, each a guard a half-published or emptied group needs: without the count test a zero-member group divides by zero, without the up test a drained member gets traffic; the member's port and MACs are what the rewrite writes",
             Primitive::RouteCache => "the cheap side of the longest-prefix match (the route-cache-miss row of part 1 shows the trie walk it saves): a multiply spreads any set of destinations over the 256 slots; a hit must be the same family, the same address (all four words: IPv6 shares the slots) and the current route generation (what makes a route change invalidate every CPU's slots without writing them); the target's three tests send local, kernel-served and unrouted packets to the kernel. Each is a load and a predicted branch on the slot's value, whose first use waits for the lookup; only dropping the cache (a trie walk per packet) would remove it",
             Primitive::Ipv4Checks => "a router's duty (RFC 1812): a packet whose TTL would expire here and one with options go to the kernel, which answers or processes them; each test a compare and a predicted branch on a field read once, the addresses, protocol and TOS the values every later step uses (route, flow key, DSCP)",
+            Primitive::ClassMatch => "the classes are the operator's: the first that matches gives the packet its DSCP, priority and ECN treatment, so a packet tries them in order until one does, and one no class takes (the bench's WRITE_ONLY) tries them all; each is a load of its flags and, for the opcode set, a load of the set's word and a bit test, each a predicted branch. Fewer classes, or the busiest first, are what shortens it",
             Primitive::FlowletStep => "the flowlet's state is the feature: the table's key is the flow key's 11 words copied next to the group (a load and a store each; the LRU_HASH lookup hashes and compares it in place), and a kept flowlet must still check that its member is the group's current one (generation, member count) and that the flow was not idle past the gap, then write the packet's time back for the next one (the entry's fields, one aligned store each, so a CPU racing on the flow never sees a torn position)",
             Primitive::QpEntry => "the per-QP table is the feature: an array, so a QP's place is a hash of its key (three 64-bit multiplies and a finaliser, about 25 instructions where a hash map's jhash and bucket walk would be a helper call), and the key in the slot must be compared in full (family, DestQP, four address words) since sets are shared; the update is the counters `rocev2 qp` shows (packets, bytes, last seen, member changes) and the PSN test that finds losses upstream (ahead of the highest PSN) and resends (behind it), all in the slot's first cache line",
             Primitive::EcnQueue => "the queue's state is the feature: its depth must be drained by the time since its last packet and written back for the next one (a load, a multiply, a shift, a subtract and a store per field, the drain's 64-bit multiply instead of six divisions), and each test (exempt class, profile, kmin and kmax, ECT) is a load and a branch a packet between the thresholds or of another class needs; the egress counters are `rocev2 stats`' per-port ECN accounting (per-CPU: no atomics)",
@@ -224,8 +230,8 @@ const fn step(primitive: Primitive, what: &'static str) -> Step {
 }
 
 use Primitive::{
-    Array, Call, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort, Ipv4Checks,
-    Jiffies, LruHash, Parse, PerCpuArray, QpEntry, Rewrite, RouteCache,
+    Array, Call, ClassMatch, Clock, CounterAdds, EcnQueue, FlowKeyStores, FlowletStep, GroupChecks, IngressPort,
+    Ipv4Checks, Jiffies, LruHash, Parse, PerCpuArray, QpEntry, Rewrite, RouteCache,
 };
 
 /// `a` then `b`, in a constant (paths share their first steps).
@@ -310,7 +316,9 @@ pub const CLASSES_ECN_STEPS: &[Step] = &[
     lookup(Array, "CONFIG"),
     step(Call, "classify_index"),
     lookup(Array, "CLASSES"),
+    step(ClassMatch, "class 0: control (opcode set)"),
     lookup(Array, "CLASSES"),
+    step(ClassMatch, "class 1: CTS (opcode set, payload)"),
     lookup(Array, "IFINDEX_SLOTS"),
     lookup(Array, "EGRESS_BY_SLOT"),
     step(Call, "mark_code"),
@@ -516,6 +524,7 @@ mod tests {
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
             (Primitive::Ipv4Checks, 1.0),
+            (Primitive::ClassMatch, 0.5),
             (Primitive::EcnQueue, 7.0),
             (Primitive::FlowletStep, 5.0),
             (Primitive::QpEntry, 9.0),
@@ -576,13 +585,14 @@ mod tests {
         assert_eq!(count(Primitive::EcnQueue), 1, "the virtual queue once, in mark_on");
         assert_eq!(count(Primitive::RouteCache), 1);
         assert_eq!(count(Primitive::Ipv4Checks), 1);
+        assert_eq!(count(Primitive::ClassMatch), 2, "both of the bench's classes tried");
         assert_eq!(count(Primitive::FlowletStep), 1, "the flowlet decision once, in flowlet_position");
         // Array 4+7=11 x2, PerCpu 5+1=6 x3, Call 4x5, Parse 20, Clock 15, LruHash 25, Rewrite 6,
-        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, Ipv4Checks 1, EcnQueue 7,
-        // FlowletStep 5
+        // CounterAdds 3, IngressPort 4, FlowKeyStores 2, GroupChecks 3, RouteCache 1.5, Ipv4Checks 1,
+        // ClassMatch 2x0.5, EcnQueue 7, FlowletStep 5
         assert_eq!(
             s.accounted,
-            22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 1.0 + 7.0 + 5.0
+            22.0 + 18.0 + 20.0 + 20.0 + 15.0 + 25.0 + 6.0 + 3.0 + 4.0 + 2.0 + 3.0 + 1.5 + 1.0 + 1.0 + 7.0 + 5.0
         );
     }
 

@@ -145,6 +145,7 @@ impl Place {
             Place::MemberChoice => &[Primitive::GroupChecks],
             Place::RouteCache => &[Primitive::RouteCache],
             Place::Checks => &[Primitive::Ipv4Checks],
+            Place::Classes => &[Primitive::ClassMatch],
             Place::Ecn => &[Primitive::EcnQueue],
             Place::Flowlet => &[Primitive::FlowletStep],
             Place::Telemetry => &[Primitive::QpEntry],
@@ -191,6 +192,7 @@ impl Place {
         match self {
             Place::Hash => OFF_PATH_HASH,
             Place::Ecn => OFF_PATH_ECN,
+            Place::Classes => OFF_PATH_CLASSES,
             Place::Flowlet => OFF_PATH_FLOWLET,
             Place::Telemetry => OFF_PATH_TELEMETRY,
             _ => "not on this row's budget path (bench/budget.rs), yet its lines ran in the row's program: the path list may be missing a step (compare the profile's lines)",
@@ -200,14 +202,14 @@ impl Place {
     /// Why a step stays (a primitive's reason is its budget line's).
     pub fn why(self) -> &'static str {
         match self {
-            Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code, the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
+            Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code and a forwarded packet's record for the counters and telemetry (its skb priority, from the class's action, is class.rs's `priority`), the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
             Place::IngressPort => "a primitive (the table above): the context field's three dependent loads, the slot's bounds test, lookup and field; where the first use of the port stalls lands on the line that uses it",
             Place::RouteCache => "a primitive (the table above): the destination's slot in the per-CPU route cache (a multiply), the compare of family, route generation and address, the target's tests; the stall on the slot's first use (it waits for the ROUTE_CACHE lookup) and the generation's (CONFIG's) lands on these lines, not on the lookups'",
             Place::Checks => "a primitive (the table above): the IPv4 header's fields read once and kept (spilled across the route's lookups) for the steps after, the TTL and options tests, the branches on the fragment and checksum tests (whose work is the parse's), the TTL's decrement and the DSCP's shift",
             Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "a primitive (the table above): the flowlet table's key built from the flow key (`FlowletKey::new`), the decision (generation, member count, the gap since the flow's last packet, message end) and the entry's update in place, field by field (`keyed_step`), and the flowlet function's own moves around them (`flowlet_position`)",
-            Place::Classes => "the class table's tests (opcode set, payload size, DSCP) for each class tried: the classes this row configures never match the bench's WRITE_ONLY, so every one is tried",
+            Place::Classes => "a primitive (the table above), once per class tried (the classes this row configures never match the bench's WRITE_ONLY, so every one is): each class's tests, the class loop around them (the live count, the index, the lookup's result), the packet's fields for them, the no-match result's action and the DSCP's (`apply_dscp`)",
             Place::Ecn => "a primitive (the table above): the marker's lines (`mark_on`: the egress counters, the drain since the queue's last packet, depth, its update, the thresholds), the egress entry's lookups' own lines (`egress_entry`), the call's argument moves (`mark_forwarded`, `mark_code`, `new_tos`) and, between the thresholds, the random draw",
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
             Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
@@ -227,6 +229,9 @@ impl Place {
 /// (a flowlet packet inside its flowlet: the group's policy branch jumps
 /// past the hash, see the built object's `llvm-objdump -d -l`).
 const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
+
+/// Why class.rs's lines show in a row whose packet tries no class.
+const OFF_PATH_CLASSES: &str = "no class is tried on this row's path (classes not loaded, or loaded with an empty table): the lines are `matched`'s read of the live count and the test that finds it 0, the TOS passed through `apply_dscp` with no class's action, or instructions filed under the line record of code the verifier removed";
 
 /// Why ECN lines show in a row loaded without the ECN feature (the
 /// verifier removed the marker).
@@ -350,6 +355,9 @@ fn source_place(file: &str, function: &str) -> Place {
         (true, "select.rs", "flowlet_position" | "keyless_position" | "new_flowlet_position") => Place::Flowlet,
         (true, "select.rs", _) | (false, "buckets.rs", _) => Place::MemberChoice,
         (false, "flowlet.rs", _) => Place::Flowlet,
+        // The forwarded packet's record (Decision::forward): its skb
+        // priority, written whether or not classes are loaded.
+        (true, "class.rs", "priority") => Place::Entry,
         (_, "class.rs", _) => Place::Classes,
         (_, "ecn.rs", _) => Place::Ecn,
         (true, "rewrite.rs", _) => Place::Rewrite,
@@ -581,7 +589,7 @@ fn tidy(x: f64) -> f64 {
 const TOP_LINES: usize = 3;
 
 /// The parts a budget can count by primitives.
-const ALL_PRIMITIVE_PLACES: [Place; 17] = [
+const ALL_PRIMITIVE_PLACES: [Place; 18] = [
     Place::Parse,
     Place::Hash,
     Place::Lookup,
@@ -593,6 +601,7 @@ const ALL_PRIMITIVE_PLACES: [Place; 17] = [
     Place::RouteCache,
     Place::Checks,
     Place::FlowKey,
+    Place::Classes,
     Place::MemberChoice,
     Place::Flowlet,
     Place::Ecn,
@@ -666,6 +675,9 @@ pub fn render(p: &Placement, split: &Split, floors: &Floors) -> String {
         let why = match (place.is_budgeted(split) || place.primitives().is_empty(), &p.against) {
             (true, None) if place == Place::Entry => entry_why(floors.ns(Primitive::PaddedFloor)),
             (true, _) => place.why().to_owned(),
+            // The other row (qp) tries no class: the row's own test of
+            // an empty class table.
+            (false, Some(_)) if place == Place::Classes => OFF_PATH_CLASSES.to_owned(),
             (false, Some(_)) => "not in this row's budget: both programs run it, so what shows is the difference of two profiles (sampling noise, or the added work slowing what is around it)".to_owned(),
             (false, None) => place.off_path_why().to_owned(),
         };
@@ -707,7 +719,7 @@ pub fn render(p: &Placement, split: &Split, floors: &Floors) -> String {
 mod tests {
     use super::*;
     use crate::testbed::bench::{
-        budget::{split, Floors, QP_PATH},
+        budget::{split, Floors, QP_PATH, UNUSED_STEPS},
         profile::LineCost,
     };
 
@@ -772,6 +784,9 @@ mod tests {
         assert_eq!(c("rocev2-ebpf/src/parse.rs:190", Some("ipv4_fields"), &own), Place::Checks);
         assert_eq!(c("rocev2-ebpf/src/parse.rs:205", Some("ipv4_ttl_and_options"), &own), Place::Checks);
         assert_eq!(c("rocev2-ebpf/src/parse.rs:220", Some("is_fragment"), &own), Place::Parse, "the parse primitive's");
+        assert_eq!(c("rocev2-ebpf/src/class.rs:70", Some("matched"), &own), Place::Classes);
+        assert_eq!(c("rocev2-common/src/class.rs:80", Some("matches"), &own), Place::Classes);
+        assert_eq!(c("rocev2-ebpf/src/class.rs:96", Some("priority"), &own), Place::Entry, "the record's field");
         assert_eq!(c("rocev2-ebpf/src/forward.rs:92", Some("forward"), &own), Place::Entry);
         assert_eq!(c("rocev2-ebpf/src/tools/main.rs:90", Some("rocev2_xdp_redirect"), &own), Place::Redirect);
         assert_eq!(c("rocev2-ebpf/src/ecn.rs:29", None, &own), Place::Ecn);
@@ -858,6 +873,7 @@ mod tests {
             (Primitive::GroupChecks, 3.0),
             (Primitive::RouteCache, 1.5),
             (Primitive::Ipv4Checks, 1.0),
+            (Primitive::ClassMatch, 0.5),
         ]))
     }
 
@@ -949,6 +965,27 @@ mod tests {
             md.contains(
                 "| flowlet decision and entry update | 20.0 | 5.0 | `common/flowlet.rs:150` 20.0 | a primitive (the table above)"
             ),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn an_empty_class_table_in_a_marginal_row_is_no_class_tried() {
+        // 10,000 packets: 10 ns per sample; the row 2 samples on matched.
+        let row = profile(
+            10_000,
+            0,
+            &[("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3), ("rocev2-ebpf/src/class.rs:70", Detail::Own, 2)],
+        );
+        let qp = profile(10_000, 0, &[("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3)]);
+        let functions = |loc: &str| (loc == "rocev2-ebpf/src/class.rs:70").then_some("matched");
+        let p = place(20.0, (&row, 50.0), Some((&qp, 30.0)), functions);
+        assert_eq!(p.ns(Place::Classes), 20.0);
+        let md = render(&p, &split(20.0, UNUSED_STEPS, &floors()), &floors());
+        assert!(
+            md.contains(&format!(
+                "| step: class matching | 20.0 |  | `class.rs:70 matched` 20.0 | {OFF_PATH_CLASSES} |"
+            )),
             "{md}"
         );
     }
