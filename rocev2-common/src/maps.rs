@@ -663,8 +663,6 @@ mod pod {
 mod tests {
     use super::*;
 
-    /// The bridge program's word forms of a frame's MACs mean the FDB keys
-    /// and the cache slot they replaced (byte arrays, VLAN 0).
     /// A slot answers only for its family, address and route generation;
     /// a miss asks the trie once and fills the slot.
     #[test]
@@ -688,6 +686,8 @@ mod tests {
         assert_eq!(route_target(0), RouteTarget::Group(0));
     }
 
+    /// The bridge program's word forms of a frame's MACs mean the FDB keys
+    /// and the cache slot they replaced (byte arrays, VLAN 0).
     #[test]
     fn fdb_words_match_the_byte_forms() {
         let dst = [0x02, 0x42, 0x0A, 0x00, 0x00, 0x01];

@@ -689,6 +689,16 @@ enum Profiled {
     Telemetry(bool),
 }
 
+impl Profiled {
+    /// The features its program is loaded with.
+    fn features(self) -> Features {
+        match self {
+            Profiled::Variant(v) => v.features(),
+            Profiled::Telemetry(on) => telemetry::features(on),
+        }
+    }
+}
+
 /// What a budget row's cost is read against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Against {
@@ -907,7 +917,9 @@ fn place_budgets(p1: &Part1, seconds: f64) -> Result<(BTreeMap<&'static str, pla
             (None, _) => None,
             _ => continue,
         };
-        placed.insert(b.name, placement::place(*cost, (r, row_ns), a, placement::function_at));
+        // What the row's program loads that the other one does not.
+        let added = against.map_or(Features::NONE, |a| row.features().without(a.features()));
+        placed.insert(b.name, placement::place(*cost, (r, row_ns), a, placement::function_at).adding(added));
     }
     Ok((placed, profiles))
 }

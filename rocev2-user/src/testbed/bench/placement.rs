@@ -20,6 +20,8 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
+use rocev2_common::features::Features;
+
 use super::{
     budget::{Floors, Primitive, Split},
     profile::{Detail, LineCost, Profile},
@@ -237,6 +239,10 @@ const OFF_PATH_CLASSES: &str = "no class is tried on this row's path (classes no
 /// verifier removed the marker).
 const OFF_PATH_ECN: &str = "not on this row's path (the ECN feature is not loaded: the verifier removed the marker and its call): `new_tos`'s lines are its `enabled()` test and the class's DSCP, and `mark_forwarded` lines are live instructions filed under a removed block's last line record (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction after the block)";
 
+/// Why ECN lines show in a marginal row that loads the ECN feature (the
+/// other row does not) and configures no virtual queue.
+const LOADED_UNUSED_ECN: &str = "loaded but unused (this row loads the ECN feature, the row it is read against does not, and the packet's egress port has no virtual queue): `egress_entry`'s read of the port's IFINDEX_SLOTS slot (the lookup is the budget's) and the test that finds no queue, after which the TOS goes on unchanged";
+
 /// Why flowlet lines show in a row whose group hashes.
 const OFF_PATH_FLOWLET: &str = "not on this row's path (its group hashes, so no flowlet table is read): `ends_message` is what every packet's member choice is given (forward.rs's `decide`: whether the packet ends an RDMA message, which a flowlet or pinned group's choice reads), a mask and a bit test on the opcode";
 
@@ -441,9 +447,17 @@ pub struct Placement {
     /// One standard deviation of the placed sum from sampling alone
     /// (each line's samples a Poisson count), after scaling.
     pub noise: f64,
+    /// A marginal row's: the features its program loads and the other
+    /// program does not (the every-feature-loaded row's, unused).
+    pub added_features: Features,
 }
 
 impl Placement {
+    /// With the features a marginal row's program adds to the other's.
+    pub fn adding(self, added_features: Features) -> Self {
+        Self { added_features, ..self }
+    }
+
     #[cfg(test)]
     pub fn ns(&self, place: Place) -> f64 {
         self.places.iter().find(|p| p.place == place).map_or(0.0, |p| p.ns)
@@ -573,6 +587,7 @@ pub fn place(
         row: scaled.next().expect("the row's profile"),
         against: scaled.next(),
         noise: variance.sqrt(),
+        added_features: Features::NONE,
     }
 }
 
@@ -678,6 +693,11 @@ pub fn render(p: &Placement, split: &Split, floors: &Floors) -> String {
             // The other row (qp) tries no class: the row's own test of
             // an empty class table.
             (false, Some(_)) if place == Place::Classes => OFF_PATH_CLASSES.to_owned(),
+            // The row loads ECN, the other row does not, and no queue is
+            // configured: the marker's test that finds none.
+            (false, Some(_)) if place == Place::Ecn && p.added_features.contains(Features::ECN) => {
+                LOADED_UNUSED_ECN.to_owned()
+            }
             (false, Some(_)) => "not in this row's budget: both programs run it, so what shows is the difference of two profiles (sampling noise, or the added work slowing what is around it)".to_owned(),
             (false, None) => place.off_path_why().to_owned(),
         };
@@ -988,6 +1008,31 @@ mod tests {
             )),
             "{md}"
         );
+    }
+
+    /// The every-feature-loaded row adds ECN to qp without a queue: its
+    /// ECN lines are the marker's test that finds none, not a removed
+    /// marker, and not work both programs run.
+    #[test]
+    fn ecn_loaded_without_a_queue_in_a_marginal_row_says_so() {
+        // 10,000 packets: 10 ns per sample; the row 2 samples on ecn.rs.
+        let row = profile(
+            10_000,
+            0,
+            &[("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3), ("rocev2-ebpf/src/ecn.rs:87", Detail::Own, 2)],
+        );
+        let qp = profile(10_000, 0, &[("rocev2-ebpf/src/parse.rs:83", Detail::Own, 3)]);
+        let unused = split(20.0, UNUSED_STEPS, &floors());
+        let p = place(20.0, (&row, 50.0), Some((&qp, 30.0)), |_| None);
+        assert_eq!(p.ns(Place::Ecn), 20.0);
+        let md = render(&p.clone().adding(Features::ALL.without(Features::TELEMETRY)), &unused, &floors());
+        assert!(
+            md.contains(&format!("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | {LOADED_UNUSED_ECN} |")),
+            "{md}"
+        );
+        // Read against a program that loads ECN too: both run it.
+        let md = render(&p, &unused, &floors());
+        assert!(md.contains("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | not in this row's budget: both programs run it"), "{md}");
     }
 
     #[test]

@@ -23,12 +23,20 @@ fn stream(v6: bool) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// What the qp pipeline loads with telemetry `on` or off.
+pub(super) fn features(on: bool) -> Features {
+    let qp = Pipeline::Qp.features();
+    if on {
+        qp.with(Features::TELEMETRY)
+    } else {
+        qp
+    }
+}
+
 /// The line profile of the qp pipeline with telemetry `on` or off, on
 /// the IPv4 stream the telemetry rows measure (the telemetry budget's).
 pub(super) fn profile(on: bool, seconds: f64) -> Result<profile::Profile> {
-    let qp = Pipeline::Qp.features();
-    let features = if on { qp.with(Features::TELEMETRY) } else { qp };
-    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features)?;
+    let mut dp = test_run_dataplane_with(DEFAULT_FLOWLET_TABLE_SIZE, features(on))?;
     let frames = stream(false);
     let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
     let label = format!("rocev2 qp, telemetry {}, IPv4", if on { "on" } else { "off" });
