@@ -4,12 +4,19 @@
 //! its time above the floor, divided by the repeat count, is that
 //! primitive's cost on this machine. Repeated steps form a chain (each
 //! uses the previous result), as the pipeline's do: the time is their
-//! latency, not their throughput. The rewrite and the counter adds are
-//! the exception: the pipeline does each once per packet, on memory no
-//! earlier step of the packet wrote, so they are done on REPEAT separate
-//! copies (a chain through the same bytes would measure store-forwarding
-//! stalls the pipeline does not have). The budget tables of BENCHMARKS.md
-//! split the pipelines' costs into these.
+//! latency, not their throughput. The exceptions are steps the pipeline
+//! does once per packet on memory no earlier step of the packet wrote,
+//! or on inputs it has at once, which are not chained: the rewrite, the
+//! counter adds, the flow key's stores and the IPv4 header's reads and
+//! tests are done on REPEAT separate copies (a chain through the same
+//! bytes would measure store-forwarding stalls the pipeline does not
+//! have); the class tests try REPEAT classes against the same packet's
+//! fields, as the pipeline tries its classes in turn; the ingress port's
+//! context reads depend on nothing before them (its slot lookups are
+//! chained). The stateful steps (the ECN virtual queue, the flowlet
+//! decision, telemetry's QP entry) are chained, each on a separate copy
+//! of its state. The budget tables of BENCHMARKS.md split the pipelines'
+//! costs into these.
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -586,12 +593,16 @@ fn fill_groups(g: &mut PrimGroups) {
 
 /// REPEAT egress ports' virtual queues and egress counter blocks, the
 /// port's settings (the bench's ECN row's: a 25 Gbit/s drain, profile 0)
-/// and profile (SONiC's lossless one, as the bench configures), and the
-/// program's own clock (see [`ecn_queue`]), in one value.
+/// and profile (SONiC's lossless one, as the bench configures), the
+/// packet's class action (no class: no flags, no profile of its own, read
+/// from here so the marker's class tests run, as the pipeline's do on the
+/// class it found) and the program's own clock (see [`ecn_queue`]), in
+/// one value.
 #[repr(C)]
 pub struct PrimEcn {
     egress: EgressEntry,
     profile: EcnProfile,
+    class: ClassAction,
     clock: u64,
     queues: [VirtualQueue; REPEAT as usize],
     counters: [EgressCounters; REPEAT as usize],
@@ -601,10 +612,10 @@ pub struct PrimEcn {
 pub static PRIM_ECN: Array<PrimEcn> = Array::with_max_entries(1, 0);
 
 /// The ECN row's port rate (bytes per second) and the program's clock
-/// step per run: a 1,082-byte frame every 1,000 ns is 1.08 bytes per ns
-/// against the port's 3.125, so each queue holds the one packet, below
-/// kmin, as the bench's ECN row's (one test run per call, microseconds
-/// apart) does.
+/// step per run: the bench's IPv4 frame (1,082 bytes) every 1,000 ns is
+/// 1.08 bytes per ns against the port's 3.125, so each queue holds the
+/// one packet, below kmin, as the bench's ECN row's (one test run per
+/// call, microseconds apart) does.
 const PRIM_ECN_RATE: u64 = 25_000_000_000 / 8;
 const PRIM_ECN_STEP_NS: u64 = 1_000;
 /// The drain's multiplier and shift, by the compiler (128-bit arithmetic
@@ -678,14 +689,14 @@ pub fn ecn_queue(ctx: &XdpContext) -> u32 {
     };
     let x = input(ctx);
     let len = u64::from(x);
-    // ECT(0); the DSCP bits are 0 for any frame, unknown to the compiler.
-    let mut tos = ((x >> 24) as u8 & 0xFC) | ECT0;
+    // ECT(0) and DSCP 0 for any frame (its length's top byte is 0), all
+    // eight bits unknown to the compiler, so the ECT test runs.
+    let mut tos = (x >> 24) as u8 ^ ECT0;
     let mut now = now;
-    let class = ClassAction { flags: 0, set_dscp: 0, priority: 0, profile: NO_PROFILE };
     for i in 0..REPEAT as usize {
         // SAFETY: as above.
-        let egress = unsafe { &(*v).egress };
-        tos = match ecn::mark_on(&PrimPort { value: v, i }, egress, tos, len, &class, now) {
+        let (egress, class) = unsafe { (&(*v).egress, &(*v).class) };
+        tos = match ecn::mark_on(&PrimPort { value: v, i }, egress, tos, len, class, now) {
             Ok(t) => t,
             Err(ecn::DropNotEct) => return xdp_action::XDP_PASS,
         };
@@ -700,6 +711,7 @@ pub fn ecn_queue(ctx: &XdpContext) -> u32 {
 fn fill_ecn(v: &mut PrimEcn) {
     v.egress = EgressEntry { slot: 0, profile: 0, drain: PRIM_ECN_DRAIN };
     v.profile = EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: u32::MAX / 20, flags: 0 };
+    v.class = ClassAction { flags: 0, set_dscp: 0, priority: 0, profile: NO_PROFILE };
 }
 
 /// REPEAT flows of a keyed flowlet table, each with its flow key (as
@@ -814,16 +826,18 @@ pub static PRIM_QPS: Array<PrimQps> = Array::with_max_entries(1, BPF_F_MMAPABLE)
 
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
-/// One of PrimQps' tables, as the shared lookup finds its slots (the
-/// QP_TELEMETRY lookup's bounds test on the index, not the ARRAY
-/// primitive's address computation).
+/// One of PrimQps' tables, as the shared lookup finds its slots: the
+/// index's way within the table's one set (an AND, which the compiler
+/// knows keeps it in bounds), the slot's address. The QP_TELEMETRY
+/// lookup's bounds test and address computation are the ARRAY
+/// primitive's, counted apart.
 struct PrimTable<'a>(&'a mut [QpSlot; QP_WAYS as usize]);
 
 // SAFETY: slots of this program's value.
 unsafe impl QpTable for PrimTable<'_> {
     #[inline(always)]
     fn slot(&self, index: u32) -> Option<*mut QpSlot> {
-        self.0.get(index as usize).map(|s| (s as *const QpSlot).cast_mut())
+        Some((&raw const self.0[(index % QP_WAYS) as usize]).cast_mut())
     }
 }
 
@@ -853,8 +867,9 @@ pub fn qp_entry(ctx: &XdpContext) -> u32 {
     v.clock += 1_000;
     v.psn = v.psn.wrapping_add(1) & PSN_MASK;
     let (now, psn, len, mask) = (v.clock, v.psn, u64::from(x), v.sets_mask);
-    // ECT(0): the DSCP bits are 0 for any frame, unknown to the compiler.
-    let tos = ((x >> 24) as u8 & 0xFC) | ECT0;
+    // ECT(0) and DSCP 0 for any frame (its length's top byte is 0), all
+    // eight bits unknown to the compiler, so the CE test runs.
+    let tos = (x >> 24) as u8 ^ ECT0;
     let mut chain = x & 0x8000_0000;
     for i in 0..REPEAT as usize {
         let key = &v.flows[i];
