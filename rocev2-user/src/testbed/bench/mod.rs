@@ -216,8 +216,6 @@ impl Pipeline {
     }
 }
 
-/// A virtual queue (SONiC's lossless ECN profile, a 25 Gbit/s port) on
-/// each of `egress`.
 /// The benchmark's flowlet group: `qp` hashing, a 50 us gap, re-hashed
 /// new flowlets that start only at a message end.
 fn flowlet_policy(table: FlowletTable) -> GroupPolicy {
@@ -231,6 +229,8 @@ fn flowlet_policy(table: FlowletTable) -> GroupPolicy {
     GroupPolicy::new(HashMode::Qp, &Policy::Flowlet(flowlet), None)
 }
 
+/// A virtual queue (SONiC's lossless ECN profile, a 25 Gbit/s port) on
+/// each of `egress`.
 fn add_ecn_queue(dp: &mut Dataplane, egress: &[u32]) -> Result<()> {
     let pmax = (0.05 * u32::MAX as f64) as u32;
     dp.maps.set_ecn_profile(0, EcnProfile { kmin_bytes: 1 << 20, kmax_bytes: 2 << 20, pmax_scaled: pmax, flags: 0 })?;
@@ -767,7 +767,7 @@ const TELEMETRY_BUDGET: BudgetRow = BudgetRow {
     against: Against::TelemetryOff,
     goal: TELEMETRY_GOAL_NS,
     steps: || budget::TELEMETRY_STEPS.to_vec(),
-    remainder: "the rest of `observe`'s path around the QP entry: the PSN's read from the BTH where the pipeline found it, the trace filter's test, the tick's compare for the coarse clock, the member-sum test",
+    remainder: "the rest of `observe`'s path around the QP entry: the PSN's read from the BTH where the pipeline found it, the trace filter's test, the tick's compare for the coarse clock",
 };
 
 const REST_OF_PATH: &str = "the rest of the instruction path, spread over many lines (see the profiles below): the feature and error tests, the entry and exit";
@@ -803,7 +803,7 @@ const BUDGET_ROWS: [BudgetRow; 7] = [
         against: Against::Floor,
         goal: 100.0,
         steps: || [budget::FLOWLET_PATH, budget::CLASSES_ECN_STEPS].concat(),
-        remainder: "as flowlet's, plus the class match tests, the call's argument packing for the virtual queue and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
+        remainder: "as flowlet's, plus the class loop around the class tests (the live count, the index), the call's argument packing for the virtual queue and, while the queue is between its thresholds, `bpf_get_prandom_u32`",
     },
     BudgetRow {
         name: "marginal: ECN virtual queue",
@@ -957,7 +957,7 @@ fn budget_report(p1: &Part1, placed: &BTreeMap<&'static str, placement::Placemen
 /// The remainder row's note when the row's profile places it.
 const PLACED_BELOW: &str = "placed on lines by the row's profile, in the table below";
 
-const BUDGET_HEADING: &str = "\n## Budgets of the missed goals (IPv4, 10 routes, this run)\n\nEach table splits a row's cost (above the floor, or for a marginal row above the row it is read against) into the primitives its packet's path takes, each at its cost measured in this run (the `primitive:` rows of part 1: a program per primitive, the floor plus 8 chained operations, or 8 on separate copies for the rewrite, the counter adds, the IPv4 header's reads and tests and the flow key's stores, or 8 chained on separate copies of their state for the ECN virtual queue, the flowlet decision and telemetry's QP entry, or one parse, interleaved with the floor in every round). The path is listed step by step in `rocev2-user/src/testbed/bench/budget.rs` (from the source and the IPv4 path traced instruction by instruction), and before measuring the bench checks each listed lookup and call against the program the kernel verified for that row (the map is referenced there at least as often, the program has at least as many BPF-to-BPF calls). The floor itself (one devmap redirect, the test run's own work) is in every row and in no budget. A primitive measured alone is hot in the cache and alone in the pipeline's out-of-order window, so the sum can be above or below what the same steps cost inside the pipeline; the remainder is the rest of the path, and its error. Under each table, the row's own line profile places the remainder on source lines (see Reading above, and `placement.rs`).\n\n";
+const BUDGET_HEADING: &str = "\n## Budgets of the missed goals (IPv4, 10 routes, this run)\n\nEach table splits a row's cost (above the floor, or for a marginal row above the row it is read against) into the primitives its packet's path takes, each at its cost measured in this run (the `primitive:` rows of part 1: a program per primitive, the floor plus 8 chained operations, or 8 on separate copies for the rewrite, the counter adds, the IPv4 header's reads and tests, the flow key's stores and the class tests, or 8 chained on separate copies of their state for the ECN virtual queue, the flowlet decision and telemetry's QP entry, or one parse, interleaved with the floor in every round). The path is listed step by step in `rocev2-user/src/testbed/bench/budget.rs` (from the source and the IPv4 path traced instruction by instruction), and before measuring the bench checks each listed lookup and call against the program the kernel verified for that row (the map is referenced there at least as often, the program has at least as many BPF-to-BPF calls). The floor itself (one devmap redirect, the test run's own work) is in every row and in no budget. A primitive measured alone is hot in the cache and alone in the pipeline's out-of-order window, so the sum can be above or below what the same steps cost inside the pipeline; the remainder is the rest of the path, and its error. Under each table, the row's own line profile places the remainder on source lines (see Reading above, and `placement.rs`).\n\n";
 
 fn part1(args: &BenchArgs, control: &mut Vec<Row>, reading: &mut Vec<String>) -> Result<Part1> {
     let mut rows = Vec::new();

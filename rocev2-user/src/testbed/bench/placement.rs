@@ -207,7 +207,7 @@ impl Place {
             Place::Entry => "the program's glue around its work: the IPv4 function's result handed back as a code and a forwarded packet's record for the counters and telemetry (its skb priority, from the class's action, is class.rs's `priority`), the choice between the direct and the hashed devmap, the XDP action, the calls' argument moves; the redirect and the program's first line are left out of the scale (the floor pays them)",
             Place::IngressPort => "a primitive (the table above): the context field's three dependent loads, the slot's bounds test, lookup and field; where the first use of the port stalls lands on the line that uses it",
             Place::RouteCache => "a primitive (the table above): the destination's slot in the per-CPU route cache (a multiply), the compare of family, route generation and address, the target's tests; the stall on the slot's first use (it waits for the ROUTE_CACHE lookup) and the generation's (CONFIG's) lands on these lines, not on the lookups'",
-            Place::Checks => "a primitive (the table above): the IPv4 header's fields read once and kept (spilled across the route's lookups) for the steps after, the TTL and options tests, the branches on the fragment and checksum tests (whose work is the parse's), the TTL's decrement and the DSCP's shift",
+            Place::Checks => "a primitive (the table above): the IPv4 header's fields read once and kept (spilled across the route's lookups) for the steps after, the TTL and options tests, the branches on the fragment and checksum tests (whose work is the parse's), and the TTL's decrement and the DSCP's shift, which land on `forward_v4`'s lines but are the rewrite's work (its primitive counts them)",
             Place::FlowKey => "a primitive (the table above): the key's volatile stores, and the address words' byte swaps before them",
             Place::MemberChoice => "a primitive (the table above): the group's and member's loads and tests, the bucket's read, the member's fields; the stall on the GROUPS, BUCKETS and MEMBERS values' first use lands on these lines, not on the lookups'",
             Place::Flowlet => "a primitive (the table above): the flowlet table's key built from the flow key (`FlowletKey::new`), the decision (generation, member count, the gap since the flow's last packet, message end) and the entry's update in place, field by field (`keyed_step`), and the flowlet function's own moves around them (`flowlet_position`); the key's loads read the flow key the pipeline has just stored, and the stall on the FLOWLETS entry's first use (after the LRU_HASH lookup) lands on these lines",
@@ -216,7 +216,7 @@ impl Place {
             Place::Rewrite => "the forwarding's own stores: TTL, the DSCP/ECN byte, two incremental checksum updates (RFC 1624) and both MACs",
             Place::Counters => "the port's per-CPU counter block (packets and bytes received and forwarded, RoCE) and the member's packets and bytes: an add each, a load and a store; per-CPU, so no atomics (the counters-off row of part 1 is what they cost)",
             Place::Features => "the load-time feature tests (`enabled()`: a frozen global's load and a branch) and, for a feature loaded but unused, the test that finds it unused",
-            Place::Telemetry => "a primitive (the table above): the QP's set hash, its ways' compare and the entry's update (`set_start`, `find`, `data_of_known`: PSN step, packet and byte counts, member check), and around them the rest of `observe`'s path: the PSN's read from the BTH the parse found, the trace filter's test, the tick's compare for the coarse clock, the member-sum test; the stall on the QP_TELEMETRY slot's first use (the key compare in `find`, after its lookup) lands on these lines",
+            Place::Telemetry => "a primitive (the table above): the QP's set hash, its ways' compare and the entry's update (`set_start`, `find`, `data_of_known`: PSN step, packet and byte counts, member check), and around them the rest of `observe`'s path: the PSN's read from the BTH the parse found, the trace filter's test, the tick's compare for the coarse clock; the stall on the QP_TELEMETRY slot's first use (the key compare in `find`, after its lookup) lands on these lines",
             Place::Other => "lines no rule of bench/placement.rs names (the lines say where)",
             Place::FirstLine => "where the entry after the test-run harness stalls, on whatever the program's first instructions are: the floor pays it on its own",
             Place::Redirect => "the devmap redirect, which the floor pays too: what is left is the difference between two profiles of the same work",
@@ -230,7 +230,7 @@ impl Place {
 /// Why hash.rs's lines show in a row whose packet takes no member hash
 /// (a flowlet packet inside its flowlet: the group's policy branch jumps
 /// past the hash, see the built object's `llvm-objdump -d -l`).
-const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): `ports_word` and `protocol_qp_word` are the flowlet table key's words (`FlowletKey::new`), and `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
+const OFF_PATH_HASH: &str = "not on this row's path (its group's policy branch jumps past the member hash): its `mix` lines are instructions of other steps with no line of their own (LLVM gives a block's entry moves none), which BTF line info files under the record before them in address order; once the verifier has removed the code of features not loaded, that can be a removed block's last line (the kernel's `bpf_adj_linfo_after_remove` hands it to the first live instruction)";
 
 /// Why class.rs's lines show in a row whose packet tries no class.
 const OFF_PATH_CLASSES: &str = "no class is tried on this row's path (classes not loaded, or loaded with an empty table): the lines are `matched`'s read of the live count and the test that finds it 0, the TOS passed through `apply_dscp` with no class's action, or instructions filed under the line record of code the verifier removed";
@@ -402,7 +402,13 @@ pub fn classify(location: &str, function: Option<&str>, detail: &Detail) -> Plac
 pub struct Line {
     pub label: String,
     pub ns: f64,
+    /// The function around the line, where the sources name one.
+    pub function: Option<&'static str>,
 }
+
+/// hash.rs's words that the flowlet table's key (`FlowletKey::new`) shares
+/// with the member hash: the flowlet step's work on a path with no hash.
+const FLOWLET_KEY_WORDS: [&str; 2] = ["ports_word", "protocol_qp_word"];
 
 /// A part's ns per packet (the row's profile minus the compared one's),
 /// and its lines, largest first (most negative first if the part is).
@@ -453,6 +459,32 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// The flowlet key's words (filed under the member hash, whose
+    /// functions they are) moved to the flowlet step, for a row whose
+    /// packet takes the flowlet step and no member hash: there they are
+    /// the key's, which the flowlet step's floor measures.
+    fn key_words_as_flowlet(mut self) -> Self {
+        let Some(hash) = self.places.iter_mut().find(|x| x.place == Place::Hash) else { return self };
+        let (words, rest): (Vec<Line>, Vec<Line>) = std::mem::take(&mut hash.lines)
+            .into_iter()
+            .partition(|l| l.function.is_some_and(|f| FLOWLET_KEY_WORDS.contains(&f)));
+        hash.lines = rest;
+        hash.ns -= words.iter().map(|l| l.ns).sum::<f64>();
+        if words.is_empty() {
+            return self;
+        }
+        if !self.places.iter().any(|x| x.place == Place::Flowlet) {
+            self.places.push(Placed { place: Place::Flowlet, ns: 0.0, lines: Vec::new() });
+        }
+        let flowlet = self.places.iter_mut().find(|x| x.place == Place::Flowlet).expect("pushed above");
+        flowlet.ns += words.iter().map(|l| l.ns).sum::<f64>();
+        flowlet.lines.extend(words);
+        let sign = if flowlet.ns < 0.0 { -1.0 } else { 1.0 };
+        flowlet.lines.sort_by(|a, b| (sign * b.ns).total_cmp(&(sign * a.ns)).then_with(|| a.label.cmp(&b.label)));
+        self.places.retain(|x| x.place != Place::Hash || !x.lines.is_empty());
+        self
+    }
+
     /// With the features a marginal row's program adds to the other's.
     pub fn adding(self, added_features: Features) -> Self {
         Self { added_features, ..self }
@@ -573,7 +605,7 @@ pub fn place(
         let place = classify(&location, function, &detail);
         let p = by_place.entry(place).or_insert_with(|| Placed { place, ns: 0.0, lines: Vec::new() });
         p.ns += ns;
-        p.lines.push(Line { label: label(&location, function, &detail), ns });
+        p.lines.push(Line { label: label(&location, function, &detail), ns, function });
     }
     let mut places: Vec<Placed> = by_place.into_values().collect();
     for p in &mut places {
@@ -630,6 +662,13 @@ const ALL_PRIMITIVE_PLACES: [Place; 18] = [
 /// remainder's steps with their top lines and why each stays, then what
 /// the profiles could not place), and the remainder's sum.
 pub fn render(p: &Placement, split: &Split, floors: &Floors) -> String {
+    let refiled;
+    let p = if Place::Flowlet.is_budgeted(split) && !Place::Hash.is_budgeted(split) {
+        refiled = p.clone().key_words_as_flowlet();
+        &refiled
+    } else {
+        p
+    };
     let scaled = |s: &Scaled| {
         format!(
             "`{}` ({:.0} s, {} samples in the program): its lines came to {:.1} ns per packet, scaled by {:.2} to the {:+.1} ns part 1 measured above the floor",
@@ -1033,6 +1072,41 @@ mod tests {
         // Read against a program that loads ECN too: both run it.
         let md = render(&p, &unused, &floors());
         assert!(md.contains("| step: ECN virtual queue | 20.0 |  | `ecn.rs:87` 20.0 | not in this row's budget: both programs run it"), "{md}");
+    }
+
+    /// The flowlet key's words are hash.rs functions the member hash
+    /// shares: on a flowlet packet's path (no hash) they are the flowlet
+    /// step's, and a qp row keeps them under the hash.
+    #[test]
+    fn the_flowlet_keys_words_are_the_flowlet_steps_where_no_hash_runs() {
+        // 10,000 packets: 10 ns per sample.
+        let row = profile(
+            10_000,
+            0,
+            &[
+                ("rocev2-common/src/hash.rs:309", Detail::Own, 2),
+                ("rocev2-common/src/hash.rs:252", Detail::Own, 1),
+                ("rocev2-common/src/flowlet.rs:150", Detail::Own, 3),
+            ],
+        );
+        let functions = |loc: &str| match loc {
+            "rocev2-common/src/hash.rs:309" => Some("ports_word"),
+            "rocev2-common/src/hash.rs:252" => Some("mix"),
+            _ => None,
+        };
+        let p = place(60.0, (&row, 60.0), None, functions);
+        assert_eq!((p.ns(Place::Hash), p.ns(Place::Flowlet)), (30.0, 30.0));
+        let mut f = floors();
+        f.0.extend([(Primitive::FlowletStep, 5.0), (Primitive::LruHash, 25.0), (Primitive::Clock, 15.0)]);
+        let md = render(&p, &split(60.0, crate::testbed::bench::budget::FLOWLET_PATH, &f), &f);
+        assert!(
+            md.contains("| flowlet decision and entry update | 50.0 | 5.0 | `common/flowlet.rs:150` 30.0, `common/hash.rs:309 ports_word` 20.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("| step: member hash | 10.0 |  | `common/hash.rs:252 mix` 10.0 |"), "{md}");
+        let md = render(&p, &split(60.0, QP_PATH, &f), &f);
+        assert!(md.contains("`common/hash.rs:309 ports_word` 20.0"), "{md}");
+        assert!(!md.contains("| flowlet decision and entry update | 50.0"), "{md}");
     }
 
     #[test]
