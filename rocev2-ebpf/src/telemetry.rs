@@ -25,7 +25,7 @@ use rocev2_common::{
     hash::FlowKey,
     maps::{member_stat_index, FlowletKey, FLOWLET_KEYLESS, FLOWLET_REPICK_ACKED, MEMBER_STAT_ENTRIES, POLICY_FLOWLET},
     telemetry::{
-        data_of_known, find, qp_set, qp_table_slots, seen, set_start, MemberTransport, PsnStep, QpKey, QpSlot, QpStats,
+        data_of_known, find, qp_table_slots, seen, set_start, MemberTransport, PsnStep, QpKey, QpSlot, QpStats,
         QpTable, ReplyKey, Seen, TraceEvent, TraceFilter, DEFAULT_QP_TABLE_SIZE, QP_WAYS, TRACE_RING_BYTES,
     },
 };
@@ -40,9 +40,10 @@ use crate::{
 };
 
 /// The most recently active data QPs: sets of QP_WAYS slots, indexed by
-/// [`qp_set`] (an array: no hash-map lookup or update per packet); sized
-/// at load time (`qp_table_slots`). Mmapable: its values start on a page,
-/// so every slot's first 64 bytes are one cache line.
+/// [`rocev2_common::telemetry::qp_set`] (an array: no hash-map lookup or
+/// update per packet); sized at load time (`qp_table_slots`). Mmapable:
+/// its values start on a page, so every slot's first 64 bytes are one
+/// cache line.
 #[map]
 pub static QP_TELEMETRY: Array<QpSlot> = Array::with_max_entries(qp_table_slots(DEFAULT_QP_TABLE_SIZE), BPF_F_MMAPABLE);
 
@@ -210,7 +211,7 @@ pub fn observe<C: PacketBuf>(ctx: &C, f: &Forward) {
             let Some(qp) = (unsafe { QP_REPLIES.get(&scratch.reply) }) else { return };
             copy_words(&mut scratch.qp.dst, &qp.dst);
             (scratch.qp.dest_qp, scratch.qp.family) = (qp.dest_qp, qp.family);
-            let set = qp_set(&scratch.qp, QP_SETS_MASK.load()) * QP_WAYS;
+            let set = set_start(&scratch.qp.dst, scratch.qp.dest_qp, QP_SETS_MASK.load());
             let Some(s) = find(&Table, &scratch.qp.dst, scratch.qp.dest_qp, scratch.qp.family, set) else { return };
             // SAFETY: as above.
             let s = unsafe { &mut (*s).stats };
