@@ -277,19 +277,11 @@ pub struct KeylessStep {
 /// state), by the same [`decide`] the keyed table uses. The caller then
 /// writes the slot with [`FlowletSlot::record`].
 #[inline(always)]
-pub fn keyless_step(
-    slot: &FlowletSlot,
-    tag: u32,
-    now_ns: u64,
-    gap_ns: u64,
-    generation: u32,
-    member_count: u32,
-    require_boundary: bool,
-) -> KeylessStep {
+pub fn keyless_step(slot: &FlowletSlot, tag: u32, now_ns: u64, rules: FlowletRules) -> KeylessStep {
     let state = if slot.used != 0 { Some(&slot.entry) } else { None };
-    let live = slot.used != 0 && now_ns.saturating_sub(slot.entry.last_seen_ns) <= gap_ns;
+    let live = slot.used != 0 && now_ns.saturating_sub(slot.entry.last_seen_ns) <= rules.gap_ns;
     KeylessStep {
-        decision: decide(state, now_ns, gap_ns, generation, member_count, require_boundary),
+        decision: decide(state, now_ns, rules.gap_ns, rules.generation, rules.member_count, rules.require_boundary),
         collided: live && slot.tag != tag,
     }
 }
@@ -384,37 +376,42 @@ mod tests {
         }
         assert!(seen.iter().all(|n| *n > 60), "{seen:?}");
     }
+    /// The keyless tests' group: GAP, 4 members, no boundary rule.
+    fn keyless_rules(generation: u32) -> FlowletRules {
+        FlowletRules { gap_ns: GAP, generation, member_count: 4, require_boundary: false }
+    }
+
     fn slot(last_seen_ns: u64, tag: u32) -> FlowletSlot {
         FlowletSlot { entry: entry(last_seen_ns, true), tag, used: 1 }
     }
 
     #[test]
     fn keyless_empty_slot_starts_flowlet_zero_without_collision() {
-        let step = keyless_step(&FlowletSlot::default(), 9, 10, GAP, 1, 4, false);
+        let step = keyless_step(&FlowletSlot::default(), 9, 10, keyless_rules(1));
         assert_eq!(step, KeylessStep { decision: FlowletDecision::NewFlowlet { flowlet_id: 0 }, collided: false });
     }
 
     #[test]
     fn keyless_own_live_slot_keeps_the_member() {
-        let step = keyless_step(&slot(1_000, 9), 9, 1_000 + GAP, GAP, 1, 4, false);
+        let step = keyless_step(&slot(1_000, 9), 9, 1_000 + GAP, keyless_rules(1));
         assert_eq!(step, KeylessStep { decision: FlowletDecision::Keep { position: 2 }, collided: false });
     }
 
     #[test]
     fn keyless_another_flows_live_slot_is_a_collision_and_shares_its_member() {
-        let step = keyless_step(&slot(1_000, 9), 10, 1_000 + GAP, GAP, 1, 4, false);
+        let step = keyless_step(&slot(1_000, 9), 10, 1_000 + GAP, keyless_rules(1));
         assert_eq!(step, KeylessStep { decision: FlowletDecision::Keep { position: 2 }, collided: true });
     }
 
     #[test]
     fn keyless_idle_slot_of_another_flow_is_a_new_flowlet_not_a_collision() {
-        let step = keyless_step(&slot(1_000, 9), 10, 1_001 + GAP, GAP, 1, 4, false);
+        let step = keyless_step(&slot(1_000, 9), 10, 1_001 + GAP, keyless_rules(1));
         assert_eq!(step, KeylessStep { decision: FlowletDecision::NewFlowlet { flowlet_id: 8 }, collided: false });
     }
 
     #[test]
     fn keyless_generation_change_forces_a_new_choice() {
-        let step = keyless_step(&slot(1_000, 9), 9, 1_001, GAP, 2, 4, false);
+        let step = keyless_step(&slot(1_000, 9), 9, 1_001, keyless_rules(2));
         assert_eq!(step.decision, FlowletDecision::NewFlowlet { flowlet_id: 8 });
     }
 

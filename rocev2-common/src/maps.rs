@@ -360,6 +360,18 @@ impl GroupEntry {
     pub fn usable(&self) -> bool {
         self.member_count != 0 && self.member_count <= MAX_MEMBERS_PER_GROUP
     }
+
+    /// The group's flowlet settings, as a packet's decision reads them
+    /// (the keyed and keyless tables alike).
+    #[inline(always)]
+    pub fn flowlet_rules(&self) -> crate::flowlet::FlowletRules {
+        crate::flowlet::FlowletRules {
+            gap_ns: self.flowlet_gap_ns,
+            generation: self.generation,
+            member_count: self.member_count,
+            require_boundary: self.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
+        }
+    }
 }
 
 /// Key of FLOWLETS: the flow (five-tuple + DestQP) within its group.

@@ -4,12 +4,9 @@ use rocev2_common::{
     buckets::{member_for, NO_MEMBER},
     counters::PortCounter,
     features::Features,
-    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, FlowletRules, KeylessStep, SlotOf},
+    flowlet::{self, FlowletChoice, FlowletDecision, FlowletEntry, KeylessStep, SlotOf},
     hash::{member_hash_of_family, FlowKey, HashMode, HashVersion},
-    maps::{
-        bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_AT_BOUNDARY, FLOWLET_KEYLESS, POLICY_FLOWLET,
-        POLICY_PINNED,
-    },
+    maps::{bucket_table_index, member_index, FlowletKey, GroupEntry, FLOWLET_KEYLESS, POLICY_FLOWLET, POLICY_PINNED},
 };
 
 use crate::{
@@ -95,7 +92,7 @@ fn member_of(group_id: u32, group: &GroupEntry, hash: u32) -> u32 {
 fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_seed: BoundarySeed, now: u64) -> u32 {
     let (slot, group_id) = (at.slot(), at.group());
     let (seed, ends_message) = (boundary_seed.seed(), boundary_seed.ends_message() != 0);
-    let count = group.member_count;
+    let rules = group.flowlet_rules();
     let Some(scratch) = FLOWLET_SCRATCH.get_ptr_mut(0) else {
         return member_of(group_id, group, flowlet::rehash_hash(key, seed, 0));
     };
@@ -104,12 +101,6 @@ fn flowlet_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
     scratch.key = FlowletKey::new(key, group_id);
     #[allow(clippy::needless_borrows_for_generic_args, reason = "by value would copy the key onto the stack")]
     let existing = FLOWLETS.get_ptr_mut(&scratch.key);
-    let rules = FlowletRules {
-        gap_ns: group.flowlet_gap_ns,
-        generation: group.generation,
-        member_count: count,
-        require_boundary: group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
-    };
     let new_position = move |existing: Option<&FlowletEntry>, flowlet_id| {
         counters::add(slot, PortCounter::FlowletNew, 1);
         let position = new_flowlet_position(group_id, group, key, seed, flowlet_id, now);
@@ -163,15 +154,7 @@ fn keyless_position(at: SlotGroup, group: &GroupEntry, key: &FlowKey, boundary_s
     // the same time; each field is one aligned store, so the worst case is
     // a neighbouring decision, never a torn position.
     let state = unsafe { &mut *state };
-    let KeylessStep { decision, collided } = flowlet::keyless_step(
-        state,
-        tag,
-        now,
-        group.flowlet_gap_ns,
-        group.generation,
-        group.member_count,
-        group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
-    );
+    let KeylessStep { decision, collided } = flowlet::keyless_step(state, tag, now, group.flowlet_rules());
     if collided {
         counters::add(slot, PortCounter::FlowletCollisions, 1);
     }

@@ -35,7 +35,7 @@ use rocev2_common::{
     },
     counters::{EgressCounters, PortCounter},
     ecn::{self, DrainRate, EcnProfile, EgressEntry, PortState, VirtualQueue, ECT0, NO_PROFILE},
-    flowlet::{self, FlowletEntry, FlowletRules},
+    flowlet::{self, FlowletEntry},
     hash::{ipv4_words, member_hash_of_family, store_flow_key, FlowKey, HashMode, HashVersion},
     maps::{
         member_index, route_cache_slot, route_target, FlowletKey, GroupEntry, IfindexSlots, MemberEntry, MemberStats,
@@ -768,12 +768,7 @@ pub fn flowlet_step(ctx: &XdpContext) -> u32 {
         let ends_message = bth::ends_message(op);
         v.keys[i] = FlowletKey::new(&v.flows[i], i as u32);
         let group = &v.groups[i];
-        let rules = FlowletRules {
-            gap_ns: group.flowlet_gap_ns,
-            generation: group.generation,
-            member_count: group.member_count,
-            require_boundary: group.flowlet_flags & FLOWLET_AT_BOUNDARY != 0,
-        };
+        let rules = group.flowlet_rules();
         // Found, as the LRU_HASH lookup finds a known flow's entry; its
         // test is the pipeline's null test.
         let existing = if position == NEVER { None } else { Some(&raw mut v.entries[i]) };

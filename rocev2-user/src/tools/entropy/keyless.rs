@@ -11,7 +11,9 @@
 
 use rocev2_common::{
     buckets::BucketTable,
-    flowlet::{keyless_step, rehash_position, slot_of, FlowletDecision, FlowletSlot, KeylessStep, SlotOf},
+    flowlet::{
+        keyless_step, rehash_position, slot_of, FlowletDecision, FlowletRules, FlowletSlot, KeylessStep, SlotOf,
+    },
 };
 
 use super::{qp_flow_key, Scenario};
@@ -33,6 +35,8 @@ pub(super) fn spread(
 ) -> u64 {
     let mask = slots.next_power_of_two() - 1;
     let mut array = vec![FlowletSlot::default(); mask as usize + 1];
+    // The simulated group: generation 1, the uplinks, no boundary rule.
+    let rules = FlowletRules { gap_ns: GAP_NS, generation: 1, member_count: s.uplinks, require_boundary: false };
     let mut collisions = 0;
     for message in 0..s.messages {
         let round_start = u64::from(message) * 2 * GAP_NS + 1;
@@ -44,7 +48,7 @@ pub(super) fn spread(
                 offset += 1;
                 let SlotOf { index, tag } = slot_of(&key, GROUP, mask);
                 let slot = &mut array[index as usize];
-                let KeylessStep { decision, collided } = keyless_step(slot, tag, now, GAP_NS, 1, s.uplinks, false);
+                let KeylessStep { decision, collided } = keyless_step(slot, tag, now, rules);
                 collisions += u64::from(collided);
                 let (position, flowlet_id) = match decision {
                     FlowletDecision::Keep { position } => (position, slot.entry.flowlet_id),
